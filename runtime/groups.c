@@ -1,0 +1,158 @@
+/* groups.c — find hosts and (emulated) nodes, then split MPI_COMM_WORLD into loom's groups
+ * (world, node, dp, ep, expert_dp, attn) with the colors from layout.c; group accessors. */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx.h"
+#include "error.h"
+#include "groups.h"
+#include "layout.h"
+#include "log.h"
+
+static const char *const group_names[LOOM_GROUP_COUNT] = {"world", "node", "dp",
+                                                          "ep",    "expert_dp", "attn"};
+
+const char *loom_group_kind_name(loom_group_kind_t kind) {
+  return (int)kind >= 0 && kind < LOOM_GROUP_COUNT ? group_names[kind] : "invalid";
+}
+
+// ---- hosts and nodes ----------------------------------------------------------------------------
+
+loom_status_t loom_groups_find_nodes(loom_ctx_t *ctx) {
+  loom_status_t status = LOOM_OK;
+  MPI_Comm host = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
+  LOOM_CHECK_MPI(ctx, MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, ctx->rank,
+                                          MPI_INFO_NULL, &host));
+  LOOM_CHECK_MPI(ctx, MPI_Comm_rank(host, &ctx->host_rank));
+  LOOM_CHECK_MPI(ctx, MPI_Comm_size(host, &ctx->host_size));
+  int k = ctx->params.node_size;
+  if (k > 0) {  // emulated nodes of k consecutive world ranks
+    ctx->node = ctx->rank / k;
+    ctx->num_nodes = (ctx->size + k - 1) / k;
+    ctx->local_rank = ctx->rank % k;
+    ctx->local_size = ctx->node == ctx->num_nodes - 1 ? ctx->size - ctx->node * k : k;
+  } else {  // real hosts, numbered by their lowest world rank
+    int is_leader = ctx->host_rank == 0;
+    LOOM_CHECK_MPI(ctx, MPI_Comm_split(MPI_COMM_WORLD, is_leader ? 0 : MPI_UNDEFINED, ctx->rank,
+                                       &leaders));
+    int ids[2] = {0, 0};  // node index, node count
+    if (is_leader) {
+      LOOM_CHECK_MPI(ctx, MPI_Comm_rank(leaders, &ids[0]));
+      LOOM_CHECK_MPI(ctx, MPI_Comm_size(leaders, &ids[1]));
+    }
+    LOOM_CHECK_MPI(ctx, MPI_Bcast(ids, 2, MPI_INT, 0, host));
+    ctx->node = ids[0];
+    ctx->num_nodes = ids[1];
+    ctx->local_rank = ctx->host_rank;
+    ctx->local_size = ctx->host_size;
+  }
+fail:
+  if (leaders != MPI_COMM_NULL) {
+    MPI_Comm_free(&leaders);
+  }
+  if (host != MPI_COMM_NULL) {
+    MPI_Comm_free(&host);
+  }
+  return status;
+}
+
+// ---- communicators ------------------------------------------------------------------------------
+
+static loom_status_t build_group(loom_ctx_t *ctx, struct loom_group *g, loom_group_kind_t kind,
+                                 int color) {
+  loom_status_t status = LOOM_OK;
+  MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+  int *seq = NULL;
+  g->kind = kind;
+  g->comm = MPI_COMM_NULL;
+  g->rank = -1;
+  g->size = 0;
+  g->world_ranks = NULL;
+  if (kind == LOOM_GROUP_WORLD) {
+    LOOM_CHECK_MPI(ctx, MPI_Comm_dup(MPI_COMM_WORLD, &g->comm));
+  } else {
+    LOOM_CHECK_MPI(ctx, MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color,
+                                       ctx->rank, &g->comm));
+  }
+  if (g->comm == MPI_COMM_NULL) {
+    return LOOM_OK;
+  }
+  LOOM_CHECK_MPI(ctx, MPI_Comm_rank(g->comm, &g->rank));
+  LOOM_CHECK_MPI(ctx, MPI_Comm_size(g->comm, &g->size));
+  g->world_ranks = malloc(sizeof(int) * (size_t)g->size);
+  seq = malloc(sizeof(int) * (size_t)g->size);
+  if (!g->world_ranks || !seq) {
+    status = loom_error(ctx, LOOM_ERR_NOMEM, "cannot allocate the rank map of group %s",
+                        group_names[kind]);
+    goto fail;
+  }
+  for (int i = 0; i < g->size; i++) {
+    seq[i] = i;
+  }
+  LOOM_CHECK_MPI(ctx, MPI_Comm_group(MPI_COMM_WORLD, &world_group));
+  LOOM_CHECK_MPI(ctx, MPI_Comm_group(g->comm, &group));
+  LOOM_CHECK_MPI(ctx, MPI_Group_translate_ranks(group, g->size, seq, world_group, g->world_ranks));
+fail:
+  free(seq);
+  if (group != MPI_GROUP_NULL) {
+    MPI_Group_free(&group);
+  }
+  if (world_group != MPI_GROUP_NULL) {
+    MPI_Group_free(&world_group);
+  }
+  return status;
+}
+
+loom_status_t loom_groups_build(loom_ctx_t *ctx) {
+  loom_status_t status = LOOM_OK;
+  struct loom_layout_in in = {ctx->size, ctx->params.ep_size, ctx->params.attn_servers};
+  struct loom_layout_rank me;
+  loom_layout_rank(&in, ctx->rank, &me);
+  me.color[LOOM_GROUP_NODE] = ctx->node;
+  ctx->role = me.role;
+  for (int k = 0; k < LOOM_GROUP_COUNT; k++) {
+    LOOM_CHECK(build_group(ctx, &ctx->groups[k], (loom_group_kind_t)k, me.color[k]));
+    LOOM_TRACE(LOOM_SUB_INIT, "group %s: rank %d of %d", group_names[k], ctx->groups[k].rank,
+               ctx->groups[k].size);
+  }
+fail:
+  return status;
+}
+
+void loom_groups_free(loom_ctx_t *ctx) {
+  for (int k = 0; k < LOOM_GROUP_COUNT; k++) {
+    struct loom_group *g = &ctx->groups[k];
+    if (g->comm != MPI_COMM_NULL && g->comm != 0) {
+      MPI_Comm_free(&g->comm);
+    }
+    free(g->world_ranks);
+    g->world_ranks = NULL;
+  }
+}
+
+// ---- accessors ----------------------------------------------------------------------------------
+
+const loom_group_t *loom_group(const loom_ctx_t *ctx, loom_group_kind_t kind) {
+  if (!ctx || (int)kind < 0 || kind >= LOOM_GROUP_COUNT) {
+    return NULL;
+  }
+  return &ctx->groups[kind];
+}
+
+int loom_group_rank(const loom_group_t *g) {
+  return g ? g->rank : -1;
+}
+
+int loom_group_size(const loom_group_t *g) {
+  return g ? g->size : 0;
+}
+
+int loom_group_world_rank(const loom_group_t *g, int i) {
+  return g && i >= 0 && i < g->size ? g->world_ranks[i] : -1;
+}
+
+MPI_Comm loom_group_comm(const loom_group_t *g) {
+  return g ? g->comm : MPI_COMM_NULL;
+}

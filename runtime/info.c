@@ -1,0 +1,122 @@
+/* info.c — what loom_info prints: version, build features (MPI, BLAS, CUDA, NCCL), this host's
+ * topology, and every tunable with its value, default, source and help; the README table. */
+#include "config.h"
+
+#include <cblas.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ctx.h"
+#include "error.h"
+#include "layout.h"
+#include "log.h"
+#include "params.h"
+
+#ifdef LOOM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+#ifdef LOOM_HAVE_NCCL
+#include <nccl.h>
+#endif
+
+static void print_features(FILE *out) {
+  char mpi[MPI_MAX_LIBRARY_VERSION_STRING] = "unknown";
+  int len = 0, initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) {
+    MPI_Get_library_version(mpi, &len);
+    char *nl = strchr(mpi, '\n');
+    if (nl) {
+      *nl = '\0';
+    }
+  }
+  int major = 0, minor = 0;
+  MPI_Get_version(&major, &minor);
+  fprintf(out, "  MPI      : %s (standard %d.%d)\n", mpi, major, minor);
+#ifdef HAVE_OPENBLAS_GET_CONFIG
+  fprintf(out, "  BLAS     : %s\n", openblas_get_config());
+#else
+  fprintf(out, "  BLAS     : CBLAS (vendor unknown)\n");
+#endif
+#ifdef LOOM_HAVE_CUDA
+  int rt = 0, drv = 0;
+  cudaRuntimeGetVersion(&rt);
+  cudaDriverGetVersion(&drv);
+  fprintf(out, "  CUDA     : built (runtime %d.%d, driver %s)\n", rt / 1000, (rt % 1000) / 10,
+          drv ? "present" : "absent");
+#else
+  fprintf(out, "  CUDA     : not built (reconfigure with --with-cuda)\n");
+#endif
+#ifdef LOOM_HAVE_NCCL
+  int nccl = 0;
+  ncclGetVersion(&nccl);
+  fprintf(out, "  NCCL     : built (version code %d)\n", nccl);
+#else
+  fprintf(out, "  NCCL     : not built\n");
+#endif
+}
+
+static const char *source_name(int source) {
+  return source == LOOM_SRC_ENV ? "env" : source == LOOM_SRC_CONFIG ? "config" : "default";
+}
+
+void loom_print_info(const loom_ctx_t *ctx, FILE *out) {
+  fprintf(out, "loom %s\n", loom_version());
+  fprintf(out, "build features:\n");
+  print_features(out);
+  if (ctx) {
+    const loom_topology_t *t = &ctx->topo.pub;
+    fprintf(out, "topology of %s:\n", ctx->hostname);
+    fprintf(out, "  %d package(s), %d NUMA node(s), %d core(s), %d hardware thread(s), %d GPU(s)\n",
+            t->sockets, t->numa_nodes, t->cores, t->pus, t->gpus);
+    fprintf(out, "  %d rank(s) on %d node(s); MPI thread level %d (MULTIPLE = %d)\n", ctx->size,
+            ctx->num_nodes, ctx->thread_level, MPI_THREAD_MULTIPLE);
+  }
+  fprintf(out, "tunables (environment overrides the config struct):\n");
+  fprintf(out, "  %-20s %-12s %-10s %-8s %s\n", "variable", "value", "default", "source", "help");
+  for (int i = 0; i < LOOM_P_COUNT; i++) {
+    const struct loom_param_desc *d = &loom_param_table[i];
+    const char *value = ctx ? ctx->params.text[i] : d->def;
+    fprintf(out, "  %-20s %-12s %-10s %-8s %s [%s]\n", d->env, value[0] ? value : "\"\"",
+            d->def[0] ? d->def : "\"\"", ctx ? source_name(ctx->params.source[i]) : "-", d->help,
+            d->valid);
+  }
+}
+
+// Write text with '|' escaped so that it stays inside one Markdown table cell.
+static void markdown_cell(FILE *out, const char *text) {
+  for (const char *c = text; *c; c++) {
+    if (*c == '|') {
+      fputc('\\', out);
+    }
+    fputc(*c, out);
+  }
+}
+
+void loom_print_tunables_markdown(FILE *out) {
+  fprintf(out, "| variable | config field | default | valid values | what it does |\n");
+  fprintf(out, "|---|---|---|---|---|\n");
+  for (int i = 0; i < LOOM_P_COUNT; i++) {
+    const struct loom_param_desc *d = &loom_param_table[i];
+    fprintf(out, "| `%s` | `%s` | %s%s%s | ", d->env, d->field, d->def[0] ? "`" : "",
+            d->def[0] ? d->def : "(unset)", d->def[0] ? "`" : "");
+    markdown_cell(out, d->valid);
+    fprintf(out, " | ");
+    markdown_cell(out, d->help);
+    fprintf(out, " |\n");
+  }
+}
+
+loom_status_t loom_print_layout(FILE *out, int max_np) {
+  if (!out || max_np < 1 || max_np > 64) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_print_layout: np %d is outside 1..64",
+                      max_np);
+  }
+  struct loom_params p;
+  loom_status_t status = loom_params_resolve(NULL, &p);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  loom_layout_print_table(out, max_np, p.node_size, p.ep_size, p.attn_servers);
+  return LOOM_OK;
+}

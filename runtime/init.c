@@ -1,0 +1,268 @@
+/* init.c — loom_init and loom_finalize: MPI (owned or adopted), tunables, logging, topology,
+ * binding, groups; every failure is agreed on by all ranks so none is left hanging. */
+#include "config.h"
+
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ctx.h"
+#include "error.h"
+#include "groups.h"
+#include "layout.h"
+#include "log.h"
+#include "params.h"
+#include "topology.h"
+
+#ifdef LOOM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+// ---- collective agreement on failure ------------------------------------------------------------
+
+// Every rank calls this with its local status. If any rank failed, all return the status of the
+// lowest failing rank and carry its message, so that every rank reports the same cause.
+static loom_status_t agree(loom_ctx_t *ctx, loom_status_t local) {
+  int mine = local != LOOM_OK ? ctx->rank : INT_MAX, first = INT_MAX;
+  if (MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD) != MPI_SUCCESS) {
+    return local != LOOM_OK ? local : LOOM_ERR_MPI;
+  }
+  if (first == INT_MAX) {
+    return LOOM_OK;
+  }
+  struct {
+    int status;
+    char msg[LOOM_ERROR_MAX];
+  } report;
+  report.status = (int)local;
+  snprintf(report.msg, sizeof report.msg, "%s", loom_last_error(NULL));
+  MPI_Bcast(&report, (int)sizeof report, MPI_BYTE, first, MPI_COMM_WORLD);
+  report.msg[sizeof report.msg - 1] = '\0';
+  if (ctx->rank != first) {
+    char msg[LOOM_ERROR_MAX];
+    snprintf(msg, sizeof msg, "rank %d: %.990s", first, report.msg);
+    snprintf(ctx->last_error, sizeof ctx->last_error, "%s", msg);
+    // Record it for loom_last_error(NULL) without logging it again on every rank.
+    loom_error_clear();
+    loom_error_set_quiet(msg);
+  }
+  return (loom_status_t)report.status;
+}
+
+// Tunables that shape groups must be identical on every rank.
+static loom_status_t check_uniform(loom_ctx_t *ctx) {
+  const int ids[] = {LOOM_P_NODE_SIZE, LOOM_P_EP_SIZE, LOOM_P_ATTN_SERVERS};
+  const int vals[] = {ctx->params.node_size, ctx->params.ep_size, ctx->params.attn_servers};
+  for (int i = 0; i < 3; i++) {
+    int lo = vals[i], hi = vals[i];
+    MPI_Allreduce(&vals[i], &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&vals[i], &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (lo != hi) {
+      return loom_error(ctx, LOOM_ERR_INVALID_ARG,
+                        "%s differs between ranks (values from %d to %d): set it identically on "
+                        "every rank, e.g. mpirun -x %s",
+                        loom_param_table[ids[i]].env, lo, hi, loom_param_table[ids[i]].env);
+    }
+  }
+  return LOOM_OK;
+}
+
+// ---- placement ----------------------------------------------------------------------------------
+
+static loom_status_t place(loom_ctx_t *ctx) {
+  loom_status_t status = LOOM_OK;
+  struct loom_params *p = &ctx->params;
+  LOOM_CHECK(loom_topo_bind(ctx, &ctx->topo, p->bind, ctx->host_rank, ctx->host_size,
+                            &ctx->bind_first, &ctx->bind_count));
+  int share = ctx->bind_count;
+  if (p->bind != LOOM_BIND_CORE) {  // ranks sharing the NUMA node or host split it
+    int sharers = p->bind == LOOM_BIND_NUMA
+                      ? (ctx->host_size + ctx->topo.pub.numa_nodes - 1) / ctx->topo.pub.numa_nodes
+                      : ctx->host_size;
+    share = ctx->bind_count / (sharers > 0 ? sharers : 1);
+  }
+  ctx->blas_threads = loom_set_blas_threads(p->blas_threads > 0 ? p->blas_threads
+                                            : share > 0          ? share
+                                                                 : 1);
+  int gpus = ctx->topo.pub.gpus;
+  ctx->gpu = -1;
+  if (p->gpu >= 0) {
+    if (p->gpu >= gpus) {
+      status = loom_error(ctx, LOOM_ERR_INVALID_ARG,
+                          "LOOM_GPU=%d but this process sees %d CUDA device(s): use auto, none or "
+                          "an index below %d",
+                          p->gpu, gpus, gpus);
+      goto fail;
+    }
+    ctx->gpu = p->gpu;
+  } else if (p->gpu == LOOM_GPU_AUTO && gpus > 0) {
+    ctx->gpu = ctx->host_rank % gpus;
+  }
+#ifdef LOOM_HAVE_CUDA
+  if (ctx->gpu >= 0) {
+    LOOM_CHECK_CUDA(ctx, cudaSetDevice(ctx->gpu));
+  }
+#endif
+fail:
+  return status;
+}
+
+// ---- init and finalize --------------------------------------------------------------------------
+
+static void log_settings(const struct loom_params *p) {
+  for (int i = 0; i < LOOM_P_COUNT; i++) {
+    if (p->source[i] != LOOM_SRC_DEFAULT) {
+      LOOM_INFO(LOOM_SUB_ENV, "%s set by %s to %s", loom_param_table[i].env,
+                p->source[i] == LOOM_SRC_ENV ? "environment" : "config", p->text[i]);
+    }
+  }
+}
+
+loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_ctx_t **out) {
+  loom_status_t status = LOOM_OK;
+  loom_ctx_t *ctx = NULL;
+  loom_error_clear();
+  if (!out) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_init: ctx must not be NULL");
+  }
+  *out = NULL;
+  ctx = calloc(1, sizeof *ctx);
+  if (!ctx) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_init: cannot allocate the context");
+  }
+  for (int k = 0; k < LOOM_GROUP_COUNT; k++) {
+    ctx->groups[k].comm = MPI_COMM_NULL;
+  }
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (finalized) {
+    free(ctx);
+    return loom_error(NULL, LOOM_ERR_STATE, "loom_init called after MPI_Finalize");
+  }
+  if (initialized) {
+    LOOM_CHECK_MPI(ctx, MPI_Query_thread(&ctx->thread_level));
+  } else {
+    LOOM_CHECK_MPI(ctx, MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &ctx->thread_level));
+    ctx->owns_mpi = 1;
+  }
+  LOOM_CHECK_MPI(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &ctx->rank));
+  LOOM_CHECK_MPI(ctx, MPI_Comm_size(MPI_COMM_WORLD, &ctx->size));
+  loom_log_set_rank(ctx->rank);
+  if (gethostname(ctx->hostname, sizeof ctx->hostname) != 0) {
+    snprintf(ctx->hostname, sizeof ctx->hostname, "unknown");
+  }
+  ctx->hostname[sizeof ctx->hostname - 1] = '\0';
+
+  // Tunables and logging: a bad value on any rank fails every rank with the same message.
+  status = loom_params_resolve(cfg, &ctx->params);
+  if (status == LOOM_OK &&
+      loom_log_configure(ctx->params.debug_level, ctx->params.debug_mask,
+                         ctx->params.debug_file) != 0) {
+    status = loom_error(ctx, LOOM_ERR_SYSTEM,
+                        "LOOM_DEBUG_FILE=%s cannot be opened for writing (%s): use a writable path",
+                        ctx->params.debug_file, strerror(errno));
+  }
+  LOOM_CHECK(agree(ctx, status));
+  LOOM_CHECK(agree(ctx, check_uniform(ctx)));
+  log_settings(&ctx->params);
+  if (ctx->thread_level < MPI_THREAD_MULTIPLE) {
+    LOOM_INFO(LOOM_SUB_INIT, "MPI granted thread level %d (MPI_THREAD_MULTIPLE is %d)",
+              ctx->thread_level, MPI_THREAD_MULTIPLE);
+  }
+
+  // Layout: which rank is in which group.
+  char why[512];
+  struct loom_layout_in in = {ctx->size, ctx->params.ep_size, ctx->params.attn_servers};
+  status = loom_layout_check(&in, why, sizeof why);
+  if (status != LOOM_OK) {
+    loom_error(ctx, status, "%s", why);
+  }
+  LOOM_CHECK(agree(ctx, status));
+
+  // Topology, nodes, placement, groups.
+  status = loom_topo_discover(ctx, &ctx->topo);
+  if (status == LOOM_OK) {
+    status = loom_groups_find_nodes(ctx);
+  }
+  if (status == LOOM_OK) {
+    status = place(ctx);
+  }
+  LOOM_CHECK(agree(ctx, status));
+  LOOM_CHECK(agree(ctx, loom_groups_build(ctx)));
+
+  char where[256];
+  loom_describe_placement(ctx, where, sizeof where);
+  LOOM_INFO(LOOM_SUB_INIT, "loom %s rank %d/%d: %s", loom_version(), ctx->rank, ctx->size, where);
+  loom_error_clear();
+  ctx->last_error[0] = '\0';
+  *out = ctx;
+  return LOOM_OK;
+fail:
+  loom_groups_free(ctx);
+  loom_topo_destroy(&ctx->topo);
+  if (ctx->owns_mpi) {
+    MPI_Finalize();
+  }
+  free(ctx);
+  return status;
+}
+
+loom_status_t loom_finalize(loom_ctx_t *ctx) {
+  if (!ctx) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_finalize: ctx is NULL");
+  }
+  int owns = ctx->owns_mpi;
+  loom_groups_free(ctx);
+  loom_topo_destroy(&ctx->topo);
+  free(ctx);
+  loom_log_set_rank(-1);
+  loom_log_close();
+  if (owns) {
+    int rc = MPI_Finalize();
+    if (rc != MPI_SUCCESS) {
+      return loom_error(NULL, LOOM_ERR_MPI, "MPI_Finalize failed (code %d)", rc);
+    }
+  }
+  return LOOM_OK;
+}
+
+// ---- accessors ----------------------------------------------------------------------------------
+
+int loom_rank(const loom_ctx_t *ctx) { return ctx ? ctx->rank : -1; }
+int loom_size(const loom_ctx_t *ctx) { return ctx ? ctx->size : 0; }
+int loom_local_rank(const loom_ctx_t *ctx) { return ctx ? ctx->local_rank : -1; }
+int loom_local_size(const loom_ctx_t *ctx) { return ctx ? ctx->local_size : 0; }
+int loom_node(const loom_ctx_t *ctx) { return ctx ? ctx->node : -1; }
+int loom_num_nodes(const loom_ctx_t *ctx) { return ctx ? ctx->num_nodes : 0; }
+int loom_mpi_thread_level(const loom_ctx_t *ctx) { return ctx ? ctx->thread_level : -1; }
+int loom_owns_mpi(const loom_ctx_t *ctx) { return ctx ? ctx->owns_mpi : 0; }
+int loom_role(const loom_ctx_t *ctx) { return ctx ? ctx->role : 0; }
+int loom_blas_threads(const loom_ctx_t *ctx) { return ctx ? ctx->blas_threads : 0; }
+int loom_gpu(const loom_ctx_t *ctx) { return ctx ? ctx->gpu : -1; }
+
+const loom_topology_t *loom_topology(const loom_ctx_t *ctx) {
+  return ctx ? &ctx->topo.pub : NULL;
+}
+
+void loom_bound_cores(const loom_ctx_t *ctx, int *first, int *count) {
+  *first = ctx ? ctx->bind_first : 0;
+  *count = ctx ? ctx->bind_count : 0;
+}
+
+loom_status_t loom_describe_placement(const loom_ctx_t *ctx, char *buf, size_t len) {
+  if (!ctx || !buf || len == 0) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_describe_placement: NULL argument");
+  }
+  static const char *const modes[] = {"core", "numa", "none"};
+  char gpu[16] = "none";
+  if (ctx->gpu >= 0) {
+    snprintf(gpu, sizeof gpu, "%d", ctx->gpu);
+  }
+  snprintf(buf, len, "host %s node %d/%d local %d/%d bind=%s cores %d-%d blas_threads %d gpu %s",
+           ctx->hostname, ctx->node, ctx->num_nodes, ctx->local_rank, ctx->local_size,
+           modes[ctx->params.bind], ctx->bind_first, ctx->bind_first + ctx->bind_count - 1,
+           ctx->blas_threads, gpu);
+  return LOOM_OK;
+}

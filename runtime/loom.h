@@ -1,0 +1,10 @@
+/* loom.h — the one header a training program includes to embed loom.
+ * It pulls in the runtime (init, groups, errors, tunables) and tensors. */
+#ifndef LOOM_H
+#define LOOM_H
+
+#include "loom_version.h"
+#include "loom_core.h"
+#include "loom_tensor.h"
+
+#endif

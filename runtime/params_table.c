@@ -1,0 +1,162 @@
+/* params_table.c — the one table of loom's tunables: environment variable, config field,
+ * default, valid values and help, with the parser each uses. Add new tunables here. */
+#include "config.h"
+
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "layout.h"
+#include "log.h"
+#include "params.h"
+
+// ---- parsers: return 0 on success, else write why into err -----------------------------------
+
+static int parse_choice(const char *text, const char *choices, int *index) {
+  // choices is "a|b|c"; the match is case-insensitive.
+  int i = 0;
+  for (const char *p = choices; *p; i++) {
+    const char *bar = strchr(p, '|');
+    size_t n = bar ? (size_t)(bar - p) : strlen(p);
+    if (strlen(text) == n && strncasecmp(text, p, n) == 0) {
+      *index = i;
+      return 0;
+    }
+    p += n + (bar ? 1 : 0);
+  }
+  return -1;
+}
+
+static int parse_debug(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                       char *err, size_t errlen) {
+  static const int levels[] = {LOOM_LOG_WARN, LOOM_LOG_INFO, LOOM_LOG_TRACE};
+  int i;
+  if (parse_choice(text, d->valid, &i) != 0) {
+    snprintf(err, errlen, "not a log level");
+    return -1;
+  }
+  out->debug_level = levels[i];
+  return 0;
+}
+
+static int parse_subsys(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                        char *err, size_t errlen) {
+  (void)d;
+  return loom_parse_subsys_list(text, &out->debug_mask, err, errlen);
+}
+
+static int parse_file(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                      char *err, size_t errlen) {
+  (void)d;
+  if (strlen(text) >= sizeof out->debug_file) {
+    snprintf(err, errlen, "path longer than %zu characters", sizeof out->debug_file - 1);
+    return -1;
+  }
+  snprintf(out->debug_file, sizeof out->debug_file, "%s", text);
+  return 0;
+}
+
+static int parse_bind(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                      char *err, size_t errlen) {
+  static const int modes[] = {LOOM_BIND_CORE, LOOM_BIND_NUMA, LOOM_BIND_NONE};
+  int i;
+  if (parse_choice(text, d->valid, &i) != 0) {
+    snprintf(err, errlen, "not a binding mode");
+    return -1;
+  }
+  out->bind = modes[i];
+  return 0;
+}
+
+// Integer tunables: the field to store into is found by the table position.
+static int parse_int_field(const struct loom_param_desc *d, const char *text, int *field,
+                           char *err, size_t errlen) {
+  long v;
+  if (loom_parse_int_range(text, d->min, d->max, &v) != 0) {
+    snprintf(err, errlen, "not an integer in %ld..%ld", d->min, d->max);
+    return -1;
+  }
+  *field = (int)v;
+  return 0;
+}
+
+static int parse_blas_threads(const struct loom_param_desc *d, const char *text,
+                              struct loom_params *out, char *err, size_t errlen) {
+  return parse_int_field(d, text, &out->blas_threads, err, errlen);
+}
+
+static int parse_node_size(const struct loom_param_desc *d, const char *text,
+                           struct loom_params *out, char *err, size_t errlen) {
+  return parse_int_field(d, text, &out->node_size, err, errlen);
+}
+
+static int parse_ep_size(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                         char *err, size_t errlen) {
+  return parse_int_field(d, text, &out->ep_size, err, errlen);
+}
+
+static int parse_gpu(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                     char *err, size_t errlen) {
+  if (strcasecmp(text, "auto") == 0) {
+    out->gpu = LOOM_GPU_AUTO;
+    return 0;
+  }
+  if (strcasecmp(text, "none") == 0) {
+    out->gpu = LOOM_GPU_NONE;
+    return 0;
+  }
+  if (parse_int_field(d, text, &out->gpu, err, errlen) != 0) {
+    snprintf(err, errlen, "not auto, none or a device index");
+    return -1;
+  }
+  return 0;
+}
+
+static int parse_attn(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                      char *err, size_t errlen) {
+  if (strcasecmp(text, "inplace") == 0) {
+    out->attn_servers = LOOM_ATTN_INPLACE;
+    return 0;
+  }
+  if (parse_int_field(d, text, &out->attn_servers, err, errlen) != 0) {
+    snprintf(err, errlen, "not 0, inplace or a number of dedicated server ranks");
+    return -1;
+  }
+  return 0;
+}
+
+// ---- the table --------------------------------------------------------------------------------
+
+#define STR_FIELD(f) 0, offsetof(loom_config_t, f)
+#define INT_FIELD(f) 1, offsetof(loom_config_t, f)
+
+const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
+    [LOOM_P_DEBUG] = {"LOOM_DEBUG", "debug", STR_FIELD(debug), "WARN", "WARN|INFO|TRACE", 0, 0,
+                      parse_debug, "log level: warnings only, plus setup/per-step info, or everything"},
+    [LOOM_P_DEBUG_SUBSYS] = {"LOOM_DEBUG_SUBSYS", "debug_subsys", STR_FIELD(debug_subsys), "ALL",
+                             "ALL or a comma list of INIT,TOPO,ENV,MEM,COLL,COMPRESS,MOE,ATTN,"
+                             "SCHED,COMPUTE,CUDA; ^LIST excludes",
+                             0, 0, parse_subsys, "subsystems whose INFO/TRACE lines are printed"},
+    [LOOM_P_DEBUG_FILE] = {"LOOM_DEBUG_FILE", "debug_file", STR_FIELD(debug_file), "",
+                           "a path; %h is the host, %p the pid", 0, 0, parse_file,
+                           "write log lines to this file instead of stderr"},
+    [LOOM_P_BIND] = {"LOOM_BIND", "bind", STR_FIELD(bind), "core", "core|numa|none", 0, 0,
+                     parse_bind,
+                     "bind each local rank to its share of cores, to a NUMA node, or not at all"},
+    [LOOM_P_BLAS_THREADS] = {"LOOM_BLAS_THREADS", "blas_threads", INT_FIELD(blas_threads), "0",
+                             "0..1024", 0, 1024, parse_blas_threads,
+                             "BLAS threads per rank; 0 = the rank's share of cores"},
+    [LOOM_P_GPU] = {"LOOM_GPU", "gpu", STR_FIELD(gpu), "auto", "auto|none|0..1023", 0, 1023,
+                    parse_gpu, "CUDA device: local rank modulo the device count, none, or an index"},
+    [LOOM_P_NODE_SIZE] = {"LOOM_NODE_SIZE", "node_size", INT_FIELD(node_size), "0", "0..65536", 0,
+                          65536, parse_node_size,
+                          "emulate nodes of K consecutive ranks (0 = the real hosts)"},
+    [LOOM_P_EP_SIZE] = {"LOOM_EP_SIZE", "ep_size", INT_FIELD(ep_size), "1", "1..65536", 1, 65536,
+                        parse_ep_size,
+                        "expert-parallel group size; must divide the number of training ranks"},
+    [LOOM_P_ATTN_SERVERS] = {"LOOM_ATTN_SERVERS", "attn_servers", STR_FIELD(attn_servers), "0",
+                             "0|inplace|N (1..65535)", 0, 65535, parse_attn,
+                             "attention servers: off, every trainer serves, or the last N ranks "
+                             "only serve"},
+};

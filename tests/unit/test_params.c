@@ -1,0 +1,118 @@
+/* test_params.c — every tunable: default, config field, environment override, and rejection
+ * of bad values with a message that names the variable and its valid values. */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check.h"
+#include "error.h"
+#include "log.h"
+#include "loom.h"
+#include "params.h"
+
+// Bad values per tunable (NULL-terminated lists).
+static const char *const bad_values[LOOM_P_COUNT][5] = {
+    [LOOM_P_DEBUG] = {"LOUD", "", "3", NULL},
+    [LOOM_P_DEBUG_SUBSYS] = {"NOPE", "INIT,NOPE", "^", "", NULL},
+    [LOOM_P_DEBUG_FILE] = {NULL},  // any path parses; an unwritable one fails in loom_init
+    [LOOM_P_BIND] = {"socket", "cores", "", NULL},
+    [LOOM_P_BLAS_THREADS] = {"-1", "two", "1025", "4x", NULL},
+    [LOOM_P_GPU] = {"first", "-3", "1024", NULL},
+    [LOOM_P_NODE_SIZE] = {"-1", "x", "65537", NULL},
+    [LOOM_P_EP_SIZE] = {"0", "abc", "2.5", "", NULL},
+    [LOOM_P_ATTN_SERVERS] = {"all", "-2", "65536", NULL},
+};
+
+static void unset_all(void) {
+  for (int i = 0; i < LOOM_P_COUNT; i++) {
+    unsetenv(loom_param_table[i].env);
+  }
+}
+
+int main(void) {
+  struct loom_params p;
+  unset_all();
+
+  // Defaults.
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK, "defaults resolve: %s", loom_last_error(NULL));
+  CHECK(p.debug_level == LOOM_LOG_WARN && p.debug_mask == LOOM_SUB_ALL, "log defaults");
+  CHECK(p.bind == LOOM_BIND_CORE && p.blas_threads == 0 && p.gpu == LOOM_GPU_AUTO, "placement");
+  CHECK(p.node_size == 0 && p.ep_size == 1 && p.attn_servers == 0, "group defaults");
+  for (int i = 0; i < LOOM_P_COUNT; i++) {
+    CHECK(p.source[i] == LOOM_SRC_DEFAULT, "%s source", loom_param_table[i].env);
+    CHECK(!strcmp(p.text[i], loom_param_table[i].def), "%s text", loom_param_table[i].env);
+    const struct loom_param_desc *d = &loom_param_table[i];
+    CHECK(d->env && !strncmp(d->env, "LOOM_", 5) && d->field && d->valid && d->help && d->parse,
+          "table entry %d complete", i);
+  }
+
+  // Config struct.
+  loom_config_t cfg;
+  loom_config_init(&cfg);
+  CHECK(cfg.ep_size == LOOM_UNSET && cfg.node_size == LOOM_UNSET && cfg.bind == NULL, "unset");
+  cfg.ep_size = 2;
+  cfg.bind = "numa";
+  cfg.attn_servers = "inplace";
+  cfg.debug = "info";
+  cfg.debug_subsys = "^COLL,MOE";
+  cfg.gpu = "none";
+  CHECK(loom_params_resolve(&cfg, &p) == LOOM_OK, "config resolves: %s", loom_last_error(NULL));
+  CHECK(p.ep_size == 2 && p.source[LOOM_P_EP_SIZE] == LOOM_SRC_CONFIG, "ep from config");
+  CHECK(p.bind == LOOM_BIND_NUMA && p.attn_servers == LOOM_ATTN_INPLACE, "bind, attn");
+  CHECK(p.debug_level == LOOM_LOG_INFO, "case-insensitive choice");
+  CHECK(p.debug_mask == (LOOM_SUB_ALL & ~(LOOM_SUB_COLL | LOOM_SUB_MOE)), "exclusion mask %x",
+        p.debug_mask);
+  CHECK(p.gpu == LOOM_GPU_NONE, "gpu none");
+
+  // Environment overrides config.
+  setenv("LOOM_EP_SIZE", "4", 1);
+  setenv("LOOM_ATTN_SERVERS", "3", 1);
+  setenv("LOOM_DEBUG_SUBSYS", "INIT,TOPO", 1);
+  setenv("LOOM_GPU", "2", 1);
+  CHECK(loom_params_resolve(&cfg, &p) == LOOM_OK, "env resolves");
+  CHECK(p.ep_size == 4 && p.source[LOOM_P_EP_SIZE] == LOOM_SRC_ENV, "env wins");
+  CHECK(p.attn_servers == 3 && p.gpu == 2, "attn N, gpu index");
+  CHECK(p.debug_mask == (LOOM_SUB_INIT | LOOM_SUB_TOPO), "subsys list");
+  unset_all();
+
+  // Every bad value, through the environment and through the config struct.
+  for (int i = 0; i < LOOM_P_COUNT; i++) {
+    const struct loom_param_desc *d = &loom_param_table[i];
+    for (int j = 0; bad_values[i][j]; j++) {
+      setenv(d->env, bad_values[i][j], 1);
+      loom_status_t st = loom_params_resolve(NULL, &p);
+      const char *msg = loom_last_error(NULL);
+      CHECK(st == LOOM_ERR_INVALID_ARG, "%s='%s' accepted", d->env, bad_values[i][j]);
+      CHECK(strstr(msg, d->env) && strstr(msg, d->valid), "%s message lacks name/valid: %s",
+            d->env, msg);
+      unsetenv(d->env);
+      if (!d->field_is_int) {
+        loom_config_init(&cfg);
+        *(const char **)((char *)&cfg + d->field_offset) = bad_values[i][j];
+        st = loom_params_resolve(&cfg, &p);
+        msg = loom_last_error(NULL);
+        CHECK(st == LOOM_ERR_INVALID_ARG && strstr(msg, d->field) && strstr(msg, d->env),
+              "config %s='%s': %s", d->field, bad_values[i][j], msg);
+      }
+    }
+  }
+  loom_config_init(&cfg);
+  cfg.ep_size = 0;
+  CHECK(loom_params_resolve(&cfg, &p) == LOOM_ERR_INVALID_ARG, "config ep_size 0 rejected");
+  CHECK(strstr(loom_last_error(NULL), "config field ep_size (LOOM_EP_SIZE)"), "names field: %s",
+        loom_last_error(NULL));
+  cfg.ep_size = LOOM_UNSET;
+  cfg.blas_threads = 2000;
+  CHECK(loom_params_resolve(&cfg, &p) == LOOM_ERR_INVALID_ARG, "blas_threads 2000 rejected");
+
+  // Parsers directly.
+  long v;
+  CHECK(loom_parse_int_range(" 12 ", 0, 20, &v) == 0 && v == 12, "spaces ok");
+  CHECK(loom_parse_int_range("99999999999999999999", 0, 20, &v) != 0, "overflow rejected");
+  unsigned mask;
+  char err[128];
+  CHECK(loom_parse_subsys_list("all", &mask, err, sizeof err) == 0 && mask == LOOM_SUB_ALL, "all");
+  CHECK(loom_parse_subsys_list("INIT,,TOPO", &mask, err, sizeof err) != 0, "empty item");
+  return check_exit("test_params");
+}
