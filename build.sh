@@ -39,11 +39,13 @@ build() {
   fi
   mkdir -p "$BUILD_DIR"
   cd "$BUILD_DIR"
-  if [ ! -f Makefile ] || [ "$(cat .configure-flags 2>/dev/null)" != "$CONFIGURE_FLAGS" ]; then
-    log "configure $CONFIGURE_FLAGS"
+  # The install check installs into the build folder, never into the system.
+  local flags="--enable-werror --prefix=$ROOT/$BUILD_DIR/_install $CONFIGURE_FLAGS"
+  if [ ! -f Makefile ] || [ ! -f .configure-flags ] || [ "$(cat .configure-flags)" != "$flags" ]; then
+    log "configure $flags"
     # shellcheck disable=SC2086
-    "$ROOT/configure" --enable-werror --prefix="$ROOT/$BUILD_DIR/_install" $CONFIGURE_FLAGS
-    echo "$CONFIGURE_FLAGS" > .configure-flags
+    "$ROOT/configure" $flags
+    echo "$flags" > .configure-flags
   fi
   log "make -j$JOBS"
   make -j"$JOBS"

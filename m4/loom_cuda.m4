@@ -19,7 +19,7 @@ AC_DEFUN([LOOM_CHECK_CUDA], [
     CUDA_CFLAGS="-isystem $loom_cuda_dir/include"
     loom_cuda_libdir=$loom_cuda_dir/lib64
     AS_IF([test ! -d "$loom_cuda_libdir"], [loom_cuda_libdir=$loom_cuda_dir/lib])
-    CUDA_LIBS="-L$loom_cuda_libdir -Wl,-rpath,$loom_cuda_libdir -lcudart"
+    CUDA_LIBS="-L$loom_cuda_libdir -Wl,-rpath,$loom_cuda_libdir -lcudart -lstdc++"
     CPPFLAGS="$CPPFLAGS $CUDA_CFLAGS"; LDFLAGS="$LDFLAGS -L$loom_cuda_libdir"
     AC_CHECK_HEADER([cuda_runtime.h], [
       AC_CHECK_LIB([cudart], [cudaGetDeviceCount], [loom_cuda_ok=yes],
@@ -38,6 +38,7 @@ AC_DEFUN([LOOM_CHECK_CUDA], [
     ])
   ])
   AS_IF([test "x$loom_cuda_ok" = "xyes"], [
+    # nvcc-compiled host code needs the C++ runtime (static guards, personality routine).
     # One -gencode per SM, plus PTX of the last so newer GPUs can JIT.
     NVCC_ARCH_FLAGS=""
     loom_last_sm=""

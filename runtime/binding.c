@@ -49,8 +49,8 @@ static hwloc_bitmap_t cores_cpuset(hwloc_topology_t topo, int first, int count) 
   if (!set) {
     return NULL;
   }
-  hwloc_obj_type_t type = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE
-                                                                              : HWLOC_OBJ_PU;
+  hwloc_obj_type_t type =
+      hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE : HWLOC_OBJ_PU;
   for (int i = first; i < first + count; i++) {
     hwloc_obj_t core = hwloc_get_obj_by_type(topo, type, (unsigned)i);
     if (core) {
@@ -78,7 +78,7 @@ loom_status_t loom_topo_bind(loom_ctx_t *ctx, struct loom_topo *t, int mode, int
                 local_size, ncores, local_rank, *first);
     }
     set = cores_cpuset(t->topo, *first, *count);
-  } else {  // NUMA: ranks are spread over NUMA nodes in blocks
+  } else { // NUMA: ranks are spread over NUMA nodes in blocks
     int nnuma = t->pub.numa_nodes;
     int which = (int)((long)local_rank * nnuma / local_size);
     hwloc_obj_t numa = hwloc_get_obj_by_type(t->topo, HWLOC_OBJ_NUMANODE, (unsigned)which);

@@ -13,26 +13,26 @@
 
 struct loom_group {
   loom_group_kind_t kind;
-  MPI_Comm comm;     // MPI_COMM_NULL when this rank is not a member
-  int rank;          // -1 when not a member
-  int size;          // 0 when not a member
-  int *world_ranks;  // (size) world rank of each group rank
+  MPI_Comm comm;    // MPI_COMM_NULL when this rank is not a member
+  int rank;         // -1 when not a member
+  int size;         // 0 when not a member
+  int *world_ranks; // (size) world rank of each group rank
 };
 
 struct loom_ctx {
-  int rank, size;                  // MPI_COMM_WORLD
-  int local_rank, local_size;      // within the (emulated) node
-  int node, num_nodes;             // (emulated) node index and count
-  int host_rank, host_size;        // within the physical host (shared memory)
-  int thread_level;                // MPI_THREAD_* granted
-  int owns_mpi;                    // loom_init called MPI_Init_thread
+  int rank, size;             // MPI_COMM_WORLD
+  int local_rank, local_size; // within the (emulated) node
+  int node, num_nodes;        // (emulated) node index and count
+  int host_rank, host_size;   // within the physical host (shared memory)
+  int thread_level;           // MPI_THREAD_* granted
+  int owns_mpi;               // loom_init called MPI_Init_thread
   char hostname[256];
   struct loom_params params;
   struct loom_topo topo;
-  int bind_first, bind_count;      // cores this rank is bound to
+  int bind_first, bind_count; // cores this rank is bound to
   int blas_threads;
-  int gpu;                         // -1 none
-  int role;                        // loom_role_t bits
+  int gpu;  // -1 none
+  int role; // loom_role_t bits
   struct loom_group groups[LOOM_GROUP_COUNT];
   char last_error[LOOM_ERROR_MAX];
 };

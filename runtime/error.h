@@ -37,62 +37,62 @@ void loom_error_to_ctx(loom_ctx_t *ctx);
 #endif
 
 // The check macros expect `loom_status_t status` and a `fail:` label in the enclosing function.
-#define LOOM_CHECK(call)        \
-  do {                          \
-    status = (call);            \
-    if (status != LOOM_OK) {    \
-      goto fail;                \
-    }                           \
+#define LOOM_CHECK(call)                                                                           \
+  do {                                                                                             \
+    status = (call);                                                                               \
+    if (status != LOOM_OK) {                                                                       \
+      goto fail;                                                                                   \
+    }                                                                                              \
   } while (0)
 
-#define LOOM_CHECK_MPI(ctx, call)                                                           \
-  do {                                                                                      \
-    int loom_mpi_rc_ = (call);                                                              \
-    if (loom_mpi_rc_ != MPI_SUCCESS) {                                                      \
-      char loom_mpi_msg_[MPI_MAX_ERROR_STRING];                                             \
-      int loom_mpi_len_ = 0;                                                                \
-      MPI_Error_string(loom_mpi_rc_, loom_mpi_msg_, &loom_mpi_len_);                        \
-      status = loom_error((ctx), LOOM_ERR_MPI, "%s failed: %s", #call, loom_mpi_msg_);      \
-      goto fail;                                                                            \
-    }                                                                                       \
+#define LOOM_CHECK_MPI(ctx, call)                                                                  \
+  do {                                                                                             \
+    int loom_mpi_rc_ = (call);                                                                     \
+    if (loom_mpi_rc_ != MPI_SUCCESS) {                                                             \
+      char loom_mpi_msg_[MPI_MAX_ERROR_STRING];                                                    \
+      int loom_mpi_len_ = 0;                                                                       \
+      MPI_Error_string(loom_mpi_rc_, loom_mpi_msg_, &loom_mpi_len_);                               \
+      status = loom_error((ctx), LOOM_ERR_MPI, "%s failed: %s", #call, loom_mpi_msg_);             \
+      goto fail;                                                                                   \
+    }                                                                                              \
   } while (0)
 
 // cond is what must hold; on failure errno is reported with what was attempted.
-#define LOOM_CHECK_SYS(ctx, cond, what)                                                     \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      int loom_errno_ = errno;                                                              \
-      status = loom_error((ctx), loom_errno_ == ENOMEM ? LOOM_ERR_NOMEM : LOOM_ERR_SYSTEM,  \
-                          "%s failed: %s (errno %d)", (what), strerror(loom_errno_),        \
-                          loom_errno_);                                                     \
-      goto fail;                                                                            \
-    }                                                                                       \
+#define LOOM_CHECK_SYS(ctx, cond, what)                                                            \
+  do {                                                                                             \
+    if (!(cond)) {                                                                                 \
+      int loom_errno_ = errno;                                                                     \
+      status = loom_error((ctx), loom_errno_ == ENOMEM ? LOOM_ERR_NOMEM : LOOM_ERR_SYSTEM,         \
+                          "%s failed: %s (errno %d)", (what), strerror(loom_errno_), loom_errno_); \
+      goto fail;                                                                                   \
+    }                                                                                              \
   } while (0)
 
 #ifdef LOOM_HAVE_CUDA
-#define LOOM_CHECK_CUDA(ctx, call)                                                          \
-  do {                                                                                      \
-    cudaError_t loom_cuda_rc_ = (call);                                                     \
-    if (loom_cuda_rc_ != cudaSuccess) {                                                     \
-      status = loom_error((ctx),                                                            \
-                          loom_cuda_rc_ == cudaErrorMemoryAllocation ? LOOM_ERR_NOMEM       \
-                                                                     : LOOM_ERR_CUDA,       \
-                          "%s failed: %s (%s)", #call, cudaGetErrorString(loom_cuda_rc_),   \
-                          cudaGetErrorName(loom_cuda_rc_));                                 \
-      goto fail;                                                                            \
-    }                                                                                       \
+#define LOOM_CHECK_CUDA(ctx, call)                                                                 \
+  do {                                                                                             \
+    cudaError_t loom_cuda_rc_ = (call);                                                            \
+    if (loom_cuda_rc_ != cudaSuccess) {                                                            \
+      status = loom_error(                                                                         \
+          (ctx), loom_cuda_rc_ == cudaErrorMemoryAllocation ? LOOM_ERR_NOMEM : LOOM_ERR_CUDA,      \
+          "%s failed: %s (%s)", #call, cudaGetErrorString(loom_cuda_rc_),                          \
+          cudaGetErrorName(loom_cuda_rc_));                                                        \
+      goto fail;                                                                                   \
+    }                                                                                              \
   } while (0)
 #endif
 
 #ifdef LOOM_HAVE_NCCL
-#define LOOM_CHECK_NCCL(ctx, call)                                                          \
-  do {                                                                                      \
-    ncclResult_t loom_nccl_rc_ = (call);                                                    \
-    if (loom_nccl_rc_ != ncclSuccess && loom_nccl_rc_ != ncclInProgress) {                  \
-      status = loom_error((ctx), LOOM_ERR_NCCL, "%s failed: %s; set NCCL_DEBUG=INFO for "   \
-                          "details", #call, ncclGetErrorString(loom_nccl_rc_));             \
-      goto fail;                                                                            \
-    }                                                                                       \
+#define LOOM_CHECK_NCCL(ctx, call)                                                                 \
+  do {                                                                                             \
+    ncclResult_t loom_nccl_rc_ = (call);                                                           \
+    if (loom_nccl_rc_ != ncclSuccess && loom_nccl_rc_ != ncclInProgress) {                         \
+      status = loom_error((ctx), LOOM_ERR_NCCL,                                                    \
+                          "%s failed: %s; set NCCL_DEBUG=INFO for "                                \
+                          "details",                                                               \
+                          #call, ncclGetErrorString(loom_nccl_rc_));                               \
+      goto fail;                                                                                   \
+    }                                                                                              \
   } while (0)
 #endif
 

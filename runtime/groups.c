@@ -11,7 +11,7 @@
 #include "layout.h"
 #include "log.h"
 
-static const char *const group_names[LOOM_GROUP_COUNT] = {"world", "node", "dp",
+static const char *const group_names[LOOM_GROUP_COUNT] = {"world", "node",      "dp",
                                                           "ep",    "expert_dp", "attn"};
 
 const char *loom_group_kind_name(loom_group_kind_t kind) {
@@ -28,16 +28,16 @@ loom_status_t loom_groups_find_nodes(loom_ctx_t *ctx) {
   LOOM_CHECK_MPI(ctx, MPI_Comm_rank(host, &ctx->host_rank));
   LOOM_CHECK_MPI(ctx, MPI_Comm_size(host, &ctx->host_size));
   int k = ctx->params.node_size;
-  if (k > 0) {  // emulated nodes of k consecutive world ranks
+  if (k > 0) { // emulated nodes of k consecutive world ranks
     ctx->node = ctx->rank / k;
     ctx->num_nodes = (ctx->size + k - 1) / k;
     ctx->local_rank = ctx->rank % k;
     ctx->local_size = ctx->node == ctx->num_nodes - 1 ? ctx->size - ctx->node * k : k;
-  } else {  // real hosts, numbered by their lowest world rank
+  } else { // real hosts, numbered by their lowest world rank
     int is_leader = ctx->host_rank == 0;
-    LOOM_CHECK_MPI(ctx, MPI_Comm_split(MPI_COMM_WORLD, is_leader ? 0 : MPI_UNDEFINED, ctx->rank,
-                                       &leaders));
-    int ids[2] = {0, 0};  // node index, node count
+    LOOM_CHECK_MPI(
+        ctx, MPI_Comm_split(MPI_COMM_WORLD, is_leader ? 0 : MPI_UNDEFINED, ctx->rank, &leaders));
+    int ids[2] = {0, 0}; // node index, node count
     if (is_leader) {
       LOOM_CHECK_MPI(ctx, MPI_Comm_rank(leaders, &ids[0]));
       LOOM_CHECK_MPI(ctx, MPI_Comm_size(leaders, &ids[1]));
@@ -73,8 +73,8 @@ static loom_status_t build_group(loom_ctx_t *ctx, struct loom_group *g, loom_gro
   if (kind == LOOM_GROUP_WORLD) {
     LOOM_CHECK_MPI(ctx, MPI_Comm_dup(MPI_COMM_WORLD, &g->comm));
   } else {
-    LOOM_CHECK_MPI(ctx, MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color,
-                                       ctx->rank, &g->comm));
+    LOOM_CHECK_MPI(ctx, MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color, ctx->rank,
+                                       &g->comm));
   }
   if (g->comm == MPI_COMM_NULL) {
     return LOOM_OK;

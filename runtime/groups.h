@@ -5,8 +5,8 @@
 
 #include "loom_core.h"
 
-loom_status_t loom_groups_find_nodes(loom_ctx_t *ctx);  // sets host/local/node fields
-loom_status_t loom_groups_build(loom_ctx_t *ctx);       // needs params, node, rank, size
+loom_status_t loom_groups_find_nodes(loom_ctx_t *ctx); // sets host/local/node fields
+loom_status_t loom_groups_build(loom_ctx_t *ctx);      // needs params, node, rank, size
 void loom_groups_free(loom_ctx_t *ctx);
 
 #endif

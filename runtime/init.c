@@ -76,15 +76,15 @@ static loom_status_t place(loom_ctx_t *ctx) {
   LOOM_CHECK(loom_topo_bind(ctx, &ctx->topo, p->bind, ctx->host_rank, ctx->host_size,
                             &ctx->bind_first, &ctx->bind_count));
   int share = ctx->bind_count;
-  if (p->bind != LOOM_BIND_CORE) {  // ranks sharing the NUMA node or host split it
+  if (p->bind != LOOM_BIND_CORE) { // ranks sharing the NUMA node or host split it
     int sharers = p->bind == LOOM_BIND_NUMA
                       ? (ctx->host_size + ctx->topo.pub.numa_nodes - 1) / ctx->topo.pub.numa_nodes
                       : ctx->host_size;
     share = ctx->bind_count / (sharers > 0 ? sharers : 1);
   }
   ctx->blas_threads = loom_set_blas_threads(p->blas_threads > 0 ? p->blas_threads
-                                            : share > 0          ? share
-                                                                 : 1);
+                                            : share > 0         ? share
+                                                                : 1);
   int gpus = ctx->topo.pub.gpus;
   ctx->gpu = -1;
   if (p->gpu >= 0) {
@@ -157,9 +157,8 @@ loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_
 
   // Tunables and logging: a bad value on any rank fails every rank with the same message.
   status = loom_params_resolve(cfg, &ctx->params);
-  if (status == LOOM_OK &&
-      loom_log_configure(ctx->params.debug_level, ctx->params.debug_mask,
-                         ctx->params.debug_file) != 0) {
+  if (status == LOOM_OK && loom_log_configure(ctx->params.debug_level, ctx->params.debug_mask,
+                                              ctx->params.debug_file) != 0) {
     status = loom_error(ctx, LOOM_ERR_SYSTEM,
                         "LOOM_DEBUG_FILE=%s cannot be opened for writing (%s): use a writable path",
                         ctx->params.debug_file, strerror(errno));
@@ -230,17 +229,39 @@ loom_status_t loom_finalize(loom_ctx_t *ctx) {
 
 // ---- accessors ----------------------------------------------------------------------------------
 
-int loom_rank(const loom_ctx_t *ctx) { return ctx ? ctx->rank : -1; }
-int loom_size(const loom_ctx_t *ctx) { return ctx ? ctx->size : 0; }
-int loom_local_rank(const loom_ctx_t *ctx) { return ctx ? ctx->local_rank : -1; }
-int loom_local_size(const loom_ctx_t *ctx) { return ctx ? ctx->local_size : 0; }
-int loom_node(const loom_ctx_t *ctx) { return ctx ? ctx->node : -1; }
-int loom_num_nodes(const loom_ctx_t *ctx) { return ctx ? ctx->num_nodes : 0; }
-int loom_mpi_thread_level(const loom_ctx_t *ctx) { return ctx ? ctx->thread_level : -1; }
-int loom_owns_mpi(const loom_ctx_t *ctx) { return ctx ? ctx->owns_mpi : 0; }
-int loom_role(const loom_ctx_t *ctx) { return ctx ? ctx->role : 0; }
-int loom_blas_threads(const loom_ctx_t *ctx) { return ctx ? ctx->blas_threads : 0; }
-int loom_gpu(const loom_ctx_t *ctx) { return ctx ? ctx->gpu : -1; }
+int loom_rank(const loom_ctx_t *ctx) {
+  return ctx ? ctx->rank : -1;
+}
+int loom_size(const loom_ctx_t *ctx) {
+  return ctx ? ctx->size : 0;
+}
+int loom_local_rank(const loom_ctx_t *ctx) {
+  return ctx ? ctx->local_rank : -1;
+}
+int loom_local_size(const loom_ctx_t *ctx) {
+  return ctx ? ctx->local_size : 0;
+}
+int loom_node(const loom_ctx_t *ctx) {
+  return ctx ? ctx->node : -1;
+}
+int loom_num_nodes(const loom_ctx_t *ctx) {
+  return ctx ? ctx->num_nodes : 0;
+}
+int loom_mpi_thread_level(const loom_ctx_t *ctx) {
+  return ctx ? ctx->thread_level : -1;
+}
+int loom_owns_mpi(const loom_ctx_t *ctx) {
+  return ctx ? ctx->owns_mpi : 0;
+}
+int loom_role(const loom_ctx_t *ctx) {
+  return ctx ? ctx->role : 0;
+}
+int loom_blas_threads(const loom_ctx_t *ctx) {
+  return ctx ? ctx->blas_threads : 0;
+}
+int loom_gpu(const loom_ctx_t *ctx) {
+  return ctx ? ctx->gpu : -1;
+}
 
 const loom_topology_t *loom_topology(const loom_ctx_t *ctx) {
   return ctx ? &ctx->topo.pub : NULL;

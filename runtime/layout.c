@@ -33,9 +33,8 @@ loom_status_t loom_layout_check(const struct loom_layout_in *in, char *err, size
         o += (size_t)snprintf(divisors + o, sizeof divisors - o, "%s%d", o ? ", " : "", d);
       }
     }
-    snprintf(err, errlen,
-             "LOOM_EP_SIZE=%d does not divide the %d training ranks: use one of %s", in->ep_size,
-             trainers, divisors);
+    snprintf(err, errlen, "LOOM_EP_SIZE=%d does not divide the %d training ranks: use one of %s",
+             in->ep_size, trainers, divisors);
     return LOOM_ERR_INVALID_ARG;
   }
   return LOOM_OK;
@@ -62,8 +61,8 @@ void loom_layout_rank(const struct loom_layout_in *in, int rank, struct loom_lay
 }
 
 // Members of the group of `kind` that `rank` belongs to, as "0-3" / "0,2" / "-".
-static void members(const struct loom_layout_in *in, int node_size, int rank, int kind,
-                    char *buf, size_t len) {
+static void members(const struct loom_layout_in *in, int node_size, int rank, int kind, char *buf,
+                    size_t len) {
   struct loom_layout_rank me, other;
   loom_layout_rank(in, rank, &me);
   int mine = kind == LOOM_GROUP_NODE ? rank / node_size : me.color[kind];
@@ -71,13 +70,17 @@ static void members(const struct loom_layout_in *in, int node_size, int rank, in
     snprintf(buf, len, "-");
     return;
   }
-  int list[64], n = 0;
+  int list[64] = {0}, n = 0;
   for (int r = 0; r < in->world_size && n < 64; r++) {
     loom_layout_rank(in, r, &other);
     int c = kind == LOOM_GROUP_NODE ? r / node_size : other.color[kind];
     if (c == mine) {
       list[n++] = r;
     }
+  }
+  if (n == 0) {
+    snprintf(buf, len, "-");
+    return;
   }
   int contiguous = list[n - 1] - list[0] == n - 1;
   if (contiguous && n > 1) {
@@ -107,8 +110,8 @@ void loom_layout_print_table(FILE *out, int max_np, int node_size, int ep_size, 
       struct loom_layout_rank lr;
       loom_layout_rank(&in, r, &lr);
       const char *role = lr.role == (LOOM_ROLE_TRAINER | LOOM_ROLE_ATTN_SERVER) ? "train+serve"
-                         : lr.role == LOOM_ROLE_TRAINER                       ? "train"
-                                                                              : "serve";
+                         : lr.role == LOOM_ROLE_TRAINER                         ? "train"
+                                                                                : "serve";
       fprintf(out, "| %d | %d | %s |", np, r, role);
       for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
         char buf[256];

@@ -9,16 +9,16 @@
 #include "loom_core.h"
 
 struct loom_layout_in {
-  int world_size;    // ranks in MPI_COMM_WORLD
-  int ep_size;       // LOOM_EP_SIZE (>= 1)
-  int attn_servers;  // 0, LOOM_ATTN_INPLACE (-1) or N dedicated servers (the last N ranks)
+  int world_size;   // ranks in MPI_COMM_WORLD
+  int ep_size;      // LOOM_EP_SIZE (>= 1)
+  int attn_servers; // 0, LOOM_ATTN_INPLACE (-1) or N dedicated servers (the last N ranks)
 };
 
 // Colors for MPI_Comm_split: ranks with equal color share a group; -1 means not a member.
 // The node color is not computed here (it comes from the node discovery).
 struct loom_layout_rank {
   int color[LOOM_GROUP_COUNT];
-  int role;  // bitwise OR of loom_role_t
+  int role; // bitwise OR of loom_role_t
 };
 
 // Check the inputs against the world size; on error write an actionable message into err.

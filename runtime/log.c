@@ -18,7 +18,7 @@ const char *const loom_log_subsys_names[LOOM_LOG_NSUBSYS] = {
 int loom_log_level = LOOM_LOG_WARN;
 unsigned loom_log_mask = LOOM_SUB_ALL;
 
-static FILE *log_file;  // NULL: stderr
+static FILE *log_file; // NULL: stderr
 static int log_rank = -1;
 static char log_host[64];
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -27,13 +27,13 @@ enum loom_log_subsys {
 #define LOOM_LOG_NSUBSYS 11
 extern const char *const loom_log_subsys_names[LOOM_LOG_NSUBSYS];
 
-extern int loom_log_level;      // current level (WARN by default)
-extern unsigned loom_log_mask;  // enabled subsystems (ALL by default)
+extern int loom_log_level;     // current level (WARN by default)
+extern unsigned loom_log_mask; // enabled subsystems (ALL by default)
 
 // Apply the resolved tunables. file_pattern may be NULL or "" for stderr; %h and %p expand.
 // Returns 0, or -1 with errno set when the file cannot be opened.
 int loom_log_configure(int level, unsigned mask, const char *file_pattern);
-void loom_log_set_rank(int rank);  // -1 until known
+void loom_log_set_rank(int rank); // -1 until known
 void loom_log_close(void);
 
 void loom_log_write(int level, unsigned subsys, const char *file, int line, const char *fmt, ...)
@@ -44,15 +44,15 @@ void loom_log_write(int level, unsigned subsys, const char *file, int line, cons
 #endif
 
 #define LOOM_WARN(sub, ...) loom_log_write(LOOM_LOG_WARN, (sub), __FILE__, __LINE__, __VA_ARGS__)
-#define LOOM_INFO(sub, ...)                                                        \
-  do {                                                                             \
-    if (loom_log_level >= LOOM_LOG_INFO && (loom_log_mask & (sub)))                \
-      loom_log_write(LOOM_LOG_INFO, (sub), __FILE__, __LINE__, __VA_ARGS__);       \
+#define LOOM_INFO(sub, ...)                                                                        \
+  do {                                                                                             \
+    if (loom_log_level >= LOOM_LOG_INFO && (loom_log_mask & (sub)))                                \
+      loom_log_write(LOOM_LOG_INFO, (sub), __FILE__, __LINE__, __VA_ARGS__);                       \
   } while (0)
-#define LOOM_TRACE(sub, ...)                                                       \
-  do {                                                                             \
-    if (loom_log_level >= LOOM_LOG_TRACE && (loom_log_mask & (sub)))               \
-      loom_log_write(LOOM_LOG_TRACE, (sub), __FILE__, __LINE__, __VA_ARGS__);      \
+#define LOOM_TRACE(sub, ...)                                                                       \
+  do {                                                                                             \
+    if (loom_log_level >= LOOM_LOG_TRACE && (loom_log_mask & (sub)))                               \
+      loom_log_write(LOOM_LOG_TRACE, (sub), __FILE__, __LINE__, __VA_ARGS__);                      \
   } while (0)
 
 #endif

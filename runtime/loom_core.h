@@ -19,18 +19,18 @@ extern "C" {
 
 typedef enum loom_status {
   LOOM_OK = 0,
-  LOOM_ERR_INVALID_ARG,  // a bad argument, tunable or config value
-  LOOM_ERR_MPI,          // an MPI call failed
-  LOOM_ERR_CUDA,         // a CUDA runtime call failed
-  LOOM_ERR_NCCL,         // a NCCL call failed
-  LOOM_ERR_SYSTEM,       // an OS call failed (errno)
-  LOOM_ERR_NOMEM,        // host or device allocation failed
-  LOOM_ERR_TIMEOUT,      // an operation did not finish in time
-  LOOM_ERR_REMOTE,       // another rank failed
-  LOOM_ERR_CORRUPT,      // malformed data (payload, message or file)
-  LOOM_ERR_UNSUPPORTED,  // not available in this build or on this device
-  LOOM_ERR_STATE,        // called in the wrong state (before init, twice, ...)
-  LOOM_ERR_INTERNAL,     // a bug in loom: please report it
+  LOOM_ERR_INVALID_ARG, // a bad argument, tunable or config value
+  LOOM_ERR_MPI,         // an MPI call failed
+  LOOM_ERR_CUDA,        // a CUDA runtime call failed
+  LOOM_ERR_NCCL,        // a NCCL call failed
+  LOOM_ERR_SYSTEM,      // an OS call failed (errno)
+  LOOM_ERR_NOMEM,       // host or device allocation failed
+  LOOM_ERR_TIMEOUT,     // an operation did not finish in time
+  LOOM_ERR_REMOTE,      // another rank failed
+  LOOM_ERR_CORRUPT,     // malformed data (payload, message or file)
+  LOOM_ERR_UNSUPPORTED, // not available in this build or on this device
+  LOOM_ERR_STATE,       // called in the wrong state (before init, twice, ...)
+  LOOM_ERR_INTERNAL,    // a bug in loom: please report it
   LOOM_STATUS_COUNT
 } loom_status_t;
 
@@ -52,15 +52,15 @@ LOOM_API const char *loom_version(void);
 #define LOOM_UNSET (-1)
 
 typedef struct loom_config {
-  const char *debug;         // LOOM_DEBUG: WARN | INFO | TRACE
-  const char *debug_subsys;  // LOOM_DEBUG_SUBSYS: comma list, ALL, or ^LIST to exclude
-  const char *debug_file;    // LOOM_DEBUG_FILE: path, %h host, %p pid
-  const char *bind;          // LOOM_BIND: core | numa | none
-  int blas_threads;          // LOOM_BLAS_THREADS: 0 = this rank's share of cores
-  const char *gpu;           // LOOM_GPU: auto | none | device index
-  int node_size;             // LOOM_NODE_SIZE: emulate nodes of K ranks (0 = real nodes)
-  int ep_size;               // LOOM_EP_SIZE: expert-parallel group size
-  const char *attn_servers;  // LOOM_ATTN_SERVERS: 0 | inplace | N (last N ranks serve)
+  const char *debug;        // LOOM_DEBUG: WARN | INFO | TRACE
+  const char *debug_subsys; // LOOM_DEBUG_SUBSYS: comma list, ALL, or ^LIST to exclude
+  const char *debug_file;   // LOOM_DEBUG_FILE: path, %h host, %p pid
+  const char *bind;         // LOOM_BIND: core | numa | none
+  int blas_threads;         // LOOM_BLAS_THREADS: 0 = this rank's share of cores
+  const char *gpu;          // LOOM_GPU: auto | none | device index
+  int node_size;            // LOOM_NODE_SIZE: emulate nodes of K ranks (0 = real nodes)
+  int ep_size;              // LOOM_EP_SIZE: expert-parallel group size
+  const char *attn_servers; // LOOM_ATTN_SERVERS: 0 | inplace | N (last N ranks serve)
 } loom_config_t;
 
 // Set every field to unset. Call before filling in the fields you want.
@@ -77,32 +77,32 @@ LOOM_API loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *c
 // Frees ctx and finalizes MPI if loom_init initialised it.
 LOOM_API loom_status_t loom_finalize(loom_ctx_t *ctx);
 
-LOOM_API int loom_rank(const loom_ctx_t *ctx);        // rank in MPI_COMM_WORLD
-LOOM_API int loom_size(const loom_ctx_t *ctx);        // ranks in MPI_COMM_WORLD
-LOOM_API int loom_local_rank(const loom_ctx_t *ctx);  // rank within this (emulated) node
-LOOM_API int loom_local_size(const loom_ctx_t *ctx);  // ranks on this (emulated) node
-LOOM_API int loom_node(const loom_ctx_t *ctx);        // index of this (emulated) node
-LOOM_API int loom_num_nodes(const loom_ctx_t *ctx);   // number of (emulated) nodes
-LOOM_API int loom_mpi_thread_level(const loom_ctx_t *ctx);  // MPI_THREAD_* granted
-LOOM_API int loom_owns_mpi(const loom_ctx_t *ctx);    // 1 if loom_init called MPI_Init
+LOOM_API int loom_rank(const loom_ctx_t *ctx);             // rank in MPI_COMM_WORLD
+LOOM_API int loom_size(const loom_ctx_t *ctx);             // ranks in MPI_COMM_WORLD
+LOOM_API int loom_local_rank(const loom_ctx_t *ctx);       // rank within this (emulated) node
+LOOM_API int loom_local_size(const loom_ctx_t *ctx);       // ranks on this (emulated) node
+LOOM_API int loom_node(const loom_ctx_t *ctx);             // index of this (emulated) node
+LOOM_API int loom_num_nodes(const loom_ctx_t *ctx);        // number of (emulated) nodes
+LOOM_API int loom_mpi_thread_level(const loom_ctx_t *ctx); // MPI_THREAD_* granted
+LOOM_API int loom_owns_mpi(const loom_ctx_t *ctx);         // 1 if loom_init called MPI_Init
 
 // ---------------------------------------------------------------------------------------------
 // Topology and placement.
 
 typedef struct loom_topology {
-  int sockets;     // packages on this host
-  int numa_nodes;  // NUMA nodes on this host
-  int cores;       // physical cores this process may use (cgroup/affinity limits applied)
-  int pus;         // hardware threads this process may use
-  int gpus;        // CUDA devices visible (0 without the CUDA backend)
+  int sockets;    // packages on this host
+  int numa_nodes; // NUMA nodes on this host
+  int cores;      // physical cores this process may use (cgroup/affinity limits applied)
+  int pus;        // hardware threads this process may use
+  int gpus;       // CUDA devices visible (0 without the CUDA backend)
 } loom_topology_t;
 
 LOOM_API const loom_topology_t *loom_topology(const loom_ctx_t *ctx);
 // Cores (by hwloc logical index) this rank is bound to: [first, first + count). With
 // LOOM_BIND=numa or none the range is the NUMA node's or the whole host's.
 LOOM_API void loom_bound_cores(const loom_ctx_t *ctx, int *first, int *count);
-LOOM_API int loom_blas_threads(const loom_ctx_t *ctx);  // BLAS threads set for this rank
-LOOM_API int loom_gpu(const loom_ctx_t *ctx);           // CUDA device of this rank, -1 if none
+LOOM_API int loom_blas_threads(const loom_ctx_t *ctx); // BLAS threads set for this rank
+LOOM_API int loom_gpu(const loom_ctx_t *ctx);          // CUDA device of this rank, -1 if none
 // One line describing this rank's placement: host, node, cores, BLAS threads, GPU.
 LOOM_API loom_status_t loom_describe_placement(const loom_ctx_t *ctx, char *buf, size_t len);
 
@@ -111,31 +111,31 @@ LOOM_API loom_status_t loom_describe_placement(const loom_ctx_t *ctx, char *buf,
 // loom_group_rank() == -1 and size 0 (for example a dedicated attention server's DP group).
 
 typedef enum loom_group_kind {
-  LOOM_GROUP_WORLD = 0,   // all ranks
-  LOOM_GROUP_NODE,        // ranks on the same (emulated) node
-  LOOM_GROUP_DP,          // data-parallel: all training ranks (dense gradients)
-  LOOM_GROUP_EP,          // expert-parallel: LOOM_EP_SIZE consecutive training ranks
-  LOOM_GROUP_EXPERT_DP,   // ranks holding the same experts: same index in their EP group
-  LOOM_GROUP_ATTN,        // attention servers (none, every trainer, or the last N ranks)
+  LOOM_GROUP_WORLD = 0, // all ranks
+  LOOM_GROUP_NODE,      // ranks on the same (emulated) node
+  LOOM_GROUP_DP,        // data-parallel: all training ranks (dense gradients)
+  LOOM_GROUP_EP,        // expert-parallel: LOOM_EP_SIZE consecutive training ranks
+  LOOM_GROUP_EXPERT_DP, // ranks holding the same experts: same index in their EP group
+  LOOM_GROUP_ATTN,      // attention servers (none, every trainer, or the last N ranks)
   LOOM_GROUP_COUNT
 } loom_group_kind_t;
 
 typedef enum loom_role {
-  LOOM_ROLE_TRAINER = 1,      // runs the model
-  LOOM_ROLE_ATTN_SERVER = 2,  // serves core attention (both bits in inplace mode)
+  LOOM_ROLE_TRAINER = 1,     // runs the model
+  LOOM_ROLE_ATTN_SERVER = 2, // serves core attention (both bits in inplace mode)
 } loom_role_t;
 
 typedef struct loom_group loom_group_t;
 
 LOOM_API const loom_group_t *loom_group(const loom_ctx_t *ctx, loom_group_kind_t kind);
-LOOM_API const char *loom_group_kind_name(loom_group_kind_t kind);  // "world", "dp", ...
-LOOM_API int loom_group_rank(const loom_group_t *g);  // -1 when this rank is not a member
-LOOM_API int loom_group_size(const loom_group_t *g);  // 0 when this rank is not a member
+LOOM_API const char *loom_group_kind_name(loom_group_kind_t kind); // "world", "dp", ...
+LOOM_API int loom_group_rank(const loom_group_t *g); // -1 when this rank is not a member
+LOOM_API int loom_group_size(const loom_group_t *g); // 0 when this rank is not a member
 // World rank of group rank i, or -1 when i is out of range.
 LOOM_API int loom_group_world_rank(const loom_group_t *g, int i);
 // The MPI communicator (MPI_COMM_NULL when not a member). Owned by loom: do not free it.
 LOOM_API MPI_Comm loom_group_comm(const loom_group_t *g);
-LOOM_API int loom_role(const loom_ctx_t *ctx);  // bitwise OR of loom_role_t
+LOOM_API int loom_role(const loom_ctx_t *ctx); // bitwise OR of loom_role_t
 
 // ---------------------------------------------------------------------------------------------
 // Introspection (what the loom_info program prints).

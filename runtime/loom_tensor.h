@@ -23,22 +23,22 @@ typedef enum loom_dtype {
   LOOM_DTYPE_COUNT
 } loom_dtype_t;
 
-#define LOOM_MAX_DIMS 8
-#define LOOM_NAME_MAX 96
-#define LOOM_DEVICE_HOST (-1)  // tensor.device: host memory; 0.. is a CUDA device index
+#define LOOM_MAX_DIMS    8
+#define LOOM_NAME_MAX    96
+#define LOOM_DEVICE_HOST (-1) // tensor.device: host memory; 0.. is a CUDA device index
 
 typedef struct loom_tensor {
-  void *data;                     // numel elements of dtype, contiguous, row-major
+  void *data; // numel elements of dtype, contiguous, row-major
   loom_dtype_t dtype;
-  int device;                     // LOOM_DEVICE_HOST or a CUDA device index
-  int ndim;                       // 0 (scalar) .. LOOM_MAX_DIMS
-  int64_t shape[LOOM_MAX_DIMS];   // extents of the first ndim dimensions
-  char name[LOOM_NAME_MAX];       // stable identity: compression state, checkpoints
-  int owns_data;                  // 1 if loom_tensor_free releases data
+  int device;                   // LOOM_DEVICE_HOST or a CUDA device index
+  int ndim;                     // 0 (scalar) .. LOOM_MAX_DIMS
+  int64_t shape[LOOM_MAX_DIMS]; // extents of the first ndim dimensions
+  char name[LOOM_NAME_MAX];     // stable identity: compression state, checkpoints
+  int owns_data;                // 1 if loom_tensor_free releases data
 } loom_tensor_t;
 
-LOOM_API size_t loom_dtype_size(loom_dtype_t dtype);        // bytes per element, 0 if invalid
-LOOM_API const char *loom_dtype_name(loom_dtype_t dtype);   // "f32", "bf16", ... or "invalid"
+LOOM_API size_t loom_dtype_size(loom_dtype_t dtype);      // bytes per element, 0 if invalid
+LOOM_API const char *loom_dtype_name(loom_dtype_t dtype); // "f32", "bf16", ... or "invalid"
 // Parse a dtype name ("f32", "fp16", "bf16", "int8"...); LOOM_ERR_INVALID_ARG names the choices.
 LOOM_API loom_status_t loom_dtype_from_name(const char *name, loom_dtype_t *dtype);
 
@@ -46,15 +46,16 @@ LOOM_API int64_t loom_tensor_numel(const loom_tensor_t *t);
 LOOM_API size_t loom_tensor_bytes(const loom_tensor_t *t);
 // Allocate a zeroed tensor on device (LOOM_DEVICE_HOST or a CUDA index). Host memory is
 // 64-byte aligned. name may be NULL.
-LOOM_API loom_status_t loom_tensor_alloc(loom_tensor_t *t, loom_dtype_t dtype, int device,
-                                         int ndim, const int64_t *shape, const char *name);
+LOOM_API loom_status_t loom_tensor_alloc(loom_tensor_t *t, loom_dtype_t dtype, int device, int ndim,
+                                         const int64_t *shape, const char *name);
 // Describe caller-owned memory without copying it; loom_tensor_free leaves it alone.
 LOOM_API loom_status_t loom_tensor_wrap(loom_tensor_t *t, void *data, loom_dtype_t dtype,
                                         int device, int ndim, const int64_t *shape,
                                         const char *name);
 LOOM_API void loom_tensor_free(loom_tensor_t *t);
-// Set every element to value (converted to the dtype: rounded to nearest even for f16/bf16,
-// saturated for integers). Runs on the tensor's device.
+// Set every element to value, converted to the dtype: f16/bf16/f32 round to nearest even;
+// integers round half away from zero, saturate to the type's range, and take 0 for NaN.
+// Runs on the tensor's device.
 LOOM_API loom_status_t loom_tensor_fill(loom_tensor_t *t, double value);
 // Copy src into dst (same dtype and element count) across host and devices.
 LOOM_API loom_status_t loom_tensor_copy(loom_tensor_t *dst, const loom_tensor_t *src);

@@ -50,7 +50,8 @@ int loom_parse_subsys_list(const char *text, unsigned *mask, char *err, size_t e
       found = 1;
     }
     for (int i = 0; i < LOOM_LOG_NSUBSYS && !found; i++) {
-      if (strlen(loom_log_subsys_names[i]) == n && strncasecmp(p, loom_log_subsys_names[i], n) == 0) {
+      if (strlen(loom_log_subsys_names[i]) == n &&
+          strncasecmp(p, loom_log_subsys_names[i], n) == 0) {
         bits |= 1u << i;
         found = 1;
       }
@@ -66,8 +67,8 @@ int loom_parse_subsys_list(const char *text, unsigned *mask, char *err, size_t e
 }
 
 // The config field of d as text, or NULL when unset.
-static const char *config_text(const struct loom_param_desc *d, const loom_config_t *cfg,
-                               char *buf, size_t len) {
+static const char *config_text(const struct loom_param_desc *d, const loom_config_t *cfg, char *buf,
+                               size_t len) {
   if (!cfg) {
     return NULL;
   }

@@ -8,8 +8,8 @@
 #include "loom_core.h"
 
 enum loom_bind_mode { LOOM_BIND_CORE = 0, LOOM_BIND_NUMA, LOOM_BIND_NONE };
-#define LOOM_GPU_AUTO (-2)
-#define LOOM_GPU_NONE (-1)
+#define LOOM_GPU_AUTO     (-2)
+#define LOOM_GPU_NONE     (-1)
 #define LOOM_ATTN_INPLACE (-1)
 
 // Indices into loom_param_table; keep in the table's order.
@@ -32,17 +32,17 @@ enum loom_param_source { LOOM_SRC_DEFAULT = 0, LOOM_SRC_CONFIG, LOOM_SRC_ENV };
 #define LOOM_PARAM_TEXT_MAX 256
 
 struct loom_params {
-  int debug_level;        // enum loom_log_level
-  unsigned debug_mask;    // enum loom_log_subsys bits
-  char debug_file[LOOM_PARAM_TEXT_MAX];  // "" = stderr
-  int bind;               // enum loom_bind_mode
-  int blas_threads;       // 0 = auto
-  int gpu;                // LOOM_GPU_AUTO, LOOM_GPU_NONE or a device index
-  int node_size;          // 0 = real nodes
-  int ep_size;            // >= 1
-  int attn_servers;       // 0 off, LOOM_ATTN_INPLACE, or N dedicated ranks
-  char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX];  // value as given (or the default)
-  int source[LOOM_P_COUNT];                       // enum loom_param_source
+  int debug_level;                              // enum loom_log_level
+  unsigned debug_mask;                          // enum loom_log_subsys bits
+  char debug_file[LOOM_PARAM_TEXT_MAX];         // "" = stderr
+  int bind;                                     // enum loom_bind_mode
+  int blas_threads;                             // 0 = auto
+  int gpu;                                      // LOOM_GPU_AUTO, LOOM_GPU_NONE or a device index
+  int node_size;                                // 0 = real nodes
+  int ep_size;                                  // >= 1
+  int attn_servers;                             // 0 off, LOOM_ATTN_INPLACE, or N dedicated ranks
+  char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
+  int source[LOOM_P_COUNT];                     // enum loom_param_source
 };
 
 struct loom_param_desc;
@@ -51,15 +51,15 @@ typedef int (*loom_param_parse_fn)(const struct loom_param_desc *d, const char *
                                    struct loom_params *out, char *err, size_t errlen);
 
 struct loom_param_desc {
-  const char *env;        // environment variable, e.g. "LOOM_EP_SIZE"
-  const char *field;      // loom_config_t field, e.g. "ep_size"
-  int field_is_int;       // 1: int field (LOOM_UNSET = unset); 0: const char * (NULL = unset)
-  size_t field_offset;    // offsetof(loom_config_t, field)
-  const char *def;        // default, as text
-  const char *valid;      // valid values, as shown to users ("1..4096", "core|numa|none")
-  long min, max;          // integer range where the value is an integer
+  const char *env;     // environment variable, e.g. "LOOM_EP_SIZE"
+  const char *field;   // loom_config_t field, e.g. "ep_size"
+  int field_is_int;    // 1: int field (LOOM_UNSET = unset); 0: const char * (NULL = unset)
+  size_t field_offset; // offsetof(loom_config_t, field)
+  const char *def;     // default, as text
+  const char *valid;   // valid values, as shown to users ("1..4096", "core|numa|none")
+  long min, max;       // integer range where the value is an integer
   loom_param_parse_fn parse;
-  const char *help;       // one line
+  const char *help; // one line
 };
 
 extern const struct loom_param_desc loom_param_table[LOOM_P_COUNT];

@@ -70,8 +70,8 @@ static int parse_bind(const struct loom_param_desc *d, const char *text, struct 
 }
 
 // Integer tunables: the field to store into is found by the table position.
-static int parse_int_field(const struct loom_param_desc *d, const char *text, int *field,
-                           char *err, size_t errlen) {
+static int parse_int_field(const struct loom_param_desc *d, const char *text, int *field, char *err,
+                           size_t errlen) {
   long v;
   if (loom_parse_int_range(text, d->min, d->max, &v) != 0) {
     snprintf(err, errlen, "not an integer in %ld..%ld", d->min, d->max);
@@ -133,7 +133,8 @@ static int parse_attn(const struct loom_param_desc *d, const char *text, struct 
 
 const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
     [LOOM_P_DEBUG] = {"LOOM_DEBUG", "debug", STR_FIELD(debug), "WARN", "WARN|INFO|TRACE", 0, 0,
-                      parse_debug, "log level: warnings only, plus setup/per-step info, or everything"},
+                      parse_debug,
+                      "log level: warnings only, plus setup/per-step info, or everything"},
     [LOOM_P_DEBUG_SUBSYS] = {"LOOM_DEBUG_SUBSYS", "debug_subsys", STR_FIELD(debug_subsys), "ALL",
                              "ALL or a comma list of INIT,TOPO,ENV,MEM,COLL,COMPRESS,MOE,ATTN,"
                              "SCHED,COMPUTE,CUDA; ^LIST excludes",
@@ -148,7 +149,8 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                              "0..1024", 0, 1024, parse_blas_threads,
                              "BLAS threads per rank; 0 = the rank's share of cores"},
     [LOOM_P_GPU] = {"LOOM_GPU", "gpu", STR_FIELD(gpu), "auto", "auto|none|0..1023", 0, 1023,
-                    parse_gpu, "CUDA device: local rank modulo the device count, none, or an index"},
+                    parse_gpu,
+                    "CUDA device: local rank modulo the device count, none, or an index"},
     [LOOM_P_NODE_SIZE] = {"LOOM_NODE_SIZE", "node_size", INT_FIELD(node_size), "0", "0..65536", 0,
                           65536, parse_node_size,
                           "emulate nodes of K consecutive ranks (0 = the real hosts)"},

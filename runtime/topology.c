@@ -32,14 +32,15 @@ loom_status_t loom_topo_discover(loom_ctx_t *ctx, struct loom_topo *t) {
   t->pub.numa_nodes = count_type(t->topo, HWLOC_OBJ_NUMANODE);
   t->pub.cores = count_type(t->topo, HWLOC_OBJ_CORE);
   t->pub.pus = count_type(t->topo, HWLOC_OBJ_PU);
-  if (t->pub.cores == 0) {  // some virtual machines report PUs only
+  if (t->pub.cores == 0) { // some virtual machines report PUs only
     t->pub.cores = t->pub.pus;
   }
   if (t->pub.numa_nodes == 0) {
     t->pub.numa_nodes = 1;
   }
   t->pub.gpus = loom_cuda_device_count();
-  LOOM_INFO(LOOM_SUB_TOPO, "host has %d package(s), %d NUMA node(s), %d core(s), %d PU(s), %d GPU(s)",
+  LOOM_INFO(LOOM_SUB_TOPO,
+            "host has %d package(s), %d NUMA node(s), %d core(s), %d PU(s), %d GPU(s)",
             t->pub.sockets, t->pub.numa_nodes, t->pub.cores, t->pub.pus, t->pub.gpus);
   return LOOM_OK;
 fail:

@@ -8,8 +8,8 @@
 #include "loom_core.h"
 
 struct loom_topo {
-  hwloc_topology_t topo;  // NULL until discovered
-  loom_topology_t pub;    // counts reported to users
+  hwloc_topology_t topo; // NULL until discovered
+  loom_topology_t pub;   // counts reported to users
 };
 
 loom_status_t loom_topo_discover(loom_ctx_t *ctx, struct loom_topo *t);

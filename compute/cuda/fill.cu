@@ -3,22 +3,15 @@
 #include "config.h"
 
 #include <cuda_runtime.h>
-#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
-#ifdef LOOM_HAVE_NCCL
-#include <nccl.h> // error.h includes it: here first, so it is not parsed inside extern "C" below
-#endif
 
 // loom_core.h includes mpi.h; its C++ bindings would need libmpi_cxx, so leave them out.
 #define OMPI_SKIP_MPICXX  1
 #define MPICH_SKIP_MPICXX 1
-#include "loom_core.h"
-#include "fill.h"
-// error.h is a C header without extern "C" guards; the system headers it includes are already in.
-extern "C" {
 #include "error.h"
-}
+#include "fill.h"
+#include "loom_core.h"
 
 namespace {
 

@@ -13,8 +13,8 @@ int main(int argc, char **argv) {
   const loom_group_t *world = loom_group(ctx, LOOM_GROUP_WORLD);
   int one = 1, sum = 0;
   MPI_Allreduce(&one, &sum, 1, MPI_INT, MPI_SUM, loom_group_comm(world));
-  printf("hello from rank %d of %d (loom %s): %d ranks answered\n", loom_rank(ctx),
-         loom_size(ctx), loom_version(), sum);
+  printf("hello from rank %d of %d (loom %s): %d ranks answered\n", loom_rank(ctx), loom_size(ctx),
+         loom_version(), sum);
   int ok = sum == loom_size(ctx);
   return loom_finalize(ctx) == LOOM_OK && ok ? 0 : 1;
 }

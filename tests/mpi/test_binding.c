@@ -28,8 +28,8 @@ int main(int argc, char **argv) {
   int pus_per_core = t->pus / t->cores;
   int rank = loom_rank(ctx), size = loom_size(ctx);
   if (!strcmp(mode, "core")) {
-    CHECK(CPU_COUNT(&set) == count * pus_per_core, "affinity has %d PUs, want %d",
-          CPU_COUNT(&set), count * pus_per_core);
+    CHECK(CPU_COUNT(&set) == count * pus_per_core, "affinity has %d PUs, want %d", CPU_COUNT(&set),
+          count * pus_per_core);
     CHECK(loom_blas_threads(ctx) == count, "blas threads %d, share %d", loom_blas_threads(ctx),
           count);
     // Single host in the tests: ranks get disjoint masks while there are enough cores.

@@ -21,7 +21,7 @@ static int same_group(int kind, int me, int r, int size, int ep, int node_size, 
   case LOOM_GROUP_WORLD:
     return 1;
   case LOOM_GROUP_NODE:
-    return node_size > 0 ? me / node_size == r / node_size : 1;  // tests run on one host
+    return node_size > 0 ? me / node_size == r / node_size : 1; // tests run on one host
   case LOOM_GROUP_DP:
     return me_tr ? r_tr : -1;
   case LOOM_GROUP_EP:

@@ -8,7 +8,7 @@ int main(int argc, char **argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   loom_config_t cfg;
   loom_config_init(&cfg);
-  cfg.bind = "none";  // a program that manages its own binding
+  cfg.bind = "none"; // a program that manages its own binding
   loom_ctx_t *ctx = NULL;
   loom_status_t st = loom_init(&argc, &argv, &cfg, &ctx);
   CHECK(st == LOOM_OK, "adopting init: %s", loom_last_error(NULL));
@@ -16,8 +16,8 @@ int main(int argc, char **argv) {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   CHECK(loom_owns_mpi(ctx) == 0, "adopted MPI is not owned");
-  CHECK(loom_mpi_thread_level(ctx) == provided, "level %d, provided %d",
-        loom_mpi_thread_level(ctx), provided);
+  CHECK(loom_mpi_thread_level(ctx) == provided, "level %d, provided %d", loom_mpi_thread_level(ctx),
+        provided);
   int first, count;
   loom_bound_cores(ctx, &first, &count);
   CHECK(first == 0 && count == loom_topology(ctx)->cores, "bind=none reports the whole host");

@@ -33,10 +33,10 @@ int main(void) {
 
   CHECK(loom_log_configure(LOOM_LOG_INFO, LOOM_SUB_INIT | LOOM_SUB_COLL, pattern) == 0, "open");
   loom_log_set_rank(3);
-  LOOM_WARN(LOOM_SUB_MOE, "warn always %d", 1);       // WARN ignores the subsystem mask
+  LOOM_WARN(LOOM_SUB_MOE, "warn always %d", 1); // WARN ignores the subsystem mask
   LOOM_INFO(LOOM_SUB_INIT, "info init %s", "shown");
-  LOOM_INFO(LOOM_SUB_ATTN, "info attn hidden");       // subsystem filtered
-  LOOM_TRACE(LOOM_SUB_INIT, "trace hidden");          // level filtered
+  LOOM_INFO(LOOM_SUB_ATTN, "info attn hidden"); // subsystem filtered
+  LOOM_TRACE(LOOM_SUB_INIT, "trace hidden");    // level filtered
   loom_log_close();
 
   char *text = slurp(path);

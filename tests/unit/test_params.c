@@ -15,7 +15,7 @@
 static const char *const bad_values[LOOM_P_COUNT][5] = {
     [LOOM_P_DEBUG] = {"LOUD", "", "3", NULL},
     [LOOM_P_DEBUG_SUBSYS] = {"NOPE", "INIT,NOPE", "^", "", NULL},
-    [LOOM_P_DEBUG_FILE] = {NULL},  // any path parses; an unwritable one fails in loom_init
+    [LOOM_P_DEBUG_FILE] = {NULL}, // any path parses; an unwritable one fails in loom_init
     [LOOM_P_BIND] = {"socket", "cores", "", NULL},
     [LOOM_P_BLAS_THREADS] = {"-1", "two", "1025", "4x", NULL},
     [LOOM_P_GPU] = {"first", "-3", "1024", NULL},
@@ -84,8 +84,8 @@ int main(void) {
       loom_status_t st = loom_params_resolve(NULL, &p);
       const char *msg = loom_last_error(NULL);
       CHECK(st == LOOM_ERR_INVALID_ARG, "%s='%s' accepted", d->env, bad_values[i][j]);
-      CHECK(strstr(msg, d->env) && strstr(msg, d->valid), "%s message lacks name/valid: %s",
-            d->env, msg);
+      CHECK(strstr(msg, d->env) && strstr(msg, d->valid), "%s message lacks name/valid: %s", d->env,
+            msg);
       unsetenv(d->env);
       if (!d->field_is_int) {
         loom_config_init(&cfg);

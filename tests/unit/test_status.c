@@ -20,7 +20,7 @@ fail:
 static loom_status_t chained(void) {
   loom_status_t status = LOOM_OK;
   LOOM_CHECK(open_missing());
-  return LOOM_ERR_INTERNAL;  // not reached
+  return LOOM_ERR_INTERNAL; // not reached
 fail:
   return status;
 }
