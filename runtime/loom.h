@@ -6,5 +6,6 @@
 #include "loom_version.h"
 #include "loom_core.h"
 #include "loom_tensor.h"
+#include "loom_compute.h"
 
 #endif

@@ -28,16 +28,21 @@ static int parse_choice(const char *text, const char *choices, int *index) {
   return -1;
 }
 
-static int parse_debug(const struct loom_param_desc *d, const char *text, struct loom_params *out,
-                       char *err, size_t errlen) {
-  static const int levels[] = {LOOM_LOG_WARN, LOOM_LOG_INFO, LOOM_LOG_TRACE};
-  int i;
-  if (parse_choice(text, d->valid, &i) != 0) {
-    snprintf(err, errlen, "not a log level");
+// A choice tunable stores the index of the matching choice: the choices in the table are
+// listed in the order of their enum (enum loom_log_level, enum loom_bind_mode).
+static int parse_choice_field(const struct loom_param_desc *d, const char *text, int *field,
+                              char *err, size_t errlen) {
+  if (parse_choice(text, d->valid, field) != 0) {
+    snprintf(err, errlen, "not one of the choices");
     return -1;
   }
-  out->debug_level = levels[i];
   return 0;
+}
+
+static int parse_debug(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                       char *err, size_t errlen) {
+  _Static_assert(LOOM_LOG_WARN == 0 && LOOM_LOG_INFO == 1 && LOOM_LOG_TRACE == 2, "choice order");
+  return parse_choice_field(d, text, &out->debug_level, err, errlen);
 }
 
 static int parse_subsys(const struct loom_param_desc *d, const char *text, struct loom_params *out,
@@ -59,14 +64,8 @@ static int parse_file(const struct loom_param_desc *d, const char *text, struct 
 
 static int parse_bind(const struct loom_param_desc *d, const char *text, struct loom_params *out,
                       char *err, size_t errlen) {
-  static const int modes[] = {LOOM_BIND_CORE, LOOM_BIND_NUMA, LOOM_BIND_NONE};
-  int i;
-  if (parse_choice(text, d->valid, &i) != 0) {
-    snprintf(err, errlen, "not a binding mode");
-    return -1;
-  }
-  out->bind = modes[i];
-  return 0;
+  _Static_assert(LOOM_BIND_CORE == 0 && LOOM_BIND_NUMA == 1 && LOOM_BIND_NONE == 2, "choice order");
+  return parse_choice_field(d, text, &out->bind, err, errlen);
 }
 
 // Integer tunables: the field to store into is found by the table position.

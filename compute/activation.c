@@ -1,0 +1,130 @@
+/* activation.c — loom_gelu_* and loom_softmax_*: check every argument (dtype, device, matching
+ * shapes, overlap) and then run the backend's kernel; a bad call writes nothing. */
+#include "config.h"
+#include "loom_compute.h"
+
+#include <stdint.h>
+
+#include "args.h"
+#include "cpu/activation_cpu.h"
+#include "error.h"
+
+// ---------------------------------------------------------------------------------------------
+// Shared checks.
+
+// t (already checked) viewed as a matrix must be (rows, cols), the view of ref.
+static loom_status_t check_same_matrix(const char *op, const char *name, const loom_tensor_t *t,
+                                       const char *ref_name, const loom_tensor_t *ref, int64_t rows,
+                                       int64_t cols) {
+  int64_t r = 1;
+  for (int i = 0; i < t->ndim - 1; i++) {
+    r *= t->shape[i];
+  }
+  if (t->ndim >= 1 && r == rows && t->shape[t->ndim - 1] == cols) {
+    return LOOM_OK;
+  }
+  char ts[LOOM_SHAPE_STR_MAX], rs[LOOM_SHAPE_STR_MAX];
+  return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                    "%s: %s %s does not match %s %s: expected (%lld, %lld) rows and columns "
+                    "(leading dimensions may be flattened)",
+                    op, name, loom_shape_str(t, ts), ref_name, loom_shape_str(ref, rs),
+                    (long long)rows, (long long)cols);
+}
+
+static loom_status_t check_same_numel(const char *op, const char *name, const loom_tensor_t *t,
+                                      const char *ref_name, const loom_tensor_t *ref) {
+  if (loom_tensor_numel(t) == loom_tensor_numel(ref)) {
+    return LOOM_OK;
+  }
+  char ts[LOOM_SHAPE_STR_MAX], rs[LOOM_SHAPE_STR_MAX];
+  return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                    "%s: %s %s has %lld elements but %s %s has %lld: expected the same number", op,
+                    name, loom_shape_str(t, ts), (long long)loom_tensor_numel(t), ref_name,
+                    loom_shape_str(ref, rs), (long long)loom_tensor_numel(ref));
+}
+
+// ---------------------------------------------------------------------------------------------
+// GELU.
+
+loom_status_t loom_gelu_forward(loom_tensor_t *out, const loom_tensor_t *in) {
+  static const char op[] = "loom_gelu_forward";
+  loom_status_t status = loom_arg_backend(op, "out", out);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  const int dev = out->device;
+  if ((status = loom_arg_tensor(op, "out", out, LOOM_F32, dev)) != LOOM_OK ||
+      (status = loom_arg_tensor(op, "in", in, LOOM_F32, dev)) != LOOM_OK ||
+      (status = check_same_numel(op, "out", out, "in", in)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "out", out, "in", in, 1)) != LOOM_OK) {
+    return status;
+  }
+  loom_cpu_gelu_forward(loom_tensor_numel(in), (const float *)in->data, (float *)out->data);
+  return LOOM_OK;
+}
+
+loom_status_t loom_gelu_backward(loom_tensor_t *din, const loom_tensor_t *in,
+                                 const loom_tensor_t *dout) {
+  static const char op[] = "loom_gelu_backward";
+  loom_status_t status = loom_arg_backend(op, "din", din);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  const int dev = din->device;
+  if ((status = loom_arg_tensor(op, "din", din, LOOM_F32, dev)) != LOOM_OK ||
+      (status = loom_arg_tensor(op, "in", in, LOOM_F32, dev)) != LOOM_OK ||
+      (status = loom_arg_tensor(op, "dout", dout, LOOM_F32, dev)) != LOOM_OK ||
+      (status = check_same_numel(op, "in", in, "din", din)) != LOOM_OK ||
+      (status = check_same_numel(op, "dout", dout, "din", din)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "din", din, "in", in, 1)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "din", din, "dout", dout, 1)) != LOOM_OK) {
+    return status;
+  }
+  loom_cpu_gelu_backward(loom_tensor_numel(din), (const float *)in->data, (const float *)dout->data,
+                         (float *)din->data);
+  return LOOM_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax.
+
+loom_status_t loom_softmax_forward(loom_tensor_t *out, const loom_tensor_t *in) {
+  static const char op[] = "loom_softmax_forward";
+  loom_status_t status = loom_arg_backend(op, "out", out);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  const int dev = out->device;
+  int64_t N, C, out_rows, out_cols;
+  if ((status = loom_arg_matrix(op, "out", out, LOOM_F32, dev, &out_rows, &out_cols)) != LOOM_OK ||
+      (status = loom_arg_matrix(op, "in", in, LOOM_F32, dev, &N, &C)) != LOOM_OK ||
+      (status = check_same_matrix(op, "out", out, "in", in, N, C)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "out", out, "in", in, 1)) != LOOM_OK) {
+    return status;
+  }
+  loom_cpu_softmax_forward(N, C, (const float *)in->data, (float *)out->data);
+  return LOOM_OK;
+}
+
+loom_status_t loom_softmax_backward(loom_tensor_t *din, const loom_tensor_t *out,
+                                    const loom_tensor_t *dout) {
+  static const char op[] = "loom_softmax_backward";
+  loom_status_t status = loom_arg_backend(op, "din", din);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  const int dev = din->device;
+  int64_t N, C, rows, cols;
+  if ((status = loom_arg_matrix(op, "din", din, LOOM_F32, dev, &rows, &cols)) != LOOM_OK ||
+      (status = loom_arg_matrix(op, "out", out, LOOM_F32, dev, &N, &C)) != LOOM_OK ||
+      (status = loom_arg_matrix(op, "dout", dout, LOOM_F32, dev, &rows, &cols)) != LOOM_OK ||
+      (status = check_same_matrix(op, "din", din, "out", out, N, C)) != LOOM_OK ||
+      (status = check_same_matrix(op, "dout", dout, "out", out, N, C)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "din", din, "out", out, 1)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "din", din, "dout", dout, 1)) != LOOM_OK) {
+    return status;
+  }
+  loom_cpu_softmax_backward(N, C, (const float *)out->data, (const float *)dout->data,
+                            (float *)din->data);
+  return LOOM_OK;
+}

@@ -1,0 +1,51 @@
+/* args.h — argument checks shared by every compute op: tensors present, dtype, device, shapes,
+ * each failure a LOOM_ERR_INVALID_ARG naming the op, the argument and its shape. */
+#ifndef LOOM_COMPUTE_ARGS_H
+#define LOOM_COMPUTE_ARGS_H
+
+#include <stdint.h>
+
+#include "loom_tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LOOM_SHAPE_STR_MAX 96
+
+// "(4, 3, 64) f32 on host" style description of t (or "NULL").
+const char *loom_shape_str(const loom_tensor_t *t, char buf[LOOM_SHAPE_STR_MAX]);
+
+// The backend for an op whose first tensor is t: LOOM_OK for host tensors. A CUDA tensor gives
+// LOOM_ERR_UNSUPPORTED until the CUDA compute backend exists. t must be non-NULL.
+loom_status_t loom_arg_backend(const char *op, const char *name, const loom_tensor_t *t);
+
+// t non-NULL, of dtype, on device, with data unless it is empty.
+loom_status_t loom_arg_tensor(const char *op, const char *name, const loom_tensor_t *t,
+                              loom_dtype_t dtype, int device);
+
+// As loom_arg_tensor, and t viewed as a matrix: *cols = last extent, *rows = product of the
+// others (ndim >= 1; an ndim-1 tensor is one row).
+loom_status_t loom_arg_matrix(const char *op, const char *name, const loom_tensor_t *t,
+                              loom_dtype_t dtype, int device, int64_t *rows, int64_t *cols);
+
+// As loom_arg_tensor, and t holds exactly n elements (any shape).
+loom_status_t loom_arg_numel(const char *op, const char *name, const loom_tensor_t *t,
+                             loom_dtype_t dtype, int device, int64_t n);
+
+// As loom_arg_tensor, and t has exactly the given shape.
+loom_status_t loom_arg_shape(const char *op, const char *name, const loom_tensor_t *t,
+                             loom_dtype_t dtype, int device, int ndim, const int64_t *shape);
+
+// 1 when the bytes of a and b overlap; NULL, empty or data-less tensors never do.
+int loom_tensors_overlap(const loom_tensor_t *a, const loom_tensor_t *b);
+
+// LOOM_ERR_INVALID_ARG when output x and input y (y may be NULL) overlap. With allow_same, the
+// two may be exactly the same memory (in-place use); a partial overlap is still rejected.
+loom_status_t loom_arg_disjoint(const char *op, const char *xname, const loom_tensor_t *x,
+                                const char *yname, const loom_tensor_t *y, int allow_same);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,86 @@
+/* linear_cpu.c — CPU linear-layer kernels: cblas_sgemm with the edge cases BLAS leaves open
+ * (empty sizes, K == 0, bias rows) and the bias gradient as column sums in double. */
+#include "config.h"
+#include "linear_cpu.h"
+
+#include <cblas.h>
+
+// ---------------------------------------------------------------------------------------------
+// GEMM.
+
+// c = beta * c for an (M, N) matrix with row stride ldc; beta == 0 writes zeros without reading.
+static void scale_rows(int64_t M, int64_t N, float beta, float *c, int64_t ldc) {
+  if (beta == 1.0f) {
+    return;
+  }
+  for (int64_t i = 0; i < M; i++) {
+    float *restrict row = c + i * ldc;
+    if (beta == 0.0f) {
+      for (int64_t j = 0; j < N; j++) {
+        row[j] = 0.0f;
+      }
+    } else {
+      for (int64_t j = 0; j < N; j++) {
+        row[j] *= beta;
+      }
+    }
+  }
+}
+
+void loom_cpu_gemm_strided(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                           const float *a, int64_t lda, const float *b, int64_t ldb,
+                           const float *bias, float beta, float *c, int64_t ldc) {
+  if (M <= 0 || N <= 0) {
+    return;
+  }
+  if (K <= 0) {
+    scale_rows(M, N, beta, c, ldc); // op(a) @ op(b) is the zero matrix
+  } else {
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, alpha, a, (int)lda, b,
+                (int)ldb, beta, c, (int)ldc);
+  }
+  if (bias) {
+    const float *restrict bv = bias;
+    for (int64_t i = 0; i < M; i++) {
+      float *restrict row = c + i * ldc;
+      for (int64_t j = 0; j < N; j++) {
+        row[j] += bv[j];
+      }
+    }
+  }
+}
+
+void loom_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                   const float *a, const float *b, const float *bias, float beta, float *c) {
+  int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  // BLAS wants ld >= 1 even when the matrix is empty; those calls never reach BLAS anyway.
+  loom_cpu_gemm_strided(trans_a, trans_b, M, N, K, alpha, a, lda > 0 ? lda : 1, b,
+                        ldb > 0 ? ldb : 1, bias, beta, c, N > 0 ? N : 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bias gradient.
+
+// Columns per block: the double accumulators of one block stay on the stack (and in L1).
+#define BIAS_TILE 256
+
+void loom_cpu_bias_backward(int64_t M, int64_t N, const float *restrict dout,
+                            float *restrict dbias) {
+  double acc[BIAS_TILE];
+  for (int64_t j0 = 0; j0 < N; j0 += BIAS_TILE) {
+    int64_t nj = N - j0 < BIAS_TILE ? N - j0 : BIAS_TILE;
+    for (int64_t j = 0; j < nj; j++) {
+      acc[j] = 0.0;
+    }
+    for (int64_t i = 0; i < M; i++) {
+      const float *restrict row = dout + i * N + j0;
+      for (int64_t j = 0; j < nj; j++) {
+        acc[j] += (double)row[j];
+      }
+    }
+    for (int64_t j = 0; j < nj; j++) {
+      dbias[j0 + j] = (float)((double)dbias[j0 + j] + acc[j]);
+    }
+  }
+}

@@ -1,0 +1,78 @@
+/* loss_cpu.c — CPU cross-entropy: numerically stable log-sum-exp per row (maximum subtracted,
+ * exponentials in float, the row sum in double) for the loss and its softmax gradient. */
+#include "config.h"
+#include "loss_cpu.h"
+
+#include <math.h>
+
+int64_t loom_cpu_cross_entropy_count(int64_t n, const int32_t *targets, int32_t ignore_index) {
+  int64_t valid = 0;
+  for (int64_t i = 0; i < n; i++) {
+    valid += targets[i] != ignore_index;
+  }
+  return valid;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One row: its maximum and sum(exp(x - max)).
+
+static float row_max(int64_t v, const float *restrict x) {
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < v; j++) {
+    mx = x[j] > mx ? x[j] : mx;
+  }
+  return mx;
+}
+
+static double row_sumexp(int64_t v, const float *restrict x, float mx) {
+  double sum = 0.0;
+  for (int64_t j = 0; j < v; j++) {
+    sum += (double)expf(x[j] - mx);
+  }
+  return sum;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+double loom_cpu_cross_entropy_forward(int64_t n, int64_t v, const float *logits,
+                                      const int32_t *targets, int32_t ignore_index, float *losses) {
+  double total = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    if (targets[i] == ignore_index) {
+      losses[i] = 0.0f;
+      continue;
+    }
+    const float *x = logits + i * v;
+    float mx = row_max(v, x);
+    double sum = row_sumexp(v, x, mx);
+    // loss = log(sum exp(x)) - x[t] = log(sum exp(x - mx)) - (x[t] - mx); sum >= 1.
+    double loss = log(sum) - (double)(x[targets[i]] - mx);
+    losses[i] = (float)loss;
+    total += (double)losses[i];
+  }
+  return total;
+}
+
+void loom_cpu_cross_entropy_backward(int64_t n, int64_t v, float *dlogits, const float *logits,
+                                     const int32_t *targets, int32_t ignore_index, float scale) {
+  if (v <= 0) {
+    return; // no classes: nothing to write (every row is then ignored)
+  }
+  for (int64_t i = 0; i < n; i++) {
+    float *d = dlogits + i * v;
+    if (targets[i] == ignore_index) {
+      for (int64_t j = 0; j < v; j++) {
+        d[j] = 0.0f;
+      }
+      continue;
+    }
+    // Both reductions read the row before any element is written: in place is safe.
+    const float *x = logits + i * v;
+    float mx = row_max(v, x);
+    float k = (float)((double)scale / row_sumexp(v, x, mx));
+    for (int64_t j = 0; j < v; j++) {
+      d[j] = k * expf(x[j] - mx);
+    }
+    d[targets[i]] -= scale;
+  }
+}

@@ -1,0 +1,112 @@
+/* linear.c — loom_gemm and loom_bias_backward: check every argument (dtype, device, shapes, the
+ * BLAS int range, aliasing) and then run the backend's kernel; a bad call writes nothing. */
+#include "config.h"
+#include "loom_compute.h"
+
+#include <limits.h>
+#include <stdint.h>
+
+#include "args.h"
+#include "cpu/linear_cpu.h"
+#include "error.h"
+
+// ---------------------------------------------------------------------------------------------
+// GEMM.
+
+loom_status_t loom_gemm(loom_tensor_t *c, const loom_tensor_t *a, int trans_a,
+                        const loom_tensor_t *b, int trans_b, const loom_tensor_t *bias, float alpha,
+                        float beta) {
+  static const char op[] = "loom_gemm";
+  char cs[LOOM_SHAPE_STR_MAX], as[LOOM_SHAPE_STR_MAX], bs[LOOM_SHAPE_STR_MAX];
+  loom_status_t status = loom_arg_backend(op, "c", c);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  const int dev = c->device;
+  int64_t M, N, a_rows, a_cols, b_rows, b_cols;
+  if ((status = loom_arg_matrix(op, "c", c, LOOM_F32, dev, &M, &N)) != LOOM_OK ||
+      (status = loom_arg_matrix(op, "a", a, LOOM_F32, dev, &a_rows, &a_cols)) != LOOM_OK ||
+      (status = loom_arg_matrix(op, "b", b, LOOM_F32, dev, &b_rows, &b_cols)) != LOOM_OK) {
+    return status;
+  }
+  // op(a) is (a_m, K) and op(b) is (K_b, b_n).
+  int64_t a_m = trans_a ? a_cols : a_rows, K = trans_a ? a_rows : a_cols;
+  int64_t K_b = trans_b ? b_cols : b_rows, b_n = trans_b ? b_rows : b_cols;
+  if (K != K_b) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: inner dimensions differ: op(a) of a %s%s has %lld columns, op(b) of "
+                      "b %s%s has %lld rows",
+                      op, loom_shape_str(a, as), trans_a ? " (transposed)" : "", (long long)K,
+                      loom_shape_str(b, bs), trans_b ? " (transposed)" : "", (long long)K_b);
+  }
+  if (a_m != M) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: c %s has %lld rows but op(a) of a %s%s has %lld: expected c (%lld, "
+                      "%lld) for op(a) (M, K) @ op(b) (K, N)",
+                      op, loom_shape_str(c, cs), (long long)M, loom_shape_str(a, as),
+                      trans_a ? " (transposed)" : "", (long long)a_m, (long long)a_m,
+                      (long long)b_n);
+  }
+  if (b_n != N) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: c %s has %lld columns but op(b) of b %s%s has %lld: expected c (%lld, "
+                      "%lld) for op(a) (M, K) @ op(b) (K, N)",
+                      op, loom_shape_str(c, cs), (long long)N, loom_shape_str(b, bs),
+                      trans_b ? " (transposed)" : "", (long long)b_n, (long long)a_m,
+                      (long long)b_n);
+  }
+  if (bias) {
+    if ((status = loom_arg_tensor(op, "bias", bias, LOOM_F32, dev)) != LOOM_OK) {
+      return status;
+    }
+    if (bias->ndim != 1 || bias->shape[0] != N) {
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "%s: bias %s does not match c %s: expected bias (%lld), one value per "
+                        "column of c, or NULL",
+                        op, loom_shape_str(bias, bs), loom_shape_str(c, cs), (long long)N);
+    }
+  }
+  if (M > INT_MAX || N > INT_MAX || K > INT_MAX) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: c %s = op(a) of a %s @ op(b) of b %s has M %lld, N %lld, K %lld: each "
+                      "must be at most INT_MAX (%d) for BLAS; split the product",
+                      op, loom_shape_str(c, cs), loom_shape_str(a, as), loom_shape_str(b, bs),
+                      (long long)M, (long long)N, (long long)K, INT_MAX);
+  }
+  if ((status = loom_arg_disjoint(op, "c", c, "a", a, 0)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "c", c, "b", b, 0)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "c", c, "bias", bias, 0)) != LOOM_OK) {
+    return status;
+  }
+  loom_cpu_gemm(trans_a, trans_b, M, N, K, alpha, (const float *)a->data, (const float *)b->data,
+                bias ? (const float *)bias->data : NULL, beta, (float *)c->data);
+  return LOOM_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bias gradient.
+
+loom_status_t loom_bias_backward(loom_tensor_t *dbias, const loom_tensor_t *dout) {
+  static const char op[] = "loom_bias_backward";
+  loom_status_t status = loom_arg_backend(op, "dbias", dbias);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  int64_t M, N;
+  if ((status = loom_arg_tensor(op, "dbias", dbias, LOOM_F32, dbias->device)) != LOOM_OK ||
+      (status = loom_arg_matrix(op, "dout", dout, LOOM_F32, dbias->device, &M, &N)) != LOOM_OK) {
+    return status;
+  }
+  if (dbias->ndim != 1 || dbias->shape[0] != N) {
+    char ds[LOOM_SHAPE_STR_MAX], os[LOOM_SHAPE_STR_MAX];
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: dbias %s does not match dout %s: expected dbias (%lld), one value per "
+                      "column of dout",
+                      op, loom_shape_str(dbias, ds), loom_shape_str(dout, os), (long long)N);
+  }
+  if ((status = loom_arg_disjoint(op, "dbias", dbias, "dout", dout, 0)) != LOOM_OK) {
+    return status;
+  }
+  loom_cpu_bias_backward(M, N, (const float *)dout->data, (float *)dbias->data);
+  return LOOM_OK;
+}

@@ -1,0 +1,600 @@
+/* test_attention.c — varlen attention (forward, backward) against a naive padded-free double
+ * reference, finite differences of the backward, determinism, empty batches and bad arguments. */
+#include "config.h"
+#include "loom.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check.h"
+#include "../testutil.h"
+#include "error.h"
+
+// Tolerances (float tiles against a double reference; q, k, v, dout uniform, |v| <= 1):
+// - out: atol 2e-5 + rtol 1e-4. Each output is a convex combination of v rows: the float
+//   sgemm sums, the exp2 polynomial (rel. error < 2.5e-7) and the online rescaling give
+//   errors of a few 1e-7 per term; measured worst 1.3e-6.
+// - lse: atol 2e-5 + rtol 1e-5 (|lse| <= ~30 here; float log2 and the running sum).
+// - dq, dk, dv: atol 2e-5 * max(1, max|want|) + rtol 1e-3. They are sums over up to a few
+//   thousand rows of products with cancelling signs (dS = P (dP - Di)), so the error is
+//   absolute, relative to the tensor's scale; measured worst 1.3e-6 of the scale.
+// - finite differences of loom's float forward (h = 1e-2, loss = sum(out * w) in double):
+//   truncation ~h^2 and float rounding ~1e-6 / 2h: atol 2e-3 + rtol 1e-2.
+#define OUT_ATOL  2e-5
+#define OUT_RTOL  1e-4
+#define LSE_ATOL  2e-5
+#define LSE_RTOL  1e-5
+#define GRAD_ATOL 2e-5
+#define GRAD_RTOL 1e-3
+#define FD_H      1e-2
+#define FD_ATOL   2e-3
+#define FD_RTOL   1e-2
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+static loom_tensor_t tensor_of(loom_dtype_t dtype, int ndim, const int64_t *shape,
+                               const char *name) {
+  loom_tensor_t t;
+  if (loom_tensor_alloc(&t, dtype, LOOM_DEVICE_HOST, ndim, shape, name) != LOOM_OK) {
+    fprintf(stderr, "tensor_of(%s): %s\n", name, loom_last_error(NULL));
+    exit(2);
+  }
+  return t;
+}
+
+static void fill_value(loom_tensor_t *t, float x) {
+  float *p = t->data;
+  for (int64_t i = 0; i < loom_tensor_numel(t); i++) {
+    p[i] = x;
+  }
+}
+
+static int all_equal(const loom_tensor_t *t, float x) {
+  const float *p = t->data;
+  for (int64_t i = 0; i < loom_tensor_numel(t); i++) {
+    if (memcmp(&p[i], &x, sizeof x) != 0) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static int same_bits(const loom_tensor_t *a, const loom_tensor_t *b) {
+  return loom_tensor_bytes(a) == loom_tensor_bytes(b) &&
+         (loom_tensor_bytes(a) == 0 || memcmp(a->data, b->data, loom_tensor_bytes(a)) == 0);
+}
+
+static double max_abs(const double *x, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; i++) {
+    m = fmax(m, fabs(x[i]));
+  }
+  return m;
+}
+
+// A packed varlen batch: tensors, the double reference, and its configuration.
+typedef struct batch {
+  int B, H, H_kv, D, causal;
+  float scale; // as passed (<= 0: default)
+  int64_t total_q, total_k;
+  loom_tensor_t cu_q, cu_k, q, k, v, dout, out, lse, dq, dk, dv;
+  double *r_out, *r_lse, *r_dq, *r_dk, *r_dv; // reference, same layouts
+} batch_t;
+
+static void batch_init(batch_t *t, test_rng_t *rng, int B, const int *lq, const int *lk, int H,
+                       int H_kv, int D, int causal, float scale, double qk_range) {
+  memset(t, 0, sizeof *t);
+  t->B = B;
+  t->H = H;
+  t->H_kv = H_kv;
+  t->D = D;
+  t->causal = causal;
+  t->scale = scale;
+  const int64_t cu_shape[1] = {B + 1};
+  t->cu_q = tensor_of(LOOM_I32, 1, cu_shape, "cu_seqlens_q");
+  t->cu_k = tensor_of(LOOM_I32, 1, cu_shape, "cu_seqlens_k");
+  int32_t *cq = t->cu_q.data, *ck = t->cu_k.data;
+  cq[0] = ck[0] = 0;
+  for (int b = 0; b < B; b++) {
+    cq[b + 1] = cq[b] + lq[b];
+    ck[b + 1] = ck[b] + lk[b];
+  }
+  t->total_q = cq[B];
+  t->total_k = ck[B];
+  const int64_t qs[3] = {t->total_q, H, D}, ks[3] = {t->total_k, H_kv, D}, ls[2] = {H, t->total_q};
+  t->q = tensor_of(LOOM_F32, 3, qs, "q");
+  t->k = tensor_of(LOOM_F32, 3, ks, "k");
+  t->v = tensor_of(LOOM_F32, 3, ks, "v");
+  t->dout = tensor_of(LOOM_F32, 3, qs, "dout");
+  t->out = tensor_of(LOOM_F32, 3, qs, "out");
+  t->lse = tensor_of(LOOM_F32, 2, ls, "lse");
+  t->dq = tensor_of(LOOM_F32, 3, qs, "dq");
+  t->dk = tensor_of(LOOM_F32, 3, ks, "dk");
+  t->dv = tensor_of(LOOM_F32, 3, ks, "dv");
+  test_fill_uniform(rng, t->q.data, loom_tensor_numel(&t->q), -qk_range, qk_range);
+  test_fill_uniform(rng, t->k.data, loom_tensor_numel(&t->k), -qk_range, qk_range);
+  test_fill_uniform(rng, t->v.data, loom_tensor_numel(&t->v), -1, 1);
+  test_fill_uniform(rng, t->dout.data, loom_tensor_numel(&t->dout), -1, 1);
+  // Outputs start as NaN: every element must be overwritten.
+  fill_value(&t->out, NAN);
+  fill_value(&t->lse, NAN);
+  fill_value(&t->dq, NAN);
+  fill_value(&t->dk, NAN);
+  fill_value(&t->dv, NAN);
+}
+
+static void batch_free(batch_t *t) {
+  loom_tensor_t *all[] = {&t->cu_q, &t->cu_k, &t->q,  &t->k,  &t->v, &t->dout,
+                          &t->out,  &t->lse,  &t->dq, &t->dk, &t->dv};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    loom_tensor_free(all[i]);
+  }
+  free(t->r_out);
+  free(t->r_lse);
+  free(t->r_dq);
+  free(t->r_dk);
+  free(t->r_dv);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The naive reference: one query row at a time (scores over its sequence's keys in double),
+// forward and backward, with the mask written out; no tiles, no online softmax.
+
+static void reference(batch_t *t) {
+  const int H = t->H, H_kv = t->H_kv, D = t->D, group = H / H_kv;
+  const double scale = t->scale > 0 ? t->scale : 1.0 / sqrt((double)D);
+  const int64_t nq = t->total_q * H * D, nk = t->total_k * H_kv * D;
+  t->r_out = calloc((size_t)nq + 1, sizeof(double));
+  t->r_lse = calloc((size_t)(t->total_q * H) + 1, sizeof(double));
+  t->r_dq = calloc((size_t)nq + 1, sizeof(double));
+  t->r_dk = calloc((size_t)nk + 1, sizeof(double));
+  t->r_dv = calloc((size_t)nk + 1, sizeof(double));
+  const int32_t *cq = t->cu_q.data, *ck = t->cu_k.data;
+  const float *q = t->q.data, *k = t->k.data, *v = t->v.data, *dout = t->dout.data;
+  int max_lk = 0;
+  for (int b = 0; b < t->B; b++) {
+    max_lk = ck[b + 1] - ck[b] > max_lk ? ck[b + 1] - ck[b] : max_lk;
+  }
+  double *p = malloc(((size_t)max_lk + 1) * sizeof(double));
+  double *dp = malloc(((size_t)max_lk + 1) * sizeof(double));
+  for (int b = 0; b < t->B; b++) {
+    const int lq = cq[b + 1] - cq[b], lk = ck[b + 1] - ck[b];
+    for (int h = 0; h < H; h++) {
+      const int g = h / group;
+      for (int i = 0; i < lq; i++) {
+        const int64_t qi = ((cq[b] + i) * (int64_t)H + h) * D;
+        int end = lk;
+        if (t->causal && i + lk - lq + 1 < end) {
+          end = i + lk - lq + 1;
+        }
+        if (end <= 0) {
+          t->r_lse[h * t->total_q + cq[b] + i] = -INFINITY;
+          continue; // zero output and gradients
+        }
+        double m = -INFINITY;
+        for (int j = 0; j < end; j++) {
+          const int64_t kj = ((ck[b] + j) * (int64_t)H_kv + g) * D;
+          double s = 0;
+          for (int d = 0; d < D; d++) {
+            s += (double)q[qi + d] * k[kj + d];
+          }
+          p[j] = s * scale;
+          m = fmax(m, p[j]);
+        }
+        double sum = exp(p[0] - m); // end >= 1 here
+        for (int j = 1; j < end; j++) {
+          sum += exp(p[j] - m);
+        }
+        const double lse = m + log(sum);
+        t->r_lse[h * t->total_q + cq[b] + i] = lse;
+        double di = 0;
+        for (int j = 0; j < end; j++) {
+          const int64_t kj = ((ck[b] + j) * (int64_t)H_kv + g) * D;
+          p[j] = exp(p[j] - lse);
+          double s = 0;
+          for (int d = 0; d < D; d++) {
+            t->r_out[qi + d] += p[j] * v[kj + d];
+            s += (double)dout[qi + d] * v[kj + d];
+          }
+          dp[j] = s;
+          di += p[j] * s;
+        }
+        for (int j = 0; j < end; j++) {
+          const int64_t kj = ((ck[b] + j) * (int64_t)H_kv + g) * D;
+          const double ds = p[j] * (dp[j] - di) * scale;
+          for (int d = 0; d < D; d++) {
+            t->r_dq[qi + d] += ds * k[kj + d];
+            t->r_dk[kj + d] += ds * q[qi + d];
+            t->r_dv[kj + d] += p[j] * dout[qi + d];
+          }
+        }
+      }
+    }
+  }
+  free(p);
+  free(dp);
+}
+
+// lse: -inf exactly where the reference has -inf, within tolerance elsewhere.
+static int64_t compare_lse(const char *what, const float *got, const double *want, int64_t n) {
+  int64_t bad = 0;
+  double *w = malloc(((size_t)n + 1) * sizeof(double));
+  float *g = malloc(((size_t)n + 1) * sizeof(float));
+  for (int64_t i = 0; i < n; i++) {
+    if (isinf(want[i])) {
+      if (!(isinf(got[i]) && got[i] < 0)) {
+        if (!bad) {
+          fprintf(stderr, "FAIL %s: [%lld] got %g, want -inf (a row without keys)\n", what,
+                  (long long)i, (double)got[i]);
+        }
+        bad++;
+      }
+      w[i] = 0;
+      g[i] = 0;
+    } else {
+      w[i] = want[i];
+      g[i] = got[i];
+    }
+  }
+  bad += test_compare(what, g, w, n, LSE_ATOL, LSE_RTOL);
+  free(w);
+  free(g);
+  return bad;
+}
+
+// Largest |got - want| / max(1, max|want|): printed so that the tolerances can be judged.
+static double scaled_err(const float *got, const double *want, int64_t n) {
+  double e = 0, s = fmax(1.0, max_abs(want, n));
+  for (int64_t i = 0; i < n; i++) {
+    e = fmax(e, fabs((double)got[i] - want[i]) / s);
+  }
+  return e;
+}
+
+static double worst_out, worst_grad; // over all cases, for the summary line
+
+// Forward and backward of one batch against the reference; backward twice for determinism.
+static void check_batch(const char *name, batch_t *t) {
+  char what[160];
+  loom_status_t st = loom_attention_forward(&t->out, &t->lse, &t->q, &t->k, &t->v, &t->cu_q,
+                                            &t->cu_k, t->causal, t->scale);
+  CHECK(st == LOOM_OK, "%s: forward: %s", name, loom_last_error(NULL));
+  st = loom_attention_backward(&t->dq, &t->dk, &t->dv, &t->dout, &t->q, &t->k, &t->v, &t->out,
+                               &t->lse, &t->cu_q, &t->cu_k, t->causal, t->scale);
+  CHECK(st == LOOM_OK, "%s: backward: %s", name, loom_last_error(NULL));
+  reference(t);
+  const int64_t nq = loom_tensor_numel(&t->q), nk = loom_tensor_numel(&t->k);
+  snprintf(what, sizeof what, "%s out", name);
+  CHECK(test_compare(what, t->out.data, t->r_out, nq, OUT_ATOL, OUT_RTOL) == 0, "%s", what);
+  snprintf(what, sizeof what, "%s lse", name);
+  CHECK(compare_lse(what, t->lse.data, t->r_lse, t->total_q * t->H) == 0, "%s", what);
+  const struct {
+    const char *n;
+    const loom_tensor_t *got;
+    const double *want;
+    int64_t count;
+  } g[] = {{"dq", &t->dq, t->r_dq, nq}, {"dk", &t->dk, t->r_dk, nk}, {"dv", &t->dv, t->r_dv, nk}};
+  worst_out = fmax(worst_out, scaled_err(t->out.data, t->r_out, nq));
+  for (int i = 0; i < 3; i++) {
+    snprintf(what, sizeof what, "%s %s", name, g[i].n);
+    const double atol = GRAD_ATOL * fmax(1.0, max_abs(g[i].want, g[i].count));
+    CHECK(test_compare(what, g[i].got->data, g[i].want, g[i].count, atol, GRAD_RTOL) == 0, "%s",
+          what);
+    worst_grad = fmax(worst_grad, scaled_err(g[i].got->data, g[i].want, g[i].count));
+  }
+
+  // Determinism: a second backward gives the same bits (GQA sums in a fixed order).
+  loom_tensor_t dq2 = tensor_of(LOOM_F32, 3, t->dq.shape, "dq2");
+  loom_tensor_t dk2 = tensor_of(LOOM_F32, 3, t->dk.shape, "dk2");
+  loom_tensor_t dv2 = tensor_of(LOOM_F32, 3, t->dv.shape, "dv2");
+  st = loom_attention_backward(&dq2, &dk2, &dv2, &t->dout, &t->q, &t->k, &t->v, &t->out, &t->lse,
+                               &t->cu_q, &t->cu_k, t->causal, t->scale);
+  CHECK(st == LOOM_OK && same_bits(&dq2, &t->dq) && same_bits(&dk2, &t->dk) &&
+            same_bits(&dv2, &t->dv),
+        "%s: a second backward differs", name);
+  loom_tensor_free(&dq2);
+  loom_tensor_free(&dk2);
+  loom_tensor_free(&dv2);
+}
+
+static void run_case(const char *name, test_rng_t *rng, int B, const int *lq, const int *lk, int H,
+                     int H_kv, int D, int causal, float scale, double qk_range) {
+  batch_t t;
+  batch_init(&t, rng, B, lq, lk, H, H_kv, D, causal, scale, qk_range);
+  check_batch(name, &t);
+  batch_free(&t);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cases against the reference
+
+static void test_long(void) {
+  test_rng_t rng = test_rng(1);
+  // Causal, a few thousand tokens; the second sequence is a query shard over a longer key
+  // prefix (bottom-right alignment), as attention servers see it. GQA with one KV head.
+  const int lq1[2] = {2600, 900}, lk1[2] = {2600, 1400};
+  run_case("long causal H=2 H_kv=1 D=64", &rng, 2, lq1, lk1, 2, 1, 64, 1, 0.0f, 1.0);
+  // Non-causal, q longer and shorter than k, D = 16.
+  const int lq2[3] = {1500, 300, 1}, lk2[3] = {1000, 2000, 1};
+  run_case("long non-causal H=2 H_kv=2 D=16", &rng, 3, lq2, lk2, 2, 2, 16, 0, 0.0f, 1.0);
+}
+
+// Lengths on and around the 64 x 128 tile edges, empty sequences, and causal rows without keys.
+static void test_edges(void) {
+  test_rng_t rng = test_rng(2);
+  const int lq[] = {63, 64, 65, 127, 128, 129, 200, 0, 5, 1, 257, 7, 3};
+  const int lk[] = {63, 64, 65, 128, 129, 300, 130, 5, 0, 1, 257, 7, 0};
+  const int B = (int)(sizeof lq / sizeof lq[0]);
+  for (int causal = 0; causal <= 1; causal++) {
+    char name[96];
+    snprintf(name, sizeof name, "edges causal=%d H=4 H_kv=2 D=16", causal);
+    run_case(name, &rng, B, lq, lk, 4, 2, 16, causal, 0.0f, 1.0);
+  }
+  // Peaky softmax (scores ~ +-10): the running maximum changes often across key tiles.
+  run_case("edges peaky causal H=2 H_kv=1 D=80", &rng, B, lq, lk, 2, 1, 80, 1, 1.0f, 1.0);
+}
+
+// Many small random batches over D, GQA layouts, causal, scale, lq vs lk, zero lengths.
+static void test_random(void) {
+  test_rng_t rng = test_rng(3);
+  static const int Ds[] = {1, 16, 64, 80};
+  static const int heads[][2] = {{8, 2}, {8, 1}, {2, 2}, {3, 1}, {1, 1}, {6, 3}};
+  for (int c = 0; c < 48; c++) {
+    const int D = Ds[c % 4];
+    const int H = heads[(c / 4) % 6][0], H_kv = heads[(c / 4) % 6][1];
+    const int causal = (c / 2) % 2;
+    const int B = (int)test_int(&rng, 1, H * D > 128 ? 4 : 10);
+    int lq[10], lk[10];
+    for (int b = 0; b < B; b++) {
+      lk[b] = test_int(&rng, 0, 4) == 0 ? 0 : (int)test_int(&rng, 1, 150);
+      const int mode = (int)test_int(&rng, 0, 2); // same length, shorter q, independent
+      lq[b] = mode == 0   ? lk[b]
+              : mode == 1 ? (int)test_int(&rng, 0, lk[b])
+                          : (int)test_int(&rng, 0, 150);
+    }
+    const float scale = test_int(&rng, 0, 3) == 0 ? (float)test_uniform(&rng, 0.05, 1.0) : 0.0f;
+    char name[128];
+    snprintf(name, sizeof name, "random #%d B=%d H=%d H_kv=%d D=%d causal=%d scale=%g", c, B, H,
+             H_kv, D, causal, (double)scale);
+    run_case(name, &rng, B, lq, lk, H, H_kv, D, causal, scale, 1.0);
+  }
+}
+
+// B = 0 (cu_seqlens = {0}, empty tensors) and a batch of only empty sequences.
+static void test_empty(void) {
+  test_rng_t rng = test_rng(4);
+  run_case("B=0", &rng, 0, NULL, NULL, 4, 2, 8, 1, 0.0f, 1.0);
+  const int z[3] = {0, 0, 0}, some[3] = {0, 4, 0};
+  run_case("all empty", &rng, 3, z, z, 4, 2, 8, 1, 0.0f, 1.0);
+  run_case("keys only", &rng, 3, z, some, 4, 2, 8, 0, 0.0f, 1.0);    // dk, dv = 0
+  run_case("queries only", &rng, 3, some, z, 4, 2, 8, 0, 0.0f, 1.0); // out 0, lse -inf
+}
+
+// ---------------------------------------------------------------------------------------------
+// Finite differences: loss = sum(out * w) with loom's own forward, against its backward.
+
+static double fd_loss(batch_t *t, const float *w) {
+  loom_status_t st = loom_attention_forward(&t->out, &t->lse, &t->q, &t->k, &t->v, &t->cu_q,
+                                            &t->cu_k, t->causal, t->scale);
+  CHECK(st == LOOM_OK, "fd forward: %s", loom_last_error(NULL));
+  const float *o = t->out.data;
+  double loss = 0;
+  for (int64_t i = 0; i < loom_tensor_numel(&t->out); i++) {
+    loss += (double)o[i] * w[i];
+  }
+  return loss;
+}
+
+static void test_finite_differences(void) {
+  for (int causal = 0; causal <= 1; causal++) {
+    test_rng_t rng = test_rng(5 + (uint64_t)causal);
+    const int lq[2] = {3, 6}, lk[2] = {5, 6};
+    batch_t t;
+    batch_init(&t, &rng, 2, lq, lk, 4, 2, 4, causal, 0.0f, 1.0);
+    const float *w = t.dout.data; // dout = w: the gradient of sum(out * w)
+    fd_loss(&t, w);
+    loom_status_t st = loom_attention_backward(&t.dq, &t.dk, &t.dv, &t.dout, &t.q, &t.k, &t.v,
+                                               &t.out, &t.lse, &t.cu_q, &t.cu_k, causal, 0.0f);
+    CHECK(st == LOOM_OK, "fd backward: %s", loom_last_error(NULL));
+    loom_tensor_t *inputs[3] = {&t.q, &t.k, &t.v}, *grads[3] = {&t.dq, &t.dk, &t.dv};
+    for (int a = 0; a < 3; a++) {
+      const int64_t n = loom_tensor_numel(inputs[a]);
+      double *num = malloc((size_t)n * sizeof(double));
+      float *x = inputs[a]->data;
+      for (int64_t i = 0; i < n; i++) {
+        const float x0 = x[i];
+        x[i] = x0 + (float)FD_H;
+        const double up = fd_loss(&t, w);
+        x[i] = x0 - (float)FD_H;
+        const double down = fd_loss(&t, w);
+        x[i] = x0;
+        num[i] = (up - down) / (2 * FD_H);
+      }
+      char what[64];
+      static const char *const names[3] = {"dq", "dk", "dv"};
+      snprintf(what, sizeof what, "finite differences causal=%d %s", causal, names[a]);
+      CHECK(test_compare(what, grads[a]->data, num, n, FD_ATOL, FD_RTOL) == 0, "%s", what);
+      free(num);
+    }
+    batch_free(&t);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad arguments: LOOM_ERR_INVALID_ARG (or UNSUPPORTED for a CUDA first tensor), a message that
+// names the op and the argument, and untouched outputs.
+
+#define SENTINEL 7.0f
+
+static void reset_outputs(batch_t *t) {
+  fill_value(&t->out, SENTINEL);
+  fill_value(&t->lse, SENTINEL);
+  fill_value(&t->dq, SENTINEL);
+  fill_value(&t->dk, SENTINEL);
+  fill_value(&t->dv, SENTINEL);
+}
+
+static void expect_bad(batch_t *t, loom_status_t got, loom_status_t want, const char *op,
+                       const char *needle, const char *what) {
+  const char *msg = loom_last_error(NULL);
+  CHECK(got == want, "%s: got %s, want %s (last error: %s)", what, loom_strerror(got),
+        loom_strerror(want), msg);
+  CHECK(strstr(msg, op) != NULL && strstr(msg, needle) != NULL,
+        "%s: message '%s' should name %s and contain '%s'", what, msg, op, needle);
+  CHECK(all_equal(&t->out, SENTINEL) && all_equal(&t->lse, SENTINEL) &&
+            all_equal(&t->dq, SENTINEL) && all_equal(&t->dk, SENTINEL) &&
+            all_equal(&t->dv, SENTINEL),
+        "%s: an output was written", what);
+  loom_error_clear();
+  reset_outputs(t);
+}
+
+static loom_status_t fwd(batch_t *t, loom_tensor_t *out, loom_tensor_t *lse, loom_tensor_t *q,
+                         loom_tensor_t *k, loom_tensor_t *v, loom_tensor_t *cq, loom_tensor_t *ck,
+                         float scale) {
+  (void)t;
+  return loom_attention_forward(out, lse, q, k, v, cq, ck, 1, scale);
+}
+
+static void test_bad_args(void) {
+  static const char F[] = "loom_attention_forward", Bw[] = "loom_attention_backward";
+  test_rng_t rng = test_rng(7);
+  const int lq[3] = {12, 0, 2}, lk[3] = {12, 3, 4};
+  batch_t t;
+  batch_init(&t, &rng, 3, lq, lk, 4, 2, 8, 1, 0.0f, 1.0);
+  reset_outputs(&t);
+  int32_t *cq = t.cu_q.data, *ck = t.cu_k.data;
+
+  // cu_seqlens values.
+  cq[1] = 12;
+  cq[2] = 10; // 0, 12, 10, 14
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_INVALID_ARG, F,
+             "cu_seqlens_q[2]=10 < cu_seqlens_q[1]=12: offsets must be non-decreasing",
+             "non-monotonic cu_seqlens_q");
+  cq[2] = 12;
+  ck[3] = 18;
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_INVALID_ARG, F, "cu_seqlens_k[3]=18, but k has 19 rows",
+             "wrong last offset of cu_seqlens_k");
+  ck[3] = 19;
+  ck[0] = 1;
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_INVALID_ARG, F, "cu_seqlens_k[0]=1", "cu_seqlens_k not starting at 0");
+  ck[0] = 0;
+  CHECK(fwd(&t, &t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0) == LOOM_OK,
+        "restored arguments: %s", loom_last_error(NULL));
+  reset_outputs(&t);
+
+  // Shapes.
+  const int64_t s_kd[3] = {19, 2, 4}, s_v[3] = {19, 1, 8}, s_h3[3] = {19, 3, 8}, s_lse[2] = {4, 13};
+  const int64_t s_out[3] = {14, 4, 9}, s_cu[1] = {3}, s_q4[4] = {14, 4, 8, 1};
+  loom_tensor_t kd = tensor_of(LOOM_F32, 3, s_kd, "k"), v1 = tensor_of(LOOM_F32, 3, s_v, "v");
+  loom_tensor_t h3 = tensor_of(LOOM_F32, 3, s_h3, "k"), lse2 = tensor_of(LOOM_F32, 2, s_lse, "lse");
+  loom_tensor_t out2 = tensor_of(LOOM_F32, 3, s_out, "out"),
+                cu2 = tensor_of(LOOM_I32, 1, s_cu, "cu");
+  loom_tensor_t q4 = tensor_of(LOOM_F32, 4, s_q4, "q");
+  loom_tensor_t qbf = tensor_of(LOOM_BF16, 3, t.q.shape, "q");
+  loom_tensor_t cuf = tensor_of(LOOM_F32, 1, t.cu_q.shape, "cu");
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &kd, &t.v, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_INVALID_ARG, F, "k is (19, 2, 4)", "k with another D");
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &t.k, &v1, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_INVALID_ARG, F, "v is (19, 1, 8)", "v shaped unlike k");
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &h3, &t.v, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_INVALID_ARG, F, "H must be a multiple of H_kv", "H % H_kv != 0");
+  expect_bad(&t, fwd(&t, &t.out, &lse2, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_INVALID_ARG, F, "lse is (4, 13)", "lse of the wrong shape");
+  expect_bad(&t, fwd(&t, &out2, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_INVALID_ARG, F, "out is (14, 4, 9)", "out shaped unlike q");
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &cu2, 0), LOOM_ERR_INVALID_ARG,
+             F, "cu_seqlens_k is (3)", "cu_seqlens_k with another B");
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &q4, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_INVALID_ARG, F, "q is (14, 4, 8, 1)", "4-D q");
+
+  // NULL pointers and dtypes.
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, NULL, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_INVALID_ARG, F, "q is NULL", "NULL q");
+  expect_bad(&t, fwd(&t, NULL, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0), LOOM_ERR_INVALID_ARG,
+             F, "out is NULL", "NULL out");
+  expect_bad(&t, fwd(&t, &t.out, NULL, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0), LOOM_ERR_INVALID_ARG,
+             F, "lse is NULL", "NULL lse");
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &t.k, &t.v, NULL, &t.cu_k, 0), LOOM_ERR_INVALID_ARG,
+             F, "cu_seqlens_q is NULL", "NULL cu_seqlens_q");
+  void *keep = t.v.data;
+  t.v.data = NULL;
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_INVALID_ARG, F, "NULL data", "v with NULL data");
+  t.v.data = keep;
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &qbf, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_INVALID_ARG, F, "expected dtype f32", "bf16 q");
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &t.k, &t.v, &cuf, &t.cu_k, 0), LOOM_ERR_INVALID_ARG,
+             F, "expected dtype i32", "f32 cu_seqlens_q");
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, NAN),
+             LOOM_ERR_INVALID_ARG, F, "scale", "NaN scale");
+  t.out.device = 0;
+  expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
+             LOOM_ERR_UNSUPPORTED, F, "CUDA", "CUDA out");
+  t.out.device = LOOM_DEVICE_HOST;
+
+  // Backward: the same checks plus its own tensors.
+  CHECK(loom_attention_forward(&t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 1, 0) == LOOM_OK,
+        "forward: %s", loom_last_error(NULL));
+  loom_tensor_t out_keep = tensor_of(LOOM_F32, 3, t.q.shape, "out"),
+                lse_keep = tensor_of(LOOM_F32, 2, t.lse.shape, "lse");
+  memcpy(out_keep.data, t.out.data, loom_tensor_bytes(&t.out));
+  memcpy(lse_keep.data, t.lse.data, loom_tensor_bytes(&t.lse));
+  reset_outputs(&t);
+  expect_bad(&t,
+             loom_attention_backward(&t.dq, NULL, &t.dv, &t.dout, &t.q, &t.k, &t.v, &out_keep,
+                                     &lse_keep, &t.cu_q, &t.cu_k, 1, 0),
+             LOOM_ERR_INVALID_ARG, Bw, "dk is NULL", "NULL dk");
+  expect_bad(&t,
+             loom_attention_backward(&t.dq, &t.dk, &t.dv, &out2, &t.q, &t.k, &t.v, &out_keep,
+                                     &lse_keep, &t.cu_q, &t.cu_k, 1, 0),
+             LOOM_ERR_INVALID_ARG, Bw, "dout is (14, 4, 9)", "dout shaped unlike q");
+  expect_bad(&t,
+             loom_attention_backward(&t.dq, &t.dk, &v1, &t.dout, &t.q, &t.k, &t.v, &out_keep,
+                                     &lse_keep, &t.cu_q, &t.cu_k, 1, 0),
+             LOOM_ERR_INVALID_ARG, Bw, "dv is (19, 1, 8)", "dv shaped unlike k");
+  expect_bad(&t,
+             loom_attention_backward(&t.dq, &t.dk, &t.dv, &t.dout, &t.q, &t.k, &t.v, &out_keep,
+                                     &lse2, &t.cu_q, &t.cu_k, 1, 0),
+             LOOM_ERR_INVALID_ARG, Bw, "lse is (4, 13)", "backward lse of the wrong shape");
+  expect_bad(&t,
+             loom_attention_backward(&t.dq, &t.dk, &t.dv, &t.dout, &qbf, &t.k, &t.v, &out_keep,
+                                     &lse_keep, &t.cu_q, &t.cu_k, 1, 0),
+             LOOM_ERR_INVALID_ARG, Bw, "expected dtype f32", "backward bf16 q");
+  cq[1] = 13;
+  cq[2] = 12;
+  expect_bad(&t,
+             loom_attention_backward(&t.dq, &t.dk, &t.dv, &t.dout, &t.q, &t.k, &t.v, &out_keep,
+                                     &lse_keep, &t.cu_q, &t.cu_k, 1, 0),
+             LOOM_ERR_INVALID_ARG, Bw, "cu_seqlens_q[2]=12 < cu_seqlens_q[1]=13",
+             "backward non-monotonic cu_seqlens_q");
+  cq[1] = 12;
+  CHECK(loom_attention_backward(&t.dq, &t.dk, &t.dv, &t.dout, &t.q, &t.k, &t.v, &out_keep,
+                                &lse_keep, &t.cu_q, &t.cu_k, 1, 0) == LOOM_OK,
+        "backward with restored arguments: %s", loom_last_error(NULL));
+
+  loom_tensor_t *extra[] = {&kd, &v1,  &h3,  &lse2,     &out2,    &cu2,
+                            &q4, &qbf, &cuf, &out_keep, &lse_keep};
+  for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) {
+    loom_tensor_free(extra[i]);
+  }
+  batch_free(&t);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+int main(void) {
+  test_long();
+  test_edges();
+  test_random();
+  test_empty();
+  test_finite_differences();
+  test_bad_args();
+  printf("worst error / max(1, max|reference|): out %.2e, gradients %.2e\n", worst_out, worst_grad);
+  return check_exit("test_attention");
+}

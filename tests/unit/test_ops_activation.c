@@ -1,0 +1,451 @@
+/* test_ops_activation.c — loom_gelu_* and loom_softmax_* against double-precision references on
+ * odd and batched shapes and extreme inputs, in place, finite differences, bad arguments. */
+#include "config.h"
+#include "loom.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check.h"
+#include "../testutil.h"
+#include "error.h"
+
+// Tolerances (float kernels against double references):
+// - gelu forward: atol 1e-6, rtol 1e-5. tanhf is within ~2 ulp; for x < 0 the 1 + tanh term
+//   cancels, which turns that into an absolute error <= 0.5 |x| * 1.2e-7 (< 4e-7 for |x| <= 6).
+// - gelu backward: atol 2e-6, rtol 1e-5. For x in about -5..-2 the two terms of gelu' nearly
+//   cancel, and tanhf's absolute error near -1 (~6e-8) is multiplied by 0.5 |x| k (1 + 3 c x^2)
+//   (up to ~5): errors up to ~6e-7 are inherent to a float tanh.
+// - softmax forward: atol 1e-7, rtol 1e-5. Each output is expf(x - max) (<= 1 ulp, plus the
+//   rounding of x - max, <= 5e-7 relative for |x - max| <= 16) times 1 / sum (sum in double).
+// - softmax backward: atol 2e-7, rtol 1e-5 (dot product in double; dout - dot cancels in float).
+// - finite differences of the float forward (h = 1e-2, loss L = sum(out * w) in double):
+//   truncation h^2 / 6 * |f'''| (<= ~4e-5 here) plus output rounding / 2h (~1e-5):
+//   gelu atol 2e-4, rtol 2e-3; softmax atol 1e-4, rtol 2e-3.
+
+#define FD_H 1e-2f
+#define PI   3.14159265358979323846
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+static float *F(const loom_tensor_t *t) {
+  return (float *)t->data;
+}
+
+static void fill_nan(float *x, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    x[i] = NAN;
+  }
+}
+
+static int all_equal(const float *x, int64_t n, float v) {
+  for (int64_t i = 0; i < n; i++) {
+    if (memcmp(&x[i], &v, sizeof v) != 0) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static int same_bits(const float *x, const float *y, int64_t n) {
+  return n == 0 || memcmp(x, y, sizeof(float) * (size_t)n) == 0;
+}
+
+// A call that must fail with want (or also) and leave a message naming op and containing needle.
+static void expect_fail_at(int line, loom_status_t got, loom_status_t want, loom_status_t also,
+                           const char *op, const char *needle) {
+  const char *msg = loom_last_error(NULL);
+  CHECK(got == want || got == also, "line %d: got %s, want %s (last error: %s)", line,
+        loom_strerror(got), loom_strerror(want), msg);
+  CHECK(msg[0] != '\0' && strstr(msg, op) && strstr(msg, needle),
+        "line %d: message '%s' should name %s and contain '%s'", line, msg, op, needle);
+  loom_error_clear();
+}
+#define EXPECT_FAIL(call, op, needle)                                                              \
+  do {                                                                                             \
+    loom_error_clear();                                                                            \
+    expect_fail_at(__LINE__, (call), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, op, needle);      \
+  } while (0)
+#define EXPECT_FAIL_DEVICE(call, op, needle)                                                       \
+  do {                                                                                             \
+    loom_error_clear();                                                                            \
+    expect_fail_at(__LINE__, (call), LOOM_ERR_UNSUPPORTED, LOOM_ERR_INVALID_ARG, op, needle);      \
+  } while (0)
+
+// Shapes shared by the tests: ndim then extents (sizes 1, odd, primes, batched (B, T, C)).
+static const int64_t shapes[][5] = {{1, 1},      {1, 37},        {2, 1, 1},     {2, 37, 1},
+                                    {2, 5, 129}, {3, 2, 3, 5},   {3, 3, 7, 37}, {2, 2, 1000},
+                                    {2, 129, 2}, {4, 2, 1, 3, 7}};
+#define NSHAPES ((int)(sizeof shapes / sizeof shapes[0]))
+
+static loom_tensor_t shaped(int s, const char *name) {
+  return test_tensor_f32((int)shapes[s][0], &shapes[s][1], name);
+}
+
+// ---------------------------------------------------------------------------------------------
+// GELU
+
+static double ref_gelu(double x) {
+  const double k = sqrt(2.0 / PI), c = 0.044715;
+  return 0.5 * x * (1.0 + tanh(k * (x + c * x * x * x)));
+}
+
+static double ref_gelu_grad(double x) {
+  const double k = sqrt(2.0 / PI), c = 0.044715;
+  double t = tanh(k * (x + c * x * x * x));
+  return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
+}
+
+// Uniform in [-6, 6], with some extreme values sprinkled in where there is room.
+static void fill_gelu_inputs(test_rng_t *rng, float *x, int64_t n) {
+  static const float special[] = {0.0f,   -0.0f, 1e-8f,  -1e-8f, 10.0f,  -10.0f, 30.0f,
+                                  -30.0f, 1e10f, -1e10f, 1e20f,  -1e20f, 3e38f,  -3e38f};
+  test_fill_uniform(rng, x, n, -6, 6);
+  for (int64_t i = 0; i < n && n >= 100 && i < (int64_t)(sizeof special / sizeof special[0]); i++) {
+    x[test_int(rng, 0, n - 1)] = special[i];
+  }
+}
+
+static void test_gelu_reference(void) {
+  test_rng_t rng = test_rng(11);
+  for (int s = 0; s < NSHAPES; s++) {
+    loom_tensor_t in = shaped(s, "in"), out = shaped(s, "out"), dout = shaped(s, "dout");
+    loom_tensor_t din = shaped(s, "din");
+    int64_t n = loom_tensor_numel(&in);
+    fill_gelu_inputs(&rng, F(&in), n);
+    test_fill_uniform(&rng, F(&dout), n, -1, 1);
+    fill_nan(F(&out), n);
+    fill_nan(F(&din), n);
+    double *want = malloc(sizeof(double) * (size_t)n);
+    double *want_d = malloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+      want[i] = ref_gelu((double)F(&in)[i]);
+      want_d[i] = (double)F(&dout)[i] * ref_gelu_grad((double)F(&in)[i]);
+    }
+    CHECK(loom_gelu_forward(&out, &in) == LOOM_OK, "%s", loom_last_error(NULL));
+    CHECK(loom_gelu_backward(&din, &in, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
+    char what[64];
+    snprintf(what, sizeof what, "gelu forward, shape %d (n %lld)", s, (long long)n);
+    CHECK(test_compare(what, F(&out), want, n, 1e-6, 1e-5) == 0, "%s", what);
+    snprintf(what, sizeof what, "gelu backward, shape %d (n %lld)", s, (long long)n);
+    CHECK(test_compare(what, F(&din), want_d, n, 2e-6, 1e-5) == 0, "%s", what);
+
+    // In place: out = in, and din = dout, give the same bits as the separate calls.
+    loom_tensor_t x = shaped(s, "x"), g = shaped(s, "g");
+    memcpy(F(&x), F(&in), sizeof(float) * (size_t)n);
+    memcpy(F(&g), F(&dout), sizeof(float) * (size_t)n);
+    CHECK(loom_gelu_backward(&g, &x, &g) == LOOM_OK, "%s", loom_last_error(NULL));
+    CHECK(same_bits(F(&g), F(&din), n), "gelu backward in place (din = dout) differs");
+    memcpy(F(&g), F(&dout), sizeof(float) * (size_t)n);
+    CHECK(loom_gelu_backward(&x, &x, &g) == LOOM_OK, "%s", loom_last_error(NULL));
+    CHECK(same_bits(F(&x), F(&din), n), "gelu backward in place (din = in) differs");
+    memcpy(F(&x), F(&in), sizeof(float) * (size_t)n);
+    CHECK(loom_gelu_forward(&x, &x) == LOOM_OK, "%s", loom_last_error(NULL));
+    CHECK(same_bits(F(&x), F(&out), n), "gelu forward in place differs");
+
+    free(want);
+    free(want_d);
+    loom_tensor_free(&in);
+    loom_tensor_free(&out);
+    loom_tensor_free(&dout);
+    loom_tensor_free(&din);
+    loom_tensor_free(&x);
+    loom_tensor_free(&g);
+  }
+}
+
+// Saturation: huge |x| gives gelu = x or 0 and gelu' = 1 or 0 exactly, never NaN; NaN stays NaN.
+static void test_gelu_extremes(void) {
+  float xs[] = {1e20f, -1e20f, 3e38f, -3e38f, INFINITY, 50.0f, -50.0f, NAN};
+  float want_y[] = {1e20f, 0.0f, 3e38f, 0.0f, INFINITY, 50.0f, 0.0f, NAN};
+  float want_d[] = {1.0f, 0.0f, 1.0f, 0.0f, 1.0f, 1.0f, 0.0f, NAN};
+  int64_t n = (int64_t)(sizeof xs / sizeof xs[0]);
+  loom_tensor_t in = test_tensor_f32(1, &n, "in"), out = test_tensor_f32(1, &n, "out");
+  loom_tensor_t dout = test_tensor_f32(1, &n, "dout"), din = test_tensor_f32(1, &n, "din");
+  memcpy(F(&in), xs, sizeof xs);
+  loom_tensor_fill(&dout, 1.0);
+  CHECK(loom_gelu_forward(&out, &in) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(loom_gelu_backward(&din, &in, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
+  for (int64_t i = 0; i < n; i++) {
+    float y = F(&out)[i], d = F(&din)[i];
+    int ok_y = isnan(want_y[i]) ? isnan(y) : y == want_y[i];
+    int ok_d = isnan(want_d[i]) ? isnan(d) : d == want_d[i];
+    CHECK(ok_y && ok_d, "gelu(%g) = %g (want %g), gelu' = %g (want %g)", (double)xs[i], (double)y,
+          (double)want_y[i], (double)d, (double)want_d[i]);
+  }
+  loom_tensor_free(&in);
+  loom_tensor_free(&out);
+  loom_tensor_free(&dout);
+  loom_tensor_free(&din);
+}
+
+// L = sum(gelu(x) * w): dL/dx from loom_gelu_backward(dout = w) against central differences.
+static void test_gelu_finite_diff(void) {
+  test_rng_t rng = test_rng(12);
+  for (int s = 0; s < NSHAPES; s++) {
+    loom_tensor_t in = shaped(s, "in"), out = shaped(s, "out"), w = shaped(s, "w");
+    loom_tensor_t din = shaped(s, "din");
+    int64_t n = loom_tensor_numel(&in);
+    test_fill_uniform(&rng, F(&in), n, -4, 4);
+    test_fill_uniform(&rng, F(&w), n, -1, 1);
+    CHECK(loom_gelu_backward(&din, &in, &w) == LOOM_OK, "%s", loom_last_error(NULL));
+    enum { SAMPLES = 64 };
+    int64_t m = n < SAMPLES ? n : SAMPLES;
+    double fd[SAMPLES] = {0};
+    float an[SAMPLES] = {0};
+    for (int64_t k = 0; k < m; k++) {
+      int64_t i = n <= SAMPLES ? k : test_int(&rng, 0, n - 1);
+      float v = F(&in)[i];
+      double loss[2], xv[2];
+      for (int side = 0; side < 2; side++) {
+        F(&in)[i] = side ? v - FD_H : v + FD_H;
+        xv[side] = F(&in)[i];
+        CHECK(loom_gelu_forward(&out, &in) == LOOM_OK, "%s", loom_last_error(NULL));
+        loss[side] = 0.0;
+        for (int64_t j = 0; j < n; j++) {
+          loss[side] += (double)F(&out)[j] * (double)F(&w)[j];
+        }
+      }
+      F(&in)[i] = v;
+      fd[k] = (loss[0] - loss[1]) / (xv[0] - xv[1]);
+      an[k] = F(&din)[i];
+    }
+    char what[64];
+    snprintf(what, sizeof what, "gelu finite differences, shape %d", s);
+    CHECK(test_compare(what, an, fd, m, 2e-4, 2e-3) == 0, "%s", what);
+    loom_tensor_free(&in);
+    loom_tensor_free(&out);
+    loom_tensor_free(&w);
+    loom_tensor_free(&din);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax
+
+static void ref_softmax(const float *x, int64_t N, int64_t C, double *y) {
+  for (int64_t r = 0; r < N; r++) {
+    double m = -INFINITY, s = 0.0;
+    for (int64_t j = 0; j < C; j++) {
+      m = fmax(m, (double)x[r * C + j]);
+    }
+    for (int64_t j = 0; j < C; j++) {
+      y[r * C + j] = m == -INFINITY ? 0.0 : exp((double)x[r * C + j] - m);
+      s += y[r * C + j];
+    }
+    for (int64_t j = 0; j < C; j++) {
+      y[r * C + j] = s > 0 ? y[r * C + j] / s : 0.0;
+    }
+  }
+}
+
+static void ref_softmax_backward(const float *y, const float *dy, int64_t N, int64_t C,
+                                 double *dx) {
+  for (int64_t r = 0; r < N; r++) {
+    double dot = 0.0;
+    for (int64_t j = 0; j < C; j++) {
+      dot += (double)y[r * C + j] * (double)dy[r * C + j];
+    }
+    for (int64_t j = 0; j < C; j++) {
+      dx[r * C + j] = (double)y[r * C + j] * ((double)dy[r * C + j] - dot);
+    }
+  }
+}
+
+static void matrix_dims(const loom_tensor_t *t, int64_t *N, int64_t *C) {
+  *C = t->shape[t->ndim - 1];
+  *N = loom_tensor_numel(t) / (*C > 0 ? *C : 1);
+}
+
+// Logits in [-5, 5]; where there are several rows: one offset by +1000 (exp would overflow
+// without subtracting the max), one with -inf entries (masked), one all -inf (gives zeros), one
+// constant.
+static void fill_logits(test_rng_t *rng, float *x, int64_t N, int64_t C) {
+  test_fill_uniform(rng, x, N * C, -5, 5);
+  if (N >= 4) {
+    for (int64_t j = 0; j < C; j++) {
+      x[0 * C + j] += 1000.0f;
+      if (j % 3 == 1) {
+        x[1 * C + j] = -INFINITY;
+      }
+      x[2 * C + j] = -INFINITY;
+      x[3 * C + j] = 0.25f;
+    }
+  }
+}
+
+static void test_softmax_reference(void) {
+  test_rng_t rng = test_rng(13);
+  for (int s = 0; s < NSHAPES; s++) {
+    loom_tensor_t in = shaped(s, "in"), out = shaped(s, "out"), dout = shaped(s, "dout");
+    loom_tensor_t din = shaped(s, "din");
+    int64_t N, C, n = loom_tensor_numel(&in);
+    matrix_dims(&in, &N, &C);
+    fill_logits(&rng, F(&in), N, C);
+    test_fill_uniform(&rng, F(&dout), n, -1, 1);
+    fill_nan(F(&out), n);
+    fill_nan(F(&din), n);
+    double *want = malloc(sizeof(double) * (size_t)n);
+    ref_softmax(F(&in), N, C, want);
+    CHECK(loom_softmax_forward(&out, &in) == LOOM_OK, "%s", loom_last_error(NULL));
+    char what[80];
+    snprintf(what, sizeof what, "softmax forward, shape %d (%lld x %lld)", s, (long long)N,
+             (long long)C);
+    CHECK(test_compare(what, F(&out), want, n, 1e-7, 1e-5) == 0, "%s", what);
+    ref_softmax_backward(F(&out), F(&dout), N, C, want);
+    CHECK(loom_softmax_backward(&din, &out, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
+    snprintf(what, sizeof what, "softmax backward, shape %d (%lld x %lld)", s, (long long)N,
+             (long long)C);
+    CHECK(test_compare(what, F(&din), want, n, 2e-7, 1e-5) == 0, "%s", what);
+
+    // In place: out = in, din = dout and din = out give the same bits.
+    loom_tensor_t x = shaped(s, "x"), g = shaped(s, "g");
+    memcpy(F(&x), F(&in), sizeof(float) * (size_t)n);
+    CHECK(loom_softmax_forward(&x, &x) == LOOM_OK, "%s", loom_last_error(NULL));
+    CHECK(same_bits(F(&x), F(&out), n), "softmax forward in place differs");
+    memcpy(F(&g), F(&dout), sizeof(float) * (size_t)n);
+    CHECK(loom_softmax_backward(&g, &x, &g) == LOOM_OK, "%s", loom_last_error(NULL));
+    CHECK(same_bits(F(&g), F(&din), n), "softmax backward in place (din = dout) differs");
+    CHECK(loom_softmax_backward(&x, &x, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
+    CHECK(same_bits(F(&x), F(&din), n), "softmax backward in place (din = out) differs");
+
+    free(want);
+    loom_tensor_free(&in);
+    loom_tensor_free(&out);
+    loom_tensor_free(&dout);
+    loom_tensor_free(&din);
+    loom_tensor_free(&x);
+    loom_tensor_free(&g);
+  }
+}
+
+// L = sum(softmax(x) * w): dL/dx from loom_softmax_backward(dout = w) against central differences.
+static void test_softmax_finite_diff(void) {
+  test_rng_t rng = test_rng(14);
+  for (int s = 0; s < NSHAPES; s++) {
+    loom_tensor_t in = shaped(s, "in"), out = shaped(s, "out"), w = shaped(s, "w");
+    loom_tensor_t din = shaped(s, "din");
+    int64_t N, C, n = loom_tensor_numel(&in);
+    matrix_dims(&in, &N, &C);
+    test_fill_uniform(&rng, F(&in), n, -3, 3);
+    test_fill_uniform(&rng, F(&w), n, -1, 1);
+    CHECK(loom_softmax_forward(&out, &in) == LOOM_OK, "%s", loom_last_error(NULL));
+    CHECK(loom_softmax_backward(&din, &out, &w) == LOOM_OK, "%s", loom_last_error(NULL));
+    enum { SAMPLES = 64 };
+    int64_t m = n < SAMPLES ? n : SAMPLES;
+    double fd[SAMPLES] = {0};
+    float an[SAMPLES] = {0};
+    for (int64_t k = 0; k < m; k++) {
+      int64_t i = n <= SAMPLES ? k : test_int(&rng, 0, n - 1);
+      float v = F(&in)[i];
+      double loss[2], xv[2];
+      for (int side = 0; side < 2; side++) {
+        F(&in)[i] = side ? v - FD_H : v + FD_H;
+        xv[side] = F(&in)[i];
+        CHECK(loom_softmax_forward(&out, &in) == LOOM_OK, "%s", loom_last_error(NULL));
+        loss[side] = 0.0;
+        for (int64_t j = 0; j < n; j++) {
+          loss[side] += (double)F(&out)[j] * (double)F(&w)[j];
+        }
+      }
+      F(&in)[i] = v;
+      fd[k] = (loss[0] - loss[1]) / (xv[0] - xv[1]);
+      an[k] = F(&din)[i];
+    }
+    char what[64];
+    snprintf(what, sizeof what, "softmax finite differences, shape %d", s);
+    CHECK(test_compare(what, an, fd, m, 1e-4, 2e-3) == 0, "%s", what);
+    loom_tensor_free(&in);
+    loom_tensor_free(&out);
+    loom_tensor_free(&w);
+    loom_tensor_free(&din);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad arguments: each fails with a message and leaves every output untouched.
+
+static void test_bad_args(void) {
+  int64_t s35[2] = {3, 5}, s53[2] = {5, 3}, s16[1] = {16}, s8[1] = {8};
+  loom_tensor_t a = test_tensor_f32(2, s35, "a"), b = test_tensor_f32(2, s35, "b");
+  loom_tensor_t o = test_tensor_f32(2, s35, "o"), o53 = test_tensor_f32(2, s53, "o53");
+  loom_tensor_t o16 = test_tensor_f32(1, s16, "o16");
+  loom_tensor_fill(&a, 0.5);
+  loom_tensor_fill(&b, 0.25);
+  loom_tensor_fill(&o, 7.0);
+  loom_tensor_fill(&o53, 7.0);
+  loom_tensor_fill(&o16, 7.0);
+  loom_tensor_t a_bf16, o_dev = o, a_dev = a;
+  loom_tensor_wrap(&a_bf16, a.data, LOOM_BF16, LOOM_DEVICE_HOST, 2, s35, "a_bf16");
+  o_dev.device = 0;
+  a_dev.device = 0;
+  // Partial overlap: x = buf[0..8), y = buf[4..12).
+  float buf[24];
+  for (int i = 0; i < 24; i++) {
+    buf[i] = 7.0f;
+  }
+  loom_tensor_t x_buf, y_buf, z_buf;
+  loom_tensor_wrap(&x_buf, buf, LOOM_F32, LOOM_DEVICE_HOST, 1, s8, "x_buf");
+  loom_tensor_wrap(&y_buf, buf + 4, LOOM_F32, LOOM_DEVICE_HOST, 1, s8, "y_buf");
+  loom_tensor_wrap(&z_buf, buf + 16, LOOM_F32, LOOM_DEVICE_HOST, 1, s8, "z_buf");
+
+  static const char gf[] = "loom_gelu_forward", gb[] = "loom_gelu_backward";
+  EXPECT_FAIL(loom_gelu_forward(NULL, &a), gf, "out is NULL");
+  EXPECT_FAIL(loom_gelu_forward(&o, NULL), gf, "in is NULL");
+  EXPECT_FAIL(loom_gelu_forward(&o16, &a), gf, "(3, 5)"); // 16 vs 15 elements
+  EXPECT_FAIL(loom_gelu_forward(&o, &a_bf16), gf, "bf16");
+  EXPECT_FAIL_DEVICE(loom_gelu_forward(&o_dev, &a), gf, "out");
+  EXPECT_FAIL(loom_gelu_forward(&o, &a_dev), gf, "cuda:0");
+  EXPECT_FAIL(loom_gelu_forward(&y_buf, &x_buf), gf, "overlap");
+  EXPECT_FAIL(loom_gelu_backward(NULL, &a, &b), gb, "din is NULL");
+  EXPECT_FAIL(loom_gelu_backward(&o, NULL, &b), gb, "in is NULL");
+  EXPECT_FAIL(loom_gelu_backward(&o, &a, NULL), gb, "dout is NULL");
+  EXPECT_FAIL(loom_gelu_backward(&o16, &a, &b), gb, "(16)");
+  EXPECT_FAIL(loom_gelu_backward(&o, &a, &o16), gb, "(16)");
+  EXPECT_FAIL(loom_gelu_backward(&o, &a_bf16, &b), gb, "bf16");
+  EXPECT_FAIL_DEVICE(loom_gelu_backward(&o_dev, &a, &b), gb, "din");
+  EXPECT_FAIL(loom_gelu_backward(&o, &a, &a_dev), gb, "cuda:0");
+  EXPECT_FAIL(loom_gelu_backward(&y_buf, &x_buf, &z_buf), gb, "overlap");
+  EXPECT_FAIL(loom_gelu_backward(&y_buf, &z_buf, &x_buf), gb, "overlap");
+
+  static const char sf[] = "loom_softmax_forward", sb[] = "loom_softmax_backward";
+  EXPECT_FAIL(loom_softmax_forward(NULL, &a), sf, "out is NULL");
+  EXPECT_FAIL(loom_softmax_forward(&o, NULL), sf, "in is NULL");
+  EXPECT_FAIL(loom_softmax_forward(&o53, &a), sf, "(5, 3)"); // same numel, other shape
+  EXPECT_FAIL(loom_softmax_forward(&o16, &a), sf, "(16)");
+  EXPECT_FAIL(loom_softmax_forward(&o, &a_bf16), sf, "bf16");
+  EXPECT_FAIL_DEVICE(loom_softmax_forward(&o_dev, &a), sf, "out");
+  EXPECT_FAIL(loom_softmax_forward(&o, &a_dev), sf, "cuda:0");
+  EXPECT_FAIL(loom_softmax_forward(&y_buf, &x_buf), sf, "overlap");
+  EXPECT_FAIL(loom_softmax_backward(NULL, &a, &b), sb, "din is NULL");
+  EXPECT_FAIL(loom_softmax_backward(&o, NULL, &b), sb, "out is NULL");
+  EXPECT_FAIL(loom_softmax_backward(&o, &a, NULL), sb, "dout is NULL");
+  EXPECT_FAIL(loom_softmax_backward(&o53, &a, &b), sb, "(5, 3)");
+  EXPECT_FAIL(loom_softmax_backward(&o, &a, &o53), sb, "(5, 3)");
+  EXPECT_FAIL(loom_softmax_backward(&o, &a_bf16, &b), sb, "bf16");
+  EXPECT_FAIL_DEVICE(loom_softmax_backward(&o_dev, &a, &b), sb, "din");
+  EXPECT_FAIL(loom_softmax_backward(&o, &a, &a_dev), sb, "cuda:0");
+  EXPECT_FAIL(loom_softmax_backward(&y_buf, &x_buf, &z_buf), sb, "overlap");
+
+  CHECK(all_equal(F(&o), 15, 7.0f) && all_equal(F(&o53), 15, 7.0f) &&
+            all_equal(F(&o16), 16, 7.0f) && all_equal(buf, 24, 7.0f),
+        "a failed call wrote its output");
+  CHECK(all_equal(F(&a), 15, 0.5f) && all_equal(F(&b), 15, 0.25f), "a failed call wrote an input");
+  loom_tensor_free(&a);
+  loom_tensor_free(&b);
+  loom_tensor_free(&o);
+  loom_tensor_free(&o53);
+  loom_tensor_free(&o16);
+}
+
+int main(void) {
+  test_gelu_reference();
+  test_gelu_extremes();
+  test_gelu_finite_diff();
+  test_softmax_reference();
+  test_softmax_finite_diff();
+  test_bad_args();
+  return check_exit("test_ops_activation");
+}

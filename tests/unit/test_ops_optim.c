@@ -1,0 +1,414 @@
+/* test_ops_optim.c — loom_adamw_update, loom_sgd_update and loom_clip_grad_norm over several steps
+ * against double-precision references of the PyTorch formulas, and argument checks. */
+#include "config.h"
+#include "loom.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check.h"
+#include "../testutil.h"
+#include "error.h"
+
+// Tolerances:
+// - AdamW and SGD: param, m, v and buf within atol 1e-6 + rtol 1e-5 of the double reference after
+//   every one of several steps (each float step adds a few ulp; the step sizes are <= 0.1).
+// - SGD's first step: buf equals grad + wd * param bitwise (PyTorch clones g into the buffer).
+// - clip_grad_norm: the reported norm within rtol 1e-6 of the double norm (it is a float); the
+//   clipped gradients within rtol 1e-6 of g * max_norm / (norm + 1e-6); gradients that need no
+//   clipping are bitwise untouched.
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+static loom_tensor_t tensor_of(loom_dtype_t dtype, int ndim, const int64_t *shape,
+                               const char *name) {
+  loom_tensor_t t;
+  if (loom_tensor_alloc(&t, dtype, LOOM_DEVICE_HOST, ndim, shape, name) != LOOM_OK) {
+    fprintf(stderr, "tensor_of(%s): %s\n", name, loom_last_error(NULL));
+    exit(2);
+  }
+  return t;
+}
+
+static void expect_fail(loom_status_t got, loom_status_t want, const char *op, const char *what) {
+  const char *msg = loom_last_error(NULL);
+  CHECK(got == want, "%s: got %s, want %s (last error: %s)", what, loom_strerror(got),
+        loom_strerror(want), msg);
+  CHECK(msg[0] != '\0' && strstr(msg, op) != NULL, "%s: message '%s' does not name %s", what, msg,
+        op);
+  loom_error_clear();
+}
+
+static float *fdata(const loom_tensor_t *t) {
+  return (float *)t->data;
+}
+
+static double *to_double(const float *x, int64_t n) {
+  double *d = malloc(sizeof(double) * (size_t)(n + 1));
+  for (int64_t i = 0; i < n; i++) {
+    d[i] = x[i];
+  }
+  return d;
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW
+
+// torch.optim.AdamW (amsgrad off) in double.
+static void ref_adamw(int64_t n, double *p, const float *g, double *m, double *v,
+                      const loom_adamw_t *hp) {
+  double lr = hp->lr, b1 = hp->beta1, b2 = hp->beta2, eps = hp->eps, wd = hp->weight_decay;
+  double bc1 = 1.0 - pow(b1, hp->step), bc2 = 1.0 - pow(b2, hp->step);
+  for (int64_t i = 0; i < n; i++) {
+    p[i] *= 1.0 - lr * wd;
+    m[i] = b1 * m[i] + (1.0 - b1) * g[i];
+    v[i] = b2 * v[i] + (1.0 - b2) * (double)g[i] * g[i];
+    p[i] -= lr / bc1 * m[i] / (sqrt(v[i]) / sqrt(bc2) + eps);
+  }
+}
+
+static void adamw_case(test_rng_t *rng, int64_t n, loom_adamw_t hp, int steps) {
+  char what[128];
+  int64_t shape[2] = {1, n};
+  loom_tensor_t p = test_tensor_f32(2, shape, "p"), g = test_tensor_f32(2, shape, "g");
+  loom_tensor_t m = test_tensor_f32(2, shape, "m"), v = test_tensor_f32(2, shape, "v");
+  test_fill_uniform(rng, fdata(&p), n, -1, 1);
+  double *pd = to_double(fdata(&p), n), *md = to_double(fdata(&m), n),
+         *vd = to_double(fdata(&v), n);
+  for (int s = 0; s < steps; s++, hp.step++) {
+    test_fill_uniform(rng, fdata(&g), n, -1, 1);
+    if (n > 3) {
+      fdata(&g)[3] = 0.0f; // a zero gradient: m = v = 0 must give no update, not 0/0
+    }
+    CHECK(loom_adamw_update(&p, &g, &m, &v, &hp) == LOOM_OK, "%s", loom_last_error(NULL));
+    ref_adamw(n, pd, fdata(&g), md, vd, &hp);
+    snprintf(what, sizeof what, "adamw n=%lld lr=%g b1=%g b2=%g wd=%g step %d", (long long)n,
+             (double)hp.lr, (double)hp.beta1, (double)hp.beta2, (double)hp.weight_decay, hp.step);
+    CHECK(test_compare(what, fdata(&p), pd, n, 1e-6, 1e-5) == 0, "%s: param", what);
+    CHECK(test_compare(what, fdata(&m), md, n, 1e-6, 1e-5) == 0, "%s: m", what);
+    CHECK(test_compare(what, fdata(&v), vd, n, 1e-6, 1e-5) == 0, "%s: v", what);
+  }
+  free(pd);
+  free(md);
+  free(vd);
+  loom_tensor_free(&p);
+  loom_tensor_free(&g);
+  loom_tensor_free(&m);
+  loom_tensor_free(&v);
+}
+
+static void test_adamw(void) {
+  test_rng_t rng = test_rng(31);
+  static const int64_t sizes[] = {1, 7, 1000, 4099};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    adamw_case(&rng, sizes[k], (loom_adamw_t){1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1}, 6);
+    adamw_case(&rng, sizes[k], (loom_adamw_t){3e-3f, 0.0f, 0.5f, 1e-3f, 0.0f, 1}, 4);
+    adamw_case(&rng, sizes[k], (loom_adamw_t){1e-1f, 0.8f, 0.99f, 1e-6f, 0.01f, 100}, 3);
+  }
+
+  // Step 1 in closed form: mhat = g, vhat = g^2, so p1 = p0 (1 - lr wd) - lr g / (|g| + eps).
+  int64_t n = 3;
+  loom_tensor_t p = test_tensor_f32(1, &n, "p"), g = test_tensor_f32(1, &n, "g");
+  loom_tensor_t m = test_tensor_f32(1, &n, "m"), v = test_tensor_f32(1, &n, "v");
+  const float p0[3] = {1.0f, -2.0f, 0.5f}, g0[3] = {0.25f, -4.0f, 1e-3f};
+  memcpy(p.data, p0, sizeof p0);
+  memcpy(g.data, g0, sizeof g0);
+  loom_adamw_t hp = {0.1f, 0.9f, 0.999f, 1e-8f, 0.5f, 1};
+  CHECK(loom_adamw_update(&p, &g, &m, &v, &hp) == LOOM_OK, "%s", loom_last_error(NULL));
+  for (int i = 0; i < 3; i++) {
+    double lr = hp.lr, want = p0[i] * (1.0 - lr * hp.weight_decay) -
+                              lr * g0[i] / (fabs((double)g0[i]) + (double)hp.eps);
+    CHECK(fabs(fdata(&p)[i] - want) <= 1e-6, "adamw step 1 [%d]: %.9g want %.9g", i,
+          (double)fdata(&p)[i], want);
+  }
+  // lr 0: the parameters do not move (bitwise), the moments still do.
+  memcpy(p.data, p0, sizeof p0);
+  hp.lr = 0.0f;
+  hp.step = 2;
+  CHECK(loom_adamw_update(&p, &g, &m, &v, &hp) == LOOM_OK && !memcmp(p.data, p0, sizeof p0),
+        "adamw with lr 0 moved the parameters");
+  // An empty tensor is fine.
+  int64_t zero = 0;
+  loom_tensor_t e[4] = {test_tensor_f32(1, &zero, "e0"), test_tensor_f32(1, &zero, "e1"),
+                        test_tensor_f32(1, &zero, "e2"), test_tensor_f32(1, &zero, "e3")};
+  CHECK(loom_adamw_update(&e[0], &e[1], &e[2], &e[3], &hp) == LOOM_OK, "empty: %s",
+        loom_last_error(NULL));
+  for (int i = 0; i < 4; i++) {
+    loom_tensor_free(&e[i]);
+  }
+  loom_tensor_free(&p);
+  loom_tensor_free(&g);
+  loom_tensor_free(&m);
+  loom_tensor_free(&v);
+}
+
+// ---------------------------------------------------------------------------------------------
+// SGD
+
+// torch.optim.SGD (dampening 0) in double; buf NULL when momentum is 0.
+static void ref_sgd(int64_t n, double *p, const float *grad, double *buf, const loom_sgd_t *hp) {
+  double lr = hp->lr, mu = hp->momentum, wd = hp->weight_decay;
+  for (int64_t i = 0; i < n; i++) {
+    double g = grad[i] + wd * p[i];
+    if (mu != 0.0) {
+      buf[i] = mu * buf[i] + g;
+      g = hp->nesterov ? g + mu * buf[i] : buf[i];
+    }
+    p[i] -= lr * g;
+  }
+}
+
+static void sgd_case(test_rng_t *rng, int64_t n, loom_sgd_t hp, int with_buf, int steps) {
+  char what[128];
+  loom_tensor_t p = test_tensor_f32(1, &n, "p"), g = test_tensor_f32(1, &n, "g");
+  loom_tensor_t b = test_tensor_f32(1, &n, "buf");
+  test_fill_uniform(rng, fdata(&p), n, -1, 1);
+  if (hp.momentum == 0.0f && with_buf) {
+    test_fill_uniform(rng, fdata(&b), n, 5, 6); // must stay untouched
+  }
+  float *b0 = malloc(sizeof(float) * (size_t)(n + 1));
+  memcpy(b0, b.data, sizeof(float) * (size_t)n);
+  double *pd = to_double(fdata(&p), n), *bd = to_double(fdata(&b), n);
+  for (int s = 0; s < steps; s++) {
+    test_fill_uniform(rng, fdata(&g), n, -1, 1);
+    float *first = NULL;
+    if (s == 0) { // what PyTorch puts in the buffer on the first step: g + wd * p, bitwise
+      first = malloc(sizeof(float) * (size_t)(n + 1));
+      for (int64_t i = 0; i < n; i++) {
+        first[i] = fdata(&g)[i] + hp.weight_decay * fdata(&p)[i];
+      }
+    }
+    CHECK(loom_sgd_update(&p, &g, with_buf ? &b : NULL, &hp) == LOOM_OK, "%s",
+          loom_last_error(NULL));
+    ref_sgd(n, pd, fdata(&g), hp.momentum != 0.0f ? bd : NULL, &hp);
+    snprintf(what, sizeof what, "sgd n=%lld lr=%g momentum=%g wd=%g nesterov=%d step %d",
+             (long long)n, (double)hp.lr, (double)hp.momentum, (double)hp.weight_decay, hp.nesterov,
+             s + 1);
+    CHECK(test_compare(what, fdata(&p), pd, n, 1e-6, 1e-5) == 0, "%s: param", what);
+    if (hp.momentum != 0.0f) {
+      CHECK(test_compare(what, fdata(&b), bd, n, 1e-6, 1e-5) == 0, "%s: buf", what);
+      if (first) {
+        CHECK(!memcmp(first, b.data, sizeof(float) * (size_t)n),
+              "%s: the first buffer is not g + wd * p", what);
+      }
+    } else if (with_buf) {
+      CHECK(!memcmp(b0, b.data, sizeof(float) * (size_t)n), "%s: buf written with momentum 0",
+            what);
+    }
+    free(first);
+  }
+  free(b0);
+  free(pd);
+  free(bd);
+  loom_tensor_free(&p);
+  loom_tensor_free(&g);
+  loom_tensor_free(&b);
+}
+
+static void test_sgd(void) {
+  test_rng_t rng = test_rng(37);
+  static const int64_t sizes[] = {1, 7, 1000, 4099};
+  for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+    int64_t n = sizes[k];
+    sgd_case(&rng, n, (loom_sgd_t){0.1f, 0.9f, 0.0f, 0}, 1, 6);
+    sgd_case(&rng, n, (loom_sgd_t){0.05f, 0.9f, 1e-2f, 1}, 1, 6);
+    sgd_case(&rng, n, (loom_sgd_t){0.1f, 0.5f, 0.1f, 0}, 1, 5);
+    sgd_case(&rng, n, (loom_sgd_t){0.1f, 0.0f, 1e-2f, 0}, 0, 4); // momentum 0, NULL buf
+    sgd_case(&rng, n, (loom_sgd_t){0.1f, 0.0f, 0.0f, 0}, 1, 3);  // momentum 0, buf ignored
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// clip_grad_norm
+
+static void test_clip(void) {
+  test_rng_t rng = test_rng(53);
+  int64_t s1 = 1, s7 = 7, s0 = 0, s2[2] = {30, 10};
+  loom_tensor_t a = test_tensor_f32(1, &s1, "a"), b = test_tensor_f32(1, &s7, "b");
+  loom_tensor_t c = test_tensor_f32(2, s2, "c"), e = test_tensor_f32(1, &s0, "e");
+  loom_tensor_t *grads[4] = {&a, &b, &e, &c};
+  const int64_t total = 1 + 7 + 300;
+  float keep[308], now[308];
+  test_fill_uniform(&rng, fdata(&a), 1, -1, 1);
+  test_fill_uniform(&rng, fdata(&b), 7, -1, 1);
+  test_fill_uniform(&rng, fdata(&c), 300, -1, 1);
+  memcpy(keep, a.data, 4);
+  memcpy(keep + 1, b.data, 28);
+  memcpy(keep + 8, c.data, 1200);
+  double sumsq = 0.0;
+  for (int64_t i = 0; i < total; i++) {
+    sumsq += (double)keep[i] * keep[i];
+  }
+  double norm = sqrt(sumsq);
+  // Above the norm, at 0 and below 0: only measured, bitwise untouched.
+  static const float no_clip[] = {1e9f, 0.0f, -1.0f, INFINITY};
+  for (size_t k = 0; k < sizeof no_clip / sizeof no_clip[0]; k++) {
+    float got = -1.0f;
+    CHECK(loom_clip_grad_norm(grads, 4, no_clip[k], &got) == LOOM_OK, "%s", loom_last_error(NULL));
+    CHECK(fabs(got - norm) <= 1e-6 * norm, "max_norm %g: norm %.9g want %.9g", (double)no_clip[k],
+          (double)got, norm);
+    memcpy(now, a.data, 4);
+    memcpy(now + 1, b.data, 28);
+    memcpy(now + 8, c.data, 1200);
+    CHECK(!memcmp(now, keep, sizeof keep), "max_norm %g changed the gradients", (double)no_clip[k]);
+  }
+  // Below the norm: every gradient scaled by max_norm / (norm + 1e-6); the new norm is max_norm.
+  const float max_norm = (float)(norm / 3.0);
+  float got = -1.0f;
+  CHECK(loom_clip_grad_norm(grads, 4, max_norm, &got) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(fabs(got - norm) <= 1e-6 * norm, "clip: reported %.9g want %.9g (before clipping)",
+        (double)got, norm);
+  double coef = (double)max_norm / (norm + 1e-6), want[308];
+  for (int64_t i = 0; i < total; i++) {
+    want[i] = keep[i] * coef;
+  }
+  CHECK(test_compare("clip a", fdata(&a), want, 1, 0, 1e-6) == 0, "clipped a");
+  CHECK(test_compare("clip b", fdata(&b), want + 1, 7, 0, 1e-6) == 0, "clipped b");
+  CHECK(test_compare("clip c", fdata(&c), want + 8, 300, 0, 1e-6) == 0, "clipped c");
+  loom_tensor_t *cat[3] = {&a, &b, &c};
+  CHECK(loom_clip_grad_norm(cat, 3, 0.0f, &got) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(fabs(got - max_norm) <= 1e-5 * max_norm, "norm after clipping %.9g want %.9g", (double)got,
+        (double)max_norm);
+  // NULL global_norm and n = 0 are fine; n = 0 measures 0.
+  CHECK(loom_clip_grad_norm(grads, 4, 1.0f, NULL) == LOOM_OK, "%s", loom_last_error(NULL));
+  got = -1.0f;
+  CHECK(loom_clip_grad_norm(NULL, 0, 1.0f, &got) == LOOM_OK && got == 0.0f, "n = 0: %g, %s",
+        (double)got, loom_last_error(NULL));
+  // A non-finite norm is reported and nothing is scaled (0 * Inf would make NaN).
+  fdata(&b)[2] = INFINITY;
+  memcpy(now, b.data, 28);
+  CHECK(loom_clip_grad_norm(grads, 4, 1.0f, &got) == LOOM_OK && isinf(got), "Inf norm: %g",
+        (double)got);
+  CHECK(!memcmp(now, b.data, 28), "an infinite norm scaled the gradients");
+  loom_tensor_free(&a);
+  loom_tensor_free(&b);
+  loom_tensor_free(&c);
+  loom_tensor_free(&e);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bad arguments: LOOM_ERR_INVALID_ARG, a message naming the op, and nothing written.
+
+static void test_bad_args(void) {
+  static const char ao[] = "loom_adamw_update", so[] = "loom_sgd_update";
+  static const char co[] = "loom_clip_grad_norm";
+  int64_t n = 4, n5 = 5, s22[2] = {2, 2};
+  loom_tensor_t p = test_tensor_f32(1, &n, "p"), g = test_tensor_f32(1, &n, "g");
+  loom_tensor_t m = test_tensor_f32(1, &n, "m"), v = test_tensor_f32(1, &n, "v");
+  loom_tensor_t b = test_tensor_f32(1, &n, "b"), g5 = test_tensor_f32(1, &n5, "g5");
+  loom_tensor_t g22 = test_tensor_f32(2, s22, "g22"), m16 = tensor_of(LOOM_F16, 1, &n, "m16");
+  for (int i = 0; i < 4; i++) {
+    fdata(&p)[i] = 1.0f + (float)i;
+    fdata(&g)[i] = 0.5f;
+    fdata(&m)[i] = 0.25f;
+    fdata(&v)[i] = 0.125f;
+    fdata(&b)[i] = 2.0f;
+  }
+  float keep[5][4];
+  loom_tensor_t *mine[5] = {&p, &g, &m, &v, &b};
+  for (int k = 0; k < 5; k++) {
+    memcpy(keep[k], mine[k]->data, sizeof keep[k]);
+  }
+  const loom_adamw_t good_a = {1e-3f, 0.9f, 0.999f, 1e-8f, 0.01f, 1};
+  const loom_sgd_t good_s = {0.1f, 0.9f, 0.0f, 0};
+  loom_adamw_t ha;
+  loom_sgd_t hs;
+
+  loom_error_clear();
+  expect_fail(loom_adamw_update(NULL, &g, &m, &v, &good_a), LOOM_ERR_INVALID_ARG, ao, "NULL p");
+  expect_fail(loom_adamw_update(&p, NULL, &m, &v, &good_a), LOOM_ERR_INVALID_ARG, ao, "NULL g");
+  expect_fail(loom_adamw_update(&p, &g, NULL, &v, &good_a), LOOM_ERR_INVALID_ARG, ao, "NULL m");
+  expect_fail(loom_adamw_update(&p, &g, &m, NULL, &good_a), LOOM_ERR_INVALID_ARG, ao, "NULL v");
+  expect_fail(loom_adamw_update(&p, &g, &m, &v, NULL), LOOM_ERR_INVALID_ARG, ao, "NULL hp");
+  expect_fail(loom_adamw_update(&p, &g5, &m, &v, &good_a), LOOM_ERR_INVALID_ARG, ao, "grad (5)");
+  expect_fail(loom_adamw_update(&p, &g22, &m, &v, &good_a), LOOM_ERR_INVALID_ARG, ao,
+              "grad (2, 2) for param (4)");
+  expect_fail(loom_adamw_update(&p, &g, &m16, &v, &good_a), LOOM_ERR_INVALID_ARG, ao, "f16 m");
+  expect_fail(loom_adamw_update(&p, &g, &m, &m, &good_a), LOOM_ERR_INVALID_ARG, ao, "m is v");
+  expect_fail(loom_adamw_update(&p, &p, &m, &v, &good_a), LOOM_ERR_INVALID_ARG, ao, "grad is p");
+  struct {
+    int field;
+    float value;
+  } bad_a[] = {{0, -1e-3f},   {0, NAN},   {0, INFINITY}, {1, 1.0f},    {1, -0.1f},  {1, NAN},
+               {2, 1.0f},     {2, 1.5f},  {2, NAN},      {3, 0.0f},    {3, -1e-8f}, {3, NAN},
+               {3, INFINITY}, {4, -0.1f}, {4, NAN},      {4, INFINITY}};
+  for (size_t k = 0; k < sizeof bad_a / sizeof bad_a[0]; k++) {
+    ha = good_a;
+    float *f[5] = {&ha.lr, &ha.beta1, &ha.beta2, &ha.eps, &ha.weight_decay};
+    *f[bad_a[k].field] = bad_a[k].value;
+    expect_fail(loom_adamw_update(&p, &g, &m, &v, &ha), LOOM_ERR_INVALID_ARG, ao,
+                "bad hyperparameter");
+  }
+  ha = good_a;
+  ha.step = 0;
+  expect_fail(loom_adamw_update(&p, &g, &m, &v, &ha), LOOM_ERR_INVALID_ARG, ao, "step 0");
+  ha.step = -3;
+  expect_fail(loom_adamw_update(&p, &g, &m, &v, &ha), LOOM_ERR_INVALID_ARG, ao, "step -3");
+
+  expect_fail(loom_sgd_update(NULL, &g, &b, &good_s), LOOM_ERR_INVALID_ARG, so, "NULL p");
+  expect_fail(loom_sgd_update(&p, NULL, &b, &good_s), LOOM_ERR_INVALID_ARG, so, "NULL g");
+  expect_fail(loom_sgd_update(&p, &g, NULL, &good_s), LOOM_ERR_INVALID_ARG, so,
+              "NULL buf with momentum");
+  expect_fail(loom_sgd_update(&p, &g, &b, NULL), LOOM_ERR_INVALID_ARG, so, "NULL hp");
+  expect_fail(loom_sgd_update(&p, &g5, &b, &good_s), LOOM_ERR_INVALID_ARG, so, "grad (5)");
+  expect_fail(loom_sgd_update(&p, &g, &g5, &good_s), LOOM_ERR_INVALID_ARG, so, "buf (5)");
+  expect_fail(loom_sgd_update(&p, &g, &m16, &good_s), LOOM_ERR_INVALID_ARG, so, "f16 buf");
+  expect_fail(loom_sgd_update(&p, &g, &g, &good_s), LOOM_ERR_INVALID_ARG, so, "buf is grad");
+  struct {
+    int field;
+    float value;
+  } bad_s[] = {{0, -0.1f}, {0, NAN},      {0, INFINITY}, {1, -0.5f},
+               {1, NAN},   {1, INFINITY}, {2, -1e-4f},   {2, NAN}};
+  for (size_t k = 0; k < sizeof bad_s / sizeof bad_s[0]; k++) {
+    hs = good_s;
+    float *f[3] = {&hs.lr, &hs.momentum, &hs.weight_decay};
+    *f[bad_s[k].field] = bad_s[k].value;
+    expect_fail(loom_sgd_update(&p, &g, &b, &hs), LOOM_ERR_INVALID_ARG, so, "bad hyperparameter");
+  }
+  hs = good_s;
+  hs.nesterov = 2;
+  expect_fail(loom_sgd_update(&p, &g, &b, &hs), LOOM_ERR_INVALID_ARG, so, "nesterov 2");
+  hs.nesterov = 1;
+  hs.momentum = 0.0f;
+  expect_fail(loom_sgd_update(&p, &g, &b, &hs), LOOM_ERR_INVALID_ARG, so,
+              "nesterov without momentum");
+
+  loom_tensor_t *list[3] = {&g, &m, NULL};
+  float norm = 42.0f;
+  expect_fail(loom_clip_grad_norm(list, -1, 1.0f, &norm), LOOM_ERR_INVALID_ARG, co, "n -1");
+  expect_fail(loom_clip_grad_norm(NULL, 2, 1.0f, &norm), LOOM_ERR_INVALID_ARG, co, "NULL grads");
+  expect_fail(loom_clip_grad_norm(list, 3, 1e-3f, &norm), LOOM_ERR_INVALID_ARG, co,
+              "NULL grads[2]");
+  list[2] = &m16;
+  expect_fail(loom_clip_grad_norm(list, 3, 1e-3f, &norm), LOOM_ERR_INVALID_ARG, co, "f16 grads[2]");
+  expect_fail(loom_clip_grad_norm(list, 2, NAN, &norm), LOOM_ERR_INVALID_ARG, co, "NaN max_norm");
+  loom_tensor_t on_gpu = g;
+  on_gpu.device = 0;
+  list[0] = &on_gpu;
+  expect_fail(loom_clip_grad_norm(list, 2, 1e-3f, &norm), LOOM_ERR_UNSUPPORTED, co,
+              "CUDA grads[0]");
+  list[0] = &g;
+  list[1] = &on_gpu;
+  expect_fail(loom_clip_grad_norm(list, 2, 1e-3f, &norm), LOOM_ERR_INVALID_ARG, co,
+              "grads[1] on another device");
+  CHECK(norm == 42.0f, "global_norm written by a failed call");
+
+  for (int k = 0; k < 5; k++) {
+    CHECK(!memcmp(keep[k], mine[k]->data, sizeof keep[k]), "%s written by a failed call",
+          mine[k]->name);
+  }
+  loom_tensor_t *all[] = {&p, &g, &m, &v, &b, &g5, &g22, &m16};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    loom_tensor_free(all[i]);
+  }
+}
+
+int main(void) {
+  test_adamw();
+  test_sgd();
+  test_clip();
+  test_bad_args();
+  return check_exit("test_ops_optim");
+}
