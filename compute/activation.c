@@ -12,25 +12,6 @@
 // ---------------------------------------------------------------------------------------------
 // Shared checks.
 
-// t (already checked) viewed as a matrix must be (rows, cols), the view of ref.
-static loom_status_t check_same_matrix(const char *op, const char *name, const loom_tensor_t *t,
-                                       const char *ref_name, const loom_tensor_t *ref, int64_t rows,
-                                       int64_t cols) {
-  int64_t r = 1;
-  for (int i = 0; i < t->ndim - 1; i++) {
-    r *= t->shape[i];
-  }
-  if (t->ndim >= 1 && r == rows && t->shape[t->ndim - 1] == cols) {
-    return LOOM_OK;
-  }
-  char ts[LOOM_SHAPE_STR_MAX], rs[LOOM_SHAPE_STR_MAX];
-  return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                    "%s: %s %s does not match %s %s: expected (%lld, %lld) rows and columns "
-                    "(leading dimensions may be flattened)",
-                    op, name, loom_shape_str(t, ts), ref_name, loom_shape_str(ref, rs),
-                    (long long)rows, (long long)cols);
-}
-
 static loom_status_t check_same_numel(const char *op, const char *name, const loom_tensor_t *t,
                                       const char *ref_name, const loom_tensor_t *ref) {
   if (loom_tensor_numel(t) == loom_tensor_numel(ref)) {
@@ -98,7 +79,7 @@ loom_status_t loom_softmax_forward(loom_tensor_t *out, const loom_tensor_t *in) 
   int64_t N, C, out_rows, out_cols;
   if ((status = loom_arg_matrix(op, "out", out, LOOM_F32, dev, &out_rows, &out_cols)) != LOOM_OK ||
       (status = loom_arg_matrix(op, "in", in, LOOM_F32, dev, &N, &C)) != LOOM_OK ||
-      (status = check_same_matrix(op, "out", out, "in", in, N, C)) != LOOM_OK ||
+      (status = loom_arg_like(op, "out", out, "in", in, N, C)) != LOOM_OK ||
       (status = loom_arg_disjoint(op, "out", out, "in", in, 1)) != LOOM_OK) {
     return status;
   }
@@ -118,8 +99,8 @@ loom_status_t loom_softmax_backward(loom_tensor_t *din, const loom_tensor_t *out
   if ((status = loom_arg_matrix(op, "din", din, LOOM_F32, dev, &rows, &cols)) != LOOM_OK ||
       (status = loom_arg_matrix(op, "out", out, LOOM_F32, dev, &N, &C)) != LOOM_OK ||
       (status = loom_arg_matrix(op, "dout", dout, LOOM_F32, dev, &rows, &cols)) != LOOM_OK ||
-      (status = check_same_matrix(op, "din", din, "out", out, N, C)) != LOOM_OK ||
-      (status = check_same_matrix(op, "dout", dout, "out", out, N, C)) != LOOM_OK ||
+      (status = loom_arg_like(op, "din", din, "out", out, N, C)) != LOOM_OK ||
+      (status = loom_arg_like(op, "dout", dout, "out", out, N, C)) != LOOM_OK ||
       (status = loom_arg_disjoint(op, "din", din, "out", out, 1)) != LOOM_OK ||
       (status = loom_arg_disjoint(op, "din", din, "dout", dout, 1)) != LOOM_OK) {
     return status;

@@ -105,6 +105,24 @@ loom_status_t loom_arg_matrix(const char *op, const char *name, const loom_tenso
   return LOOM_OK;
 }
 
+loom_status_t loom_arg_like(const char *op, const char *name, const loom_tensor_t *t,
+                            const char *ref_name, const loom_tensor_t *ref, int64_t rows,
+                            int64_t cols) {
+  int64_t r = 1;
+  for (int i = 0; i < t->ndim - 1; i++) {
+    r *= t->shape[i];
+  }
+  if (t->ndim >= 1 && r == rows && t->shape[t->ndim - 1] == cols) {
+    return LOOM_OK;
+  }
+  char ts[LOOM_SHAPE_STR_MAX], rs[LOOM_SHAPE_STR_MAX];
+  return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                    "%s: %s %s does not match %s %s: expected (%lld, %lld) rows and columns "
+                    "(leading dimensions may be flattened)",
+                    op, name, loom_shape_str(t, ts), ref_name, loom_shape_str(ref, rs),
+                    (long long)rows, (long long)cols);
+}
+
 loom_status_t loom_arg_numel(const char *op, const char *name, const loom_tensor_t *t,
                              loom_dtype_t dtype, int device, int64_t n) {
   loom_status_t status = loom_arg_tensor(op, name, t, dtype, device);

@@ -29,6 +29,12 @@ loom_status_t loom_arg_tensor(const char *op, const char *name, const loom_tenso
 loom_status_t loom_arg_matrix(const char *op, const char *name, const loom_tensor_t *t,
                               loom_dtype_t dtype, int device, int64_t *rows, int64_t *cols);
 
+// t (already checked) viewed as a matrix must be (rows, cols), the matrix view of ref: the
+// product of its leading extents is rows and its last extent cols. The message names t and ref.
+loom_status_t loom_arg_like(const char *op, const char *name, const loom_tensor_t *t,
+                            const char *ref_name, const loom_tensor_t *ref, int64_t rows,
+                            int64_t cols);
+
 // As loom_arg_tensor, and t holds exactly n elements (any shape).
 loom_status_t loom_arg_numel(const char *op, const char *name, const loom_tensor_t *t,
                              loom_dtype_t dtype, int device, int64_t n);

@@ -13,24 +13,6 @@
 // ---------------------------------------------------------------------------------------------
 // Shared checks.
 
-// t (already checked) viewed as a matrix must be (rows, cols), the view of in.
-static loom_status_t check_like_in(const char *op, const char *name, const loom_tensor_t *t,
-                                   const loom_tensor_t *in, int64_t rows, int64_t cols) {
-  int64_t r = 1;
-  for (int i = 0; i < t->ndim - 1; i++) {
-    r *= t->shape[i];
-  }
-  if (t->ndim >= 1 && r == rows && t->shape[t->ndim - 1] == cols) {
-    return LOOM_OK;
-  }
-  char ts[LOOM_SHAPE_STR_MAX], is[LOOM_SHAPE_STR_MAX];
-  return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                    "%s: %s %s does not match in %s: expected (%lld, %lld) rows and columns "
-                    "(leading dimensions may be flattened)",
-                    op, name, loom_shape_str(t, ts), loom_shape_str(in, is), (long long)rows,
-                    (long long)cols);
-}
-
 // t (already checked) must be a vector (C) over the last dimension of in.
 static loom_status_t check_channels(const char *op, const char *name, const loom_tensor_t *t,
                                     const loom_tensor_t *in, int64_t C) {
@@ -90,7 +72,7 @@ loom_status_t loom_layernorm_forward(loom_tensor_t *out, loom_tensor_t *mean, lo
     return status;
   }
   if ((status = check_nonempty_rows(op, in, N, C)) != LOOM_OK ||
-      (status = check_like_in(op, "out", out, in, N, C)) != LOOM_OK ||
+      (status = loom_arg_like(op, "out", out, "in", in, N, C)) != LOOM_OK ||
       (status = check_per_row(op, "mean", mean, in, N)) != LOOM_OK ||
       (status = check_per_row(op, "rstd", rstd, in, N)) != LOOM_OK ||
       (status = check_channels(op, "weight", weight, in, C)) != LOOM_OK ||
@@ -148,8 +130,8 @@ loom_status_t loom_layernorm_backward(loom_tensor_t *din, loom_tensor_t *dweight
     return status;
   }
   if ((status = check_nonempty_rows(op, in, N, C)) != LOOM_OK ||
-      (status = check_like_in(op, "din", din, in, N, C)) != LOOM_OK ||
-      (status = check_like_in(op, "dout", dout, in, N, C)) != LOOM_OK ||
+      (status = loom_arg_like(op, "din", din, "in", in, N, C)) != LOOM_OK ||
+      (status = loom_arg_like(op, "dout", dout, "in", in, N, C)) != LOOM_OK ||
       (status = check_channels(op, "dweight", dweight, in, C)) != LOOM_OK ||
       (status = check_channels(op, "dbias", dbias, in, C)) != LOOM_OK ||
       (status = check_channels(op, "weight", weight, in, C)) != LOOM_OK ||

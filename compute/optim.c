@@ -14,6 +14,12 @@
 // ---------------------------------------------------------------------------------------------
 // Shared checks
 
+// t (an optimizer state or gradient) must be f32 with param's shape, on param's device.
+static loom_status_t check_like_param(const char *op, const char *name, const loom_tensor_t *t,
+                                      const loom_tensor_t *param) {
+  return loom_arg_shape(op, name, t, LOOM_F32, param->device, param->ndim, param->shape);
+}
+
 // The n tensors must use separate memory: the kernels update them through restrict pointers.
 static loom_status_t check_disjoint(const char *op, int n, const loom_tensor_t *const *t,
                                     const char *const *names) {
@@ -27,6 +33,20 @@ static loom_status_t check_disjoint(const char *op, int n, const loom_tensor_t *
     }
   }
   return LOOM_OK;
+}
+
+// param, the op's first tensor (f32, on a backend that is built), and grad (f32, param's shape
+// and device).
+static loom_status_t check_param_grad(const char *op, const loom_tensor_t *param,
+                                      const loom_tensor_t *grad) {
+  loom_status_t status = loom_arg_backend(op, "param", param);
+  if (status == LOOM_OK) {
+    status = loom_arg_tensor(op, "param", param, LOOM_F32, param->device);
+  }
+  if (status == LOOM_OK) {
+    status = check_like_param(op, "grad", grad, param);
+  }
+  return status;
 }
 
 // A hyperparameter field in [lo, hi) (hi_open) or [lo, hi]; NaN and infinities are rejected.
@@ -90,20 +110,12 @@ loom_status_t loom_clip_grad_norm(loom_tensor_t *const *grads, int n, float max_
 loom_status_t loom_adamw_update(loom_tensor_t *param, const loom_tensor_t *grad, loom_tensor_t *m,
                                 loom_tensor_t *v, const loom_adamw_t *hp) {
   static const char op[] = "loom_adamw_update";
-  loom_status_t status = loom_arg_backend(op, "param", param);
-  if (status != LOOM_OK) {
-    return status;
-  }
-  int dev = param->device;
-  status = loom_arg_tensor(op, "param", param, LOOM_F32, dev);
+  loom_status_t status = check_param_grad(op, param, grad);
   if (status == LOOM_OK) {
-    status = loom_arg_shape(op, "grad", grad, LOOM_F32, dev, param->ndim, param->shape);
+    status = check_like_param(op, "m", m, param);
   }
   if (status == LOOM_OK) {
-    status = loom_arg_shape(op, "m", m, LOOM_F32, dev, param->ndim, param->shape);
-  }
-  if (status == LOOM_OK) {
-    status = loom_arg_shape(op, "v", v, LOOM_F32, dev, param->ndim, param->shape);
+    status = check_like_param(op, "v", v, param);
   }
   if (status != LOOM_OK) {
     return status;
@@ -150,15 +162,7 @@ loom_status_t loom_adamw_update(loom_tensor_t *param, const loom_tensor_t *grad,
 loom_status_t loom_sgd_update(loom_tensor_t *param, const loom_tensor_t *grad, loom_tensor_t *buf,
                               const loom_sgd_t *hp) {
   static const char op[] = "loom_sgd_update";
-  loom_status_t status = loom_arg_backend(op, "param", param);
-  if (status != LOOM_OK) {
-    return status;
-  }
-  int dev = param->device;
-  status = loom_arg_tensor(op, "param", param, LOOM_F32, dev);
-  if (status == LOOM_OK) {
-    status = loom_arg_shape(op, "grad", grad, LOOM_F32, dev, param->ndim, param->shape);
-  }
+  loom_status_t status = check_param_grad(op, param, grad);
   if (status != LOOM_OK) {
     return status;
   }
@@ -193,7 +197,7 @@ loom_status_t loom_sgd_update(loom_tensor_t *param, const loom_tensor_t *grad, l
                         "param's shape",
                         op, (double)hp->momentum);
     }
-    status = loom_arg_shape(op, "buf", buf, LOOM_F32, dev, param->ndim, param->shape);
+    status = check_like_param(op, "buf", buf, param);
     if (status != LOOM_OK) {
       return status;
     }

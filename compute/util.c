@@ -9,19 +9,34 @@
 #include "cpu/util_cpu.h"
 #include "error.h"
 
+// ---------------------------------------------------------------------------------------------
+// Shared checks
+
+// The op's first tensor: present, on a backend that is built, f32.
+static loom_status_t check_first_f32(const char *op, const char *name, const loom_tensor_t *t) {
+  loom_status_t status = loom_arg_backend(op, name, t);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  return loom_arg_tensor(op, name, t, LOOM_F32, t->device);
+}
+
+static loom_status_t check_alpha(const char *op, float alpha) {
+  if (isfinite(alpha)) {
+    return LOOM_OK;
+  }
+  return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: alpha = %g, expected a finite value", op,
+                    (double)alpha);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ops
+
 loom_status_t loom_scale(loom_tensor_t *x, float alpha) {
   static const char op[] = "loom_scale";
-  loom_status_t status = loom_arg_backend(op, "x", x);
-  if (status != LOOM_OK) {
+  loom_status_t status = check_first_f32(op, "x", x);
+  if (status != LOOM_OK || (status = check_alpha(op, alpha)) != LOOM_OK) {
     return status;
-  }
-  status = loom_arg_tensor(op, "x", x, LOOM_F32, x->device);
-  if (status != LOOM_OK) {
-    return status;
-  }
-  if (!isfinite(alpha)) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: alpha = %g, expected a finite value", op,
-                      (double)alpha);
   }
   loom_cpu_scale(loom_tensor_numel(x), alpha, x->data);
   return LOOM_OK;
@@ -30,16 +45,8 @@ loom_status_t loom_scale(loom_tensor_t *x, float alpha) {
 loom_status_t loom_axpy(loom_tensor_t *y, float alpha, const loom_tensor_t *x) {
   static const char op[] = "loom_axpy";
   char s1[LOOM_SHAPE_STR_MAX], s2[LOOM_SHAPE_STR_MAX];
-  loom_status_t status = loom_arg_backend(op, "y", y);
-  if (status != LOOM_OK) {
-    return status;
-  }
-  status = loom_arg_tensor(op, "y", y, LOOM_F32, y->device);
-  if (status != LOOM_OK) {
-    return status;
-  }
-  status = loom_arg_tensor(op, "x", x, LOOM_F32, y->device);
-  if (status != LOOM_OK) {
+  loom_status_t status = check_first_f32(op, "y", y);
+  if (status != LOOM_OK || (status = loom_arg_tensor(op, "x", x, LOOM_F32, y->device)) != LOOM_OK) {
     return status;
   }
   if (loom_tensor_numel(x) != loom_tensor_numel(y)) {
@@ -54,9 +61,8 @@ loom_status_t loom_axpy(loom_tensor_t *y, float alpha, const loom_tensor_t *x) {
                       "y *= 1 + alpha)",
                       op, loom_shape_str(x, s1), loom_shape_str(y, s2));
   }
-  if (!isfinite(alpha)) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: alpha = %g, expected a finite value", op,
-                      (double)alpha);
+  if ((status = check_alpha(op, alpha)) != LOOM_OK) {
+    return status;
   }
   loom_cpu_axpy(loom_tensor_numel(y), alpha, x->data, y->data);
   return LOOM_OK;
@@ -64,11 +70,7 @@ loom_status_t loom_axpy(loom_tensor_t *y, float alpha, const loom_tensor_t *x) {
 
 loom_status_t loom_norm2(const loom_tensor_t *x, double *out) {
   static const char op[] = "loom_norm2";
-  loom_status_t status = loom_arg_backend(op, "x", x);
-  if (status != LOOM_OK) {
-    return status;
-  }
-  status = loom_arg_tensor(op, "x", x, LOOM_F32, x->device);
+  loom_status_t status = check_first_f32(op, "x", x);
   if (status != LOOM_OK) {
     return status;
   }

@@ -1,5 +1,5 @@
-/* testutil.h — helpers the compute tests share: a seeded random generator, random tensors,
- * and a tolerance comparison that reports the worst element. Header-only, static functions. */
+/* testutil.h — header-only helpers the compute tests share: a seeded random generator, host
+ * tensors, float buffers, a tolerance comparison, and checks of calls that must fail. */
 #ifndef LOOM_TESTS_TESTUTIL_H
 #define LOOM_TESTS_TESTUTIL_H
 
@@ -7,7 +7,10 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "check.h"
+#include "error.h"
 #include "loom.h"
 
 // xorshift64*: deterministic across platforms for a given seed.
@@ -71,14 +74,119 @@ static inline int64_t test_compare(const char *what, const float *got, const dou
   return bad;
 }
 
-// A host f32 tensor of the given shape; aborts the test on allocation failure.
-static inline loom_tensor_t test_tensor_f32(int ndim, const int64_t *shape, const char *name) {
+// ---------------------------------------------------------------------------------------------
+// Host tensors
+
+// A host tensor of dtype and the given shape; aborts the test on allocation failure.
+static inline loom_tensor_t test_tensor(loom_dtype_t dtype, int ndim, const int64_t *shape,
+                                        const char *name) {
   loom_tensor_t t;
-  if (loom_tensor_alloc(&t, LOOM_F32, LOOM_DEVICE_HOST, ndim, shape, name) != LOOM_OK) {
-    fprintf(stderr, "test_tensor_f32(%s): %s\n", name, loom_last_error(NULL));
+  if (loom_tensor_alloc(&t, dtype, LOOM_DEVICE_HOST, ndim, shape, name) != LOOM_OK) {
+    fprintf(stderr, "test_tensor(%s): %s\n", name, loom_last_error(NULL));
     exit(2);
   }
   return t;
 }
+
+// A host f32 tensor of the given shape; aborts the test on allocation failure.
+static inline loom_tensor_t test_tensor_f32(int ndim, const int64_t *shape, const char *name) {
+  return test_tensor(LOOM_F32, ndim, shape, name);
+}
+
+// The elements of an f32 tensor (NULL for an empty one).
+static inline float *test_floats(const loom_tensor_t *t) {
+  return (float *)t->data;
+}
+
+// Frees the n tensors t[0..n); TEST_FREE(&a, &b, ...) frees a list.
+static inline void test_free_tensors(loom_tensor_t *const *t, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    loom_tensor_free(t[i]);
+  }
+}
+#define TEST_FREE(...)                                                                             \
+  test_free_tensors((loom_tensor_t *const[]){__VA_ARGS__},                                         \
+                    sizeof((loom_tensor_t *const[]){__VA_ARGS__}) / sizeof(loom_tensor_t *))
+
+// ---------------------------------------------------------------------------------------------
+// Float buffers. n <= 0 never touches the pointers (an empty tensor's data is NULL).
+
+// x[0..n) = v (NaN marks outputs that a call must overwrite).
+static inline void test_fill_value(float *x, int64_t n, float v) {
+  for (int64_t i = 0; i < n; i++) {
+    x[i] = v;
+  }
+}
+
+// 1 when every one of x[0..n) has the bits of v (so NaN and -0 compare as themselves).
+static inline int test_all_equal(const float *x, int64_t n, float v) {
+  for (int64_t i = 0; i < n; i++) {
+    if (memcmp(&x[i], &v, sizeof v) != 0) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+// 1 when a[0..n) and b[0..n) hold the same bits.
+static inline int test_same_bits(const float *a, const float *b, int64_t n) {
+  return n <= 0 || memcmp(a, b, sizeof(float) * (size_t)n) == 0;
+}
+
+// dst[0..n) = src[0..n).
+static inline void test_copy_floats(float *dst, const float *src, int64_t n) {
+  if (n > 0) {
+    memcpy(dst, src, sizeof(float) * (size_t)n);
+  }
+}
+
+// sum(a * w) over n elements in double: the loss of the finite-difference checks.
+static inline double test_dot(const float *a, const float *w, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    s += (double)a[i] * (double)w[i];
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Calls that must fail
+
+#define TEST_STR_(x) #x
+#define TEST_STR(x)  TEST_STR_(x)
+// "file.c:123": where the macro stands, to label a failure.
+#define TEST_HERE __FILE__ ":" TEST_STR(__LINE__)
+
+// A call that returned got must have failed with want or also (pass want twice when only one
+// status will do) and left a last-error message that names op and contains needle (NULL: only
+// op). Failures are CHECKs labelled what; the error is cleared for the next call.
+static inline void test_expect_fail(loom_status_t got, loom_status_t want, loom_status_t also,
+                                    const char *op, const char *needle, const char *what) {
+  const char *msg = loom_last_error(NULL);
+  if (!needle) {
+    needle = "";
+  }
+  CHECK(got == want || got == also, "%s: got %s, want %s (last error: %s)", what,
+        loom_strerror(got), loom_strerror(want), msg);
+  CHECK(msg[0] != '\0' && strstr(msg, op) != NULL && strstr(msg, needle) != NULL,
+        "%s: message '%s' should name %s and contain '%s'", what, msg, op, needle);
+  loom_error_clear();
+}
+
+// Clears the last error, runs call and checks that it fails with LOOM_ERR_INVALID_ARG and a
+// message naming op and containing needle; a failure names the line of the EXPECT_FAIL.
+#define EXPECT_FAIL(call, op, needle)                                                              \
+  do {                                                                                             \
+    loom_error_clear();                                                                            \
+    test_expect_fail((call), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, op, needle, TEST_HERE);   \
+  } while (0)
+
+// As EXPECT_FAIL for a call whose first tensor is on a CUDA device: LOOM_ERR_UNSUPPORTED (no CUDA
+// compute backend) or LOOM_ERR_INVALID_ARG.
+#define EXPECT_FAIL_DEVICE(call, op, needle)                                                       \
+  do {                                                                                             \
+    loom_error_clear();                                                                            \
+    test_expect_fail((call), LOOM_ERR_UNSUPPORTED, LOOM_ERR_INVALID_ARG, op, needle, TEST_HERE);   \
+  } while (0)
 
 #endif

@@ -34,38 +34,6 @@
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-static loom_tensor_t tensor_of(loom_dtype_t dtype, int ndim, const int64_t *shape,
-                               const char *name) {
-  loom_tensor_t t;
-  if (loom_tensor_alloc(&t, dtype, LOOM_DEVICE_HOST, ndim, shape, name) != LOOM_OK) {
-    fprintf(stderr, "tensor_of(%s): %s\n", name, loom_last_error(NULL));
-    exit(2);
-  }
-  return t;
-}
-
-static void fill_value(loom_tensor_t *t, float x) {
-  float *p = t->data;
-  for (int64_t i = 0; i < loom_tensor_numel(t); i++) {
-    p[i] = x;
-  }
-}
-
-static int all_equal(const loom_tensor_t *t, float x) {
-  const float *p = t->data;
-  for (int64_t i = 0; i < loom_tensor_numel(t); i++) {
-    if (memcmp(&p[i], &x, sizeof x) != 0) {
-      return 0;
-    }
-  }
-  return 1;
-}
-
-static int same_bits(const loom_tensor_t *a, const loom_tensor_t *b) {
-  return loom_tensor_bytes(a) == loom_tensor_bytes(b) &&
-         (loom_tensor_bytes(a) == 0 || memcmp(a->data, b->data, loom_tensor_bytes(a)) == 0);
-}
-
 static double max_abs(const double *x, int64_t n) {
   double m = 0;
   for (int64_t i = 0; i < n; i++) {
@@ -83,6 +51,24 @@ typedef struct batch {
   double *r_out, *r_lse, *r_dq, *r_dk, *r_dv; // reference, same layouts
 } batch_t;
 
+// The outputs of a call (out, lse, dq, dk, dv): set every element to x, or check that each is x.
+static void fill_outputs(batch_t *t, float x) {
+  loom_tensor_t *o[] = {&t->out, &t->lse, &t->dq, &t->dk, &t->dv};
+  for (size_t i = 0; i < sizeof o / sizeof o[0]; i++) {
+    test_fill_value(o[i]->data, loom_tensor_numel(o[i]), x);
+  }
+}
+
+static int outputs_equal(const batch_t *t, float x) {
+  const loom_tensor_t *o[] = {&t->out, &t->lse, &t->dq, &t->dk, &t->dv};
+  for (size_t i = 0; i < sizeof o / sizeof o[0]; i++) {
+    if (!test_all_equal(o[i]->data, loom_tensor_numel(o[i]), x)) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
 static void batch_init(batch_t *t, test_rng_t *rng, int B, const int *lq, const int *lk, int H,
                        int H_kv, int D, int causal, float scale, double qk_range) {
   memset(t, 0, sizeof *t);
@@ -93,8 +79,8 @@ static void batch_init(batch_t *t, test_rng_t *rng, int B, const int *lq, const 
   t->causal = causal;
   t->scale = scale;
   const int64_t cu_shape[1] = {B + 1};
-  t->cu_q = tensor_of(LOOM_I32, 1, cu_shape, "cu_seqlens_q");
-  t->cu_k = tensor_of(LOOM_I32, 1, cu_shape, "cu_seqlens_k");
+  t->cu_q = test_tensor(LOOM_I32, 1, cu_shape, "cu_seqlens_q");
+  t->cu_k = test_tensor(LOOM_I32, 1, cu_shape, "cu_seqlens_k");
   int32_t *cq = t->cu_q.data, *ck = t->cu_k.data;
   cq[0] = ck[0] = 0;
   for (int b = 0; b < B; b++) {
@@ -104,33 +90,26 @@ static void batch_init(batch_t *t, test_rng_t *rng, int B, const int *lq, const 
   t->total_q = cq[B];
   t->total_k = ck[B];
   const int64_t qs[3] = {t->total_q, H, D}, ks[3] = {t->total_k, H_kv, D}, ls[2] = {H, t->total_q};
-  t->q = tensor_of(LOOM_F32, 3, qs, "q");
-  t->k = tensor_of(LOOM_F32, 3, ks, "k");
-  t->v = tensor_of(LOOM_F32, 3, ks, "v");
-  t->dout = tensor_of(LOOM_F32, 3, qs, "dout");
-  t->out = tensor_of(LOOM_F32, 3, qs, "out");
-  t->lse = tensor_of(LOOM_F32, 2, ls, "lse");
-  t->dq = tensor_of(LOOM_F32, 3, qs, "dq");
-  t->dk = tensor_of(LOOM_F32, 3, ks, "dk");
-  t->dv = tensor_of(LOOM_F32, 3, ks, "dv");
+  t->q = test_tensor(LOOM_F32, 3, qs, "q");
+  t->k = test_tensor(LOOM_F32, 3, ks, "k");
+  t->v = test_tensor(LOOM_F32, 3, ks, "v");
+  t->dout = test_tensor(LOOM_F32, 3, qs, "dout");
+  t->out = test_tensor(LOOM_F32, 3, qs, "out");
+  t->lse = test_tensor(LOOM_F32, 2, ls, "lse");
+  t->dq = test_tensor(LOOM_F32, 3, qs, "dq");
+  t->dk = test_tensor(LOOM_F32, 3, ks, "dk");
+  t->dv = test_tensor(LOOM_F32, 3, ks, "dv");
   test_fill_uniform(rng, t->q.data, loom_tensor_numel(&t->q), -qk_range, qk_range);
   test_fill_uniform(rng, t->k.data, loom_tensor_numel(&t->k), -qk_range, qk_range);
   test_fill_uniform(rng, t->v.data, loom_tensor_numel(&t->v), -1, 1);
   test_fill_uniform(rng, t->dout.data, loom_tensor_numel(&t->dout), -1, 1);
   // Outputs start as NaN: every element must be overwritten.
-  fill_value(&t->out, NAN);
-  fill_value(&t->lse, NAN);
-  fill_value(&t->dq, NAN);
-  fill_value(&t->dk, NAN);
-  fill_value(&t->dv, NAN);
+  fill_outputs(t, NAN);
 }
 
 static void batch_free(batch_t *t) {
-  loom_tensor_t *all[] = {&t->cu_q, &t->cu_k, &t->q,  &t->k,  &t->v, &t->dout,
-                          &t->out,  &t->lse,  &t->dq, &t->dk, &t->dv};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    loom_tensor_free(all[i]);
-  }
+  TEST_FREE(&t->cu_q, &t->cu_k, &t->q, &t->k, &t->v, &t->dout, &t->out, &t->lse, &t->dq, &t->dk,
+            &t->dv);
   free(t->r_out);
   free(t->r_lse);
   free(t->r_dq);
@@ -286,13 +265,13 @@ static void check_batch(const char *name, batch_t *t) {
   }
 
   // Determinism: a second backward gives the same bits (GQA sums in a fixed order).
-  loom_tensor_t dq2 = tensor_of(LOOM_F32, 3, t->dq.shape, "dq2");
-  loom_tensor_t dk2 = tensor_of(LOOM_F32, 3, t->dk.shape, "dk2");
-  loom_tensor_t dv2 = tensor_of(LOOM_F32, 3, t->dv.shape, "dv2");
+  loom_tensor_t dq2 = test_tensor(LOOM_F32, 3, t->dq.shape, "dq2");
+  loom_tensor_t dk2 = test_tensor(LOOM_F32, 3, t->dk.shape, "dk2");
+  loom_tensor_t dv2 = test_tensor(LOOM_F32, 3, t->dv.shape, "dv2");
   st = loom_attention_backward(&dq2, &dk2, &dv2, &t->dout, &t->q, &t->k, &t->v, &t->out, &t->lse,
                                &t->cu_q, &t->cu_k, t->causal, t->scale);
-  CHECK(st == LOOM_OK && same_bits(&dq2, &t->dq) && same_bits(&dk2, &t->dk) &&
-            same_bits(&dv2, &t->dv),
+  CHECK(st == LOOM_OK && test_same_bits(dq2.data, t->dq.data, nq) &&
+            test_same_bits(dk2.data, t->dk.data, nk) && test_same_bits(dv2.data, t->dv.data, nk),
         "%s: a second backward differs", name);
   loom_tensor_free(&dq2);
   loom_tensor_free(&dk2);
@@ -379,12 +358,7 @@ static double fd_loss(batch_t *t, const float *w) {
   loom_status_t st = loom_attention_forward(&t->out, &t->lse, &t->q, &t->k, &t->v, &t->cu_q,
                                             &t->cu_k, t->causal, t->scale);
   CHECK(st == LOOM_OK, "fd forward: %s", loom_last_error(NULL));
-  const float *o = t->out.data;
-  double loss = 0;
-  for (int64_t i = 0; i < loom_tensor_numel(&t->out); i++) {
-    loss += (double)o[i] * w[i];
-  }
-  return loss;
+  return test_dot(t->out.data, w, loom_tensor_numel(&t->out));
 }
 
 static void test_finite_differences(void) {
@@ -428,27 +402,11 @@ static void test_finite_differences(void) {
 
 #define SENTINEL 7.0f
 
-static void reset_outputs(batch_t *t) {
-  fill_value(&t->out, SENTINEL);
-  fill_value(&t->lse, SENTINEL);
-  fill_value(&t->dq, SENTINEL);
-  fill_value(&t->dk, SENTINEL);
-  fill_value(&t->dv, SENTINEL);
-}
-
 static void expect_bad(batch_t *t, loom_status_t got, loom_status_t want, const char *op,
                        const char *needle, const char *what) {
-  const char *msg = loom_last_error(NULL);
-  CHECK(got == want, "%s: got %s, want %s (last error: %s)", what, loom_strerror(got),
-        loom_strerror(want), msg);
-  CHECK(strstr(msg, op) != NULL && strstr(msg, needle) != NULL,
-        "%s: message '%s' should name %s and contain '%s'", what, msg, op, needle);
-  CHECK(all_equal(&t->out, SENTINEL) && all_equal(&t->lse, SENTINEL) &&
-            all_equal(&t->dq, SENTINEL) && all_equal(&t->dk, SENTINEL) &&
-            all_equal(&t->dv, SENTINEL),
-        "%s: an output was written", what);
-  loom_error_clear();
-  reset_outputs(t);
+  test_expect_fail(got, want, want, op, needle, what);
+  CHECK(outputs_equal(t, SENTINEL), "%s: an output was written", what);
+  fill_outputs(t, SENTINEL);
 }
 
 static loom_status_t fwd(batch_t *t, loom_tensor_t *out, loom_tensor_t *lse, loom_tensor_t *q,
@@ -464,7 +422,7 @@ static void test_bad_args(void) {
   const int lq[3] = {12, 0, 2}, lk[3] = {12, 3, 4};
   batch_t t;
   batch_init(&t, &rng, 3, lq, lk, 4, 2, 8, 1, 0.0f, 1.0);
-  reset_outputs(&t);
+  fill_outputs(&t, SENTINEL);
   int32_t *cq = t.cu_q.data, *ck = t.cu_k.data;
 
   // cu_seqlens values.
@@ -486,18 +444,19 @@ static void test_bad_args(void) {
   ck[0] = 0;
   CHECK(fwd(&t, &t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0) == LOOM_OK,
         "restored arguments: %s", loom_last_error(NULL));
-  reset_outputs(&t);
+  fill_outputs(&t, SENTINEL);
 
   // Shapes.
   const int64_t s_kd[3] = {19, 2, 4}, s_v[3] = {19, 1, 8}, s_h3[3] = {19, 3, 8}, s_lse[2] = {4, 13};
   const int64_t s_out[3] = {14, 4, 9}, s_cu[1] = {3}, s_q4[4] = {14, 4, 8, 1};
-  loom_tensor_t kd = tensor_of(LOOM_F32, 3, s_kd, "k"), v1 = tensor_of(LOOM_F32, 3, s_v, "v");
-  loom_tensor_t h3 = tensor_of(LOOM_F32, 3, s_h3, "k"), lse2 = tensor_of(LOOM_F32, 2, s_lse, "lse");
-  loom_tensor_t out2 = tensor_of(LOOM_F32, 3, s_out, "out"),
-                cu2 = tensor_of(LOOM_I32, 1, s_cu, "cu");
-  loom_tensor_t q4 = tensor_of(LOOM_F32, 4, s_q4, "q");
-  loom_tensor_t qbf = tensor_of(LOOM_BF16, 3, t.q.shape, "q");
-  loom_tensor_t cuf = tensor_of(LOOM_F32, 1, t.cu_q.shape, "cu");
+  loom_tensor_t kd = test_tensor(LOOM_F32, 3, s_kd, "k"), v1 = test_tensor(LOOM_F32, 3, s_v, "v");
+  loom_tensor_t h3 = test_tensor(LOOM_F32, 3, s_h3, "k"),
+                lse2 = test_tensor(LOOM_F32, 2, s_lse, "lse");
+  loom_tensor_t out2 = test_tensor(LOOM_F32, 3, s_out, "out"),
+                cu2 = test_tensor(LOOM_I32, 1, s_cu, "cu");
+  loom_tensor_t q4 = test_tensor(LOOM_F32, 4, s_q4, "q");
+  loom_tensor_t qbf = test_tensor(LOOM_BF16, 3, t.q.shape, "q");
+  loom_tensor_t cuf = test_tensor(LOOM_F32, 1, t.cu_q.shape, "cu");
   expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &kd, &t.v, &t.cu_q, &t.cu_k, 0),
              LOOM_ERR_INVALID_ARG, F, "k is (19, 2, 4)", "k with another D");
   expect_bad(&t, fwd(&t, &t.out, &t.lse, &t.q, &t.k, &v1, &t.cu_q, &t.cu_k, 0),
@@ -541,11 +500,11 @@ static void test_bad_args(void) {
   // Backward: the same checks plus its own tensors.
   CHECK(loom_attention_forward(&t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 1, 0) == LOOM_OK,
         "forward: %s", loom_last_error(NULL));
-  loom_tensor_t out_keep = tensor_of(LOOM_F32, 3, t.q.shape, "out"),
-                lse_keep = tensor_of(LOOM_F32, 2, t.lse.shape, "lse");
+  loom_tensor_t out_keep = test_tensor(LOOM_F32, 3, t.q.shape, "out"),
+                lse_keep = test_tensor(LOOM_F32, 2, t.lse.shape, "lse");
   memcpy(out_keep.data, t.out.data, loom_tensor_bytes(&t.out));
   memcpy(lse_keep.data, t.lse.data, loom_tensor_bytes(&t.lse));
-  reset_outputs(&t);
+  fill_outputs(&t, SENTINEL);
   expect_bad(&t,
              loom_attention_backward(&t.dq, NULL, &t.dv, &t.dout, &t.q, &t.k, &t.v, &out_keep,
                                      &lse_keep, &t.cu_q, &t.cu_k, 1, 0),

@@ -30,50 +30,6 @@
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-static float *F(const loom_tensor_t *t) {
-  return (float *)t->data;
-}
-
-static void fill_nan(float *x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    x[i] = NAN;
-  }
-}
-
-static int all_equal(const float *x, int64_t n, float v) {
-  for (int64_t i = 0; i < n; i++) {
-    if (memcmp(&x[i], &v, sizeof v) != 0) {
-      return 0;
-    }
-  }
-  return 1;
-}
-
-static int same_bits(const float *x, const float *y, int64_t n) {
-  return n == 0 || memcmp(x, y, sizeof(float) * (size_t)n) == 0;
-}
-
-// A call that must fail with want (or also) and leave a message naming op and containing needle.
-static void expect_fail_at(int line, loom_status_t got, loom_status_t want, loom_status_t also,
-                           const char *op, const char *needle) {
-  const char *msg = loom_last_error(NULL);
-  CHECK(got == want || got == also, "line %d: got %s, want %s (last error: %s)", line,
-        loom_strerror(got), loom_strerror(want), msg);
-  CHECK(msg[0] != '\0' && strstr(msg, op) && strstr(msg, needle),
-        "line %d: message '%s' should name %s and contain '%s'", line, msg, op, needle);
-  loom_error_clear();
-}
-#define EXPECT_FAIL(call, op, needle)                                                              \
-  do {                                                                                             \
-    loom_error_clear();                                                                            \
-    expect_fail_at(__LINE__, (call), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, op, needle);      \
-  } while (0)
-#define EXPECT_FAIL_DEVICE(call, op, needle)                                                       \
-  do {                                                                                             \
-    loom_error_clear();                                                                            \
-    expect_fail_at(__LINE__, (call), LOOM_ERR_UNSUPPORTED, LOOM_ERR_INVALID_ARG, op, needle);      \
-  } while (0)
-
 // Shapes shared by the tests: ndim then extents (sizes 1, odd, primes, batched (B, T, C)).
 static const int64_t shapes[][5] = {{1, 1},      {1, 37},        {2, 1, 1},     {2, 37, 1},
                                     {2, 5, 129}, {3, 2, 3, 5},   {3, 3, 7, 37}, {2, 2, 1000},
@@ -82,6 +38,35 @@ static const int64_t shapes[][5] = {{1, 1},      {1, 37},        {2, 1, 1},     
 
 static loom_tensor_t shaped(int s, const char *name) {
   return test_tensor_f32((int)shapes[s][0], &shapes[s][1], name);
+}
+
+// L = sum(forward(in) * w): central differences in up to SAMPLES entries of in (all of them when
+// fewer, else drawn from rng) against din, the backward with dout = w. in is restored.
+typedef loom_status_t (*forward_fn)(loom_tensor_t *out, const loom_tensor_t *in);
+
+static void check_finite_diff(const char *what, test_rng_t *rng, forward_fn forward,
+                              loom_tensor_t *in, loom_tensor_t *out, const loom_tensor_t *w,
+                              const loom_tensor_t *din, double atol, double rtol) {
+  enum { SAMPLES = 64 };
+  float *x = test_floats(in);
+  int64_t n = loom_tensor_numel(in), m = n < SAMPLES ? n : SAMPLES;
+  double fd[SAMPLES] = {0};
+  float an[SAMPLES] = {0};
+  for (int64_t k = 0; k < m; k++) {
+    int64_t i = n <= SAMPLES ? k : test_int(rng, 0, n - 1);
+    float v = x[i];
+    double loss[2], xv[2];
+    for (int side = 0; side < 2; side++) {
+      x[i] = side ? v - FD_H : v + FD_H;
+      xv[side] = x[i];
+      CHECK(forward(out, in) == LOOM_OK, "%s", loom_last_error(NULL));
+      loss[side] = test_dot(test_floats(out), test_floats(w), n);
+    }
+    x[i] = v;
+    fd[k] = (loss[0] - loss[1]) / (xv[0] - xv[1]);
+    an[k] = test_floats(din)[i];
+  }
+  CHECK(test_compare(what, an, fd, m, atol, rtol) == 0, "%s", what);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -114,36 +99,38 @@ static void test_gelu_reference(void) {
     loom_tensor_t in = shaped(s, "in"), out = shaped(s, "out"), dout = shaped(s, "dout");
     loom_tensor_t din = shaped(s, "din");
     int64_t n = loom_tensor_numel(&in);
-    fill_gelu_inputs(&rng, F(&in), n);
-    test_fill_uniform(&rng, F(&dout), n, -1, 1);
-    fill_nan(F(&out), n);
-    fill_nan(F(&din), n);
+    fill_gelu_inputs(&rng, test_floats(&in), n);
+    test_fill_uniform(&rng, test_floats(&dout), n, -1, 1);
+    test_fill_value(test_floats(&out), n, NAN);
+    test_fill_value(test_floats(&din), n, NAN);
     double *want = malloc(sizeof(double) * (size_t)n);
     double *want_d = malloc(sizeof(double) * (size_t)n);
     for (int64_t i = 0; i < n; i++) {
-      want[i] = ref_gelu((double)F(&in)[i]);
-      want_d[i] = (double)F(&dout)[i] * ref_gelu_grad((double)F(&in)[i]);
+      want[i] = ref_gelu((double)test_floats(&in)[i]);
+      want_d[i] = (double)test_floats(&dout)[i] * ref_gelu_grad((double)test_floats(&in)[i]);
     }
     CHECK(loom_gelu_forward(&out, &in) == LOOM_OK, "%s", loom_last_error(NULL));
     CHECK(loom_gelu_backward(&din, &in, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
     char what[64];
     snprintf(what, sizeof what, "gelu forward, shape %d (n %lld)", s, (long long)n);
-    CHECK(test_compare(what, F(&out), want, n, 1e-6, 1e-5) == 0, "%s", what);
+    CHECK(test_compare(what, test_floats(&out), want, n, 1e-6, 1e-5) == 0, "%s", what);
     snprintf(what, sizeof what, "gelu backward, shape %d (n %lld)", s, (long long)n);
-    CHECK(test_compare(what, F(&din), want_d, n, 2e-6, 1e-5) == 0, "%s", what);
+    CHECK(test_compare(what, test_floats(&din), want_d, n, 2e-6, 1e-5) == 0, "%s", what);
 
     // In place: out = in, and din = dout, give the same bits as the separate calls.
     loom_tensor_t x = shaped(s, "x"), g = shaped(s, "g");
-    memcpy(F(&x), F(&in), sizeof(float) * (size_t)n);
-    memcpy(F(&g), F(&dout), sizeof(float) * (size_t)n);
+    memcpy(test_floats(&x), test_floats(&in), sizeof(float) * (size_t)n);
+    memcpy(test_floats(&g), test_floats(&dout), sizeof(float) * (size_t)n);
     CHECK(loom_gelu_backward(&g, &x, &g) == LOOM_OK, "%s", loom_last_error(NULL));
-    CHECK(same_bits(F(&g), F(&din), n), "gelu backward in place (din = dout) differs");
-    memcpy(F(&g), F(&dout), sizeof(float) * (size_t)n);
+    CHECK(test_same_bits(test_floats(&g), test_floats(&din), n),
+          "gelu backward in place (din = dout) differs");
+    memcpy(test_floats(&g), test_floats(&dout), sizeof(float) * (size_t)n);
     CHECK(loom_gelu_backward(&x, &x, &g) == LOOM_OK, "%s", loom_last_error(NULL));
-    CHECK(same_bits(F(&x), F(&din), n), "gelu backward in place (din = in) differs");
-    memcpy(F(&x), F(&in), sizeof(float) * (size_t)n);
+    CHECK(test_same_bits(test_floats(&x), test_floats(&din), n),
+          "gelu backward in place (din = in) differs");
+    memcpy(test_floats(&x), test_floats(&in), sizeof(float) * (size_t)n);
     CHECK(loom_gelu_forward(&x, &x) == LOOM_OK, "%s", loom_last_error(NULL));
-    CHECK(same_bits(F(&x), F(&out), n), "gelu forward in place differs");
+    CHECK(test_same_bits(test_floats(&x), test_floats(&out), n), "gelu forward in place differs");
 
     free(want);
     free(want_d);
@@ -164,12 +151,12 @@ static void test_gelu_extremes(void) {
   int64_t n = (int64_t)(sizeof xs / sizeof xs[0]);
   loom_tensor_t in = test_tensor_f32(1, &n, "in"), out = test_tensor_f32(1, &n, "out");
   loom_tensor_t dout = test_tensor_f32(1, &n, "dout"), din = test_tensor_f32(1, &n, "din");
-  memcpy(F(&in), xs, sizeof xs);
+  memcpy(test_floats(&in), xs, sizeof xs);
   loom_tensor_fill(&dout, 1.0);
   CHECK(loom_gelu_forward(&out, &in) == LOOM_OK, "%s", loom_last_error(NULL));
   CHECK(loom_gelu_backward(&din, &in, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
   for (int64_t i = 0; i < n; i++) {
-    float y = F(&out)[i], d = F(&din)[i];
+    float y = test_floats(&out)[i], d = test_floats(&din)[i];
     int ok_y = isnan(want_y[i]) ? isnan(y) : y == want_y[i];
     int ok_d = isnan(want_d[i]) ? isnan(d) : d == want_d[i];
     CHECK(ok_y && ok_d, "gelu(%g) = %g (want %g), gelu' = %g (want %g)", (double)xs[i], (double)y,
@@ -188,33 +175,12 @@ static void test_gelu_finite_diff(void) {
     loom_tensor_t in = shaped(s, "in"), out = shaped(s, "out"), w = shaped(s, "w");
     loom_tensor_t din = shaped(s, "din");
     int64_t n = loom_tensor_numel(&in);
-    test_fill_uniform(&rng, F(&in), n, -4, 4);
-    test_fill_uniform(&rng, F(&w), n, -1, 1);
+    test_fill_uniform(&rng, test_floats(&in), n, -4, 4);
+    test_fill_uniform(&rng, test_floats(&w), n, -1, 1);
     CHECK(loom_gelu_backward(&din, &in, &w) == LOOM_OK, "%s", loom_last_error(NULL));
-    enum { SAMPLES = 64 };
-    int64_t m = n < SAMPLES ? n : SAMPLES;
-    double fd[SAMPLES] = {0};
-    float an[SAMPLES] = {0};
-    for (int64_t k = 0; k < m; k++) {
-      int64_t i = n <= SAMPLES ? k : test_int(&rng, 0, n - 1);
-      float v = F(&in)[i];
-      double loss[2], xv[2];
-      for (int side = 0; side < 2; side++) {
-        F(&in)[i] = side ? v - FD_H : v + FD_H;
-        xv[side] = F(&in)[i];
-        CHECK(loom_gelu_forward(&out, &in) == LOOM_OK, "%s", loom_last_error(NULL));
-        loss[side] = 0.0;
-        for (int64_t j = 0; j < n; j++) {
-          loss[side] += (double)F(&out)[j] * (double)F(&w)[j];
-        }
-      }
-      F(&in)[i] = v;
-      fd[k] = (loss[0] - loss[1]) / (xv[0] - xv[1]);
-      an[k] = F(&din)[i];
-    }
     char what[64];
     snprintf(what, sizeof what, "gelu finite differences, shape %d", s);
-    CHECK(test_compare(what, an, fd, m, 2e-4, 2e-3) == 0, "%s", what);
+    check_finite_diff(what, &rng, loom_gelu_forward, &in, &out, &w, &din, 2e-4, 2e-3);
     loom_tensor_free(&in);
     loom_tensor_free(&out);
     loom_tensor_free(&w);
@@ -283,33 +249,36 @@ static void test_softmax_reference(void) {
     loom_tensor_t din = shaped(s, "din");
     int64_t N, C, n = loom_tensor_numel(&in);
     matrix_dims(&in, &N, &C);
-    fill_logits(&rng, F(&in), N, C);
-    test_fill_uniform(&rng, F(&dout), n, -1, 1);
-    fill_nan(F(&out), n);
-    fill_nan(F(&din), n);
+    fill_logits(&rng, test_floats(&in), N, C);
+    test_fill_uniform(&rng, test_floats(&dout), n, -1, 1);
+    test_fill_value(test_floats(&out), n, NAN);
+    test_fill_value(test_floats(&din), n, NAN);
     double *want = malloc(sizeof(double) * (size_t)n);
-    ref_softmax(F(&in), N, C, want);
+    ref_softmax(test_floats(&in), N, C, want);
     CHECK(loom_softmax_forward(&out, &in) == LOOM_OK, "%s", loom_last_error(NULL));
     char what[80];
     snprintf(what, sizeof what, "softmax forward, shape %d (%lld x %lld)", s, (long long)N,
              (long long)C);
-    CHECK(test_compare(what, F(&out), want, n, 1e-7, 1e-5) == 0, "%s", what);
-    ref_softmax_backward(F(&out), F(&dout), N, C, want);
+    CHECK(test_compare(what, test_floats(&out), want, n, 1e-7, 1e-5) == 0, "%s", what);
+    ref_softmax_backward(test_floats(&out), test_floats(&dout), N, C, want);
     CHECK(loom_softmax_backward(&din, &out, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
     snprintf(what, sizeof what, "softmax backward, shape %d (%lld x %lld)", s, (long long)N,
              (long long)C);
-    CHECK(test_compare(what, F(&din), want, n, 2e-7, 1e-5) == 0, "%s", what);
+    CHECK(test_compare(what, test_floats(&din), want, n, 2e-7, 1e-5) == 0, "%s", what);
 
     // In place: out = in, din = dout and din = out give the same bits.
     loom_tensor_t x = shaped(s, "x"), g = shaped(s, "g");
-    memcpy(F(&x), F(&in), sizeof(float) * (size_t)n);
+    memcpy(test_floats(&x), test_floats(&in), sizeof(float) * (size_t)n);
     CHECK(loom_softmax_forward(&x, &x) == LOOM_OK, "%s", loom_last_error(NULL));
-    CHECK(same_bits(F(&x), F(&out), n), "softmax forward in place differs");
-    memcpy(F(&g), F(&dout), sizeof(float) * (size_t)n);
+    CHECK(test_same_bits(test_floats(&x), test_floats(&out), n),
+          "softmax forward in place differs");
+    memcpy(test_floats(&g), test_floats(&dout), sizeof(float) * (size_t)n);
     CHECK(loom_softmax_backward(&g, &x, &g) == LOOM_OK, "%s", loom_last_error(NULL));
-    CHECK(same_bits(F(&g), F(&din), n), "softmax backward in place (din = dout) differs");
+    CHECK(test_same_bits(test_floats(&g), test_floats(&din), n),
+          "softmax backward in place (din = dout) differs");
     CHECK(loom_softmax_backward(&x, &x, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
-    CHECK(same_bits(F(&x), F(&din), n), "softmax backward in place (din = out) differs");
+    CHECK(test_same_bits(test_floats(&x), test_floats(&din), n),
+          "softmax backward in place (din = out) differs");
 
     free(want);
     loom_tensor_free(&in);
@@ -329,34 +298,13 @@ static void test_softmax_finite_diff(void) {
     loom_tensor_t din = shaped(s, "din");
     int64_t N, C, n = loom_tensor_numel(&in);
     matrix_dims(&in, &N, &C);
-    test_fill_uniform(&rng, F(&in), n, -3, 3);
-    test_fill_uniform(&rng, F(&w), n, -1, 1);
+    test_fill_uniform(&rng, test_floats(&in), n, -3, 3);
+    test_fill_uniform(&rng, test_floats(&w), n, -1, 1);
     CHECK(loom_softmax_forward(&out, &in) == LOOM_OK, "%s", loom_last_error(NULL));
     CHECK(loom_softmax_backward(&din, &out, &w) == LOOM_OK, "%s", loom_last_error(NULL));
-    enum { SAMPLES = 64 };
-    int64_t m = n < SAMPLES ? n : SAMPLES;
-    double fd[SAMPLES] = {0};
-    float an[SAMPLES] = {0};
-    for (int64_t k = 0; k < m; k++) {
-      int64_t i = n <= SAMPLES ? k : test_int(&rng, 0, n - 1);
-      float v = F(&in)[i];
-      double loss[2], xv[2];
-      for (int side = 0; side < 2; side++) {
-        F(&in)[i] = side ? v - FD_H : v + FD_H;
-        xv[side] = F(&in)[i];
-        CHECK(loom_softmax_forward(&out, &in) == LOOM_OK, "%s", loom_last_error(NULL));
-        loss[side] = 0.0;
-        for (int64_t j = 0; j < n; j++) {
-          loss[side] += (double)F(&out)[j] * (double)F(&w)[j];
-        }
-      }
-      F(&in)[i] = v;
-      fd[k] = (loss[0] - loss[1]) / (xv[0] - xv[1]);
-      an[k] = F(&din)[i];
-    }
     char what[64];
     snprintf(what, sizeof what, "softmax finite differences, shape %d", s);
-    CHECK(test_compare(what, an, fd, m, 1e-4, 2e-3) == 0, "%s", what);
+    check_finite_diff(what, &rng, loom_softmax_forward, &in, &out, &w, &din, 1e-4, 2e-3);
     loom_tensor_free(&in);
     loom_tensor_free(&out);
     loom_tensor_free(&w);
@@ -429,10 +377,11 @@ static void test_bad_args(void) {
   EXPECT_FAIL(loom_softmax_backward(&o, &a, &a_dev), sb, "cuda:0");
   EXPECT_FAIL(loom_softmax_backward(&y_buf, &x_buf, &z_buf), sb, "overlap");
 
-  CHECK(all_equal(F(&o), 15, 7.0f) && all_equal(F(&o53), 15, 7.0f) &&
-            all_equal(F(&o16), 16, 7.0f) && all_equal(buf, 24, 7.0f),
+  CHECK(test_all_equal(test_floats(&o), 15, 7.0f) && test_all_equal(test_floats(&o53), 15, 7.0f) &&
+            test_all_equal(test_floats(&o16), 16, 7.0f) && test_all_equal(buf, 24, 7.0f),
         "a failed call wrote its output");
-  CHECK(all_equal(F(&a), 15, 0.5f) && all_equal(F(&b), 15, 0.25f), "a failed call wrote an input");
+  CHECK(test_all_equal(test_floats(&a), 15, 0.5f) && test_all_equal(test_floats(&b), 15, 0.25f),
+        "a failed call wrote an input");
   loom_tensor_free(&a);
   loom_tensor_free(&b);
   loom_tensor_free(&o);

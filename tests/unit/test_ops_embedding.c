@@ -21,52 +21,6 @@
 //   linear in the inputs, so only double rounding remains): atol 1e-5, rtol 1e-5.
 
 // ---------------------------------------------------------------------------------------------
-// Helpers
-
-static loom_tensor_t tensor_of(loom_dtype_t dtype, int ndim, const int64_t *shape,
-                               const char *name) {
-  loom_tensor_t t;
-  if (loom_tensor_alloc(&t, dtype, LOOM_DEVICE_HOST, ndim, shape, name) != LOOM_OK) {
-    fprintf(stderr, "tensor_of(%s): %s\n", name, loom_last_error(NULL));
-    exit(2);
-  }
-  return t;
-}
-
-static void expect_fail(loom_status_t got, loom_status_t want, const char *op, const char *what) {
-  const char *msg = loom_last_error(NULL);
-  CHECK(got == want, "%s: got %s, want %s (last error: %s)", what, loom_strerror(got),
-        loom_strerror(want), msg);
-  CHECK(msg[0] != '\0' && strstr(msg, op) != NULL, "%s: message '%s' does not name %s", what, msg,
-        op);
-  loom_error_clear();
-}
-
-static float *fdata(const loom_tensor_t *t) {
-  return (float *)t->data;
-}
-
-// memcpy / memcmp of n floats that accept n = 0 with NULL pointers (an empty tensor has no data).
-static void copy_floats(void *dst, const void *src, int64_t n) {
-  if (n > 0) {
-    memcpy(dst, src, sizeof(float) * (size_t)n);
-  }
-}
-
-static int same_floats(const void *a, const void *b, int64_t n) {
-  return n <= 0 || memcmp(a, b, sizeof(float) * (size_t)n) == 0;
-}
-
-// sum(out * w) in double.
-static double dot_d(const float *a, const float *w, int64_t n) {
-  double s = 0.0;
-  for (int64_t i = 0; i < n; i++) {
-    s += (double)a[i] * (double)w[i];
-  }
-  return s;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Embedding against references
 
 static void embedding_case(test_rng_t *rng, int64_t vocab, int64_t c, int64_t b, int64_t t) {
@@ -77,14 +31,14 @@ static void embedding_case(test_rng_t *rng, int64_t vocab, int64_t c, int64_t b,
   int64_t tshape[2] = {vocab, c}, ishape[2] = {b, t}, oshape[3] = {b, t, c};
   loom_tensor_t table = test_tensor_f32(2, tshape, "table");
   loom_tensor_t dtable = test_tensor_f32(2, tshape, "dtable");
-  loom_tensor_t ids = tensor_of(LOOM_I32, 2, ishape, "ids");
+  loom_tensor_t ids = test_tensor(LOOM_I32, 2, ishape, "ids");
   loom_tensor_t out = test_tensor_f32(3, oshape, "out");
   loom_tensor_t dout = test_tensor_f32(3, oshape, "dout");
   int32_t *id = ids.data;
-  test_fill_uniform(rng, fdata(&table), vocab * c, -1, 1);
-  test_fill_uniform(rng, fdata(&dtable), vocab * c, -1, 1);
-  test_fill_uniform(rng, fdata(&out), n * c, 50, 60); // garbage: must be overwritten
-  test_fill_uniform(rng, fdata(&dout), n * c, -1, 1);
+  test_fill_uniform(rng, test_floats(&table), vocab * c, -1, 1);
+  test_fill_uniform(rng, test_floats(&dtable), vocab * c, -1, 1);
+  test_fill_uniform(rng, test_floats(&out), n * c, 50, 60); // garbage: must be overwritten
+  test_fill_uniform(rng, test_floats(&dout), n * c, -1, 1);
   for (int64_t i = 0; i < n; i++) {
     // Small id range half of the time: many repeats exercise the accumulation order.
     id[i] = (int32_t)test_int(rng, 0, i % 2 ? vocab - 1 : (vocab - 1) / 4);
@@ -94,7 +48,7 @@ static void embedding_case(test_rng_t *rng, int64_t vocab, int64_t c, int64_t b,
         loom_last_error(NULL));
   int64_t wrong = 0;
   for (int64_t i = 0; i < n; i++) {
-    wrong += memcmp(fdata(&out) + i * c, fdata(&table) + (int64_t)id[i] * c,
+    wrong += memcmp(test_floats(&out) + i * c, test_floats(&table) + (int64_t)id[i] * c,
                     sizeof(float) * (size_t)c) != 0;
   }
   CHECK(wrong == 0, "%s: %lld rows differ from table[ids]", what, (long long)wrong);
@@ -104,19 +58,19 @@ static void embedding_case(test_rng_t *rng, int64_t vocab, int64_t c, int64_t b,
   double *ref_d = malloc(sizeof(double) * (size_t)(vocab * c));
   memcpy(ref_f, dtable.data, sizeof(float) * (size_t)(vocab * c));
   for (int64_t k = 0; k < vocab * c; k++) {
-    ref_d[k] = fdata(&dtable)[k];
+    ref_d[k] = test_floats(&dtable)[k];
   }
   for (int64_t i = 0; i < n; i++) {
     for (int64_t j = 0; j < c; j++) {
-      ref_f[(int64_t)id[i] * c + j] += fdata(&dout)[i * c + j];
-      ref_d[(int64_t)id[i] * c + j] += fdata(&dout)[i * c + j];
+      ref_f[(int64_t)id[i] * c + j] += test_floats(&dout)[i * c + j];
+      ref_d[(int64_t)id[i] * c + j] += test_floats(&dout)[i * c + j];
     }
   }
   CHECK(loom_embedding_backward(&dtable, &ids, &dout) == LOOM_OK, "%s: %s", what,
         loom_last_error(NULL));
   CHECK(!memcmp(ref_f, dtable.data, sizeof(float) * (size_t)(vocab * c)),
         "%s: dtable differs bitwise from row-order accumulation", what);
-  CHECK(test_compare(what, fdata(&dtable), ref_d, vocab * c, 1e-5, 1e-5) == 0, "%s", what);
+  CHECK(test_compare(what, test_floats(&dtable), ref_d, vocab * c, 1e-5, 1e-5) == 0, "%s", what);
 
   // Flattened ids (N) with out (N, C) work too.
   int64_t flat[1] = {n}, oflat[2] = {n, c};
@@ -158,30 +112,30 @@ static void test_embedding_fd(void) {
   int64_t tshape[2] = {vocab, c}, ishape[1] = {n}, oshape[2] = {n, c};
   loom_tensor_t table = test_tensor_f32(2, tshape, "table");
   loom_tensor_t dtable = test_tensor_f32(2, tshape, "dtable");
-  loom_tensor_t ids = tensor_of(LOOM_I32, 1, ishape, "ids");
+  loom_tensor_t ids = test_tensor(LOOM_I32, 1, ishape, "ids");
   loom_tensor_t out = test_tensor_f32(2, oshape, "out");
   loom_tensor_t w = test_tensor_f32(2, oshape, "w");
   test_rng_t rng = test_rng(29);
-  test_fill_uniform(&rng, fdata(&table), vocab * c, -1, 1);
-  test_fill_uniform(&rng, fdata(&w), n * c, -1, 1);
+  test_fill_uniform(&rng, test_floats(&table), vocab * c, -1, 1);
+  test_fill_uniform(&rng, test_floats(&w), n * c, -1, 1);
   static const int32_t id[7] = {2, 0, 2, 4, 2, 0, 1}; // row 3 unused: its gradient is 0
   memcpy(ids.data, id, sizeof id);
   CHECK(loom_embedding_backward(&dtable, &ids, &w) == LOOM_OK, "%s", loom_last_error(NULL));
   double fd[15];
   for (int64_t k = 0; k < vocab * c; k++) {
-    float keep = fdata(&table)[k];
+    float keep = test_floats(&table)[k];
     float at[2] = {keep + 1e-2f, keep - 1e-2f};
     double l[2];
     for (int s = 0; s < 2; s++) {
-      fdata(&table)[k] = at[s];
+      test_floats(&table)[k] = at[s];
       CHECK(loom_embedding_forward(&out, &ids, &table) == LOOM_OK, "%s", loom_last_error(NULL));
-      l[s] = dot_d(fdata(&out), fdata(&w), n * c);
+      l[s] = test_dot(test_floats(&out), test_floats(&w), n * c);
     }
-    fdata(&table)[k] = keep;
+    test_floats(&table)[k] = keep;
     fd[k] = (l[0] - l[1]) / ((double)at[0] - (double)at[1]);
   }
-  CHECK(test_compare("dtable vs finite differences", fdata(&dtable), fd, vocab * c, 1e-5, 1e-5) ==
-            0,
+  CHECK(test_compare("dtable vs finite differences", test_floats(&dtable), fd, vocab * c, 1e-5,
+                     1e-5) == 0,
         "embedding finite differences");
   loom_tensor_free(&table);
   loom_tensor_free(&dtable);
@@ -198,32 +152,32 @@ static void residual_case(test_rng_t *rng, int ndim, const int64_t *shape) {
   loom_tensor_t out = test_tensor_f32(ndim, shape, "out"), dout = test_tensor_f32(ndim, shape, "d");
   loom_tensor_t da = test_tensor_f32(ndim, shape, "da"), db = test_tensor_f32(ndim, shape, "db");
   int64_t n = loom_tensor_numel(&a);
-  test_fill_uniform(rng, fdata(&a), n, -2, 2);
-  test_fill_uniform(rng, fdata(&b), n, -2, 2);
-  test_fill_uniform(rng, fdata(&out), n, 50, 60);
-  test_fill_uniform(rng, fdata(&dout), n, -1, 1);
-  test_fill_uniform(rng, fdata(&da), n, -1, 1);
-  test_fill_uniform(rng, fdata(&db), n, -1, 1);
+  test_fill_uniform(rng, test_floats(&a), n, -2, 2);
+  test_fill_uniform(rng, test_floats(&b), n, -2, 2);
+  test_fill_uniform(rng, test_floats(&out), n, 50, 60);
+  test_fill_uniform(rng, test_floats(&dout), n, -1, 1);
+  test_fill_uniform(rng, test_floats(&da), n, -1, 1);
+  test_fill_uniform(rng, test_floats(&db), n, -1, 1);
   float *sum = malloc(sizeof(float) * (size_t)(n + 1)),
         *da0 = malloc(sizeof(float) * (size_t)(n + 1));
   float *db0 = malloc(sizeof(float) * (size_t)(n + 1));
   for (int64_t i = 0; i < n; i++) {
-    sum[i] = fdata(&a)[i] + fdata(&b)[i];
-    da0[i] = fdata(&da)[i];
-    db0[i] = fdata(&db)[i];
+    sum[i] = test_floats(&a)[i] + test_floats(&b)[i];
+    da0[i] = test_floats(&da)[i];
+    db0[i] = test_floats(&db)[i];
   }
   int64_t bad = 0;
   CHECK(loom_residual_forward(&out, &a, &b) == LOOM_OK, "%s", loom_last_error(NULL));
   for (int64_t i = 0; i < n; i++) {
-    bad += fdata(&out)[i] != sum[i];
+    bad += test_floats(&out)[i] != sum[i];
   }
   CHECK(bad == 0, "residual forward: %lld of %lld wrong", (long long)bad, (long long)n);
 
   CHECK(loom_residual_backward(&da, &db, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
   bad = 0;
   for (int64_t i = 0; i < n; i++) {
-    bad += fdata(&da)[i] != da0[i] + fdata(&dout)[i];
-    bad += fdata(&db)[i] != db0[i] + fdata(&dout)[i];
+    bad += test_floats(&da)[i] != da0[i] + test_floats(&dout)[i];
+    bad += test_floats(&db)[i] != db0[i] + test_floats(&dout)[i];
   }
   CHECK(bad == 0, "residual backward: %lld wrong", (long long)bad);
   // One side NULL: the other still accumulates; both NULL is a no-op.
@@ -232,25 +186,22 @@ static void residual_case(test_rng_t *rng, int ndim, const int64_t *shape) {
   CHECK(loom_residual_backward(NULL, NULL, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
   bad = 0;
   for (int64_t i = 0; i < n; i++) {
-    bad += fdata(&da)[i] != (da0[i] + fdata(&dout)[i]) + fdata(&dout)[i];
-    bad += fdata(&db)[i] != (db0[i] + fdata(&dout)[i]) + fdata(&dout)[i];
+    bad += test_floats(&da)[i] != (da0[i] + test_floats(&dout)[i]) + test_floats(&dout)[i];
+    bad += test_floats(&db)[i] != (db0[i] + test_floats(&dout)[i]) + test_floats(&dout)[i];
   }
   CHECK(bad == 0, "residual backward with a NULL side: %lld wrong", (long long)bad);
 
   // out may alias a or b.
-  copy_floats(out.data, a.data, n);
+  test_copy_floats(out.data, a.data, n);
   CHECK(loom_residual_forward(&out, &out, &b) == LOOM_OK, "%s", loom_last_error(NULL));
-  CHECK(same_floats(out.data, sum, n), "out aliasing a");
-  copy_floats(out.data, b.data, n);
+  CHECK(test_same_bits(out.data, sum, n), "out aliasing a");
+  test_copy_floats(out.data, b.data, n);
   CHECK(loom_residual_forward(&out, &a, &out) == LOOM_OK, "%s", loom_last_error(NULL));
-  CHECK(same_floats(out.data, sum, n), "out aliasing b");
+  CHECK(test_same_bits(out.data, sum, n), "out aliasing b");
   free(sum);
   free(da0);
   free(db0);
-  loom_tensor_t *all[] = {&a, &b, &out, &dout, &da, &db};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    loom_tensor_free(all[i]);
-  }
+  TEST_FREE(&a, &b, &out, &dout, &da, &db);
 }
 
 static void test_residual(void) {
@@ -271,14 +222,14 @@ static void test_residual_fd(void) {
   loom_tensor_t out = test_tensor_f32(2, shape, "out"), w = test_tensor_f32(2, shape, "w");
   loom_tensor_t da = test_tensor_f32(2, shape, "da"), db = test_tensor_f32(2, shape, "db");
   test_rng_t rng = test_rng(43);
-  test_fill_uniform(&rng, fdata(&a), n, -0.5, 0.5);
-  test_fill_uniform(&rng, fdata(&b), n, -0.5, 0.5);
-  test_fill_uniform(&rng, fdata(&w), n, -1, 1);
+  test_fill_uniform(&rng, test_floats(&a), n, -0.5, 0.5);
+  test_fill_uniform(&rng, test_floats(&b), n, -0.5, 0.5);
+  test_fill_uniform(&rng, test_floats(&w), n, -1, 1);
   CHECK(loom_residual_backward(&da, &db, &w) == LOOM_OK, "%s", loom_last_error(NULL));
   loom_tensor_t *inputs[2] = {&a, &b}, *grads[2] = {&da, &db};
   for (int which = 0; which < 2; which++) {
     double fd[15];
-    float *x = fdata(inputs[which]);
+    float *x = test_floats(inputs[which]);
     for (int64_t k = 0; k < n; k++) {
       float keep = x[k];
       float at[2] = {keep + 1e-2f, keep - 1e-2f};
@@ -286,7 +237,7 @@ static void test_residual_fd(void) {
       for (int s = 0; s < 2; s++) {
         x[k] = at[s];
         CHECK(loom_residual_forward(&out, &a, &b) == LOOM_OK, "%s", loom_last_error(NULL));
-        l[s] = dot_d(fdata(&out), fdata(&w), n);
+        l[s] = test_dot(test_floats(&out), test_floats(&w), n);
       }
       x[k] = keep;
       fd[k] = (l[0] - l[1]) / ((double)at[0] - (double)at[1]);
@@ -294,13 +245,10 @@ static void test_residual_fd(void) {
     // a + b rounds in float: the two rounding errors of the perturbed element add up to at
     // most one ulp of |a + b| < 1.01, i.e. 2^-23, over 2h = 0.02: 6e-6, times |w| <= 1.
     CHECK(test_compare(which ? "db vs finite differences" : "da vs finite differences",
-                       fdata(grads[which]), fd, n, 1e-5, 1e-5) == 0,
+                       test_floats(grads[which]), fd, n, 1e-5, 1e-5) == 0,
           "residual finite differences");
   }
-  loom_tensor_t *all[] = {&a, &b, &out, &w, &da, &db};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    loom_tensor_free(all[i]);
-  }
+  TEST_FREE(&a, &b, &out, &w, &da, &db);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -313,20 +261,20 @@ static void test_bad_args(void) {
   int64_t o_wrong[2] = {5, 3}, o_rows[2] = {4, 4};
   loom_tensor_t table = test_tensor_f32(2, tshape, "table");
   loom_tensor_t table3 = test_tensor_f32(3, t3, "table3");
-  loom_tensor_t table16 = tensor_of(LOOM_F16, 2, tshape, "table16");
-  loom_tensor_t ids = tensor_of(LOOM_I32, 1, ishape, "ids");
+  loom_tensor_t table16 = test_tensor(LOOM_F16, 2, tshape, "table16");
+  loom_tensor_t ids = test_tensor(LOOM_I32, 1, ishape, "ids");
   loom_tensor_t ids_f = test_tensor_f32(1, ishape, "ids_f");
-  loom_tensor_t ids64 = tensor_of(LOOM_I64, 1, ishape, "ids64");
+  loom_tensor_t ids64 = test_tensor(LOOM_I64, 1, ishape, "ids64");
   loom_tensor_t out = test_tensor_f32(2, oshape, "out");
   loom_tensor_t out_c = test_tensor_f32(2, o_wrong, "out_c");
   loom_tensor_t out_n = test_tensor_f32(2, o_rows, "out_n");
   loom_tensor_t a = test_tensor_f32(2, oshape, "a"), b = test_tensor_f32(2, o_wrong, "b");
   loom_tensor_t flat = test_tensor_f32(1, ishape, "flat");
   test_rng_t rng = test_rng(47);
-  test_fill_uniform(&rng, fdata(&table), 24, -1, 1);
-  test_fill_uniform(&rng, fdata(&a), 20, -1, 1);
+  test_fill_uniform(&rng, test_floats(&table), 24, -1, 1);
+  test_fill_uniform(&rng, test_floats(&a), 20, -1, 1);
   for (int i = 0; i < 20; i++) {
-    fdata(&out)[i] = 42.0f;
+    test_floats(&out)[i] = 42.0f;
   }
   float table0[24];
   memcpy(table0, table.data, sizeof table0);
@@ -336,58 +284,74 @@ static void test_bad_args(void) {
   }
 
   loom_error_clear();
-  expect_fail(loom_embedding_forward(NULL, &ids, &table), LOOM_ERR_INVALID_ARG, ef, "NULL out");
-  expect_fail(loom_embedding_forward(&out, NULL, &table), LOOM_ERR_INVALID_ARG, ef, "NULL ids");
-  expect_fail(loom_embedding_forward(&out, &ids, NULL), LOOM_ERR_INVALID_ARG, ef, "NULL table");
-  expect_fail(loom_embedding_forward(&out, &ids_f, &table), LOOM_ERR_INVALID_ARG, ef, "f32 ids");
-  expect_fail(loom_embedding_forward(&out, &ids64, &table), LOOM_ERR_INVALID_ARG, ef, "i64 ids");
-  expect_fail(loom_embedding_forward(&out, &ids, &table16), LOOM_ERR_INVALID_ARG, ef, "f16 table");
-  expect_fail(loom_embedding_forward(&out, &ids, &table3), LOOM_ERR_INVALID_ARG, ef, "3-d table");
-  expect_fail(loom_embedding_forward(&out_c, &ids, &table), LOOM_ERR_INVALID_ARG, ef,
-              "out with the wrong C");
-  expect_fail(loom_embedding_forward(&out_n, &ids, &table), LOOM_ERR_INVALID_ARG, ef,
-              "out with the wrong N");
+  test_expect_fail(loom_embedding_forward(NULL, &ids, &table), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ef, NULL, "NULL out");
+  test_expect_fail(loom_embedding_forward(&out, NULL, &table), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ef, NULL, "NULL ids");
+  test_expect_fail(loom_embedding_forward(&out, &ids, NULL), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ef, NULL, "NULL table");
+  test_expect_fail(loom_embedding_forward(&out, &ids_f, &table), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ef, NULL, "f32 ids");
+  test_expect_fail(loom_embedding_forward(&out, &ids64, &table), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ef, NULL, "i64 ids");
+  test_expect_fail(loom_embedding_forward(&out, &ids, &table16), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ef, NULL, "f16 table");
+  test_expect_fail(loom_embedding_forward(&out, &ids, &table3), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ef, NULL, "3-d table");
+  test_expect_fail(loom_embedding_forward(&out_c, &ids, &table), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ef, NULL, "out with the wrong C");
+  test_expect_fail(loom_embedding_forward(&out_n, &ids, &table), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ef, NULL, "out with the wrong N");
   int32_t bad_ids[] = {6, -1, 1 << 30, INT32_MIN};
   for (int k = 0; k < 4; k++) {
     id[4] = bad_ids[k]; // the last id: earlier rows would have been written
-    expect_fail(loom_embedding_forward(&out, &ids, &table), LOOM_ERR_INVALID_ARG, ef,
-                "id out of range");
-    expect_fail(loom_embedding_backward(&table, &ids, &a), LOOM_ERR_INVALID_ARG, eb,
-                "id out of range");
+    test_expect_fail(loom_embedding_forward(&out, &ids, &table), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, ef, NULL, "id out of range");
+    test_expect_fail(loom_embedding_backward(&table, &ids, &a), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, eb, NULL, "id out of range");
   }
   id[4] = 4;
-  expect_fail(loom_embedding_backward(NULL, &ids, &a), LOOM_ERR_INVALID_ARG, eb, "NULL dtable");
-  expect_fail(loom_embedding_backward(&table, &ids, NULL), LOOM_ERR_INVALID_ARG, eb, "NULL dout");
-  expect_fail(loom_embedding_backward(&table, &ids_f, &a), LOOM_ERR_INVALID_ARG, eb, "f32 ids");
-  expect_fail(loom_embedding_backward(&table, &ids, &b), LOOM_ERR_INVALID_ARG, eb,
-              "dout with the wrong C");
-  expect_fail(loom_embedding_backward(&table, &ids, &out_n), LOOM_ERR_INVALID_ARG, eb,
-              "dout with the wrong N");
+  test_expect_fail(loom_embedding_backward(NULL, &ids, &a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, eb, NULL, "NULL dtable");
+  test_expect_fail(loom_embedding_backward(&table, &ids, NULL), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, eb, NULL, "NULL dout");
+  test_expect_fail(loom_embedding_backward(&table, &ids_f, &a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, eb, NULL, "f32 ids");
+  test_expect_fail(loom_embedding_backward(&table, &ids, &b), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, eb, NULL, "dout with the wrong C");
+  test_expect_fail(loom_embedding_backward(&table, &ids, &out_n), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, eb, NULL, "dout with the wrong N");
   loom_tensor_t on_gpu = out;
   on_gpu.device = 0;
-  expect_fail(loom_embedding_forward(&on_gpu, &ids, &table), LOOM_ERR_UNSUPPORTED, ef, "CUDA out");
+  test_expect_fail(loom_embedding_forward(&on_gpu, &ids, &table), LOOM_ERR_UNSUPPORTED,
+                   LOOM_ERR_UNSUPPORTED, ef, NULL, "CUDA out");
 
-  expect_fail(loom_residual_forward(NULL, &a, &a), LOOM_ERR_INVALID_ARG, rf, "NULL out");
-  expect_fail(loom_residual_forward(&out, NULL, &a), LOOM_ERR_INVALID_ARG, rf, "NULL a");
-  expect_fail(loom_residual_forward(&out, &a, &b), LOOM_ERR_INVALID_ARG, rf, "b (5, 3)");
-  expect_fail(loom_residual_forward(&out, &flat, &a), LOOM_ERR_INVALID_ARG, rf,
-              "a with another shape");
-  expect_fail(loom_residual_forward(&out, &a, &ids_f), LOOM_ERR_INVALID_ARG, rf, "b (5)");
-  expect_fail(loom_residual_backward(&a, &b, &out), LOOM_ERR_INVALID_ARG, rb, "db (5, 3)");
-  expect_fail(loom_residual_backward(&table, NULL, &out), LOOM_ERR_INVALID_ARG, rb, "da (6, 4)");
-  expect_fail(loom_residual_backward(&a, NULL, NULL), LOOM_ERR_INVALID_ARG, rb, "NULL dout");
-  expect_fail(loom_residual_backward(NULL, NULL, NULL), LOOM_ERR_INVALID_ARG, rb, "all NULL");
-  expect_fail(loom_residual_backward(&out, NULL, &out), LOOM_ERR_INVALID_ARG, rb, "da is dout");
+  test_expect_fail(loom_residual_forward(NULL, &a, &a), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   rf, NULL, "NULL out");
+  test_expect_fail(loom_residual_forward(&out, NULL, &a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, rf, NULL, "NULL a");
+  test_expect_fail(loom_residual_forward(&out, &a, &b), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   rf, NULL, "b (5, 3)");
+  test_expect_fail(loom_residual_forward(&out, &flat, &a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, rf, NULL, "a with another shape");
+  test_expect_fail(loom_residual_forward(&out, &a, &ids_f), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, rf, NULL, "b (5)");
+  test_expect_fail(loom_residual_backward(&a, &b, &out), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   rb, NULL, "db (5, 3)");
+  test_expect_fail(loom_residual_backward(&table, NULL, &out), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, rb, NULL, "da (6, 4)");
+  test_expect_fail(loom_residual_backward(&a, NULL, NULL), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, rb, NULL, "NULL dout");
+  test_expect_fail(loom_residual_backward(NULL, NULL, NULL), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, rb, NULL, "all NULL");
+  test_expect_fail(loom_residual_backward(&out, NULL, &out), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, rb, NULL, "da is dout");
 
   for (int i = 0; i < 20; i++) {
-    CHECK(fdata(&out)[i] == 42.0f, "out[%d] written by a failed call", i);
+    CHECK(test_floats(&out)[i] == 42.0f, "out[%d] written by a failed call", i);
   }
   CHECK(!memcmp(table0, table.data, sizeof table0), "table written by a failed call");
-  loom_tensor_t *all[] = {&table, &table3, &table16, &ids, &ids_f, &ids64,
-                          &out,   &out_c,  &out_n,   &a,   &b,     &flat};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    loom_tensor_free(all[i]);
-  }
+  TEST_FREE(&table, &table3, &table16, &ids, &ids_f, &ids64, &out, &out_c, &out_n, &a, &b, &flat);
 }
 
 int main(void) {

@@ -27,53 +27,6 @@
 #define FD_H 1e-2f
 
 // ---------------------------------------------------------------------------------------------
-// Helpers
-
-static float *F(const loom_tensor_t *t) {
-  return (float *)t->data;
-}
-
-static void fill_nan(float *x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    x[i] = NAN;
-  }
-}
-
-static int all_equal(const float *x, int64_t n, float v) {
-  for (int64_t i = 0; i < n; i++) {
-    if (memcmp(&x[i], &v, sizeof v) != 0) {
-      return 0;
-    }
-  }
-  return 1;
-}
-
-static int same_bits(const float *x, const float *y, int64_t n) {
-  return n == 0 || memcmp(x, y, sizeof(float) * (size_t)n) == 0;
-}
-
-// A call that must fail with want (or also) and leave a message naming op and containing needle.
-static void expect_fail_at(int line, loom_status_t got, loom_status_t want, loom_status_t also,
-                           const char *op, const char *needle) {
-  const char *msg = loom_last_error(NULL);
-  CHECK(got == want || got == also, "line %d: got %s, want %s (last error: %s)", line,
-        loom_strerror(got), loom_strerror(want), msg);
-  CHECK(msg[0] != '\0' && strstr(msg, op) && strstr(msg, needle),
-        "line %d: message '%s' should name %s and contain '%s'", line, msg, op, needle);
-  loom_error_clear();
-}
-#define EXPECT_FAIL(call, op, needle)                                                              \
-  do {                                                                                             \
-    loom_error_clear();                                                                            \
-    expect_fail_at(__LINE__, (call), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, op, needle);      \
-  } while (0)
-#define EXPECT_FAIL_DEVICE(call, op, needle)                                                       \
-  do {                                                                                             \
-    loom_error_clear();                                                                            \
-    expect_fail_at(__LINE__, (call), LOOM_ERR_UNSUPPORTED, LOOM_ERR_INVALID_ARG, op, needle);      \
-  } while (0)
-
-// ---------------------------------------------------------------------------------------------
 // Reference
 
 typedef struct ref {
@@ -172,19 +125,19 @@ static void ln_free(ln_t *p) {
 static void ln_case(test_rng_t *rng, int ndim, const int64_t *shape, double offset, double scale) {
   ln_t p = ln_alloc(ndim, shape);
   const int64_t N = p.N, C = p.C, n = N * C;
-  test_fill_uniform(rng, F(&p.x), n, offset - scale, offset + scale);
-  test_fill_uniform(rng, F(&p.w), C, 0.5, 1.5);
-  test_fill_uniform(rng, F(&p.b), C, -1, 1);
-  test_fill_uniform(rng, F(&p.dy), n, -1, 1);
-  test_fill_uniform(rng, F(&p.dw), C, -1, 1); // parameter gradients accumulate
-  test_fill_uniform(rng, F(&p.db), C, -1, 1);
-  fill_nan(F(&p.out), n);
-  fill_nan(F(&p.dx), n); // din is overwritten
-  fill_nan(F(&p.mean), N);
-  fill_nan(F(&p.rstd), N);
+  test_fill_uniform(rng, test_floats(&p.x), n, offset - scale, offset + scale);
+  test_fill_uniform(rng, test_floats(&p.w), C, 0.5, 1.5);
+  test_fill_uniform(rng, test_floats(&p.b), C, -1, 1);
+  test_fill_uniform(rng, test_floats(&p.dy), n, -1, 1);
+  test_fill_uniform(rng, test_floats(&p.dw), C, -1, 1); // parameter gradients accumulate
+  test_fill_uniform(rng, test_floats(&p.db), C, -1, 1);
+  test_fill_value(test_floats(&p.out), n, NAN);
+  test_fill_value(test_floats(&p.dx), n, NAN); // din is overwritten
+  test_fill_value(test_floats(&p.mean), N, NAN);
+  test_fill_value(test_floats(&p.rstd), N, NAN);
   float *dw0 = malloc(sizeof(float) * (size_t)C), *db0 = malloc(sizeof(float) * (size_t)C);
-  memcpy(dw0, F(&p.dw), sizeof(float) * (size_t)C);
-  memcpy(db0, F(&p.db), sizeof(float) * (size_t)C);
+  memcpy(dw0, test_floats(&p.dw), sizeof(float) * (size_t)C);
+  memcpy(db0, test_floats(&p.db), sizeof(float) * (size_t)C);
 
   ref_t r;
   double *mem = malloc(sizeof(double) * (size_t)(2 * n + 2 * N + 2 * C));
@@ -194,31 +147,31 @@ static void ln_case(test_rng_t *rng, int ndim, const int64_t *shape, double offs
   r.rstd = r.mean + N;
   r.dweight = r.rstd + N;
   r.dbias = r.dweight + C;
-  ref_forward(F(&p.x), F(&p.w), F(&p.b), N, C, EPS, &r);
+  ref_forward(test_floats(&p.x), test_floats(&p.w), test_floats(&p.b), N, C, EPS, &r);
   CHECK(loom_layernorm_forward(&p.out, &p.mean, &p.rstd, &p.x, &p.w, &p.b, EPS) == LOOM_OK, "%s",
         loom_last_error(NULL));
   char what[128];
   snprintf(what, sizeof what, "layernorm N=%lld C=%lld offset=%g scale=%g", (long long)N,
            (long long)C, offset, scale);
-  CHECK(test_compare("mean", F(&p.mean), r.mean, N, 1e-7 * (1 + fabs(offset)), 1e-6) == 0, "%s",
-        what);
-  CHECK(test_compare("rstd", F(&p.rstd), r.rstd, N, 0, 1e-5) == 0, "%s", what);
-  CHECK(test_compare("out", F(&p.out), r.out, n, 2e-6, 1e-5) == 0, "%s", what);
+  CHECK(test_compare("mean", test_floats(&p.mean), r.mean, N, 1e-7 * (1 + fabs(offset)), 1e-6) == 0,
+        "%s", what);
+  CHECK(test_compare("rstd", test_floats(&p.rstd), r.rstd, N, 0, 1e-5) == 0, "%s", what);
+  CHECK(test_compare("out", test_floats(&p.out), r.out, n, 2e-6, 1e-5) == 0, "%s", what);
 
   // The backward is defined from the saved (float) mean and rstd, so the reference uses them too.
   // (Against the exact mean, x - mean would carry the float mean's rounding, up to half an ulp of
   // the offset, amplified by rstd: a limit of the saved-statistics interface, not of the kernel.)
   for (int64_t i = 0; i < N; i++) {
-    r.mean[i] = (double)F(&p.mean)[i];
-    r.rstd[i] = (double)F(&p.rstd)[i];
+    r.mean[i] = (double)test_floats(&p.mean)[i];
+    r.rstd[i] = (double)test_floats(&p.rstd)[i];
   }
-  ref_backward(F(&p.dy), F(&p.x), F(&p.w), dw0, db0, N, C, &r);
+  ref_backward(test_floats(&p.dy), test_floats(&p.x), test_floats(&p.w), dw0, db0, N, C, &r);
   CHECK(loom_layernorm_backward(&p.dx, &p.dw, &p.db, &p.dy, &p.x, &p.w, &p.mean, &p.rstd) ==
             LOOM_OK,
         "%s", loom_last_error(NULL));
-  CHECK(test_compare("din", F(&p.dx), r.din, n, 1e-5, 1e-4) == 0, "%s", what);
-  CHECK(test_compare("dweight +=", F(&p.dw), r.dweight, C, 2e-5, 1e-5) == 0, "%s", what);
-  CHECK(test_compare("dbias +=", F(&p.db), r.dbias, C, 2e-5, 1e-5) == 0, "%s", what);
+  CHECK(test_compare("din", test_floats(&p.dx), r.din, n, 1e-5, 1e-4) == 0, "%s", what);
+  CHECK(test_compare("dweight +=", test_floats(&p.dw), r.dweight, C, 2e-5, 1e-5) == 0, "%s", what);
+  CHECK(test_compare("dbias +=", test_floats(&p.db), r.dbias, C, 2e-5, 1e-5) == 0, "%s", what);
 
   // In place: out = in, din = dout and din = in give the same bits as the separate calls.
   loom_tensor_t y = p.out, g = p.dy;
@@ -232,8 +185,9 @@ static void ln_case(test_rng_t *rng, int ndim, const int64_t *shape, double offs
   memcpy(y.data, p.x.data, sizeof(float) * (size_t)n);
   CHECK(loom_layernorm_forward(&y, &mean2, &rstd2, &y, &p.w, &p.b, EPS) == LOOM_OK, "%s",
         loom_last_error(NULL));
-  CHECK(same_bits(F(&y), F(&p.out), n) && same_bits(F(&mean2), F(&p.mean), N) &&
-            same_bits(F(&rstd2), F(&p.rstd), N),
+  CHECK(test_same_bits(test_floats(&y), test_floats(&p.out), n) &&
+            test_same_bits(test_floats(&mean2), test_floats(&p.mean), N) &&
+            test_same_bits(test_floats(&rstd2), test_floats(&p.rstd), N),
         "layernorm forward in place differs: %s", what);
   for (int alias = 0; alias < 2; alias++) { // 0: din = dout, 1: din = in
     memcpy(g.data, p.dy.data, sizeof(float) * (size_t)n);
@@ -243,8 +197,9 @@ static void ln_case(test_rng_t *rng, int ndim, const int64_t *shape, double offs
     loom_tensor_t *d = alias ? &y : &g;
     CHECK(loom_layernorm_backward(d, &dw2, &db2, &g, &y, &p.w, &p.mean, &p.rstd) == LOOM_OK, "%s",
           loom_last_error(NULL));
-    CHECK(same_bits(F(d), F(&p.dx), n) && same_bits(F(&dw2), F(&p.dw), C) &&
-              same_bits(F(&db2), F(&p.db), C),
+    CHECK(test_same_bits(test_floats(d), test_floats(&p.dx), n) &&
+              test_same_bits(test_floats(&dw2), test_floats(&p.dw), C) &&
+              test_same_bits(test_floats(&db2), test_floats(&p.db), C),
           "layernorm backward in place (din = %s) differs: %s", alias ? "in" : "dout", what);
   }
   free(y.data);
@@ -284,7 +239,8 @@ static void test_empty(void) {
         loom_last_error(NULL));
   CHECK(loom_layernorm_backward(&out, &dw, &db, &x, &x, &w, &m, &r) == LOOM_OK, "%s",
         loom_last_error(NULL));
-  CHECK(all_equal(F(&dw), 5, 7.0f) && all_equal(F(&db), 5, 7.0f), "N == 0 changed dweight");
+  CHECK(test_all_equal(test_floats(&dw), 5, 7.0f) && test_all_equal(test_floats(&db), 5, 7.0f),
+        "N == 0 changed dweight");
   loom_tensor_t ts[] = {x, out, m, r, w, b, dw, db};
   for (int i = 0; i < 8; i++) {
     loom_tensor_free(&ts[i]);
@@ -298,25 +254,21 @@ static void test_empty(void) {
 static double ln_loss(ln_t *p, const loom_tensor_t *u) {
   CHECK(loom_layernorm_forward(&p->out, &p->mean, &p->rstd, &p->x, &p->w, &p->b, EPS) == LOOM_OK,
         "%s", loom_last_error(NULL));
-  double s = 0.0;
-  for (int64_t i = 0; i < p->N * p->C; i++) {
-    s += (double)F(&p->out)[i] * (double)F(u)[i];
-  }
-  return s;
+  return test_dot(test_floats(&p->out), test_floats(u), p->N * p->C);
 }
 
 static void fd_case(test_rng_t *rng, int ndim, const int64_t *shape) {
   ln_t p = ln_alloc(ndim, shape);
   const int64_t N = p.N, C = p.C, n = N * C;
-  test_fill_uniform(rng, F(&p.x), n, -1, 1);
-  test_fill_uniform(rng, F(&p.w), C, 0.5, 1.5);
-  test_fill_uniform(rng, F(&p.b), C, -1, 1);
-  test_fill_uniform(rng, F(&p.dy), n, -1, 1); // u
-  test_fill_uniform(rng, F(&p.dw), C, -1, 1);
-  test_fill_uniform(rng, F(&p.db), C, -1, 1);
+  test_fill_uniform(rng, test_floats(&p.x), n, -1, 1);
+  test_fill_uniform(rng, test_floats(&p.w), C, 0.5, 1.5);
+  test_fill_uniform(rng, test_floats(&p.b), C, -1, 1);
+  test_fill_uniform(rng, test_floats(&p.dy), n, -1, 1); // u
+  test_fill_uniform(rng, test_floats(&p.dw), C, -1, 1);
+  test_fill_uniform(rng, test_floats(&p.db), C, -1, 1);
   float *dw0 = malloc(sizeof(float) * (size_t)C), *db0 = malloc(sizeof(float) * (size_t)C);
-  memcpy(dw0, F(&p.dw), sizeof(float) * (size_t)C);
-  memcpy(db0, F(&p.db), sizeof(float) * (size_t)C);
+  memcpy(dw0, test_floats(&p.dw), sizeof(float) * (size_t)C);
+  memcpy(db0, test_floats(&p.db), sizeof(float) * (size_t)C);
   CHECK(loom_layernorm_forward(&p.out, &p.mean, &p.rstd, &p.x, &p.w, &p.b, EPS) == LOOM_OK, "%s",
         loom_last_error(NULL));
   CHECK(loom_layernorm_backward(&p.dx, &p.dw, &p.db, &p.dy, &p.x, &p.w, &p.mean, &p.rstd) ==
@@ -330,9 +282,9 @@ static void fd_case(test_rng_t *rng, int ndim, const int64_t *shape) {
     const char *name;
     float *param, *grad, *grad0;
     int64_t n;
-  } params[] = {{"din (finite differences)", F(&p.x), F(&p.dx), NULL, n},
-                {"dweight (finite differences)", F(&p.w), F(&p.dw), dw0, C},
-                {"dbias (finite differences)", F(&p.b), F(&p.db), db0, C}};
+  } params[] = {{"din (finite differences)", test_floats(&p.x), test_floats(&p.dx), NULL, n},
+                {"dweight (finite differences)", test_floats(&p.w), test_floats(&p.dw), dw0, C},
+                {"dbias (finite differences)", test_floats(&p.b), test_floats(&p.db), db0, C}};
   for (int k = 0; k < 3; k++) {
     int64_t m = params[k].n < SAMPLES ? params[k].n : SAMPLES;
     for (int64_t s = 0; s < m; s++) {
@@ -453,10 +405,13 @@ static void test_bad_args(void) {
   EXPECT_FAIL(loom_layernorm_backward(&out, &dw, &db, &dy, &x, &dw, &mean, &rstd), g, "overlaps");
   EXPECT_FAIL(loom_layernorm_backward(&p2, &dw, &db, &p1, &x, &w, &mean, &rstd), g, "overlaps");
 
-  CHECK(all_equal(F(&out), 15, 7.0f) && all_equal(F(&out53), 15, 7.0f) &&
-            all_equal(F(&mean), 3, 7.0f) && all_equal(F(&mean4), 4, 7.0f) &&
-            all_equal(F(&rstd), 3, 1.0f) && all_equal(F(&dw), 5, 7.0f) &&
-            all_equal(F(&db), 5, 7.0f) && all_equal(buf, 40, 7.0f),
+  CHECK(test_all_equal(test_floats(&out), 15, 7.0f) &&
+            test_all_equal(test_floats(&out53), 15, 7.0f) &&
+            test_all_equal(test_floats(&mean), 3, 7.0f) &&
+            test_all_equal(test_floats(&mean4), 4, 7.0f) &&
+            test_all_equal(test_floats(&rstd), 3, 1.0f) &&
+            test_all_equal(test_floats(&dw), 5, 7.0f) &&
+            test_all_equal(test_floats(&db), 5, 7.0f) && test_all_equal(buf, 40, 7.0f),
         "a failed call wrote its output");
   loom_tensor_t ts[] = {x,     dy, w,   b,  out, out53, mean,  rstd,
                         mean4, w4, b15, dw, db,  x30,   out30, w0};

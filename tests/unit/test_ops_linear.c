@@ -31,10 +31,6 @@
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-static float *F(const loom_tensor_t *t) {
-  return (float *)t->data;
-}
-
 static loom_tensor_t tensor2(int64_t r, int64_t c, const char *name) {
   int64_t shape[2] = {r, c};
   return test_tensor_f32(2, shape, name);
@@ -43,43 +39,6 @@ static loom_tensor_t tensor2(int64_t r, int64_t c, const char *name) {
 static loom_tensor_t tensor1(int64_t n, const char *name) {
   return test_tensor_f32(1, &n, name);
 }
-
-static void fill_nan(float *x, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    x[i] = NAN;
-  }
-}
-
-static int all_equal(const float *x, int64_t n, float v) {
-  for (int64_t i = 0; i < n; i++) {
-    if (memcmp(&x[i], &v, sizeof v) != 0) {
-      return 0;
-    }
-  }
-  return 1;
-}
-
-// A call that must fail with want (LOOM_ERR_INVALID_ARG unless stated) and leave a message that
-// names the op and contains needle.
-static void expect_fail_at(int line, loom_status_t got, loom_status_t want, loom_status_t also,
-                           const char *op, const char *needle) {
-  const char *msg = loom_last_error(NULL);
-  CHECK(got == want || got == also, "line %d: got %s, want %s (last error: %s)", line,
-        loom_strerror(got), loom_strerror(want), msg);
-  CHECK(msg[0] != '\0' && strstr(msg, op) && strstr(msg, needle),
-        "line %d: message '%s' should name %s and contain '%s'", line, msg, op, needle);
-  loom_error_clear();
-}
-#define EXPECT_FAIL(call, op, needle)                                                              \
-  do {                                                                                             \
-    loom_error_clear();                                                                            \
-    expect_fail_at(__LINE__, (call), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, op, needle);      \
-  } while (0)
-#define EXPECT_FAIL_DEVICE(call, op, needle)                                                       \
-  do {                                                                                             \
-    loom_error_clear();                                                                            \
-    expect_fail_at(__LINE__, (call), LOOM_ERR_UNSUPPORTED, LOOM_ERR_INVALID_ARG, op, needle);      \
-  } while (0)
 
 // op(x)[i][j] of a row-major matrix stored as (rows, cols), transposed when t.
 static double at(const float *x, int t, int64_t rows_op, int64_t cols_op, int64_t i, int64_t j) {
@@ -120,27 +79,29 @@ static void gemm_case(test_rng_t *rng, int64_t M, int64_t N, int64_t K, int ta, 
   loom_tensor_t a = ta ? tensor2(K, M, "a") : tensor2(M, K, "a");
   loom_tensor_t b = tb ? tensor2(N, K, "b") : tensor2(K, N, "b");
   loom_tensor_t c = tensor2(M, N, "c"), bias = tensor1(N, "bias");
-  test_fill_uniform(rng, F(&a), M * K, -1, 1);
-  test_fill_uniform(rng, F(&b), K * N, -1, 1);
-  test_fill_uniform(rng, F(&bias), N, -1, 1);
+  test_fill_uniform(rng, test_floats(&a), M * K, -1, 1);
+  test_fill_uniform(rng, test_floats(&b), K * N, -1, 1);
+  test_fill_uniform(rng, test_floats(&bias), N, -1, 1);
   if (nan_c) {
-    fill_nan(F(&c), M * N); // beta == 0 must not read c
+    test_fill_value(test_floats(&c), M * N, NAN); // beta == 0 must not read c
   } else {
-    test_fill_uniform(rng, F(&c), M * N, -1, 1);
+    test_fill_uniform(rng, test_floats(&c), M * N, -1, 1);
   }
   float *c0 = malloc(sizeof(float) * (size_t)(M * N + 1));
   double *want = malloc(sizeof(double) * (size_t)(M * N + 1));
   if (M * N > 0) {
-    memcpy(c0, F(&c), sizeof(float) * (size_t)(M * N));
+    memcpy(c0, test_floats(&c), sizeof(float) * (size_t)(M * N));
   }
-  ref_gemm(want, F(&a), ta, F(&b), tb, with_bias ? F(&bias) : NULL, c0, alpha, beta, M, N, K);
+  ref_gemm(want, test_floats(&a), ta, test_floats(&b), tb, with_bias ? test_floats(&bias) : NULL,
+           c0, alpha, beta, M, N, K);
 
   loom_status_t st = loom_gemm(&c, &a, ta, &b, tb, with_bias ? &bias : NULL, alpha, beta);
   char what[160];
   snprintf(what, sizeof what, "gemm M=%lld N=%lld K=%lld ta=%d tb=%d alpha=%g beta=%g bias=%d",
            (long long)M, (long long)N, (long long)K, ta, tb, alpha, beta, with_bias);
   CHECK(st == LOOM_OK, "%s: %s", what, loom_last_error(NULL));
-  CHECK(test_compare(what, F(&c), want, M * N, gemm_atol(K, alpha, beta), 1e-5) == 0, "%s", what);
+  CHECK(test_compare(what, test_floats(&c), want, M * N, gemm_atol(K, alpha, beta), 1e-5) == 0,
+        "%s", what);
   free(c0);
   free(want);
   loom_tensor_free(&a);
@@ -191,13 +152,15 @@ static void test_gemm_batched_3d(void) {
   int64_t xs[3] = {B, T, K}, ys[3] = {B, T, N};
   loom_tensor_t x = test_tensor_f32(3, xs, "x"), y = test_tensor_f32(3, ys, "y");
   loom_tensor_t w = tensor2(K, N, "w"), bias = tensor1(N, "bias");
-  test_fill_uniform(&rng, F(&x), B * T * K, -1, 1);
-  test_fill_uniform(&rng, F(&w), K * N, -1, 1);
-  test_fill_uniform(&rng, F(&bias), N, -1, 1);
+  test_fill_uniform(&rng, test_floats(&x), B * T * K, -1, 1);
+  test_fill_uniform(&rng, test_floats(&w), K * N, -1, 1);
+  test_fill_uniform(&rng, test_floats(&bias), N, -1, 1);
   double *want = malloc(sizeof(double) * (size_t)(B * T * N));
-  ref_gemm(want, F(&x), 0, F(&w), 0, F(&bias), NULL, 1.0f, 0.0f, B * T, N, K);
+  ref_gemm(want, test_floats(&x), 0, test_floats(&w), 0, test_floats(&bias), NULL, 1.0f, 0.0f,
+           B * T, N, K);
   CHECK(loom_gemm(&y, &x, 0, &w, 0, &bias, 1.0f, 0.0f) == LOOM_OK, "%s", loom_last_error(NULL));
-  CHECK(test_compare("gemm (B,T,K)x(K,N)", F(&y), want, B * T * N, gemm_atol(K, 1, 0), 1e-5) == 0,
+  CHECK(test_compare("gemm (B,T,K)x(K,N)", test_floats(&y), want, B * T * N, gemm_atol(K, 1, 0),
+                     1e-5) == 0,
         "3-D gemm");
   free(want);
   loom_tensor_free(&x);
@@ -212,24 +175,24 @@ static void test_gemm_empty(void) {
   loom_tensor_t a = tensor2(M, 0, "a"), b = tensor2(0, N, "b"), c = tensor2(M, N, "c");
   loom_tensor_t bias = tensor1(N, "bias");
   for (int64_t j = 0; j < N; j++) {
-    F(&bias)[j] = (float)j - 1.5f;
+    test_floats(&bias)[j] = (float)j - 1.5f;
   }
-  fill_nan(F(&c), M * N);
+  test_fill_value(test_floats(&c), M * N, NAN);
   CHECK(loom_gemm(&c, &a, 0, &b, 0, &bias, 1.0f, 0.0f) == LOOM_OK, "%s", loom_last_error(NULL));
   int ok = 1;
   for (int64_t i = 0; i < M * N; i++) {
-    ok &= F(&c)[i] == F(&bias)[i % N];
+    ok &= test_floats(&c)[i] == test_floats(&bias)[i % N];
   }
   CHECK(ok, "K == 0, beta == 0: c should be the bias rows (NaN in c ignored)");
 
   for (int64_t i = 0; i < M * N; i++) {
-    F(&c)[i] = (float)i;
+    test_floats(&c)[i] = (float)i;
   }
   loom_tensor_t at = tensor2(0, M, "at"), bt = tensor2(N, 0, "bt"); // transposed storage
   CHECK(loom_gemm(&c, &at, 1, &bt, 1, NULL, 2.0f, 0.5f) == LOOM_OK, "%s", loom_last_error(NULL));
   ok = 1;
   for (int64_t i = 0; i < M * N; i++) {
-    ok &= F(&c)[i] == 0.5f * (float)i;
+    ok &= test_floats(&c)[i] == 0.5f * (float)i;
   }
   CHECK(ok, "K == 0, beta == 0.5: c should be scaled by beta");
 
@@ -298,19 +261,19 @@ static void test_bias_backward(void) {
     int64_t B = shapes[s][0], T = shapes[s][1], N = shapes[s][2], M = B * T;
     int64_t ds[3] = {B, T, N};
     loom_tensor_t dout = test_tensor_f32(3, ds, "dout"), dbias = tensor1(N, "dbias");
-    test_fill_uniform(&rng, F(&dout), M * N, -1, 1);
-    test_fill_uniform(&rng, F(&dbias), N, -1, 1);
+    test_fill_uniform(&rng, test_floats(&dout), M * N, -1, 1);
+    test_fill_uniform(&rng, test_floats(&dbias), N, -1, 1);
     double *want = malloc(sizeof(double) * (size_t)N);
     for (int64_t j = 0; j < N; j++) {
-      want[j] = (double)F(&dbias)[j]; // accumulated: dbias += column sums
+      want[j] = (double)test_floats(&dbias)[j]; // accumulated: dbias += column sums
       for (int64_t i = 0; i < M; i++) {
-        want[j] += (double)F(&dout)[i * N + j];
+        want[j] += (double)test_floats(&dout)[i * N + j];
       }
     }
     CHECK(loom_bias_backward(&dbias, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
     char what[96];
     snprintf(what, sizeof what, "bias_backward M=%lld N=%lld", (long long)M, (long long)N);
-    CHECK(test_compare(what, F(&dbias), want, N, 1e-6, 1e-6) == 0, "%s", what);
+    CHECK(test_compare(what, test_floats(&dbias), want, N, 1e-6, 1e-6) == 0, "%s", what);
     free(want);
     loom_tensor_free(&dout);
     loom_tensor_free(&dbias);
@@ -334,12 +297,7 @@ static void layer_forward(layer_t *l) {
 // L = sum(y * g) in double.
 static double layer_loss(layer_t *l) {
   layer_forward(l);
-  double s = 0.0;
-  int64_t n = loom_tensor_numel(&l->y);
-  for (int64_t i = 0; i < n; i++) {
-    s += (double)F(&l->y)[i] * (double)F(&l->g)[i];
-  }
-  return s;
+  return test_dot(test_floats(&l->y), test_floats(&l->g), loom_tensor_numel(&l->y));
 }
 
 // Central difference of the loss in up to `samples` entries of p (all when fewer); fills the
@@ -376,17 +334,17 @@ static void layer_case(test_rng_t *rng, int w_out_major, int64_t B, int64_t T, i
   loom_tensor_t dx = test_tensor_f32(3, xs, "dx");
   loom_tensor_t dw = w_out_major ? tensor2(Cout, Cin, "dw") : tensor2(Cin, Cout, "dw");
   loom_tensor_t db = tensor1(Cout, "db");
-  test_fill_uniform(rng, F(&l.x), M * Cin, -1, 1);
-  test_fill_uniform(rng, F(&l.w), Cin * Cout, -1, 1);
-  test_fill_uniform(rng, F(&l.b), Cout, -1, 1);
-  test_fill_uniform(rng, F(&l.g), M * Cout, -1, 1);
-  fill_nan(F(&dx), M * Cin);                         // din is overwritten
-  test_fill_uniform(rng, F(&dw), Cin * Cout, -1, 1); // parameter gradients accumulate
-  test_fill_uniform(rng, F(&db), Cout, -1, 1);
+  test_fill_uniform(rng, test_floats(&l.x), M * Cin, -1, 1);
+  test_fill_uniform(rng, test_floats(&l.w), Cin * Cout, -1, 1);
+  test_fill_uniform(rng, test_floats(&l.b), Cout, -1, 1);
+  test_fill_uniform(rng, test_floats(&l.g), M * Cout, -1, 1);
+  test_fill_value(test_floats(&dx), M * Cin, NAN);             // din is overwritten
+  test_fill_uniform(rng, test_floats(&dw), Cin * Cout, -1, 1); // parameter gradients accumulate
+  test_fill_uniform(rng, test_floats(&db), Cout, -1, 1);
   float *dw0 = malloc(sizeof(float) * (size_t)(Cin * Cout));
   float *db0 = malloc(sizeof(float) * (size_t)Cout);
-  memcpy(dw0, F(&dw), sizeof(float) * (size_t)(Cin * Cout));
-  memcpy(db0, F(&db), sizeof(float) * (size_t)Cout);
+  memcpy(dw0, test_floats(&dw), sizeof(float) * (size_t)(Cin * Cout));
+  memcpy(db0, test_floats(&db), sizeof(float) * (size_t)Cout);
 
   layer_forward(&l);
   loom_status_t st;
@@ -410,26 +368,29 @@ static void layer_case(test_rng_t *rng, int w_out_major, int64_t B, int64_t T, i
   // Against the double reference: dX overwritten, dW and db accumulated onto their old values.
   double *ref = malloc(sizeof(double) * (size_t)(M * Cin + Cin * Cout + Cout));
   if (w_out_major) {
-    ref_gemm(ref, F(&l.g), 0, F(&l.w), 0, NULL, NULL, 1, 0, M, Cin, Cout);
-    ref_gemm(ref + M * Cin, F(&l.g), 1, F(&l.x), 0, NULL, dw0, 1, 1, Cout, Cin, M);
+    ref_gemm(ref, test_floats(&l.g), 0, test_floats(&l.w), 0, NULL, NULL, 1, 0, M, Cin, Cout);
+    ref_gemm(ref + M * Cin, test_floats(&l.g), 1, test_floats(&l.x), 0, NULL, dw0, 1, 1, Cout, Cin,
+             M);
   } else {
-    ref_gemm(ref, F(&l.g), 0, F(&l.w), 1, NULL, NULL, 1, 0, M, Cin, Cout);
-    ref_gemm(ref + M * Cin, F(&l.x), 1, F(&l.g), 0, NULL, dw0, 1, 1, Cin, Cout, M);
+    ref_gemm(ref, test_floats(&l.g), 0, test_floats(&l.w), 1, NULL, NULL, 1, 0, M, Cin, Cout);
+    ref_gemm(ref + M * Cin, test_floats(&l.x), 1, test_floats(&l.g), 0, NULL, dw0, 1, 1, Cin, Cout,
+             M);
   }
   for (int64_t j = 0; j < Cout; j++) {
     double s = db0[j];
     for (int64_t i = 0; i < M; i++) {
-      s += (double)F(&l.g)[i * Cout + j];
+      s += (double)test_floats(&l.g)[i * Cout + j];
     }
     ref[M * Cin + Cin * Cout + j] = s;
   }
-  CHECK(test_compare("dX vs reference", F(&dx), ref, M * Cin, gemm_atol(Cout, 1, 0), 1e-5) == 0,
-        "%s", what);
-  CHECK(test_compare("dW += vs reference", F(&dw), ref + M * Cin, Cin * Cout, gemm_atol(M, 1, 1),
+  CHECK(test_compare("dX vs reference", test_floats(&dx), ref, M * Cin, gemm_atol(Cout, 1, 0),
                      1e-5) == 0,
         "%s", what);
-  CHECK(test_compare("db += vs reference", F(&db), ref + M * Cin + Cin * Cout, Cout, 1e-6, 1e-6) ==
-            0,
+  CHECK(test_compare("dW += vs reference", test_floats(&dw), ref + M * Cin, Cin * Cout,
+                     gemm_atol(M, 1, 1), 1e-5) == 0,
+        "%s", what);
+  CHECK(test_compare("db += vs reference", test_floats(&db), ref + M * Cin + Cin * Cout, Cout, 1e-6,
+                     1e-6) == 0,
         "%s", what);
 
   // Against central differences of the float forward.
@@ -441,9 +402,9 @@ static void layer_case(test_rng_t *rng, int w_out_major, int64_t B, int64_t T, i
     const char *name;
     float *p, *grad, *grad0;
     int64_t n;
-  } params[] = {{"dX (finite differences)", F(&l.x), F(&dx), NULL, M * Cin},
-                {"dW (finite differences)", F(&l.w), F(&dw), dw0, Cin * Cout},
-                {"db (finite differences)", F(&l.b), F(&db), db0, Cout}};
+  } params[] = {{"dX (finite differences)", test_floats(&l.x), test_floats(&dx), NULL, M * Cin},
+                {"dW (finite differences)", test_floats(&l.w), test_floats(&dw), dw0, Cin * Cout},
+                {"db (finite differences)", test_floats(&l.b), test_floats(&db), db0, Cout}};
   for (int p = 0; p < 3; p++) {
     int64_t m = finite_diff(&l, params[p].p, params[p].n, rng, SAMPLES, idx, fd);
     for (int64_t s = 0; s < m; s++) {
@@ -536,7 +497,7 @@ static void test_gemm_bad_args(void) {
   loom_tensor_t c1 = tensor2(1, 5, "c1");
   loom_tensor_fill(&c1, 7.0);
   EXPECT_FAIL(loom_gemm(&c1, &a_huge, 0, &b_huge, 0, NULL, 1, 0), op, "INT_MAX");
-  CHECK(all_equal(F(&c1), 5, 7.0f), "c1 written by a failed call");
+  CHECK(test_all_equal(test_floats(&c1), 5, 7.0f), "c1 written by a failed call");
 
   // The output sharing memory with an input.
   int64_t s43[2] = {4, 3}, s45[2] = {4, 5}, s35[2] = {3, 5};
@@ -546,8 +507,8 @@ static void test_gemm_bad_args(void) {
   loom_tensor_wrap(&c_buf, buf + 8, LOOM_F32, LOOM_DEVICE_HOST, 2, s45, "c_buf");
   EXPECT_FAIL(loom_gemm(&c_buf, &a_buf, 0, &b, 0, NULL, 1, 0), op, "overlap");
   EXPECT_FAIL(loom_gemm(&c_buf, &a, 0, &b_buf, 0, NULL, 1, 0), op, "overlap");
-  CHECK(all_equal(buf, 64, 7.0f), "buffer written by a failed call");
-  CHECK(all_equal(F(&c), 20, 7.0f), "c written by a failed call");
+  CHECK(test_all_equal(buf, 64, 7.0f), "buffer written by a failed call");
+  CHECK(test_all_equal(test_floats(&c), 20, 7.0f), "c written by a failed call");
 
   loom_tensor_free(&a);
   loom_tensor_free(&b);
@@ -585,8 +546,10 @@ static void test_bias_backward_bad_args(void) {
   EXPECT_FAIL_DEVICE(loom_bias_backward(&dbias_dev, &dout), op, "dbias");
   EXPECT_FAIL(loom_bias_backward(&dbias, &dout_dev), op, "cuda:0");
   EXPECT_FAIL(loom_bias_backward(&dbias_alias, &dout), op, "overlap");
-  CHECK(all_equal(F(&dbias), 5, 7.0f) && all_equal(F(&dbias4), 4, 7.0f) &&
-            all_equal(F(&dbias_2d), 5, 7.0f) && all_equal(F(&dout), 15, 1.0f),
+  CHECK(test_all_equal(test_floats(&dbias), 5, 7.0f) &&
+            test_all_equal(test_floats(&dbias4), 4, 7.0f) &&
+            test_all_equal(test_floats(&dbias_2d), 5, 7.0f) &&
+            test_all_equal(test_floats(&dout), 15, 1.0f),
         "a failed call wrote its output");
   loom_tensor_free(&dout);
   loom_tensor_free(&dbias);

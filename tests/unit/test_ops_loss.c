@@ -24,27 +24,7 @@
 //   plus truncation ~1e-5): atol 1e-4 / n_valid, rtol 2e-3.
 
 // ---------------------------------------------------------------------------------------------
-// Helpers
-
-static loom_tensor_t tensor_of(loom_dtype_t dtype, int ndim, const int64_t *shape,
-                               const char *name) {
-  loom_tensor_t t;
-  if (loom_tensor_alloc(&t, dtype, LOOM_DEVICE_HOST, ndim, shape, name) != LOOM_OK) {
-    fprintf(stderr, "tensor_of(%s): %s\n", name, loom_last_error(NULL));
-    exit(2);
-  }
-  return t;
-}
-
-// A call that must fail with LOOM_ERR_INVALID_ARG (or want) and leave a message naming op.
-static void expect_fail(loom_status_t got, loom_status_t want, const char *op, const char *what) {
-  const char *msg = loom_last_error(NULL);
-  CHECK(got == want, "%s: got %s, want %s (last error: %s)", what, loom_strerror(got),
-        loom_strerror(want), msg);
-  CHECK(msg[0] != '\0' && strstr(msg, op) != NULL, "%s: message '%s' does not name %s", what, msg,
-        op);
-  loom_error_clear();
-}
+// Reference
 
 // Double-precision loss of one row.
 static double ref_row_loss(const float *x, int64_t v, int32_t t) {
@@ -130,7 +110,7 @@ static void run_case(test_rng_t *rng, const ce_case_t *c) {
   loom_tensor_t logits = test_tensor_f32(2, shape, "logits");
   loom_tensor_t dlogits = test_tensor_f32(2, shape, "dlogits");
   loom_tensor_t losses = test_tensor_f32(1, shape, "losses");
-  loom_tensor_t targets = tensor_of(LOOM_I32, 1, shape, "targets");
+  loom_tensor_t targets = test_tensor(LOOM_I32, 1, shape, "targets");
   float *x = logits.data;
   int32_t *t = targets.data;
   test_fill_uniform(rng, x, c->n * c->v, c->offset - 4.0, c->offset + 4.0);
@@ -222,7 +202,7 @@ static void test_all_ignored(void) {
   loom_tensor_t logits = test_tensor_f32(2, shape, "logits");
   loom_tensor_t dlogits = test_tensor_f32(2, shape, "dlogits");
   loom_tensor_t losses = test_tensor_f32(1, shape, "losses");
-  loom_tensor_t targets = tensor_of(LOOM_I32, 1, shape, "targets");
+  loom_tensor_t targets = test_tensor(LOOM_I32, 1, shape, "targets");
   test_rng_t rng = test_rng(5);
   test_fill_uniform(&rng, logits.data, 24, -3, 3);
   test_fill_uniform(&rng, losses.data, 4, 1, 2);
@@ -245,14 +225,14 @@ static void test_all_ignored(void) {
   // N = 0 is an empty batch: fine, mean 0.
   int64_t empty[2] = {0, 6};
   loom_tensor_t l0 = test_tensor_f32(2, empty, "l0"), o0 = test_tensor_f32(1, empty, "o0");
-  loom_tensor_t t0 = tensor_of(LOOM_I32, 1, empty, "t0");
+  loom_tensor_t t0 = test_tensor(LOOM_I32, 1, empty, "t0");
   mean = 7.0f;
   CHECK(loom_cross_entropy_forward(&o0, &mean, &l0, &t0, IGNORE) == LOOM_OK && mean == 0.0f,
         "empty batch: %s, mean %g", loom_last_error(NULL), (double)mean);
   // V = 0 with every row ignored: losses 0, mean 0; the backward has nothing to write.
   int64_t novocab[2] = {3, 0};
   loom_tensor_t lv = test_tensor_f32(2, novocab, "lv"), ov = test_tensor_f32(1, novocab, "ov");
-  loom_tensor_t tv = tensor_of(LOOM_I32, 1, novocab, "tv");
+  loom_tensor_t tv = test_tensor(LOOM_I32, 1, novocab, "tv");
   for (int i = 0; i < 3; i++) {
     ((int32_t *)tv.data)[i] = IGNORE;
     ((float *)ov.data)[i] = 5.0f;
@@ -286,7 +266,7 @@ static void test_finite_differences(void) {
   loom_tensor_t logits = test_tensor_f32(2, shape, "logits");
   loom_tensor_t dlogits = test_tensor_f32(2, shape, "dlogits");
   loom_tensor_t losses = test_tensor_f32(1, shape, "losses");
-  loom_tensor_t targets = tensor_of(LOOM_I32, 1, shape, "targets");
+  loom_tensor_t targets = test_tensor(LOOM_I32, 1, shape, "targets");
   test_rng_t rng = test_rng(23);
   float *x = logits.data;
   int32_t *t = targets.data;
@@ -351,11 +331,11 @@ static void test_bad_args(void) {
   loom_tensor_t logits = test_tensor_f32(2, shape, "logits");
   loom_tensor_t dlogits = test_tensor_f32(2, shape, "dlogits");
   loom_tensor_t losses = test_tensor_f32(1, shape, "losses");
-  loom_tensor_t targets = tensor_of(LOOM_I32, 1, shape, "targets");
-  loom_tensor_t logits16 = tensor_of(LOOM_F16, 2, shape, "logits16");
+  loom_tensor_t targets = test_tensor(LOOM_I32, 1, shape, "targets");
+  loom_tensor_t logits16 = test_tensor(LOOM_F16, 2, shape, "logits16");
   loom_tensor_t targets_f = test_tensor_f32(1, shape, "targets_f");
-  loom_tensor_t losses_i = tensor_of(LOOM_I32, 1, shape, "losses_i");
-  loom_tensor_t targets4 = tensor_of(LOOM_I32, 1, n4, "targets4");
+  loom_tensor_t losses_i = test_tensor(LOOM_I32, 1, shape, "losses_i");
+  loom_tensor_t targets4 = test_tensor(LOOM_I32, 1, n4, "targets4");
   loom_tensor_t losses4 = test_tensor_f32(1, n4, "losses4");
   loom_tensor_t dlogits_t = test_tensor_f32(2, tshape, "dlogits_t");
   test_rng_t rng = test_rng(3);
@@ -374,58 +354,59 @@ static void test_bad_args(void) {
   float mean = 42.0f;
 
   loom_error_clear();
-  expect_fail(loom_cross_entropy_forward(NULL, &mean, &logits, &targets, IGNORE),
-              LOOM_ERR_INVALID_ARG, fwd, "NULL losses");
-  expect_fail(loom_cross_entropy_forward(&losses, &mean, NULL, &targets, IGNORE),
-              LOOM_ERR_INVALID_ARG, fwd, "NULL logits");
-  expect_fail(loom_cross_entropy_forward(&losses, &mean, &logits, NULL, IGNORE),
-              LOOM_ERR_INVALID_ARG, fwd, "NULL targets");
-  expect_fail(loom_cross_entropy_forward(&losses, &mean, &logits16, &targets, IGNORE),
-              LOOM_ERR_INVALID_ARG, fwd, "f16 logits");
-  expect_fail(loom_cross_entropy_forward(&losses, &mean, &logits, &targets_f, IGNORE),
-              LOOM_ERR_INVALID_ARG, fwd, "f32 targets");
-  expect_fail(loom_cross_entropy_forward(&losses_i, &mean, &logits, &targets, IGNORE),
-              LOOM_ERR_INVALID_ARG, fwd, "i32 losses");
-  expect_fail(loom_cross_entropy_forward(&losses, &mean, &logits, &targets4, IGNORE),
-              LOOM_ERR_INVALID_ARG, fwd, "4 targets for 3 rows");
-  expect_fail(loom_cross_entropy_forward(&losses4, &mean, &logits, &targets, IGNORE),
-              LOOM_ERR_INVALID_ARG, fwd, "4 losses for 3 rows");
+  test_expect_fail(loom_cross_entropy_forward(NULL, &mean, &logits, &targets, IGNORE),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, fwd, NULL, "NULL losses");
+  test_expect_fail(loom_cross_entropy_forward(&losses, &mean, NULL, &targets, IGNORE),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, fwd, NULL, "NULL logits");
+  test_expect_fail(loom_cross_entropy_forward(&losses, &mean, &logits, NULL, IGNORE),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, fwd, NULL, "NULL targets");
+  test_expect_fail(loom_cross_entropy_forward(&losses, &mean, &logits16, &targets, IGNORE),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, fwd, NULL, "f16 logits");
+  test_expect_fail(loom_cross_entropy_forward(&losses, &mean, &logits, &targets_f, IGNORE),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, fwd, NULL, "f32 targets");
+  test_expect_fail(loom_cross_entropy_forward(&losses_i, &mean, &logits, &targets, IGNORE),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, fwd, NULL, "i32 losses");
+  test_expect_fail(loom_cross_entropy_forward(&losses, &mean, &logits, &targets4, IGNORE),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, fwd, NULL, "4 targets for 3 rows");
+  test_expect_fail(loom_cross_entropy_forward(&losses4, &mean, &logits, &targets, IGNORE),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, fwd, NULL, "4 losses for 3 rows");
   // Targets out of range, in the last row so that earlier rows would have been written.
   int32_t bad_targets[] = {5, -1, -100, 1 << 30};
   for (int k = 0; k < 4; k++) {
     t[2] = bad_targets[k];
     int32_t ignore = k == 2 ? -1 : IGNORE; // -100 is out of range when it is not the ignore index
-    expect_fail(loom_cross_entropy_forward(&losses, &mean, &logits, &targets, ignore),
-                LOOM_ERR_INVALID_ARG, fwd, "target out of range");
-    expect_fail(loom_cross_entropy_backward(&dlogits, &logits, &targets, ignore, 1.0f),
-                LOOM_ERR_INVALID_ARG, bwd, "target out of range");
+    test_expect_fail(loom_cross_entropy_forward(&losses, &mean, &logits, &targets, ignore),
+                     LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, fwd, NULL, "target out of range");
+    test_expect_fail(loom_cross_entropy_backward(&dlogits, &logits, &targets, ignore, 1.0f),
+                     LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "target out of range");
   }
   t[2] = 2;
-  expect_fail(loom_cross_entropy_backward(NULL, &logits, &targets, IGNORE, 1.0f),
-              LOOM_ERR_INVALID_ARG, bwd, "NULL dlogits");
-  expect_fail(loom_cross_entropy_backward(&dlogits, NULL, &targets, IGNORE, 1.0f),
-              LOOM_ERR_INVALID_ARG, bwd, "NULL logits");
-  expect_fail(loom_cross_entropy_backward(&dlogits_t, &logits, &targets, IGNORE, 1.0f),
-              LOOM_ERR_INVALID_ARG, bwd, "transposed dlogits");
-  expect_fail(loom_cross_entropy_backward(&dlogits, &logits16, &targets, IGNORE, 1.0f),
-              LOOM_ERR_INVALID_ARG, bwd, "f16 logits");
-  expect_fail(loom_cross_entropy_backward(&dlogits, &logits, &targets_f, IGNORE, 1.0f),
-              LOOM_ERR_INVALID_ARG, bwd, "f32 targets");
-  expect_fail(loom_cross_entropy_backward(&dlogits, &logits, &targets4, IGNORE, 1.0f),
-              LOOM_ERR_INVALID_ARG, bwd, "4 targets for 3 rows");
-  expect_fail(loom_cross_entropy_backward(&dlogits, &logits, &targets, IGNORE, NAN),
-              LOOM_ERR_INVALID_ARG, bwd, "NaN dloss");
-  expect_fail(loom_cross_entropy_backward(&dlogits, &logits, &targets, IGNORE, INFINITY),
-              LOOM_ERR_INVALID_ARG, bwd, "Inf dloss");
+  test_expect_fail(loom_cross_entropy_backward(NULL, &logits, &targets, IGNORE, 1.0f),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "NULL dlogits");
+  test_expect_fail(loom_cross_entropy_backward(&dlogits, NULL, &targets, IGNORE, 1.0f),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "NULL logits");
+  test_expect_fail(loom_cross_entropy_backward(&dlogits_t, &logits, &targets, IGNORE, 1.0f),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "transposed dlogits");
+  test_expect_fail(loom_cross_entropy_backward(&dlogits, &logits16, &targets, IGNORE, 1.0f),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "f16 logits");
+  test_expect_fail(loom_cross_entropy_backward(&dlogits, &logits, &targets_f, IGNORE, 1.0f),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "f32 targets");
+  test_expect_fail(loom_cross_entropy_backward(&dlogits, &logits, &targets4, IGNORE, 1.0f),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "4 targets for 3 rows");
+  test_expect_fail(loom_cross_entropy_backward(&dlogits, &logits, &targets, IGNORE, NAN),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "NaN dloss");
+  test_expect_fail(loom_cross_entropy_backward(&dlogits, &logits, &targets, IGNORE, INFINITY),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "Inf dloss");
   // A CUDA first tensor is unsupported for now; a CUDA tensor beside a host one is a bad call.
   loom_tensor_t on_gpu = losses;
   on_gpu.device = 0;
-  expect_fail(loom_cross_entropy_forward(&on_gpu, &mean, &logits, &targets, IGNORE),
-              LOOM_ERR_UNSUPPORTED, fwd, "CUDA losses");
+  test_expect_fail(loom_cross_entropy_forward(&on_gpu, &mean, &logits, &targets, IGNORE),
+                   LOOM_ERR_UNSUPPORTED, LOOM_ERR_UNSUPPORTED, fwd, NULL, "CUDA losses");
   on_gpu = logits;
   on_gpu.device = 0;
-  expect_fail(loom_cross_entropy_forward(&losses, &mean, &on_gpu, &targets, IGNORE),
-              LOOM_ERR_INVALID_ARG, fwd, "logits on another device");
+  test_expect_fail(loom_cross_entropy_forward(&losses, &mean, &on_gpu, &targets, IGNORE),
+                   LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, fwd, NULL,
+                   "logits on another device");
 
   for (int i = 0; i < 3; i++) {
     CHECK(((float *)losses.data)[i] == 42.0f, "losses[%d] written by a failed call", i);
@@ -435,11 +416,8 @@ static void test_bad_args(void) {
   }
   CHECK(mean == 42.0f, "mean_loss written by a failed call");
 
-  loom_tensor_t *all[] = {&logits,    &dlogits,  &losses,   &targets, &logits16,
-                          &targets_f, &losses_i, &targets4, &losses4, &dlogits_t};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    loom_tensor_free(all[i]);
-  }
+  TEST_FREE(&logits, &dlogits, &losses, &targets, &logits16, &targets_f, &losses_i, &targets4,
+            &losses4, &dlogits_t);
 }
 
 int main(void) {

@@ -22,29 +22,6 @@
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-static loom_tensor_t tensor_of(loom_dtype_t dtype, int ndim, const int64_t *shape,
-                               const char *name) {
-  loom_tensor_t t;
-  if (loom_tensor_alloc(&t, dtype, LOOM_DEVICE_HOST, ndim, shape, name) != LOOM_OK) {
-    fprintf(stderr, "tensor_of(%s): %s\n", name, loom_last_error(NULL));
-    exit(2);
-  }
-  return t;
-}
-
-static void expect_fail(loom_status_t got, loom_status_t want, const char *op, const char *what) {
-  const char *msg = loom_last_error(NULL);
-  CHECK(got == want, "%s: got %s, want %s (last error: %s)", what, loom_strerror(got),
-        loom_strerror(want), msg);
-  CHECK(msg[0] != '\0' && strstr(msg, op) != NULL, "%s: message '%s' does not name %s", what, msg,
-        op);
-  loom_error_clear();
-}
-
-static float *fdata(const loom_tensor_t *t) {
-  return (float *)t->data;
-}
-
 static double *to_double(const float *x, int64_t n) {
   double *d = malloc(sizeof(double) * (size_t)(n + 1));
   for (int64_t i = 0; i < n; i++) {
@@ -74,21 +51,21 @@ static void adamw_case(test_rng_t *rng, int64_t n, loom_adamw_t hp, int steps) {
   int64_t shape[2] = {1, n};
   loom_tensor_t p = test_tensor_f32(2, shape, "p"), g = test_tensor_f32(2, shape, "g");
   loom_tensor_t m = test_tensor_f32(2, shape, "m"), v = test_tensor_f32(2, shape, "v");
-  test_fill_uniform(rng, fdata(&p), n, -1, 1);
-  double *pd = to_double(fdata(&p), n), *md = to_double(fdata(&m), n),
-         *vd = to_double(fdata(&v), n);
+  test_fill_uniform(rng, test_floats(&p), n, -1, 1);
+  double *pd = to_double(test_floats(&p), n), *md = to_double(test_floats(&m), n),
+         *vd = to_double(test_floats(&v), n);
   for (int s = 0; s < steps; s++, hp.step++) {
-    test_fill_uniform(rng, fdata(&g), n, -1, 1);
+    test_fill_uniform(rng, test_floats(&g), n, -1, 1);
     if (n > 3) {
-      fdata(&g)[3] = 0.0f; // a zero gradient: m = v = 0 must give no update, not 0/0
+      test_floats(&g)[3] = 0.0f; // a zero gradient: m = v = 0 must give no update, not 0/0
     }
     CHECK(loom_adamw_update(&p, &g, &m, &v, &hp) == LOOM_OK, "%s", loom_last_error(NULL));
-    ref_adamw(n, pd, fdata(&g), md, vd, &hp);
+    ref_adamw(n, pd, test_floats(&g), md, vd, &hp);
     snprintf(what, sizeof what, "adamw n=%lld lr=%g b1=%g b2=%g wd=%g step %d", (long long)n,
              (double)hp.lr, (double)hp.beta1, (double)hp.beta2, (double)hp.weight_decay, hp.step);
-    CHECK(test_compare(what, fdata(&p), pd, n, 1e-6, 1e-5) == 0, "%s: param", what);
-    CHECK(test_compare(what, fdata(&m), md, n, 1e-6, 1e-5) == 0, "%s: m", what);
-    CHECK(test_compare(what, fdata(&v), vd, n, 1e-6, 1e-5) == 0, "%s: v", what);
+    CHECK(test_compare(what, test_floats(&p), pd, n, 1e-6, 1e-5) == 0, "%s: param", what);
+    CHECK(test_compare(what, test_floats(&m), md, n, 1e-6, 1e-5) == 0, "%s: m", what);
+    CHECK(test_compare(what, test_floats(&v), vd, n, 1e-6, 1e-5) == 0, "%s: v", what);
   }
   free(pd);
   free(md);
@@ -120,8 +97,8 @@ static void test_adamw(void) {
   for (int i = 0; i < 3; i++) {
     double lr = hp.lr, want = p0[i] * (1.0 - lr * hp.weight_decay) -
                               lr * g0[i] / (fabs((double)g0[i]) + (double)hp.eps);
-    CHECK(fabs(fdata(&p)[i] - want) <= 1e-6, "adamw step 1 [%d]: %.9g want %.9g", i,
-          (double)fdata(&p)[i], want);
+    CHECK(fabs(test_floats(&p)[i] - want) <= 1e-6, "adamw step 1 [%d]: %.9g want %.9g", i,
+          (double)test_floats(&p)[i], want);
   }
   // lr 0: the parameters do not move (bitwise), the moments still do.
   memcpy(p.data, p0, sizeof p0);
@@ -164,31 +141,31 @@ static void sgd_case(test_rng_t *rng, int64_t n, loom_sgd_t hp, int with_buf, in
   char what[128];
   loom_tensor_t p = test_tensor_f32(1, &n, "p"), g = test_tensor_f32(1, &n, "g");
   loom_tensor_t b = test_tensor_f32(1, &n, "buf");
-  test_fill_uniform(rng, fdata(&p), n, -1, 1);
+  test_fill_uniform(rng, test_floats(&p), n, -1, 1);
   if (hp.momentum == 0.0f && with_buf) {
-    test_fill_uniform(rng, fdata(&b), n, 5, 6); // must stay untouched
+    test_fill_uniform(rng, test_floats(&b), n, 5, 6); // must stay untouched
   }
   float *b0 = malloc(sizeof(float) * (size_t)(n + 1));
   memcpy(b0, b.data, sizeof(float) * (size_t)n);
-  double *pd = to_double(fdata(&p), n), *bd = to_double(fdata(&b), n);
+  double *pd = to_double(test_floats(&p), n), *bd = to_double(test_floats(&b), n);
   for (int s = 0; s < steps; s++) {
-    test_fill_uniform(rng, fdata(&g), n, -1, 1);
+    test_fill_uniform(rng, test_floats(&g), n, -1, 1);
     float *first = NULL;
     if (s == 0) { // what PyTorch puts in the buffer on the first step: g + wd * p, bitwise
       first = malloc(sizeof(float) * (size_t)(n + 1));
       for (int64_t i = 0; i < n; i++) {
-        first[i] = fdata(&g)[i] + hp.weight_decay * fdata(&p)[i];
+        first[i] = test_floats(&g)[i] + hp.weight_decay * test_floats(&p)[i];
       }
     }
     CHECK(loom_sgd_update(&p, &g, with_buf ? &b : NULL, &hp) == LOOM_OK, "%s",
           loom_last_error(NULL));
-    ref_sgd(n, pd, fdata(&g), hp.momentum != 0.0f ? bd : NULL, &hp);
+    ref_sgd(n, pd, test_floats(&g), hp.momentum != 0.0f ? bd : NULL, &hp);
     snprintf(what, sizeof what, "sgd n=%lld lr=%g momentum=%g wd=%g nesterov=%d step %d",
              (long long)n, (double)hp.lr, (double)hp.momentum, (double)hp.weight_decay, hp.nesterov,
              s + 1);
-    CHECK(test_compare(what, fdata(&p), pd, n, 1e-6, 1e-5) == 0, "%s: param", what);
+    CHECK(test_compare(what, test_floats(&p), pd, n, 1e-6, 1e-5) == 0, "%s: param", what);
     if (hp.momentum != 0.0f) {
-      CHECK(test_compare(what, fdata(&b), bd, n, 1e-6, 1e-5) == 0, "%s: buf", what);
+      CHECK(test_compare(what, test_floats(&b), bd, n, 1e-6, 1e-5) == 0, "%s: buf", what);
       if (first) {
         CHECK(!memcmp(first, b.data, sizeof(float) * (size_t)n),
               "%s: the first buffer is not g + wd * p", what);
@@ -231,9 +208,9 @@ static void test_clip(void) {
   loom_tensor_t *grads[4] = {&a, &b, &e, &c};
   const int64_t total = 1 + 7 + 300;
   float keep[308], now[308];
-  test_fill_uniform(&rng, fdata(&a), 1, -1, 1);
-  test_fill_uniform(&rng, fdata(&b), 7, -1, 1);
-  test_fill_uniform(&rng, fdata(&c), 300, -1, 1);
+  test_fill_uniform(&rng, test_floats(&a), 1, -1, 1);
+  test_fill_uniform(&rng, test_floats(&b), 7, -1, 1);
+  test_fill_uniform(&rng, test_floats(&c), 300, -1, 1);
   memcpy(keep, a.data, 4);
   memcpy(keep + 1, b.data, 28);
   memcpy(keep + 8, c.data, 1200);
@@ -264,9 +241,9 @@ static void test_clip(void) {
   for (int64_t i = 0; i < total; i++) {
     want[i] = keep[i] * coef;
   }
-  CHECK(test_compare("clip a", fdata(&a), want, 1, 0, 1e-6) == 0, "clipped a");
-  CHECK(test_compare("clip b", fdata(&b), want + 1, 7, 0, 1e-6) == 0, "clipped b");
-  CHECK(test_compare("clip c", fdata(&c), want + 8, 300, 0, 1e-6) == 0, "clipped c");
+  CHECK(test_compare("clip a", test_floats(&a), want, 1, 0, 1e-6) == 0, "clipped a");
+  CHECK(test_compare("clip b", test_floats(&b), want + 1, 7, 0, 1e-6) == 0, "clipped b");
+  CHECK(test_compare("clip c", test_floats(&c), want + 8, 300, 0, 1e-6) == 0, "clipped c");
   loom_tensor_t *cat[3] = {&a, &b, &c};
   CHECK(loom_clip_grad_norm(cat, 3, 0.0f, &got) == LOOM_OK, "%s", loom_last_error(NULL));
   CHECK(fabs(got - max_norm) <= 1e-5 * max_norm, "norm after clipping %.9g want %.9g", (double)got,
@@ -277,7 +254,7 @@ static void test_clip(void) {
   CHECK(loom_clip_grad_norm(NULL, 0, 1.0f, &got) == LOOM_OK && got == 0.0f, "n = 0: %g, %s",
         (double)got, loom_last_error(NULL));
   // A non-finite norm is reported and nothing is scaled (0 * Inf would make NaN).
-  fdata(&b)[2] = INFINITY;
+  test_floats(&b)[2] = INFINITY;
   memcpy(now, b.data, 28);
   CHECK(loom_clip_grad_norm(grads, 4, 1.0f, &got) == LOOM_OK && isinf(got), "Inf norm: %g",
         (double)got);
@@ -298,13 +275,13 @@ static void test_bad_args(void) {
   loom_tensor_t p = test_tensor_f32(1, &n, "p"), g = test_tensor_f32(1, &n, "g");
   loom_tensor_t m = test_tensor_f32(1, &n, "m"), v = test_tensor_f32(1, &n, "v");
   loom_tensor_t b = test_tensor_f32(1, &n, "b"), g5 = test_tensor_f32(1, &n5, "g5");
-  loom_tensor_t g22 = test_tensor_f32(2, s22, "g22"), m16 = tensor_of(LOOM_F16, 1, &n, "m16");
+  loom_tensor_t g22 = test_tensor_f32(2, s22, "g22"), m16 = test_tensor(LOOM_F16, 1, &n, "m16");
   for (int i = 0; i < 4; i++) {
-    fdata(&p)[i] = 1.0f + (float)i;
-    fdata(&g)[i] = 0.5f;
-    fdata(&m)[i] = 0.25f;
-    fdata(&v)[i] = 0.125f;
-    fdata(&b)[i] = 2.0f;
+    test_floats(&p)[i] = 1.0f + (float)i;
+    test_floats(&g)[i] = 0.5f;
+    test_floats(&m)[i] = 0.25f;
+    test_floats(&v)[i] = 0.125f;
+    test_floats(&b)[i] = 2.0f;
   }
   float keep[5][4];
   loom_tensor_t *mine[5] = {&p, &g, &m, &v, &b};
@@ -317,17 +294,26 @@ static void test_bad_args(void) {
   loom_sgd_t hs;
 
   loom_error_clear();
-  expect_fail(loom_adamw_update(NULL, &g, &m, &v, &good_a), LOOM_ERR_INVALID_ARG, ao, "NULL p");
-  expect_fail(loom_adamw_update(&p, NULL, &m, &v, &good_a), LOOM_ERR_INVALID_ARG, ao, "NULL g");
-  expect_fail(loom_adamw_update(&p, &g, NULL, &v, &good_a), LOOM_ERR_INVALID_ARG, ao, "NULL m");
-  expect_fail(loom_adamw_update(&p, &g, &m, NULL, &good_a), LOOM_ERR_INVALID_ARG, ao, "NULL v");
-  expect_fail(loom_adamw_update(&p, &g, &m, &v, NULL), LOOM_ERR_INVALID_ARG, ao, "NULL hp");
-  expect_fail(loom_adamw_update(&p, &g5, &m, &v, &good_a), LOOM_ERR_INVALID_ARG, ao, "grad (5)");
-  expect_fail(loom_adamw_update(&p, &g22, &m, &v, &good_a), LOOM_ERR_INVALID_ARG, ao,
-              "grad (2, 2) for param (4)");
-  expect_fail(loom_adamw_update(&p, &g, &m16, &v, &good_a), LOOM_ERR_INVALID_ARG, ao, "f16 m");
-  expect_fail(loom_adamw_update(&p, &g, &m, &m, &good_a), LOOM_ERR_INVALID_ARG, ao, "m is v");
-  expect_fail(loom_adamw_update(&p, &p, &m, &v, &good_a), LOOM_ERR_INVALID_ARG, ao, "grad is p");
+  test_expect_fail(loom_adamw_update(NULL, &g, &m, &v, &good_a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ao, NULL, "NULL p");
+  test_expect_fail(loom_adamw_update(&p, NULL, &m, &v, &good_a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ao, NULL, "NULL g");
+  test_expect_fail(loom_adamw_update(&p, &g, NULL, &v, &good_a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ao, NULL, "NULL m");
+  test_expect_fail(loom_adamw_update(&p, &g, &m, NULL, &good_a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ao, NULL, "NULL v");
+  test_expect_fail(loom_adamw_update(&p, &g, &m, &v, NULL), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ao, NULL, "NULL hp");
+  test_expect_fail(loom_adamw_update(&p, &g5, &m, &v, &good_a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ao, NULL, "grad (5)");
+  test_expect_fail(loom_adamw_update(&p, &g22, &m, &v, &good_a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ao, NULL, "grad (2, 2) for param (4)");
+  test_expect_fail(loom_adamw_update(&p, &g, &m16, &v, &good_a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ao, NULL, "f16 m");
+  test_expect_fail(loom_adamw_update(&p, &g, &m, &m, &good_a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ao, NULL, "m is v");
+  test_expect_fail(loom_adamw_update(&p, &p, &m, &v, &good_a), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ao, NULL, "grad is p");
   struct {
     int field;
     float value;
@@ -338,24 +324,33 @@ static void test_bad_args(void) {
     ha = good_a;
     float *f[5] = {&ha.lr, &ha.beta1, &ha.beta2, &ha.eps, &ha.weight_decay};
     *f[bad_a[k].field] = bad_a[k].value;
-    expect_fail(loom_adamw_update(&p, &g, &m, &v, &ha), LOOM_ERR_INVALID_ARG, ao,
-                "bad hyperparameter");
+    test_expect_fail(loom_adamw_update(&p, &g, &m, &v, &ha), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, ao, NULL, "bad hyperparameter");
   }
   ha = good_a;
   ha.step = 0;
-  expect_fail(loom_adamw_update(&p, &g, &m, &v, &ha), LOOM_ERR_INVALID_ARG, ao, "step 0");
+  test_expect_fail(loom_adamw_update(&p, &g, &m, &v, &ha), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ao, NULL, "step 0");
   ha.step = -3;
-  expect_fail(loom_adamw_update(&p, &g, &m, &v, &ha), LOOM_ERR_INVALID_ARG, ao, "step -3");
+  test_expect_fail(loom_adamw_update(&p, &g, &m, &v, &ha), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, ao, NULL, "step -3");
 
-  expect_fail(loom_sgd_update(NULL, &g, &b, &good_s), LOOM_ERR_INVALID_ARG, so, "NULL p");
-  expect_fail(loom_sgd_update(&p, NULL, &b, &good_s), LOOM_ERR_INVALID_ARG, so, "NULL g");
-  expect_fail(loom_sgd_update(&p, &g, NULL, &good_s), LOOM_ERR_INVALID_ARG, so,
-              "NULL buf with momentum");
-  expect_fail(loom_sgd_update(&p, &g, &b, NULL), LOOM_ERR_INVALID_ARG, so, "NULL hp");
-  expect_fail(loom_sgd_update(&p, &g5, &b, &good_s), LOOM_ERR_INVALID_ARG, so, "grad (5)");
-  expect_fail(loom_sgd_update(&p, &g, &g5, &good_s), LOOM_ERR_INVALID_ARG, so, "buf (5)");
-  expect_fail(loom_sgd_update(&p, &g, &m16, &good_s), LOOM_ERR_INVALID_ARG, so, "f16 buf");
-  expect_fail(loom_sgd_update(&p, &g, &g, &good_s), LOOM_ERR_INVALID_ARG, so, "buf is grad");
+  test_expect_fail(loom_sgd_update(NULL, &g, &b, &good_s), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, so, NULL, "NULL p");
+  test_expect_fail(loom_sgd_update(&p, NULL, &b, &good_s), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, so, NULL, "NULL g");
+  test_expect_fail(loom_sgd_update(&p, &g, NULL, &good_s), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, so, NULL, "NULL buf with momentum");
+  test_expect_fail(loom_sgd_update(&p, &g, &b, NULL), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   so, NULL, "NULL hp");
+  test_expect_fail(loom_sgd_update(&p, &g5, &b, &good_s), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, so, NULL, "grad (5)");
+  test_expect_fail(loom_sgd_update(&p, &g, &g5, &good_s), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, so, NULL, "buf (5)");
+  test_expect_fail(loom_sgd_update(&p, &g, &m16, &good_s), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, so, NULL, "f16 buf");
+  test_expect_fail(loom_sgd_update(&p, &g, &g, &good_s), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   so, NULL, "buf is grad");
   struct {
     int field;
     float value;
@@ -365,44 +360,47 @@ static void test_bad_args(void) {
     hs = good_s;
     float *f[3] = {&hs.lr, &hs.momentum, &hs.weight_decay};
     *f[bad_s[k].field] = bad_s[k].value;
-    expect_fail(loom_sgd_update(&p, &g, &b, &hs), LOOM_ERR_INVALID_ARG, so, "bad hyperparameter");
+    test_expect_fail(loom_sgd_update(&p, &g, &b, &hs), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                     so, NULL, "bad hyperparameter");
   }
   hs = good_s;
   hs.nesterov = 2;
-  expect_fail(loom_sgd_update(&p, &g, &b, &hs), LOOM_ERR_INVALID_ARG, so, "nesterov 2");
+  test_expect_fail(loom_sgd_update(&p, &g, &b, &hs), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, so,
+                   NULL, "nesterov 2");
   hs.nesterov = 1;
   hs.momentum = 0.0f;
-  expect_fail(loom_sgd_update(&p, &g, &b, &hs), LOOM_ERR_INVALID_ARG, so,
-              "nesterov without momentum");
+  test_expect_fail(loom_sgd_update(&p, &g, &b, &hs), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, so,
+                   NULL, "nesterov without momentum");
 
   loom_tensor_t *list[3] = {&g, &m, NULL};
   float norm = 42.0f;
-  expect_fail(loom_clip_grad_norm(list, -1, 1.0f, &norm), LOOM_ERR_INVALID_ARG, co, "n -1");
-  expect_fail(loom_clip_grad_norm(NULL, 2, 1.0f, &norm), LOOM_ERR_INVALID_ARG, co, "NULL grads");
-  expect_fail(loom_clip_grad_norm(list, 3, 1e-3f, &norm), LOOM_ERR_INVALID_ARG, co,
-              "NULL grads[2]");
+  test_expect_fail(loom_clip_grad_norm(list, -1, 1.0f, &norm), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, co, NULL, "n -1");
+  test_expect_fail(loom_clip_grad_norm(NULL, 2, 1.0f, &norm), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, co, NULL, "NULL grads");
+  test_expect_fail(loom_clip_grad_norm(list, 3, 1e-3f, &norm), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, co, NULL, "NULL grads[2]");
   list[2] = &m16;
-  expect_fail(loom_clip_grad_norm(list, 3, 1e-3f, &norm), LOOM_ERR_INVALID_ARG, co, "f16 grads[2]");
-  expect_fail(loom_clip_grad_norm(list, 2, NAN, &norm), LOOM_ERR_INVALID_ARG, co, "NaN max_norm");
+  test_expect_fail(loom_clip_grad_norm(list, 3, 1e-3f, &norm), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, co, NULL, "f16 grads[2]");
+  test_expect_fail(loom_clip_grad_norm(list, 2, NAN, &norm), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, co, NULL, "NaN max_norm");
   loom_tensor_t on_gpu = g;
   on_gpu.device = 0;
   list[0] = &on_gpu;
-  expect_fail(loom_clip_grad_norm(list, 2, 1e-3f, &norm), LOOM_ERR_UNSUPPORTED, co,
-              "CUDA grads[0]");
+  test_expect_fail(loom_clip_grad_norm(list, 2, 1e-3f, &norm), LOOM_ERR_UNSUPPORTED,
+                   LOOM_ERR_UNSUPPORTED, co, NULL, "CUDA grads[0]");
   list[0] = &g;
   list[1] = &on_gpu;
-  expect_fail(loom_clip_grad_norm(list, 2, 1e-3f, &norm), LOOM_ERR_INVALID_ARG, co,
-              "grads[1] on another device");
+  test_expect_fail(loom_clip_grad_norm(list, 2, 1e-3f, &norm), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, co, NULL, "grads[1] on another device");
   CHECK(norm == 42.0f, "global_norm written by a failed call");
 
   for (int k = 0; k < 5; k++) {
     CHECK(!memcmp(keep[k], mine[k]->data, sizeof keep[k]), "%s written by a failed call",
           mine[k]->name);
   }
-  loom_tensor_t *all[] = {&p, &g, &m, &v, &b, &g5, &g22, &m16};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    loom_tensor_free(all[i]);
-  }
+  TEST_FREE(&p, &g, &m, &v, &b, &g5, &g22, &m16);
 }
 
 int main(void) {

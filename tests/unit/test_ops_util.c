@@ -21,40 +21,6 @@
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-static loom_tensor_t tensor_of(loom_dtype_t dtype, int ndim, const int64_t *shape,
-                               const char *name) {
-  loom_tensor_t t;
-  if (loom_tensor_alloc(&t, dtype, LOOM_DEVICE_HOST, ndim, shape, name) != LOOM_OK) {
-    fprintf(stderr, "tensor_of(%s): %s\n", name, loom_last_error(NULL));
-    exit(2);
-  }
-  return t;
-}
-
-static void expect_fail(loom_status_t got, loom_status_t want, const char *op, const char *what) {
-  const char *msg = loom_last_error(NULL);
-  CHECK(got == want, "%s: got %s, want %s (last error: %s)", what, loom_strerror(got),
-        loom_strerror(want), msg);
-  CHECK(msg[0] != '\0' && strstr(msg, op) != NULL, "%s: message '%s' does not name %s", what, msg,
-        op);
-  loom_error_clear();
-}
-
-static float *fdata(const loom_tensor_t *t) {
-  return (float *)t->data;
-}
-
-// memcpy / memcmp of n floats that accept n = 0 with NULL pointers (an empty tensor has no data).
-static void copy_floats(void *dst, const void *src, int64_t n) {
-  if (n > 0) {
-    memcpy(dst, src, sizeof(float) * (size_t)n);
-  }
-}
-
-static int same_floats(const void *a, const void *b, int64_t n) {
-  return n <= 0 || memcmp(a, b, sizeof(float) * (size_t)n) == 0;
-}
-
 static const int64_t sizes[] = {0, 1, 2, 7, 8, 9, 15, 17, 1000, 100003};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
 
@@ -76,30 +42,30 @@ static void test_scale_axpy(void) {
     double *want_d = malloc(sizeof(double) * (size_t)(n + 1));
     for (size_t k = 0; k < sizeof alphas / sizeof alphas[0]; k++) {
       float alpha = alphas[k];
-      test_fill_uniform(&rng, fdata(&x), n, -3, 3);
-      test_fill_uniform(&rng, fdata(&y), n, -3, 3);
-      copy_floats(keep, x.data, n);
+      test_fill_uniform(&rng, test_floats(&x), n, -3, 3);
+      test_fill_uniform(&rng, test_floats(&y), n, -3, 3);
+      test_copy_floats(keep, x.data, n);
       CHECK(loom_scale(&x, alpha) == LOOM_OK, "%s", loom_last_error(NULL));
       int64_t bad = 0;
       for (int64_t i = 0; i < n; i++) {
         float want = keep[i] * alpha;
-        bad += memcmp(&fdata(&x)[i], &want, sizeof want) != 0;
+        bad += memcmp(&test_floats(&x)[i], &want, sizeof want) != 0;
       }
       CHECK(bad == 0, "scale n=%lld alpha=%g: %lld wrong", (long long)n, (double)alpha,
             (long long)bad);
 
-      copy_floats(x.data, keep, n);
+      test_copy_floats(x.data, keep, n);
       for (int64_t i = 0; i < n; i++) {
-        want_f[i] = fdata(&y)[i] + alpha * keep[i];
-        want_d[i] = (double)fdata(&y)[i] + (double)alpha * (double)keep[i];
+        want_f[i] = test_floats(&y)[i] + alpha * keep[i];
+        want_d[i] = (double)test_floats(&y)[i] + (double)alpha * (double)keep[i];
       }
       CHECK(loom_axpy(&y, alpha, &x) == LOOM_OK, "%s", loom_last_error(NULL));
-      CHECK(same_floats(want_f, y.data, n), "axpy n=%lld alpha=%g: not bitwise", (long long)n,
+      CHECK(test_same_bits(want_f, y.data, n), "axpy n=%lld alpha=%g: not bitwise", (long long)n,
             (double)alpha);
       double atol = 1e-6 * fmax(1.0, fabs((double)alpha));
-      CHECK(test_compare("axpy", fdata(&y), want_d, n, atol, 1e-6) == 0, "axpy n=%lld",
+      CHECK(test_compare("axpy", test_floats(&y), want_d, n, atol, 1e-6) == 0, "axpy n=%lld",
             (long long)n);
-      CHECK(same_floats(keep, x.data, n), "axpy changed x");
+      CHECK(test_same_bits(keep, x.data, n), "axpy changed x");
     }
     // axpy between different shapes of the same numel is fine.
     int64_t other[2] = {n, 1};
@@ -119,10 +85,10 @@ static void test_norm2(void) {
   for (size_t s = 0; s < NSIZES; s++) {
     int64_t n = sizes[s];
     loom_tensor_t x = test_tensor_f32(1, &n, "x");
-    test_fill_uniform(&rng, fdata(&x), n, -2, 2);
+    test_fill_uniform(&rng, test_floats(&x), n, -2, 2);
     double want = 0.0, got = -1.0;
     for (int64_t i = 0; i < n; i++) {
-      want += (double)fdata(&x)[i] * (double)fdata(&x)[i];
+      want += (double)test_floats(&x)[i] * (double)test_floats(&x)[i];
     }
     want = sqrt(want);
     CHECK(loom_norm2(&x, &got) == LOOM_OK, "%s", loom_last_error(NULL));
@@ -134,14 +100,14 @@ static void test_norm2(void) {
   int64_t n = 5;
   loom_tensor_t big = test_tensor_f32(1, &n, "big");
   for (int i = 0; i < 5; i++) {
-    fdata(&big)[i] = i % 2 ? -3e30f : 4e30f;
+    test_floats(&big)[i] = i % 2 ? -3e30f : 4e30f;
   }
   double got = 0.0, want = sqrt(3.0 * (double)4e30f * (double)4e30f + 2.0 * (double)3e30f * 3e30f);
   CHECK(loom_norm2(&big, &got) == LOOM_OK && fabs(got - want) <= 1e-12 * want,
         "norm2 of 1e30 values: %g want %g", got, want);
   // Tiny values whose squares underflow f32 (1e-30^2 = 1e-60).
   for (int i = 0; i < 5; i++) {
-    fdata(&big)[i] = 1e-30f;
+    test_floats(&big)[i] = 1e-30f;
   }
   want = sqrt(5.0) * (double)1e-30f;
   CHECK(loom_norm2(&big, &got) == LOOM_OK && fabs(got - want) <= 1e-12 * want,
@@ -150,7 +116,7 @@ static void test_norm2(void) {
   int64_t s3[3] = {2, 3, 4};
   loom_tensor_t t3 = test_tensor_f32(3, s3, "t3");
   for (int i = 0; i < 24; i++) {
-    fdata(&t3)[i] = 0.5f;
+    test_floats(&t3)[i] = 0.5f;
   }
   CHECK(loom_norm2(&t3, &got) == LOOM_OK && got == sqrt(6.0), "norm2 (2, 3, 4) of 0.5: %.17g", got);
   loom_tensor_free(&t3);
@@ -163,15 +129,15 @@ static void test_norm2(void) {
 static void test_checksum(void) {
   uint64_t h = 0;
   int64_t one = 1, six = 6, zero = 0;
-  loom_tensor_t a = tensor_of(LOOM_U8, 1, &one, "a");
+  loom_tensor_t a = test_tensor(LOOM_U8, 1, &one, "a");
   ((uint8_t *)a.data)[0] = 'a';
   CHECK(loom_checksum(&a, &h) == LOOM_OK && h == 0xaf63dc4c8601ec8cull,
         "FNV-1a 64 of \"a\": %016llx", (unsigned long long)h);
-  loom_tensor_t foobar = tensor_of(LOOM_U8, 1, &six, "foobar");
+  loom_tensor_t foobar = test_tensor(LOOM_U8, 1, &six, "foobar");
   memcpy(foobar.data, "foobar", 6);
   CHECK(loom_checksum(&foobar, &h) == LOOM_OK && h == 0x85944171f73967e8ull,
         "FNV-1a 64 of \"foobar\": %016llx", (unsigned long long)h);
-  loom_tensor_t empty = tensor_of(LOOM_F32, 1, &zero, "empty");
+  loom_tensor_t empty = test_tensor(LOOM_F32, 1, &zero, "empty");
   CHECK(loom_checksum(&empty, &h) == LOOM_OK && h == 0xcbf29ce484222325ull,
         "FNV-1a 64 of nothing is the offset basis: %016llx", (unsigned long long)h);
 
@@ -179,9 +145,9 @@ static void test_checksum(void) {
   test_rng_t rng = test_rng(19);
   int64_t n = 37, s2[2] = {37, 2}, bytes = 37 * 4;
   loom_tensor_t x = test_tensor_f32(1, &n, "x");
-  loom_tensor_t y = tensor_of(LOOM_F16, 2, s2, "y"); // the same 148 bytes seen as f16
-  loom_tensor_t z = tensor_of(LOOM_U8, 1, &bytes, "z");
-  test_fill_uniform(&rng, fdata(&x), n, -1, 1);
+  loom_tensor_t y = test_tensor(LOOM_F16, 2, s2, "y"); // the same 148 bytes seen as f16
+  loom_tensor_t z = test_tensor(LOOM_U8, 1, &bytes, "z");
+  test_fill_uniform(&rng, test_floats(&x), n, -1, 1);
   memcpy(y.data, x.data, (size_t)bytes);
   memcpy(z.data, x.data, (size_t)bytes);
   uint64_t hx = 0, hy = 1, hz = 2;
@@ -202,15 +168,12 @@ static void test_checksum(void) {
   CHECK(loom_checksum(&x, &hy) == LOOM_OK && hy == hx, "flipping back restores the sum");
   // Every dtype is accepted.
   for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
-    loom_tensor_t t = tensor_of((loom_dtype_t)d, 1, &n, "t");
+    loom_tensor_t t = test_tensor((loom_dtype_t)d, 1, &n, "t");
     CHECK(loom_checksum(&t, &h) == LOOM_OK, "dtype %s: %s", loom_dtype_name((loom_dtype_t)d),
           loom_last_error(NULL));
     loom_tensor_free(&t);
   }
-  loom_tensor_t *all[] = {&a, &foobar, &empty, &x, &y, &z};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    loom_tensor_free(all[i]);
-  }
+  TEST_FREE(&a, &foobar, &empty, &x, &y, &z);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -220,11 +183,11 @@ static void test_bad_args(void) {
   int64_t n = 6, m = 5;
   loom_tensor_t x = test_tensor_f32(1, &n, "x"), y = test_tensor_f32(1, &n, "y");
   loom_tensor_t y5 = test_tensor_f32(1, &m, "y5");
-  loom_tensor_t h16 = tensor_of(LOOM_F16, 1, &n, "h16");
-  loom_tensor_t i32 = tensor_of(LOOM_I32, 1, &n, "i32");
+  loom_tensor_t h16 = test_tensor(LOOM_F16, 1, &n, "h16");
+  loom_tensor_t i32 = test_tensor(LOOM_I32, 1, &n, "i32");
   for (int i = 0; i < 6; i++) {
-    fdata(&x)[i] = 1.0f + (float)i;
-    fdata(&y)[i] = 42.0f;
+    test_floats(&x)[i] = 1.0f + (float)i;
+    test_floats(&y)[i] = 42.0f;
   }
   float x0[6];
   memcpy(x0, x.data, sizeof x0);
@@ -232,49 +195,66 @@ static void test_bad_args(void) {
   uint64_t h = 42;
 
   loom_error_clear();
-  expect_fail(loom_scale(NULL, 2.0f), LOOM_ERR_INVALID_ARG, "loom_scale", "NULL x");
-  expect_fail(loom_scale(&h16, 2.0f), LOOM_ERR_INVALID_ARG, "loom_scale", "f16 x");
-  expect_fail(loom_scale(&x, NAN), LOOM_ERR_INVALID_ARG, "loom_scale", "NaN alpha");
-  expect_fail(loom_scale(&x, INFINITY), LOOM_ERR_INVALID_ARG, "loom_scale", "Inf alpha");
-  expect_fail(loom_axpy(NULL, 1.0f, &x), LOOM_ERR_INVALID_ARG, "loom_axpy", "NULL y");
-  expect_fail(loom_axpy(&y, 1.0f, NULL), LOOM_ERR_INVALID_ARG, "loom_axpy", "NULL x");
-  expect_fail(loom_axpy(&y, 1.0f, &h16), LOOM_ERR_INVALID_ARG, "loom_axpy", "f16 x");
-  expect_fail(loom_axpy(&i32, 1.0f, &x), LOOM_ERR_INVALID_ARG, "loom_axpy", "i32 y");
-  expect_fail(loom_axpy(&y5, 1.0f, &x), LOOM_ERR_INVALID_ARG, "loom_axpy", "5 vs 6 elements");
-  expect_fail(loom_axpy(&y, 1.0f, &y), LOOM_ERR_INVALID_ARG, "loom_axpy", "x is y");
+  test_expect_fail(loom_scale(NULL, 2.0f), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, "loom_scale",
+                   NULL, "NULL x");
+  test_expect_fail(loom_scale(&h16, 2.0f), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, "loom_scale",
+                   NULL, "f16 x");
+  test_expect_fail(loom_scale(&x, NAN), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, "loom_scale",
+                   NULL, "NaN alpha");
+  test_expect_fail(loom_scale(&x, INFINITY), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   "loom_scale", NULL, "Inf alpha");
+  test_expect_fail(loom_axpy(NULL, 1.0f, &x), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   "loom_axpy", NULL, "NULL y");
+  test_expect_fail(loom_axpy(&y, 1.0f, NULL), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   "loom_axpy", NULL, "NULL x");
+  test_expect_fail(loom_axpy(&y, 1.0f, &h16), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   "loom_axpy", NULL, "f16 x");
+  test_expect_fail(loom_axpy(&i32, 1.0f, &x), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   "loom_axpy", NULL, "i32 y");
+  test_expect_fail(loom_axpy(&y5, 1.0f, &x), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   "loom_axpy", NULL, "5 vs 6 elements");
+  test_expect_fail(loom_axpy(&y, 1.0f, &y), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, "loom_axpy",
+                   NULL, "x is y");
   loom_tensor_t shifted = y; // overlapping by all but one element
-  shifted.data = fdata(&y) + 1;
+  shifted.data = test_floats(&y) + 1;
   shifted.shape[0] = 5;
   loom_tensor_t y_head = y;
   y_head.shape[0] = 5;
-  expect_fail(loom_axpy(&y_head, 1.0f, &shifted), LOOM_ERR_INVALID_ARG, "loom_axpy",
-              "partial overlap");
-  expect_fail(loom_axpy(&y, NAN, &x), LOOM_ERR_INVALID_ARG, "loom_axpy", "NaN alpha");
-  expect_fail(loom_norm2(NULL, &d), LOOM_ERR_INVALID_ARG, "loom_norm2", "NULL x");
-  expect_fail(loom_norm2(&x, NULL), LOOM_ERR_INVALID_ARG, "loom_norm2", "NULL out");
-  expect_fail(loom_norm2(&h16, &d), LOOM_ERR_INVALID_ARG, "loom_norm2", "f16 x");
-  expect_fail(loom_checksum(NULL, &h), LOOM_ERR_INVALID_ARG, "loom_checksum", "NULL x");
-  expect_fail(loom_checksum(&x, NULL), LOOM_ERR_INVALID_ARG, "loom_checksum", "NULL out");
+  test_expect_fail(loom_axpy(&y_head, 1.0f, &shifted), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   "loom_axpy", NULL, "partial overlap");
+  test_expect_fail(loom_axpy(&y, NAN, &x), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, "loom_axpy",
+                   NULL, "NaN alpha");
+  test_expect_fail(loom_norm2(NULL, &d), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, "loom_norm2",
+                   NULL, "NULL x");
+  test_expect_fail(loom_norm2(&x, NULL), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, "loom_norm2",
+                   NULL, "NULL out");
+  test_expect_fail(loom_norm2(&h16, &d), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, "loom_norm2",
+                   NULL, "f16 x");
+  test_expect_fail(loom_checksum(NULL, &h), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   "loom_checksum", NULL, "NULL x");
+  test_expect_fail(loom_checksum(&x, NULL), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   "loom_checksum", NULL, "NULL out");
   loom_tensor_t odd = x;
   odd.dtype = LOOM_DTYPE_COUNT;
-  expect_fail(loom_checksum(&odd, &h), LOOM_ERR_INVALID_ARG, "loom_checksum", "invalid dtype");
+  test_expect_fail(loom_checksum(&odd, &h), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   "loom_checksum", NULL, "invalid dtype");
   odd = x;
   odd.data = NULL;
-  expect_fail(loom_checksum(&odd, &h), LOOM_ERR_INVALID_ARG, "loom_checksum", "NULL data");
+  test_expect_fail(loom_checksum(&odd, &h), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   "loom_checksum", NULL, "NULL data");
   odd = x;
   odd.device = 0;
-  expect_fail(loom_norm2(&odd, &d), LOOM_ERR_UNSUPPORTED, "loom_norm2", "CUDA x");
-  expect_fail(loom_axpy(&y, 1.0f, &odd), LOOM_ERR_INVALID_ARG, "loom_axpy", "x on another device");
+  test_expect_fail(loom_norm2(&odd, &d), LOOM_ERR_UNSUPPORTED, LOOM_ERR_UNSUPPORTED, "loom_norm2",
+                   NULL, "CUDA x");
+  test_expect_fail(loom_axpy(&y, 1.0f, &odd), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   "loom_axpy", NULL, "x on another device");
 
   CHECK(!memcmp(x0, x.data, sizeof x0), "x written by a failed call");
   for (int i = 0; i < 6; i++) {
-    CHECK(fdata(&y)[i] == 42.0f, "y[%d] written by a failed call", i);
+    CHECK(test_floats(&y)[i] == 42.0f, "y[%d] written by a failed call", i);
   }
   CHECK(d == 42.0 && h == 42, "outputs written by a failed call");
-  loom_tensor_t *all[] = {&x, &y, &y5, &h16, &i32};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    loom_tensor_free(all[i]);
-  }
+  TEST_FREE(&x, &y, &y5, &h16, &i32);
 }
 
 int main(void) {

@@ -13,19 +13,9 @@
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
-static loom_tensor_t tensor_of(loom_dtype_t dtype, int ndim, const int64_t *shape,
-                               const char *name) {
-  loom_tensor_t t;
-  if (loom_tensor_alloc(&t, dtype, LOOM_DEVICE_HOST, ndim, shape, name) != LOOM_OK) {
-    fprintf(stderr, "tensor_of(%s): %s\n", name, loom_last_error(NULL));
-    exit(2);
-  }
-  return t;
-}
-
 static loom_tensor_t i32_of(int64_t n, const int32_t *values, const char *name) {
   const int64_t shape[1] = {n};
-  loom_tensor_t t = tensor_of(LOOM_I32, 1, shape, name);
+  loom_tensor_t t = test_tensor(LOOM_I32, 1, shape, name);
   if (values && n > 0) {
     memcpy(t.data, values, (size_t)n * sizeof(int32_t));
   }
@@ -46,15 +36,6 @@ static int all_bytes(const loom_tensor_t *t, unsigned char x) {
     }
   }
   return 1;
-}
-
-// A failure must be LOOM_ERR_INVALID_ARG with a message naming op and containing needle.
-static void expect_bad(loom_status_t got, const char *op, const char *needle, const char *what) {
-  const char *msg = loom_last_error(NULL);
-  CHECK(got == LOOM_ERR_INVALID_ARG, "%s: got %s (last error: %s)", what, loom_strerror(got), msg);
-  CHECK(strstr(msg, op) != NULL && strstr(msg, needle) != NULL,
-        "%s: message '%s' should name %s and contain '%s'", what, msg, op, needle);
-  loom_error_clear();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -81,32 +62,33 @@ static void test_offsets(void) {
   // Bad lengths and shapes: nothing written.
   fill_bytes(&cu, 0xAB);
   total = -7;
-  expect_bad(loom_varlen_offsets(&cu, &lengths, 4, &total), op, "lengths[2]=5 > max_len=4",
-             "length above max_len");
+  test_expect_fail(loom_varlen_offsets(&cu, &lengths, 4, &total), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, op, "lengths[2]=5 > max_len=4", "length above max_len");
   const int32_t neg[4] = {3, -2, 5, 2};
   loom_tensor_t lneg = i32_of(4, neg, "lengths");
-  expect_bad(loom_varlen_offsets(&cu, &lneg, 0, &total), op, "lengths[1]=-2 is negative",
-             "negative length");
+  test_expect_fail(loom_varlen_offsets(&cu, &lneg, 0, &total), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, op, "lengths[1]=-2 is negative", "negative length");
   const int32_t huge[4] = {2000000000, 2000000000, 1, 1};
   loom_tensor_t lhuge = i32_of(4, huge, "lengths");
-  expect_bad(loom_varlen_offsets(&cu, &lhuge, 0, &total), op, "i32", "sum overflowing i32");
+  test_expect_fail(loom_varlen_offsets(&cu, &lhuge, 0, &total), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, op, "i32", "sum overflowing i32");
   loom_tensor_t cu4 = i32_of(4, NULL, "cu");
-  expect_bad(loom_varlen_offsets(&cu4, &lengths, 0, &total), op, "cu_seqlens is (4)",
-             "cu_seqlens of B entries");
+  test_expect_fail(loom_varlen_offsets(&cu4, &lengths, 0, &total), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, op, "cu_seqlens is (4)", "cu_seqlens of B entries");
   const int64_t s2[2] = {2, 2};
-  loom_tensor_t l2 = tensor_of(LOOM_I32, 2, s2, "lengths");
-  expect_bad(loom_varlen_offsets(&cu, &l2, 0, &total), op, "expected (B)", "2-D lengths");
-  loom_tensor_t lf = tensor_of(LOOM_F32, 1, lengths.shape, "lengths");
-  expect_bad(loom_varlen_offsets(&cu, &lf, 0, &total), op, "expected dtype i32", "f32 lengths");
-  expect_bad(loom_varlen_offsets(&cu, NULL, 0, &total), op, "lengths is NULL", "NULL lengths");
-  expect_bad(loom_varlen_offsets(NULL, &lengths, 0, &total), op, "cu_seqlens is NULL",
-             "NULL cu_seqlens");
+  loom_tensor_t l2 = test_tensor(LOOM_I32, 2, s2, "lengths");
+  test_expect_fail(loom_varlen_offsets(&cu, &l2, 0, &total), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, op, "expected (B)", "2-D lengths");
+  loom_tensor_t lf = test_tensor(LOOM_F32, 1, lengths.shape, "lengths");
+  test_expect_fail(loom_varlen_offsets(&cu, &lf, 0, &total), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, op, "expected dtype i32", "f32 lengths");
+  test_expect_fail(loom_varlen_offsets(&cu, NULL, 0, &total), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, op, "lengths is NULL", "NULL lengths");
+  test_expect_fail(loom_varlen_offsets(NULL, &lengths, 0, &total), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, op, "cu_seqlens is NULL", "NULL cu_seqlens");
   CHECK(all_bytes(&cu, 0xAB) && total == -7, "a failed call wrote its outputs");
 
-  loom_tensor_t *all[] = {&lengths, &cu, &none, &cu0, &lneg, &lhuge, &cu4, &l2, &lf};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    loom_tensor_free(all[i]);
-  }
+  TEST_FREE(&lengths, &cu, &none, &cu0, &lneg, &lhuge, &cu4, &l2, &lf);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -124,9 +106,9 @@ static void round_trip(loom_dtype_t dtype, int ndim, const int64_t *padded_shape
   for (int i = 2; i < ndim; i++) {
     packed_shape[i - 1] = padded_shape[i];
   }
-  loom_tensor_t padded = tensor_of(dtype, ndim, padded_shape, "padded");
-  loom_tensor_t packed = tensor_of(dtype, ndim - 1, packed_shape, "packed");
-  loom_tensor_t back = tensor_of(dtype, ndim, padded_shape, "back");
+  loom_tensor_t padded = test_tensor(dtype, ndim, padded_shape, "padded");
+  loom_tensor_t packed = test_tensor(dtype, ndim - 1, packed_shape, "packed");
+  loom_tensor_t back = test_tensor(dtype, ndim, padded_shape, "back");
   loom_tensor_t map = i32_of(total, NULL, "row_map");
   unsigned char *pb = padded.data;
   for (size_t i = 0; i < loom_tensor_bytes(&padded); i++) {
@@ -159,10 +141,7 @@ static void round_trip(loom_dtype_t dtype, int ndim, const int64_t *padded_shape
   CHECK(bad_map == 0 && bad_pack == 0 && bad_back == 0,
         "%s ndim %d: %d wrong row_map entries, %d wrong packed rows, %d wrong unpacked bytes",
         loom_dtype_name(dtype), ndim, bad_map, bad_pack, bad_back);
-  loom_tensor_t *all[] = {&lengths, &cu, &padded, &packed, &back, &map};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    loom_tensor_free(all[i]);
-  }
+  TEST_FREE(&lengths, &cu, &padded, &packed, &back, &map);
 }
 
 static void test_round_trips(void) {
@@ -186,8 +165,8 @@ static void test_round_trips(void) {
 
 static void test_bad_layouts(void) {
   const int64_t ps[3] = {3, 4, 2}, ks[2] = {7, 2};
-  loom_tensor_t padded = tensor_of(LOOM_F32, 3, ps, "padded");
-  loom_tensor_t packed = tensor_of(LOOM_F32, 2, ks, "packed");
+  loom_tensor_t padded = test_tensor(LOOM_F32, 3, ps, "padded");
+  loom_tensor_t packed = test_tensor(LOOM_F32, 2, ks, "packed");
   const int32_t good[4] = {0, 3, 3, 7}, longer[4] = {0, 5, 5, 7}, down[4] = {0, 3, 2, 7},
                 short_total[4] = {0, 3, 3, 6}, start1[4] = {1, 3, 3, 7};
   loom_tensor_t cu = i32_of(4, good, "cu");
@@ -209,46 +188,52 @@ static void test_bad_layouts(void) {
   };
   for (size_t i = 0; i < sizeof bad_cu / sizeof bad_cu[0]; i++) {
     memcpy(cu.data, bad_cu[i].cu, sizeof good);
-    expect_bad(loom_varlen_pack(&packed, &padded, &cu), P, bad_cu[i].needle, bad_cu[i].needle);
-    expect_bad(loom_varlen_unpack(&padded, &packed, &cu), U, bad_cu[i].needle, bad_cu[i].needle);
-    expect_bad(loom_varlen_row_map(&map, &cu, 4), R, bad_cu[i].needle, bad_cu[i].needle);
+    test_expect_fail(loom_varlen_pack(&packed, &padded, &cu), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, P, bad_cu[i].needle, bad_cu[i].needle);
+    test_expect_fail(loom_varlen_unpack(&padded, &packed, &cu), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, U, bad_cu[i].needle, bad_cu[i].needle);
+    test_expect_fail(loom_varlen_row_map(&map, &cu, 4), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                     R, bad_cu[i].needle, bad_cu[i].needle);
   }
   memcpy(cu.data, good, sizeof good);
 
   // Shapes and dtypes.
   const int64_t ks3[2] = {7, 3}, ks8[2] = {8, 2}, s1[1] = {3};
-  loom_tensor_t packed3 = tensor_of(LOOM_F32, 2, ks3, "packed");
-  loom_tensor_t packed8 = tensor_of(LOOM_F32, 2, ks8, "packed");
-  loom_tensor_t packed_i32 = tensor_of(LOOM_I32, 2, ks, "packed");
+  loom_tensor_t packed3 = test_tensor(LOOM_F32, 2, ks3, "packed");
+  loom_tensor_t packed8 = test_tensor(LOOM_F32, 2, ks8, "packed");
+  loom_tensor_t packed_i32 = test_tensor(LOOM_I32, 2, ks, "packed");
   loom_tensor_t cu3 = i32_of(3, good, "cu");
-  loom_tensor_t cuf = tensor_of(LOOM_F32, 1, cu.shape, "cu");
-  loom_tensor_t pad1 = tensor_of(LOOM_F32, 1, s1, "padded");
+  loom_tensor_t cuf = test_tensor(LOOM_F32, 1, cu.shape, "cu");
+  loom_tensor_t pad1 = test_tensor(LOOM_F32, 1, s1, "padded");
   loom_tensor_t map8 = i32_of(8, NULL, "row_map");
-  expect_bad(loom_varlen_pack(&packed3, &padded, &cu), P, "same trailing dimensions",
-             "trailing shape mismatch");
-  expect_bad(loom_varlen_pack(&packed8, &padded, &cu), P, "packed has 8 rows",
-             "packed total mismatch");
-  expect_bad(loom_varlen_unpack(&padded, &packed8, &cu), U, "packed has 8 rows",
-             "unpack total mismatch");
-  expect_bad(loom_varlen_pack(&packed_i32, &padded, &cu), P, "expected dtype f32",
-             "dtype mismatch");
-  expect_bad(loom_varlen_pack(&packed, &padded, &cu3), P, "B + 1", "cu_seqlens of another B");
-  expect_bad(loom_varlen_pack(&packed, &padded, &cuf), P, "expected dtype i32", "f32 cu_seqlens");
-  expect_bad(loom_varlen_pack(&packed, &pad1, &cu), P, "expected (B, T, ...)", "1-D padded");
-  expect_bad(loom_varlen_pack(&packed, NULL, &cu), P, "padded is NULL", "NULL padded");
-  expect_bad(loom_varlen_unpack(NULL, &packed, &cu), U, "padded is NULL", "NULL padded (unpack)");
-  expect_bad(loom_varlen_row_map(&map8, &cu, 4), R, "row_map has 8 rows", "row_map total mismatch");
-  expect_bad(loom_varlen_row_map(&map, &cu, -1), R, "T=-1", "negative T");
-  expect_bad(loom_varlen_row_map(&map, &cu, 3), R, "longer than the padded length 3",
-             "T too short");
+  test_expect_fail(loom_varlen_pack(&packed3, &padded, &cu), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, P, "same trailing dimensions", "trailing shape mismatch");
+  test_expect_fail(loom_varlen_pack(&packed8, &padded, &cu), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, P, "packed has 8 rows", "packed total mismatch");
+  test_expect_fail(loom_varlen_unpack(&padded, &packed8, &cu), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, U, "packed has 8 rows", "unpack total mismatch");
+  test_expect_fail(loom_varlen_pack(&packed_i32, &padded, &cu), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, P, "expected dtype f32", "dtype mismatch");
+  test_expect_fail(loom_varlen_pack(&packed, &padded, &cu3), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, P, "B + 1", "cu_seqlens of another B");
+  test_expect_fail(loom_varlen_pack(&packed, &padded, &cuf), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, P, "expected dtype i32", "f32 cu_seqlens");
+  test_expect_fail(loom_varlen_pack(&packed, &pad1, &cu), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, P, "expected (B, T, ...)", "1-D padded");
+  test_expect_fail(loom_varlen_pack(&packed, NULL, &cu), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   P, "padded is NULL", "NULL padded");
+  test_expect_fail(loom_varlen_unpack(NULL, &packed, &cu), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, U, "padded is NULL", "NULL padded (unpack)");
+  test_expect_fail(loom_varlen_row_map(&map8, &cu, 4), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   R, "row_map has 8 rows", "row_map total mismatch");
+  test_expect_fail(loom_varlen_row_map(&map, &cu, -1), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   R, "T=-1", "negative T");
+  test_expect_fail(loom_varlen_row_map(&map, &cu, 3), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, R,
+                   "longer than the padded length 3", "T too short");
   CHECK(all_bytes(&packed, 0xCD) && all_bytes(&padded, 0xCD) && all_bytes(&map, 0xCD),
         "a failed call wrote its outputs");
 
-  loom_tensor_t *all[] = {&padded,     &packed, &cu,  &map,  &packed3, &packed8,
-                          &packed_i32, &cu3,    &cuf, &pad1, &map8};
-  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-    loom_tensor_free(all[i]);
-  }
+  TEST_FREE(&padded, &packed, &cu, &map, &packed3, &packed8, &packed_i32, &cu3, &cuf, &pad1, &map8);
 }
 
 // ---------------------------------------------------------------------------------------------
