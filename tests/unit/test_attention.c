@@ -341,6 +341,99 @@ static void test_random(void) {
   }
 }
 
+// The way padded code computes attention: pad q, k, v to (B, T, H, D) with loom_varlen_unpack,
+// build each head's full T x T score matrix with a mask (padding keys, padding query rows and the
+// bottom-right causal triangle at -inf), softmax in double, then pack the padded output back.
+// An independent check of the packed kernel's output and LSE (tolerances as above).
+static void test_padded_reference(void) {
+  test_rng_t rng = test_rng(7);
+  for (int c = 0; c < 6; c++) {
+    const int B = 1 + (int)test_int(&rng, 0, 4), H = 4, H_kv = c % 2 ? 2 : 4, D = 32;
+    const int causal = c < 4;
+    int lq[5], lk[5], T = 1;
+    for (int b = 0; b < B; b++) {
+      lk[b] = (int)test_int(&rng, 0, c == 5 ? 1500 : 300);
+      lq[b] = c % 3 == 2 ? (int)test_int(&rng, 0, lk[b]) : lk[b]; // query shards when c % 3 == 2
+      T = lk[b] > T ? lk[b] : T;
+    }
+    batch_t t;
+    batch_init(&t, &rng, B, lq, lk, H, H_kv, D, causal, 0.0f, 1.0);
+    CHECK(loom_attention_forward(&t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, causal,
+                                 0.0f) == LOOM_OK,
+          "padded case %d: %s", c, loom_last_error(NULL));
+    const int64_t qs[4] = {B, T, H, D}, ks[4] = {B, T, H_kv, D};
+    loom_tensor_t pq = test_tensor(LOOM_F32, 4, qs, "pq"), pk = test_tensor(LOOM_F32, 4, ks, "pk");
+    loom_tensor_t pv = test_tensor(LOOM_F32, 4, ks, "pv"), po = test_tensor(LOOM_F32, 4, qs, "po");
+    loom_tensor_t packed = test_tensor(LOOM_F32, 3, t.q.shape, "packed");
+    CHECK(loom_varlen_unpack(&pq, &t.q, &t.cu_q) == LOOM_OK &&
+              loom_varlen_unpack(&pk, &t.k, &t.cu_k) == LOOM_OK &&
+              loom_varlen_unpack(&pv, &t.v, &t.cu_k) == LOOM_OK,
+          "unpack: %s", loom_last_error(NULL));
+    const float *Q = pq.data, *K = pk.data, *V = pv.data;
+    float *O = po.data;
+    const double scale = 1.0 / sqrt((double)D);
+    double *lse = malloc(sizeof(double) * (size_t)(B * T * H) + 1);
+    double *row = malloc(sizeof(double) * (size_t)T);
+    for (int b = 0; b < B; b++) {
+      for (int h = 0; h < H; h++) {
+        const int hk = h / (H / H_kv);
+        for (int i = 0; i < T; i++) {
+          double m = -INFINITY, sum = 0;
+          for (int j = 0; j < T; j++) { // the full padded row, masked
+            int visible = i < lq[b] && j < lk[b] && (!causal || j <= i + lk[b] - lq[b]);
+            double dot = 0;
+            for (int d = 0; d < D; d++) {
+              dot += (double)Q[((int64_t)(b * T + i) * H + h) * D + d] *
+                     K[((int64_t)(b * T + j) * H_kv + hk) * D + d];
+            }
+            row[j] = visible ? dot * scale : -INFINITY;
+            m = fmax(m, row[j]);
+          }
+          for (int j = 0; j < T && m > -INFINITY; j++) {
+            sum += exp(row[j] - m);
+          }
+          lse[(b * T + i) * H + h] = m > -INFINITY ? m + log(sum) : -INFINITY;
+          for (int d = 0; d < D; d++) {
+            double o = 0;
+            for (int j = 0; j < T && m > -INFINITY; j++) {
+              o += exp(row[j] - m) / sum * V[((int64_t)(b * T + j) * H_kv + hk) * D + d];
+            }
+            O[((int64_t)(b * T + i) * H + h) * D + d] = (float)o;
+          }
+        }
+      }
+    }
+    // Pack the padded output and LSE, then compare with the packed kernel.
+    CHECK(loom_varlen_pack(&packed, &po, &t.cu_q) == LOOM_OK, "pack: %s", loom_last_error(NULL));
+    const int32_t *cq = t.cu_q.data;
+    double *want_out = malloc(sizeof(double) * (size_t)loom_tensor_numel(&packed) + 1);
+    double *want_lse = malloc(sizeof(double) * (size_t)(t.total_q * H) + 1);
+    for (int64_t i = 0; i < loom_tensor_numel(&packed); i++) {
+      want_out[i] = ((const float *)packed.data)[i];
+    }
+    for (int b = 0; b < B; b++) {
+      for (int i = 0; i < lq[b]; i++) {
+        for (int h = 0; h < H; h++) {
+          want_lse[(int64_t)h * t.total_q + cq[b] + i] = lse[(b * T + i) * H + h];
+        }
+      }
+    }
+    char what[64];
+    snprintf(what, sizeof what, "padded reference case %d out", c);
+    CHECK(test_compare(what, t.out.data, want_out, loom_tensor_numel(&t.out), OUT_ATOL, OUT_RTOL) ==
+              0,
+          "%s", what);
+    snprintf(what, sizeof what, "padded reference case %d lse", c);
+    CHECK(compare_lse(what, t.lse.data, want_lse, t.total_q * H) == 0, "%s", what);
+    free(lse);
+    free(row);
+    free(want_out);
+    free(want_lse);
+    TEST_FREE(&pq, &pk, &pv, &po, &packed);
+    batch_free(&t);
+  }
+}
+
 // B = 0 (cu_seqlens = {0}, empty tensors) and a batch of only empty sequences.
 static void test_empty(void) {
   test_rng_t rng = test_rng(4);
@@ -552,6 +645,7 @@ int main(void) {
   test_edges();
   test_random();
   test_empty();
+  test_padded_reference();
   test_finite_differences();
   test_bad_args();
   printf("worst error / max(1, max|reference|): out %.2e, gradients %.2e\n", worst_out, worst_grad);
