@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # build.sh — the one command a new user runs on a fresh Debian 12 machine (as root):
-#   ./build.sh demo    install what is missing, build, run the demo under mpirun
+#   ./build.sh demo    install what is missing, build, train Fashion-MNIST under mpirun -np 2
 #   ./build.sh check   install what is missing, build, run lint and the whole test suite
 # Idempotent: packages are installed only when missing; the build reuses _build/.
 # Environment: CONFIGURE_FLAGS (extra configure flags), BUILD_DIR (default _build), JOBS.
@@ -14,7 +14,7 @@ CONFIGURE_FLAGS=${CONFIGURE_FLAGS:-}
 # Debian packages the build, the tests and the examples need.
 PACKAGES=(build-essential autoconf automake libtool pkg-config
           openmpi-bin libopenmpi-dev libhwloc-dev hwloc libopenblas-dev zlib1g-dev
-          clang-format cppcheck)
+          clang-format cppcheck dataset-fashion-mnist iproute2)
 
 log() { printf '\n== build.sh: %s\n' "$*"; }
 
@@ -57,8 +57,9 @@ case "${1:-demo}" in
   demo)
     setup
     build
-    log "demo: loom_info under mpirun -np 2"
-    mpirun -np 2 --oversubscribe ./loom_info
+    log "demo: loom_info, then train_fmnist (one epoch) under mpirun -np 2"
+    mpirun -np 2 --oversubscribe ./loom_info | tail -3
+    mpirun -np 2 --oversubscribe ./examples/train_fmnist --epochs 1
     ;;
   check)
     setup

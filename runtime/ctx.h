@@ -17,6 +17,8 @@ struct loom_group {
   int rank;         // -1 when not a member
   int size;         // 0 when not a member
   int *world_ranks; // (size) world rank of each group rank
+  void *nccl;       // the group's NCCL communicator, created by comm/ on first device use
+  void (*nccl_destroy)(void *nccl);
 };
 
 struct loom_ctx {

@@ -70,6 +70,8 @@ static loom_status_t build_group(loom_ctx_t *ctx, struct loom_group *g, loom_gro
   g->rank = -1;
   g->size = 0;
   g->world_ranks = NULL;
+  g->nccl = NULL;
+  g->nccl_destroy = NULL;
   if (kind == LOOM_GROUP_WORLD) {
     LOOM_CHECK_MPI(ctx, MPI_Comm_dup(MPI_COMM_WORLD, &g->comm));
   } else {
@@ -127,6 +129,10 @@ void loom_groups_free(loom_ctx_t *ctx) {
     if (g->comm != MPI_COMM_NULL && g->comm != 0) {
       MPI_Comm_free(&g->comm);
     }
+    if (g->nccl && g->nccl_destroy) {
+      g->nccl_destroy(g->nccl);
+    }
+    g->nccl = NULL;
     free(g->world_ranks);
     g->world_ranks = NULL;
   }

@@ -7,5 +7,7 @@
 #include "loom_core.h"
 #include "loom_tensor.h"
 #include "loom_compute.h"
+#include "loom_comm.h"
+#include "loom_sched.h"
 
 #endif

@@ -61,6 +61,8 @@ typedef struct loom_config {
   int node_size;            // LOOM_NODE_SIZE: emulate nodes of K ranks (0 = real nodes)
   int ep_size;              // LOOM_EP_SIZE: expert-parallel group size
   const char *attn_servers; // LOOM_ATTN_SERVERS: 0 | inplace | N (last N ranks serve)
+  int fusion_threshold;     // LOOM_FUSION_THRESHOLD: bytes per fusion bucket (0 = no fusion)
+  const char *timeline;     // LOOM_TIMELINE: Chrome trace path per rank, %r = rank
 } loom_config_t;
 
 // Set every field to unset. Call before filling in the fields you want.

@@ -23,6 +23,8 @@ enum loom_param_id {
   LOOM_P_NODE_SIZE,
   LOOM_P_EP_SIZE,
   LOOM_P_ATTN_SERVERS,
+  LOOM_P_FUSION_THRESHOLD,
+  LOOM_P_TIMELINE,
   LOOM_P_COUNT
 };
 
@@ -32,15 +34,18 @@ enum loom_param_source { LOOM_SRC_DEFAULT = 0, LOOM_SRC_CONFIG, LOOM_SRC_ENV };
 #define LOOM_PARAM_TEXT_MAX 256
 
 struct loom_params {
-  int debug_level;                              // enum loom_log_level
-  unsigned debug_mask;                          // enum loom_log_subsys bits
-  char debug_file[LOOM_PARAM_TEXT_MAX];         // "" = stderr
-  int bind;                                     // enum loom_bind_mode
-  int blas_threads;                             // 0 = auto
-  int gpu;                                      // LOOM_GPU_AUTO, LOOM_GPU_NONE or a device index
-  int node_size;                                // 0 = real nodes
-  int ep_size;                                  // >= 1
-  int attn_servers;                             // 0 off, LOOM_ATTN_INPLACE, or N dedicated ranks
+  int debug_level;                      // enum loom_log_level
+  unsigned debug_mask;                  // enum loom_log_subsys bits
+  char debug_file[LOOM_PARAM_TEXT_MAX]; // "" = stderr
+  int bind;                             // enum loom_bind_mode
+  int blas_threads;                     // 0 = auto
+  int gpu;                              // LOOM_GPU_AUTO, LOOM_GPU_NONE or a device index
+  int node_size;                        // 0 = real nodes
+  int ep_size;                          // >= 1
+  int attn_servers;
+  char timeline[LOOM_PARAM_TEXT_MAX]; // Chrome trace path per rank (%r = rank); "" = off
+  int fusion_threshold; // bytes per fusion bucket (0: every tensor travels alone) // 0 off,
+                        // LOOM_ATTN_INPLACE, or N dedicated ranks
   char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
   int source[LOOM_P_COUNT];                     // enum loom_param_source
 };

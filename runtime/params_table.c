@@ -51,15 +51,20 @@ static int parse_subsys(const struct loom_param_desc *d, const char *text, struc
   return loom_parse_subsys_list(text, &out->debug_mask, err, errlen);
 }
 
+// Path tunables keep their text; the only error is a path too long for the buffer.
+static int copy_path(const char *text, char *dst, size_t size, char *err, size_t errlen) {
+  if (strlen(text) >= size) {
+    snprintf(err, errlen, "path longer than %zu characters", size - 1);
+    return -1;
+  }
+  snprintf(dst, size, "%s", text);
+  return 0;
+}
+
 static int parse_file(const struct loom_param_desc *d, const char *text, struct loom_params *out,
                       char *err, size_t errlen) {
   (void)d;
-  if (strlen(text) >= sizeof out->debug_file) {
-    snprintf(err, errlen, "path longer than %zu characters", sizeof out->debug_file - 1);
-    return -1;
-  }
-  snprintf(out->debug_file, sizeof out->debug_file, "%s", text);
-  return 0;
+  return copy_path(text, out->debug_file, sizeof out->debug_file, err, errlen);
 }
 
 static int parse_bind(const struct loom_param_desc *d, const char *text, struct loom_params *out,
@@ -93,6 +98,17 @@ static int parse_node_size(const struct loom_param_desc *d, const char *text,
 static int parse_ep_size(const struct loom_param_desc *d, const char *text, struct loom_params *out,
                          char *err, size_t errlen) {
   return parse_int_field(d, text, &out->ep_size, err, errlen);
+}
+
+static int parse_fusion(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                        char *err, size_t errlen) {
+  return parse_int_field(d, text, &out->fusion_threshold, err, errlen);
+}
+
+static int parse_timeline(const struct loom_param_desc *d, const char *text,
+                          struct loom_params *out, char *err, size_t errlen) {
+  (void)d;
+  return copy_path(text, out->timeline, sizeof out->timeline, err, errlen);
 }
 
 static int parse_gpu(const struct loom_param_desc *d, const char *text, struct loom_params *out,
@@ -160,4 +176,11 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                              "0|inplace|N (1..65535)", 0, 65535, parse_attn,
                              "attention servers: off, every trainer serves, or the last N ranks "
                              "only serve"},
+    [LOOM_P_FUSION_THRESHOLD] = {"LOOM_FUSION_THRESHOLD", "fusion_threshold",
+                                 INT_FIELD(fusion_threshold), "67108864", "0..2147483647", 0,
+                                 2147483647, parse_fusion,
+                                 "bytes per fusion bucket for small tensors (0 = no fusion)"},
+    [LOOM_P_TIMELINE] = {"LOOM_TIMELINE", "timeline", STR_FIELD(timeline), "",
+                         "a path; %r is the rank", 0, 0, parse_timeline,
+                         "write each rank's step timeline as Chrome trace JSON (Perfetto)"},
 };

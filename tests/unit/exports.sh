@@ -11,7 +11,7 @@ fail=0
 if [ -n "$bad" ]; then
   echo "FAIL: libloom exports symbols without the loom_ prefix:"; printf '%s\n' "$bad"; fail=1
 fi
-declared=$(grep -h -o -E 'LOOM_API [^(]*[ *]loom_[a-z0-9_]+\(' "$s"/runtime/loom_*.h "$s"/compute/loom_*.h |
+declared=$(grep -h -o -E 'LOOM_API [^(]*[ *]loom_[a-z0-9_]+\(' "$s"/runtime/loom_*.h "$s"/compute/loom_*.h "$s"/comm/loom_*.h "$s"/sched/loom_*.h |
            sed -E 's/.*(loom_[a-z0-9_]+)\(/\1/' | sort -u)
 for f in $declared; do
   printf '%s\n' "$syms" | grep -qx "$f" || { echo "FAIL: $f is declared LOOM_API but not exported"; fail=1; }

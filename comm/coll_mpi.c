@@ -1,0 +1,472 @@
+/* coll_mpi.c — the host back end: non-blocking MPI collectives and point-to-point messages, and
+ * loom's ordered reduction, which makes float sums bitwise identical on every rank. */
+#include "config.h"
+#include "comm_internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctx.h"
+#include "error.h"
+#include "log.h"
+
+// Why an ordered reduction: MPI_Allreduce may add the contributions in different orders on
+// different ranks (Open MPI picks the algorithm by size and rank count), so float sums can differ
+// in the last bit from rank to rank, and replicas of a model drift apart. loom therefore sums
+// floats itself, as a direct reduce-scatter followed by an allgather:
+//   1. block j of the input (an even split; the first count % n blocks one element longer) is
+//      sent to rank j, which receives block j from every rank;
+//   2. rank j adds its n contributions in rank order 0, 1, ..., n-1 (f16/bf16 travel and add as
+//      f32 and round once; AVG divides the sum by n) and sends the result to every rank.
+// Each element is reduced once, by one rank, in a fixed order, so every rank holds the same
+// bits, and they are the same from run to run. Traffic per rank is 2 (n-1)/n of the tensor each
+// way, as for a ring, in two steps of point-to-point messages (tagged per call on a private
+// duplicate of the group's communicator, so that no ordering between calls is needed).
+// Integer sums are exact in any order and MAX/MIN do not depend on it: those use MPI_Iallreduce.
+// reduce_scatter uses step 1 for every dtype and op.
+
+// ---- per-group private communicator and tags ----------------------------------------------------
+
+// Attached to the group's communicator as an MPI attribute (the group itself is const).
+struct comm_state {
+  MPI_Comm p2p;  // duplicate of the group's communicator for loom's own messages
+  unsigned seq;  // collectives started on the group: the same on every member
+  int tag_pairs; // (MPI_TAG_UB + 1) / 2: two tags per collective
+};
+
+static int state_keyval = MPI_KEYVAL_INVALID;
+static int state_keyval_rc = MPI_SUCCESS;
+static pthread_once_t state_keyval_once = PTHREAD_ONCE_INIT;
+
+// Runs when the group's communicator is freed.
+static int delete_state(MPI_Comm comm, int keyval, void *value, void *extra) {
+  (void)comm, (void)keyval, (void)extra;
+  struct comm_state *s = value;
+  if (s->p2p != MPI_COMM_NULL) {
+    MPI_Comm_free(&s->p2p);
+  }
+  free(s);
+  return MPI_SUCCESS;
+}
+
+static void create_state_keyval(void) {
+  state_keyval_rc =
+      MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, delete_state, &state_keyval, NULL);
+}
+
+// The group's private communicator and the first of two tags for a new collective. Every member
+// calls it once per collective, in the same order; the first call duplicates the communicator
+// (itself collective over the group).
+static loom_status_t collective_tags(const loom_group_t *g, MPI_Comm *comm, int *tag) {
+  loom_status_t status = LOOM_OK;
+  struct comm_state *s = NULL;
+  pthread_once(&state_keyval_once, create_state_keyval);
+  LOOM_CHECK_MPI(NULL, state_keyval_rc);
+  int found = 0;
+  LOOM_CHECK_MPI(NULL, MPI_Comm_get_attr(g->comm, state_keyval, &s, &found));
+  if (!found) {
+    s = calloc(1, sizeof *s);
+    if (!s) {
+      return loom_error(NULL, LOOM_ERR_NOMEM, "cannot allocate the communicator state");
+    }
+    s->p2p = MPI_COMM_NULL;
+    int *ub = NULL, has_ub = 0;
+    LOOM_CHECK_MPI(NULL, MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &has_ub));
+    s->tag_pairs = has_ub && ub && *ub >= 32767 ? (int)(((unsigned)*ub + 1u) / 2u) : 16384;
+    LOOM_CHECK_MPI(NULL, MPI_Comm_dup(g->comm, &s->p2p));
+    LOOM_CHECK_MPI(NULL, MPI_Comm_set_attr(g->comm, state_keyval, s));
+    LOOM_TRACE(LOOM_SUB_COLL, "group %s: private communicator for ordered reductions",
+               loom_group_kind_name(g->kind));
+  }
+  *comm = s->p2p;
+  *tag = (int)(s->seq % (unsigned)s->tag_pairs) * 2;
+  s->seq++;
+  return LOOM_OK;
+fail:
+  if (s && !found) {
+    if (s->p2p != MPI_COMM_NULL) {
+      MPI_Comm_free(&s->p2p);
+    }
+    free(s);
+  }
+  return status;
+}
+
+// ---- message helpers ----------------------------------------------------------------------------
+
+// Post a send (is_send) or a receive of count elements in messages of at most LOOM_MPI_CHUNK.
+static loom_status_t post_p2p(loom_request_t *r, int is_send, const void *buf, int64_t count,
+                              loom_dtype_t dtype, int peer, int tag, MPI_Comm comm) {
+  loom_status_t status = LOOM_OK;
+  size_t es = loom_dtype_size(dtype);
+  MPI_Datatype type = loom_mpi_datatype(dtype);
+  for (int64_t off = 0; off < count; off += LOOM_MPI_CHUNK) {
+    int m = (int)(count - off < LOOM_MPI_CHUNK ? count - off : LOOM_MPI_CHUNK);
+    MPI_Request *slot = loom_request_slot(r);
+    if (!slot) {
+      return LOOM_ERR_NOMEM;
+    }
+    char *p = (char *)buf + (size_t)off * es;
+    if (is_send) {
+      LOOM_CHECK_MPI(NULL, MPI_Isend(p, m, type, peer, tag, comm, slot));
+    } else {
+      LOOM_CHECK_MPI(NULL, MPI_Irecv(p, m, type, peer, tag, comm, slot));
+    }
+  }
+fail:
+  return status;
+}
+
+// Element i of a buffer of es-byte elements; NULL stays NULL (an empty tensor has no data).
+static char *elem(const void *p, int64_t i, size_t es) {
+  return p ? (char *)p + (size_t)i * es : NULL;
+}
+
+// displs[i] = counts[0] + ... + counts[i-1].
+static void prefix(const int64_t *counts, int64_t *displs, int n) {
+  int64_t d = 0;
+  for (int i = 0; i < n; i++) {
+    displs[i] = d;
+    d += counts[i];
+  }
+}
+
+// 1 when every count and displacement fits one MPI collective call.
+static int fits(const int64_t *counts, int n) {
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    total += counts[i];
+  }
+  return total <= LOOM_MPI_CHUNK;
+}
+
+// ---- ordered reduction --------------------------------------------------------------------------
+
+struct ordered {
+  loom_dtype_t dtype; // of the result
+  loom_dtype_t wire;  // what travels and adds: f32 for f16/bf16 SUM/AVG, else dtype
+  loom_redop_t op;
+  int n, me, tag;
+  MPI_Comm comm;
+  const char *src; // (total) wire elements: the input, or its f32 copy
+  char *parts;     // (n - 1, counts[me]) wire elements received for my block, by peer
+  char *out;       // (counts[me]) my block of the result, in dtype
+  char *gather;    // allreduce: the whole result, completed by the allgather; else NULL
+  int64_t *counts; // (n) block sizes
+  int64_t *displs; // (n) block offsets
+};
+
+static void release_ordered(loom_request_t *r) {
+  struct ordered *s = r->state;
+  if (s) {
+    free(s->counts);
+    free(s);
+  }
+  r->state = NULL;
+}
+
+// Rank j's contribution to my block.
+static const char *contribution(const struct ordered *s, int j) {
+  size_t ws = loom_dtype_size(s->wire);
+  if (j == s->me) {
+    return elem(s->src, s->displs[s->me], ws);
+  }
+  int slot = j < s->me ? j : j - 1;
+  return elem(s->parts, (int64_t)slot * s->counts[s->me], ws);
+}
+
+#define TILE 2048 // elements reduced per pass (fits L1 with a few contributions)
+
+// Step 2: sum my block in rank order, tile by tile (the output may be my own input, in place:
+// a tile is read completely before it is written), then post the allgather of the result.
+static loom_status_t ordered_reduce(loom_request_t *r) {
+  struct ordered *s = r->state;
+  size_t ws = loom_dtype_size(s->wire), es = loom_dtype_size(s->dtype);
+  int64_t mine = s->counts[s->me];
+  union { // TILE wire elements (f32 when the result is f16/bf16)
+    float f32[TILE];
+    int64_t i64[TILE];
+  } acc;
+  for (int64_t off = 0; off < mine; off += TILE) {
+    int64_t m = mine - off < TILE ? mine - off : TILE;
+    memcpy(&acc, contribution(s, 0) + (size_t)off * ws, (size_t)m * ws);
+    for (int j = 1; j < s->n; j++) {
+      loom_reduce_into(s->wire, s->op, &acc, contribution(s, j) + (size_t)off * ws, m);
+    }
+    if (s->op == LOOM_AVG) { // floats only: the wire is f32
+      for (int64_t i = 0; i < m; i++) {
+        acc.f32[i] /= (float)s->n;
+      }
+    }
+    char *dst = s->out + (size_t)off * es;
+    if (s->wire == s->dtype) {
+      memcpy(dst, &acc, (size_t)m * es);
+    } else if (s->dtype == LOOM_F16) {
+      loom_f32_to_f16_n(acc.f32, (uint16_t *)dst, (size_t)m);
+    } else {
+      loom_f32_to_bf16_n(acc.f32, (uint16_t *)dst, (size_t)m);
+    }
+  }
+  loom_status_t status = LOOM_OK;
+  if (s->gather) {
+    for (int k = 1; k < s->n && status == LOOM_OK; k++) {
+      int to = (s->me + k) % s->n, from = (s->me - k + s->n) % s->n;
+      status = post_p2p(r, 1, s->out, mine, s->dtype, to, s->tag + 1, s->comm);
+      if (status == LOOM_OK) {
+        status = post_p2p(r, 0, elem(s->gather, s->displs[from], es), s->counts[from], s->dtype,
+                          from, s->tag + 1, s->comm);
+      }
+    }
+  }
+  return status;
+}
+
+// Step 1 of the ordered reduction of send (sum of counts elements) with the given blocks; my
+// block's result goes to out; gather (the whole result buffer) adds the allgather step.
+static loom_status_t ordered_start(const loom_group_t *g, const void *send, void *out, void *gather,
+                                   const int64_t *counts, loom_dtype_t dtype, loom_redop_t op,
+                                   loom_request_t *r) {
+  loom_status_t status = LOOM_OK;
+  int n = g->size, me = g->rank;
+  struct ordered *s = calloc(1, sizeof *s);
+  if (!s || !(s->counts = malloc(sizeof(int64_t) * 2 * (size_t)n))) {
+    free(s);
+    return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate the reduction state", r->op);
+  }
+  r->state = s;
+  r->release = release_ordered;
+  s->displs = s->counts + n;
+  memcpy(s->counts, counts, sizeof(int64_t) * (size_t)n);
+  prefix(s->counts, s->displs, n);
+  int64_t total = s->displs[n - 1] + s->counts[n - 1];
+  int half = dtype == LOOM_F16 || dtype == LOOM_BF16;
+  s->dtype = dtype;
+  s->wire = half && (op == LOOM_SUM || op == LOOM_AVG) ? LOOM_F32 : dtype;
+  s->op = op;
+  s->n = n;
+  s->me = me;
+  s->out = out;
+  s->gather = gather;
+  LOOM_CHECK(collective_tags(g, &s->comm, &s->tag));
+  size_t ws = loom_dtype_size(s->wire);
+  s->src = send;
+  if (s->wire != dtype) {
+    void *wide = NULL;
+    LOOM_CHECK(loom_request_tmp(r, (size_t)total * ws, &wide));
+    if (dtype == LOOM_F16) {
+      loom_f16_to_f32_n(send, wide, (size_t)total);
+    } else {
+      loom_bf16_to_f32_n(send, wide, (size_t)total);
+    }
+    s->src = wide;
+  }
+  void *parts = NULL;
+  LOOM_CHECK(loom_request_tmp(r, (size_t)(n - 1) * (size_t)s->counts[me] * ws, &parts));
+  s->parts = parts;
+  for (int k = 1; k < n; k++) {
+    int to = (me + k) % n, from = (me - k + n) % n;
+    LOOM_CHECK(
+        post_p2p(r, 0, contribution(s, from), s->counts[me], s->wire, from, s->tag, s->comm));
+    LOOM_CHECK(post_p2p(r, 1, elem(s->src, s->displs[to], ws), s->counts[to], s->wire, to, s->tag,
+                        s->comm));
+  }
+  r->step = ordered_reduce;
+fail:
+  return status;
+}
+
+// ---- reductions ---------------------------------------------------------------------------------
+
+loom_status_t loom_mpi_iallreduce(const loom_group_t *g, const void *send, void *recv,
+                                  int64_t count, loom_dtype_t dtype, loom_redop_t op,
+                                  loom_request_t *r) {
+  loom_status_t status = LOOM_OK;
+  int64_t *counts = NULL;
+  int n = g->size;
+  if (loom_dtype_is_float(dtype) && (op == LOOM_SUM || op == LOOM_AVG)) {
+    counts = malloc(sizeof(int64_t) * (size_t)n);
+    if (!counts) {
+      return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %d counts", r->op, n);
+    }
+    for (int i = 0; i < n; i++) {
+      counts[i] = count / n + (i < count % n ? 1 : 0);
+    }
+    int64_t mine = 0;
+    for (int i = 0; i < g->rank; i++) {
+      mine += counts[i];
+    }
+    status = ordered_start(g, send, elem(recv, mine, loom_dtype_size(dtype)), recv, counts, dtype,
+                           op, r);
+    free(counts);
+    return status;
+  }
+  MPI_Comm unused;
+  int tag;
+  LOOM_CHECK(collective_tags(g, &unused, &tag));
+  MPI_Op mop;
+  LOOM_CHECK(loom_mpi_op(dtype, op, &mop));
+  MPI_Datatype type = loom_mpi_datatype(dtype);
+  size_t es = loom_dtype_size(dtype);
+  for (int64_t off = 0; off < count; off += LOOM_MPI_CHUNK) {
+    int m = (int)(count - off < LOOM_MPI_CHUNK ? count - off : LOOM_MPI_CHUNK);
+    MPI_Request *slot = loom_request_slot(r);
+    if (!slot) {
+      return LOOM_ERR_NOMEM;
+    }
+    const void *in = send == recv ? MPI_IN_PLACE : (const char *)send + (size_t)off * es;
+    LOOM_CHECK_MPI(
+        NULL, MPI_Iallreduce(in, (char *)recv + (size_t)off * es, m, type, mop, g->comm, slot));
+  }
+fail:
+  return status;
+}
+
+loom_status_t loom_mpi_ireduce_scatter(const loom_group_t *g, const void *send, void *recv,
+                                       const int64_t *counts, loom_dtype_t dtype, loom_redop_t op,
+                                       loom_request_t *r) {
+  return ordered_start(g, send, recv, NULL, counts, dtype, op, r);
+}
+
+// ---- gathers, broadcast, all-to-all -------------------------------------------------------------
+
+// Owned int arrays that MPI reads until a v-collective completes.
+static loom_status_t int_arrays(loom_request_t *r, int n, int **counts, int **displs) {
+  void *p = NULL;
+  loom_status_t status = loom_request_tmp(r, sizeof(int) * 2 * (size_t)n, &p);
+  *counts = p;
+  *displs = p ? (int *)p + n : NULL;
+  return status;
+}
+
+loom_status_t loom_mpi_iallgatherv(const loom_group_t *g, const void *send, void *recv,
+                                   int64_t count, const int64_t *counts, loom_dtype_t dtype,
+                                   loom_request_t *r) {
+  loom_status_t status = LOOM_OK;
+  int n = g->size, me = g->rank;
+  MPI_Datatype type = loom_mpi_datatype(dtype);
+  size_t es = loom_dtype_size(dtype);
+  int64_t *c64 = calloc(2 * (size_t)n, sizeof(int64_t));
+  if (!c64) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %d counts", r->op, n);
+  }
+  int64_t *d64 = c64 + n;
+  for (int i = 0; i < n; i++) {
+    c64[i] = counts ? counts[i] : count;
+  }
+  prefix(c64, d64, n);
+  MPI_Comm p2p;
+  int tag;
+  LOOM_CHECK(collective_tags(g, &p2p, &tag));
+  if (fits(c64, n)) { // one MPI collective
+    MPI_Request *slot = loom_request_slot(r);
+    if (!slot) {
+      status = LOOM_ERR_NOMEM;
+      goto fail;
+    }
+    if (!counts) {
+      LOOM_CHECK_MPI(NULL,
+                     MPI_Iallgather(send, (int)count, type, recv, (int)count, type, g->comm, slot));
+    } else {
+      int *ic = NULL, *id = NULL;
+      LOOM_CHECK(int_arrays(r, n, &ic, &id));
+      for (int i = 0; i < n; i++) {
+        ic[i] = (int)c64[i];
+        id[i] = (int)d64[i];
+      }
+      LOOM_CHECK_MPI(NULL, MPI_Iallgatherv(send, ic[me], type, recv, ic, id, type, g->comm, slot));
+    }
+  } else { // beyond int counts: point-to-point messages in pieces
+    if (c64[me] > 0) {
+      memcpy(elem(recv, d64[me], es), send, (size_t)c64[me] * es);
+    }
+    for (int k = 1; k < n; k++) {
+      int to = (me + k) % n, from = (me - k + n) % n;
+      LOOM_CHECK(post_p2p(r, 0, elem(recv, d64[from], es), c64[from], dtype, from, tag, p2p));
+      LOOM_CHECK(post_p2p(r, 1, send, c64[me], dtype, to, tag, p2p));
+    }
+  }
+fail:
+  free(c64);
+  return status;
+}
+
+loom_status_t loom_mpi_ibroadcast(const loom_group_t *g, void *buf, int64_t count,
+                                  loom_dtype_t dtype, int root, loom_request_t *r) {
+  loom_status_t status = LOOM_OK;
+  MPI_Comm unused;
+  int tag;
+  LOOM_CHECK(collective_tags(g, &unused, &tag));
+  MPI_Datatype type = loom_mpi_datatype(dtype);
+  size_t es = loom_dtype_size(dtype);
+  for (int64_t off = 0; off < count; off += LOOM_MPI_CHUNK) {
+    int m = (int)(count - off < LOOM_MPI_CHUNK ? count - off : LOOM_MPI_CHUNK);
+    MPI_Request *slot = loom_request_slot(r);
+    if (!slot) {
+      return LOOM_ERR_NOMEM;
+    }
+    LOOM_CHECK_MPI(NULL, MPI_Ibcast((char *)buf + (size_t)off * es, m, type, root, g->comm, slot));
+  }
+fail:
+  return status;
+}
+
+loom_status_t loom_mpi_ialltoallv(const loom_group_t *g, const void *send, void *recv,
+                                  int64_t block, const int64_t *send_counts,
+                                  const int64_t *recv_counts, loom_dtype_t dtype,
+                                  loom_request_t *r) {
+  loom_status_t status = LOOM_OK;
+  int n = g->size, me = g->rank;
+  MPI_Datatype type = loom_mpi_datatype(dtype);
+  size_t es = loom_dtype_size(dtype);
+  int64_t *c = calloc(4 * (size_t)n, sizeof(int64_t));
+  if (!c) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %d counts", r->op, n);
+  }
+  int64_t *sc = c, *rc = c + n, *sd = c + 2 * n, *rd = c + 3 * n;
+  for (int i = 0; i < n; i++) {
+    sc[i] = send_counts ? send_counts[i] : block;
+    rc[i] = recv_counts ? recv_counts[i] : block;
+  }
+  prefix(sc, sd, n);
+  prefix(rc, rd, n);
+  MPI_Comm p2p;
+  int tag;
+  LOOM_CHECK(collective_tags(g, &p2p, &tag));
+  // Equal blocks take MPI_Ialltoall when they fit its int counts (the same on every rank).
+  // Variable counts differ per rank, so whether they would fit is not known everywhere: they
+  // always go point to point (as MPI's own linear alltoallv does).
+  if (!send_counts && fits(sc, n)) {
+    MPI_Request *slot = loom_request_slot(r);
+    if (!slot) {
+      status = LOOM_ERR_NOMEM;
+      goto fail;
+    }
+    LOOM_CHECK_MPI(NULL,
+                   MPI_Ialltoall(send, (int)block, type, recv, (int)block, type, g->comm, slot));
+  } else {
+    if (sc[me] > 0) {
+      memcpy(elem(recv, rd[me], es), elem(send, sd[me], es), (size_t)sc[me] * es);
+    }
+    for (int k = 1; k < n; k++) {
+      int to = (me + k) % n, from = (me - k + n) % n;
+      LOOM_CHECK(post_p2p(r, 0, elem(recv, rd[from], es), rc[from], dtype, from, tag, p2p));
+      LOOM_CHECK(post_p2p(r, 1, elem(send, sd[to], es), sc[to], dtype, to, tag, p2p));
+    }
+  }
+fail:
+  free(c);
+  return status;
+}
+
+// ---- point to point -----------------------------------------------------------------------------
+
+loom_status_t loom_mpi_isend(const loom_group_t *g, const void *buf, int64_t count,
+                             loom_dtype_t dtype, int peer, int tag, loom_request_t *r) {
+  return post_p2p(r, 1, buf, count, dtype, peer, tag, g->comm);
+}
+
+loom_status_t loom_mpi_irecv(const loom_group_t *g, void *buf, int64_t count, loom_dtype_t dtype,
+                             int peer, int tag, loom_request_t *r) {
+  return post_p2p(r, 0, buf, count, dtype, peer, tag, g->comm);
+}

@@ -1,0 +1,144 @@
+/* comm_internal.h — what the comm/ files share: the request behind loom_request_t (MPI requests,
+ * stage hooks, owned temporaries), the MPI dtype/op mapping, and the MPI and NCCL back ends. */
+#ifndef LOOM_COMM_INTERNAL_H
+#define LOOM_COMM_INTERNAL_H
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdint.h>
+
+#include "loom_comm.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Elements per MPI message or MPI reduction call. MPI-3 counts are int, and some MPI internals
+// keep byte counts in int too: longer transfers are split into pieces of at most this many
+// elements (at most 1 GiB), and gathers and all-to-alls whose totals exceed it go point to point
+// in such pieces. Override with -DLOOM_MPI_CHUNK=1000 to exercise the splitting in the tests.
+#ifndef LOOM_MPI_CHUNK
+#define LOOM_MPI_CHUNK ((int64_t)1 << 27)
+#endif
+
+// ---- requests -------------------------------------------------------------------------------
+
+#define LOOM_REQ_INLINE 8 // MPI requests held without a separate allocation
+#define LOOM_REQ_TMP    4 // owned host temporaries
+
+// One non-blocking operation. It runs in stages: the MPI requests in mpi[0..nmpi) are the stage
+// in flight; when all have completed, step() runs (it may post the next stage's requests, or
+// finish the result: unpack, scale). A NCCL operation has no MPI requests and sets poll().
+//
+// A request with a pending step is on a list that every loom_test/loom_wait advances, so the
+// ranks may wait for their requests in different orders without a deadlock: a stage that a peer
+// needs is posted while this rank waits for something else.
+struct loom_request {
+  const char *op; // the public function that started it, for messages
+  MPI_Request *mpi;
+  int nmpi, cap_mpi;
+  MPI_Request mpi_inline[LOOM_REQ_INLINE];
+  // After every request of the stage completed: post the next stage (nmpi > 0 on return, and
+  // step set again if there is a stage after it) or finish the result. NULL: nothing to do.
+  loom_status_t (*step)(struct loom_request *r);
+  // Non-MPI completion (a CUDA event): *done = 1 when complete; block: wait for it.
+  loom_status_t (*poll)(struct loom_request *r, int block, int *done);
+  void (*release)(struct loom_request *r);    // frees state (NULL: nothing beyond tmp[])
+  void *state;                                // owned by the back end that set the hooks
+  void *tmp[LOOM_REQ_TMP];                    // host buffers from loom_host_alloc, freed at the end
+  loom_status_t error;                        // a failure met while another call advanced it
+  struct loom_request *list_prev, *list_next; // the list of requests with a pending step
+  int listed;
+};
+
+// A new empty request (no stage): NULL and a NOMEM error on allocation failure.
+loom_request_t *loom_request_new(const char *op);
+// Release everything the request owns (does not wait: only for completed or never-posted work).
+void loom_request_free(loom_request_t *r);
+// After the back end posted the first stage: put r on the list of requests with a pending step.
+void loom_request_started(loom_request_t *r);
+// A slot for one more MPI request of the current stage (grows the array); NULL on NOMEM.
+MPI_Request *loom_request_slot(loom_request_t *r);
+// loom_host_alloc(bytes) owned by r (freed with it). bytes == 0 gives NULL and LOOM_OK.
+loom_status_t loom_request_tmp(loom_request_t *r, size_t bytes, void **out);
+
+// ---- MPI dtypes and reduction ops (redop.c) ---------------------------------------------------
+
+// The MPI datatype carrying dtype (f16 and bf16 travel as MPI_UINT16_T).
+MPI_Datatype loom_mpi_datatype(loom_dtype_t dtype);
+// The MPI_Op for op on dtype: the predefined ops for f32 and integers, user-defined ops (created
+// once, freed at MPI_Finalize) comparing f16/bf16 through f32 for MAX and MIN. SUM on f16/bf16
+// and AVG have no MPI op: they go through the ordered reduction of coll_mpi.c.
+loom_status_t loom_mpi_op(loom_dtype_t dtype, loom_redop_t op, MPI_Op *out);
+// 1 for f32, f16, bf16.
+int loom_dtype_is_float(loom_dtype_t dtype);
+const char *loom_redop_name(loom_redop_t op); // "sum", "avg", "max", "min" or "invalid"
+// acc[i] = acc[i] op x[i] for n elements of dtype. SUM and AVG add (integers wrap); f16/bf16
+// compute in f32 and round each call, so sums that must round once are accumulated as f32.
+// MAX and MIN propagate NaN.
+void loom_reduce_into(loom_dtype_t dtype, loom_redop_t op, void *acc, const void *x, int64_t n);
+
+// ---- argument checks shared with fusion.c (coll.c) -------------------------------------------
+
+// g non-NULL and this rank a member.
+loom_status_t loom_comm_check_group(const char *op, const loom_group_t *g);
+// redop in range; AVG only on floating dtypes.
+loom_status_t loom_comm_check_redop(const char *op, loom_redop_t redop, loom_dtype_t dtype);
+// The back end for t's device exists (host always; CUDA with NCCL, on a visible device).
+loom_status_t loom_comm_check_backend(const char *op, const char *name, const loom_tensor_t *t);
+
+// ---- host back end (coll_mpi.c): arguments already validated, counts in elements -------------
+
+loom_status_t loom_mpi_iallreduce(const loom_group_t *g, const void *send, void *recv,
+                                  int64_t count, loom_dtype_t dtype, loom_redop_t op,
+                                  loom_request_t *r);
+// counts (group size) are the block sizes; recv receives counts[rank].
+loom_status_t loom_mpi_ireduce_scatter(const loom_group_t *g, const void *send, void *recv,
+                                       const int64_t *counts, loom_dtype_t dtype, loom_redop_t op,
+                                       loom_request_t *r);
+// counts NULL: every rank contributes count elements (allgather); else counts[i] from rank i.
+loom_status_t loom_mpi_iallgatherv(const loom_group_t *g, const void *send, void *recv,
+                                   int64_t count, const int64_t *counts, loom_dtype_t dtype,
+                                   loom_request_t *r);
+loom_status_t loom_mpi_ibroadcast(const loom_group_t *g, void *buf, int64_t count,
+                                  loom_dtype_t dtype, int root, loom_request_t *r);
+// send_counts NULL: equal blocks of block elements; else the per-rank counts.
+loom_status_t loom_mpi_ialltoallv(const loom_group_t *g, const void *send, void *recv,
+                                  int64_t block, const int64_t *send_counts,
+                                  const int64_t *recv_counts, loom_dtype_t dtype,
+                                  loom_request_t *r);
+loom_status_t loom_mpi_isend(const loom_group_t *g, const void *buf, int64_t count,
+                             loom_dtype_t dtype, int peer, int tag, loom_request_t *r);
+loom_status_t loom_mpi_irecv(const loom_group_t *g, void *buf, int64_t count, loom_dtype_t dtype,
+                             int peer, int tag, loom_request_t *r);
+
+// ---- device back end (coll_nccl.c, compiled with NCCL) ------------------------------------------
+
+#ifdef LOOM_HAVE_NCCL
+// Same contracts as the MPI functions; device is the CUDA device of every tensor of the call.
+loom_status_t loom_nccl_iallreduce(const loom_group_t *g, const void *send, void *recv,
+                                   int64_t count, loom_dtype_t dtype, loom_redop_t op, int device,
+                                   loom_request_t *r);
+loom_status_t loom_nccl_ireduce_scatter(const loom_group_t *g, const void *send, void *recv,
+                                        const int64_t *counts, loom_dtype_t dtype, loom_redop_t op,
+                                        int device, loom_request_t *r);
+loom_status_t loom_nccl_iallgatherv(const loom_group_t *g, const void *send, void *recv,
+                                    int64_t count, const int64_t *counts, loom_dtype_t dtype,
+                                    int device, loom_request_t *r);
+loom_status_t loom_nccl_ibroadcast(const loom_group_t *g, void *buf, int64_t count,
+                                   loom_dtype_t dtype, int root, int device, loom_request_t *r);
+loom_status_t loom_nccl_ialltoallv(const loom_group_t *g, const void *send, void *recv,
+                                   int64_t block, const int64_t *send_counts,
+                                   const int64_t *recv_counts, loom_dtype_t dtype, int device,
+                                   loom_request_t *r);
+// NCCL has no tags: messages between two ranks match in the order they were posted.
+loom_status_t loom_nccl_isend(const loom_group_t *g, const void *buf, int64_t count,
+                              loom_dtype_t dtype, int peer, int device, loom_request_t *r);
+loom_status_t loom_nccl_irecv(const loom_group_t *g, void *buf, int64_t count, loom_dtype_t dtype,
+                              int peer, int device, loom_request_t *r);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,235 @@
+/* request.c — loom_wait, loom_test, loom_wait_all: drive a request's stages with MPI_Testall and
+ * its step hook, advance every other staged request meanwhile, and release it when complete. */
+#include "config.h"
+#include "comm_internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "log.h"
+
+// ---- request objects ----------------------------------------------------------------------------
+
+loom_request_t *loom_request_new(const char *op) {
+  loom_request_t *r = calloc(1, sizeof *r);
+  if (!r) {
+    loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate a request", op);
+    return NULL;
+  }
+  r->op = op;
+  r->mpi = r->mpi_inline;
+  r->cap_mpi = LOOM_REQ_INLINE;
+  return r;
+}
+
+MPI_Request *loom_request_slot(loom_request_t *r) {
+  if (r->nmpi == r->cap_mpi) {
+    int cap = r->cap_mpi * 2;
+    MPI_Request *m = malloc(sizeof(MPI_Request) * (size_t)cap);
+    if (!m) {
+      loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %d MPI requests", r->op, cap);
+      return NULL;
+    }
+    memcpy(m, r->mpi, sizeof(MPI_Request) * (size_t)r->nmpi);
+    if (r->mpi != r->mpi_inline) {
+      free(r->mpi);
+    }
+    r->mpi = m;
+    r->cap_mpi = cap;
+  }
+  r->mpi[r->nmpi] = MPI_REQUEST_NULL;
+  return &r->mpi[r->nmpi++];
+}
+
+loom_status_t loom_request_tmp(loom_request_t *r, size_t bytes, void **out) {
+  *out = NULL;
+  if (bytes == 0) {
+    return LOOM_OK;
+  }
+  for (int i = 0; i < LOOM_REQ_TMP; i++) {
+    if (!r->tmp[i]) {
+      r->tmp[i] = loom_host_alloc(bytes);
+      if (!r->tmp[i]) {
+        return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %zu bytes of scratch", r->op,
+                          bytes);
+      }
+      *out = r->tmp[i];
+      return LOOM_OK;
+    }
+  }
+  return loom_error(NULL, LOOM_ERR_INTERNAL, "%s: more than %d scratch buffers", r->op,
+                    LOOM_REQ_TMP);
+}
+
+// ---- the list of requests with a pending step ---------------------------------------------------
+
+static pthread_mutex_t list_lock = PTHREAD_MUTEX_INITIALIZER;
+static loom_request_t *list_head;
+
+static void unlink_locked(loom_request_t *r) {
+  if (!r->listed) {
+    return;
+  }
+  if (r->list_prev) {
+    r->list_prev->list_next = r->list_next;
+  } else {
+    list_head = r->list_next;
+  }
+  if (r->list_next) {
+    r->list_next->list_prev = r->list_prev;
+  }
+  r->list_prev = r->list_next = NULL;
+  r->listed = 0;
+}
+
+void loom_request_started(loom_request_t *r) {
+  if (!r->step) {
+    return;
+  }
+  pthread_mutex_lock(&list_lock);
+  r->list_prev = NULL;
+  r->list_next = list_head;
+  if (list_head) {
+    list_head->list_prev = r;
+  }
+  list_head = r;
+  r->listed = 1;
+  pthread_mutex_unlock(&list_lock);
+}
+
+void loom_request_free(loom_request_t *r) {
+  if (!r) {
+    return;
+  }
+  pthread_mutex_lock(&list_lock);
+  unlink_locked(r);
+  pthread_mutex_unlock(&list_lock);
+  if (r->release) {
+    r->release(r);
+  }
+  for (int i = 0; i < LOOM_REQ_TMP; i++) {
+    loom_host_free(r->tmp[i]);
+  }
+  if (r->mpi != r->mpi_inline) {
+    free(r->mpi);
+  }
+  free(r);
+}
+
+// ---- progress -----------------------------------------------------------------------------------
+
+// Advance r without blocking (list_lock held): finish its stage if the MPI requests completed and
+// run the step hook, as far as possible. A failure is kept in r->error for its owner.
+static void advance_locked(loom_request_t *r) {
+  while (r->error == LOOM_OK) {
+    if (r->nmpi > 0) {
+      int flag = 0;
+      int rc = MPI_Testall(r->nmpi, r->mpi, &flag, MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS) {
+        char msg[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, msg, &len);
+        r->error = loom_error(NULL, LOOM_ERR_MPI, "%s: MPI_Testall failed: %s", r->op, msg);
+        break;
+      }
+      if (!flag) {
+        return;
+      }
+      r->nmpi = 0;
+    }
+    if (!r->step) {
+      break;
+    }
+    loom_status_t (*step)(loom_request_t *) = r->step;
+    r->step = NULL;
+    r->error = step(r);
+  }
+  unlink_locked(r); // nothing more to post
+}
+
+static void advance_all_locked(void) {
+  loom_request_t *r = list_head;
+  while (r) {
+    loom_request_t *next = r->list_next; // r may leave the list
+    advance_locked(r);
+    r = next;
+  }
+}
+
+// One round of progress for r (and every staged request). *done = 1 when r completed or failed;
+// block lets a NCCL request wait for its event when no MPI stage needs this thread.
+static loom_status_t progress(loom_request_t *r, int block, int *done) {
+  pthread_mutex_lock(&list_lock);
+  advance_all_locked();
+  advance_locked(r);
+  int idle = list_head == NULL;
+  pthread_mutex_unlock(&list_lock);
+  *done = 0;
+  if (r->error != LOOM_OK) {
+    *done = 1;
+    return r->error;
+  }
+  if (r->nmpi > 0 || r->step) {
+    return LOOM_OK;
+  }
+  if (r->poll) {
+    return r->poll(r, block && idle, done);
+  }
+  *done = 1;
+  return LOOM_OK;
+}
+
+// ---- public -------------------------------------------------------------------------------------
+
+loom_status_t loom_test(loom_request_t **req, int *done) {
+  if (!req || !done) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_test: %s is NULL: pass &request, &done",
+                      !req ? "req" : "done");
+  }
+  *done = 0;
+  if (!*req) { // already released: nothing to wait for
+    *done = 1;
+    return LOOM_OK;
+  }
+  loom_status_t status = progress(*req, 0, done);
+  if (*done || status != LOOM_OK) {
+    loom_request_free(*req);
+    *req = NULL;
+    *done = 1;
+  }
+  return status;
+}
+
+loom_status_t loom_wait(loom_request_t **req) {
+  if (!req) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_wait: req is NULL: pass &request");
+  }
+  loom_status_t status = LOOM_OK;
+  int done = 0;
+  while (*req && !done && status == LOOM_OK) {
+    status = progress(*req, 1, &done);
+  }
+  if (*req) {
+    loom_request_free(*req);
+    *req = NULL;
+  }
+  return status;
+}
+
+loom_status_t loom_wait_all(loom_request_t **reqs, int n) {
+  if (n < 0 || (n > 0 && !reqs)) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_wait_all: reqs is %s with n = %d: pass an array of n >= 0 requests",
+                      reqs ? "set" : "NULL", n);
+  }
+  loom_status_t first = LOOM_OK;
+  for (int i = 0; i < n; i++) {
+    loom_status_t status = loom_wait(&reqs[i]);
+    if (first == LOOM_OK) {
+      first = status;
+    }
+  }
+  return first;
+}

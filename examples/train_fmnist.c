@@ -1,0 +1,706 @@
+/* train_fmnist.c — data-parallel MLP classifier on Fashion-MNIST: every rank holds the model,
+ * trains on its slice of each global batch, and averages gradients over the DP group with loom. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fmnist_data.h"
+#include "loom.h"
+
+// ---- checks ----------------------------------------------------------------------------------
+
+// Every loom call is checked. A failure in the middle of training cannot be recovered on one
+// rank alone (the others would wait in the next collective), so it aborts the whole job.
+#define CHECK(call)                                                                                \
+  do {                                                                                             \
+    loom_status_t check_st_ = (call);                                                              \
+    if (check_st_ != LOOM_OK) {                                                                    \
+      fprintf(stderr, "train_fmnist: %s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call,              \
+              loom_strerror(check_st_), loom_last_error(NULL));                                    \
+      MPI_Abort(MPI_COMM_WORLD, 1);                                                                \
+    }                                                                                              \
+  } while (0)
+
+// ---- options ---------------------------------------------------------------------------------
+
+typedef struct opts {
+  int epochs;         // epochs to train
+  long steps;         // stop after this many optimizer steps in total (0: no limit)
+  int batch;          // samples per rank per step; the global batch is batch * ranks
+  double lr;          // peak learning rate
+  double momentum;    // SGD momentum
+  double wd;          // L2 weight decay
+  int cosine;         // 1: cosine decay to 0 over the run; 0: constant
+  long warmup;        // linear warmup steps
+  int hidden;         // width of both hidden layers
+  double clip;        // clip the global gradient norm to this (0: off)
+  long seed;          // weight init and shuffle
+  const char *data;   // directory of the .gz files
+  long log_every;     // progress line every N steps (0: per epoch only)
+  const char *json;   // final numbers as JSON (rank 0)
+  const char *dump;   // raw f32 parameters at the end (%r: every rank, else rank 0)
+  const char *cmp[2]; // --compare A B
+  double rtol;        // --compare tolerance
+  int help;
+} opts_t;
+
+static void usage(FILE *out) {
+  fprintf(
+      out,
+      "usage: mpirun -np N train_fmnist [flags]\n"
+      "Data-parallel MLP (784 -> H -> H -> 10, GELU) on Fashion-MNIST, SGD with momentum.\n"
+      "The global batch is --batch * N, drawn from one seeded shuffle shared by all ranks,\n"
+      "so N ranks with --batch B train exactly like 1 rank with --batch N*B.\n"
+      "\n"
+      "  --epochs N          epochs to train (default 3)\n"
+      "  --steps N           stop after N optimizer steps in total, 0 = no limit (default 0)\n"
+      "  --batch N           samples per rank per step (default 128)\n"
+      "  --lr X              peak learning rate (default 0.05)\n"
+      "  --momentum X        SGD momentum, 0 = plain SGD (default 0.9)\n"
+      "  --weight-decay X    L2 weight decay (default 0)\n"
+      "  --schedule S        learning-rate schedule: cosine (decay to 0 over the run) or\n"
+      "                      const (default cosine)\n"
+      "  --warmup N          linear warmup over the first N steps (default 0)\n"
+      "  --hidden N          width of the two hidden layers (default 1024)\n"
+      "  --clip X            clip the global gradient norm to X, 0 = off (default 0)\n"
+      "  --seed N            seed of the weight init and the shuffle (default 42)\n"
+      "  --data DIR          directory of the IDX .gz files (default %s)\n"
+      "  --log-every N       a progress line every N steps, 0 = only per epoch (default 0)\n"
+      "  --json FILE         write the final numbers as JSON (rank 0; default none)\n"
+      "  --dump-params FILE  write every parameter as raw little-endian f32 at the end, in\n"
+      "                      the order w1 b1 w2 b2 w3 b3; rank 0 only, or every rank when FILE\n"
+      "                      contains %%r (replaced by the rank) (default none)\n"
+      "  --compare A B       compare two parameter dumps without MPI: exit 0 when every\n"
+      "                      element agrees within --rtol, 1 otherwise\n"
+      "  --rtol X            --compare tolerance: |a-b| <= X * max(|a|, |b|, rms) where rms\n"
+      "                      is the root mean square of A (default 1e-5)\n"
+      "  --help              this text\n"
+      "Flags take their value as the next argument or after '='. Bad flags exit 2.\n",
+      FMNIST_DEFAULT_DIR);
+}
+
+static int parse_long(const char *flag, const char *v, long lo, long hi, long *out, char *err,
+                      size_t errlen) {
+  char *end = NULL;
+  long x = strtol(v, &end, 10);
+  if (!*v || *end || x < lo || x > hi) {
+    snprintf(err, errlen, "%s wants an integer in %ld..%ld, got '%s'", flag, lo, hi, v);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+static int parse_double(const char *flag, const char *v, double lo, double hi, double *out,
+                        char *err, size_t errlen) {
+  char *end = NULL;
+  double x = strtod(v, &end);
+  if (!*v || *end || !isfinite(x) || x < lo || x > hi) {
+    snprintf(err, errlen, "%s wants a number in %g..%g, got '%s'", flag, lo, hi, v);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+// Fill o from argv. Returns 0, or -1 with a message in err naming the flag.
+static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen) {
+  *o = (opts_t){.epochs = 3,
+                .batch = 128,
+                .lr = 0.05,
+                .momentum = 0.9,
+                .cosine = 1,
+                .hidden = 1024,
+                .seed = 42,
+                .data = FMNIST_DEFAULT_DIR,
+                .rtol = 1e-5};
+  for (int i = 1; i < argc; i++) {
+    char flag[64];
+    const char *arg = argv[i], *eq = strchr(arg, '='), *v = NULL;
+    size_t flen = eq ? (size_t)(eq - arg) : strlen(arg);
+    if (strncmp(arg, "--", 2) != 0 || flen >= sizeof flag) {
+      snprintf(err, errlen, "unexpected argument '%s' (flags start with --; see --help)", arg);
+      return -1;
+    }
+    memcpy(flag, arg, flen);
+    flag[flen] = '\0';
+    if (!strcmp(flag, "--help")) {
+      o->help = 1;
+      continue;
+    }
+    if (!strcmp(flag, "--compare")) {
+      if (eq || i + 2 >= argc) {
+        snprintf(err, errlen, "--compare wants two files: --compare A B");
+        return -1;
+      }
+      o->cmp[0] = argv[++i];
+      o->cmp[1] = argv[++i];
+      continue;
+    }
+    if (eq) {
+      v = eq + 1;
+    } else if (i + 1 < argc) {
+      v = argv[++i];
+    } else {
+      snprintf(err, errlen, "%s wants a value (see --help)", flag);
+      return -1;
+    }
+    long l = 0;
+    int rc = 0;
+    if (!strcmp(flag, "--epochs")) {
+      rc = parse_long(flag, v, 1, 1000, &l, err, errlen);
+      o->epochs = (int)l;
+    } else if (!strcmp(flag, "--steps")) {
+      rc = parse_long(flag, v, 0, 1L << 40, &o->steps, err, errlen);
+    } else if (!strcmp(flag, "--batch")) {
+      rc = parse_long(flag, v, 1, 65536, &l, err, errlen);
+      o->batch = (int)l;
+    } else if (!strcmp(flag, "--lr")) {
+      rc = parse_double(flag, v, 0.0, 100.0, &o->lr, err, errlen);
+    } else if (!strcmp(flag, "--momentum")) {
+      rc = parse_double(flag, v, 0.0, 0.999999, &o->momentum, err, errlen);
+    } else if (!strcmp(flag, "--weight-decay")) {
+      rc = parse_double(flag, v, 0.0, 1.0, &o->wd, err, errlen);
+    } else if (!strcmp(flag, "--schedule")) {
+      if (!strcmp(v, "cosine") || !strcmp(v, "const")) {
+        o->cosine = !strcmp(v, "cosine");
+      } else {
+        snprintf(err, errlen, "--schedule wants cosine or const, got '%s'", v);
+        rc = -1;
+      }
+    } else if (!strcmp(flag, "--warmup")) {
+      rc = parse_long(flag, v, 0, 1L << 40, &o->warmup, err, errlen);
+    } else if (!strcmp(flag, "--hidden")) {
+      rc = parse_long(flag, v, 1, 65536, &l, err, errlen);
+      o->hidden = (int)l;
+    } else if (!strcmp(flag, "--clip")) {
+      rc = parse_double(flag, v, 0.0, 1e30, &o->clip, err, errlen);
+    } else if (!strcmp(flag, "--seed")) {
+      rc = parse_long(flag, v, 0, 0x7fffffffL, &o->seed, err, errlen);
+    } else if (!strcmp(flag, "--data")) {
+      o->data = v;
+    } else if (!strcmp(flag, "--log-every")) {
+      rc = parse_long(flag, v, 0, 1L << 40, &o->log_every, err, errlen);
+    } else if (!strcmp(flag, "--json")) {
+      o->json = v;
+    } else if (!strcmp(flag, "--dump-params")) {
+      o->dump = v;
+    } else if (!strcmp(flag, "--rtol")) {
+      rc = parse_double(flag, v, 0.0, 1.0, &o->rtol, err, errlen);
+    } else {
+      snprintf(err, errlen, "unknown flag '%s' (see --help)", flag);
+      rc = -1;
+    }
+    if (rc) {
+      return -1;
+    }
+  }
+  return 0;
+}
+
+// ---- model -----------------------------------------------------------------------------------
+
+enum { W1, B1, W2, B2, W3, B3, NPARAM };
+static const char *const param_names[NPARAM] = {"w1", "b1", "w2", "b2", "w3", "b3"};
+
+typedef struct mlp {
+  int hidden;                  // H
+  loom_tensor_t param[NPARAM]; // w1 (H, 784), b1 (H), w2 (H, H), b2 (H), w3 (10, H), b3 (10)
+  loom_tensor_t grad[NPARAM];  // same shapes as param: averaged over the DP group each step
+  loom_tensor_t mom[NPARAM];   // same shapes as param: SGD momentum buffers
+} mlp_t;
+
+typedef struct acts {
+  int cap;               // B: rows allocated; a call may use fewer (views of the first rows)
+  loom_tensor_t x;       // (B, 784) input pixels
+  loom_tensor_t y;       // (B) i32 labels
+  loom_tensor_t a1;      // (B, H) x @ w1^T + b1
+  loom_tensor_t h1;      // (B, H) gelu(a1)
+  loom_tensor_t a2;      // (B, H) h1 @ w2^T + b2
+  loom_tensor_t h2;      // (B, H) gelu(a2)
+  loom_tensor_t logits;  // (B, 10) h2 @ w3^T + b3
+  loom_tensor_t losses;  // (B) per-row cross-entropy
+  loom_tensor_t dlogits; // (B, 10) d loss / d logits
+  loom_tensor_t dh;      // (B, H) d loss / d h2, then d loss / d h1
+  loom_tensor_t da;      // (B, H) d loss / d a2, then d loss / d a1
+} acts_t;
+
+static void alloc2(loom_tensor_t *t, int64_t rows, int64_t cols, loom_dtype_t dt,
+                   const char *name) {
+  int64_t shape[2] = {rows, cols};
+  CHECK(loom_tensor_alloc(t, dt, LOOM_DEVICE_HOST, cols > 0 ? 2 : 1, shape, name));
+}
+
+static void mlp_alloc(mlp_t *m, int hidden) {
+  const int64_t rows[NPARAM] = {hidden, hidden, hidden, hidden, FMNIST_CLASSES, FMNIST_CLASSES};
+  const int64_t cols[NPARAM] = {FMNIST_PIXELS, 0, hidden, 0, hidden, 0};
+  m->hidden = hidden;
+  for (int i = 0; i < NPARAM; i++) {
+    char name[64];
+    alloc2(&m->param[i], rows[i], cols[i], LOOM_F32, param_names[i]);
+    snprintf(name, sizeof name, "grad.%s", param_names[i]);
+    alloc2(&m->grad[i], rows[i], cols[i], LOOM_F32, name);
+    snprintf(name, sizeof name, "momentum.%s", param_names[i]);
+    alloc2(&m->mom[i], rows[i], cols[i], LOOM_F32, name);
+  }
+}
+
+static void mlp_free(mlp_t *m) {
+  for (int i = 0; i < NPARAM; i++) {
+    loom_tensor_free(&m->param[i]);
+    loom_tensor_free(&m->grad[i]);
+    loom_tensor_free(&m->mom[i]);
+  }
+}
+
+static uint64_t splitmix64(uint64_t *state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// PyTorch's nn.Linear default: weight and bias uniform in +-1/sqrt(fan_in). One stream per
+// parameter from the seed, so every rank draws the same numbers.
+static void mlp_init(mlp_t *m, uint64_t seed) {
+  for (int i = 0; i < NPARAM; i++) {
+    int64_t fan_in = (i == W1 || i == B1) ? FMNIST_PIXELS : m->hidden;
+    float bound = 1.0f / sqrtf((float)fan_in);
+    uint64_t state = seed * 0x9e3779b97f4a7c15ull + (uint64_t)i + 1;
+    float *p = m->param[i].data;
+    for (int64_t k = 0; k < loom_tensor_numel(&m->param[i]); k++) {
+      float u = (float)(splitmix64(&state) >> 40) / (float)(1 << 24); // [0, 1)
+      p[k] = (2.0f * u - 1.0f) * bound;
+    }
+  }
+}
+
+static void acts_alloc(acts_t *a, int cap, int hidden) {
+  a->cap = cap;
+  alloc2(&a->x, cap, FMNIST_PIXELS, LOOM_F32, "x");
+  alloc2(&a->y, cap, 0, LOOM_I32, "y");
+  alloc2(&a->a1, cap, hidden, LOOM_F32, "a1");
+  alloc2(&a->h1, cap, hidden, LOOM_F32, "h1");
+  alloc2(&a->a2, cap, hidden, LOOM_F32, "a2");
+  alloc2(&a->h2, cap, hidden, LOOM_F32, "h2");
+  alloc2(&a->logits, cap, FMNIST_CLASSES, LOOM_F32, "logits");
+  alloc2(&a->losses, cap, 0, LOOM_F32, "losses");
+  alloc2(&a->dlogits, cap, FMNIST_CLASSES, LOOM_F32, "dlogits");
+  alloc2(&a->dh, cap, hidden, LOOM_F32, "dh");
+  alloc2(&a->da, cap, hidden, LOOM_F32, "da");
+}
+
+static void acts_free(acts_t *a) {
+  loom_tensor_t *all[] = {&a->x,      &a->y,      &a->a1,      &a->h1, &a->a2, &a->h2,
+                          &a->logits, &a->losses, &a->dlogits, &a->dh, &a->da};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    loom_tensor_free(all[i]);
+  }
+}
+
+// A view of the first n rows of t (no copy).
+static loom_tensor_t rows(const loom_tensor_t *t, int64_t n) {
+  loom_tensor_t v;
+  int64_t shape[LOOM_MAX_DIMS];
+  memcpy(shape, t->shape, sizeof shape);
+  shape[0] = n;
+  CHECK(loom_tensor_wrap(&v, t->data, t->dtype, t->device, t->ndim, shape, t->name));
+  return v;
+}
+
+// ---- forward and backward --------------------------------------------------------------------
+
+// Forward over the first n rows of a; returns the mean loss over them.
+static float forward(const mlp_t *m, acts_t *a, int64_t n) {
+  loom_tensor_t x = rows(&a->x, n), y = rows(&a->y, n), a1 = rows(&a->a1, n), h1 = rows(&a->h1, n),
+                a2 = rows(&a->a2, n), h2 = rows(&a->h2, n), logits = rows(&a->logits, n),
+                losses = rows(&a->losses, n);
+  const loom_tensor_t *p = m->param;
+  CHECK(loom_gemm(&a1, &x, 0, &p[W1], 1, &p[B1], 1.0f, 0.0f)); // (n, H)
+  CHECK(loom_gelu_forward(&h1, &a1));
+  CHECK(loom_gemm(&a2, &h1, 0, &p[W2], 1, &p[B2], 1.0f, 0.0f)); // (n, H)
+  CHECK(loom_gelu_forward(&h2, &a2));
+  CHECK(loom_gemm(&logits, &h2, 0, &p[W3], 1, &p[B3], 1.0f, 0.0f)); // (n, 10)
+  float loss = 0.0f;
+  CHECK(loom_cross_entropy_forward(&losses, &loss, &logits, &y, -1));
+  return loss;
+}
+
+// Gradients of the mean loss of the last forward over all a->cap rows into m->grad
+// (overwritten). A linear layer out = in @ w^T + b has dw = dout^T @ in, db = column sums of
+// dout, din = dout @ w.
+static void backward(mlp_t *m, acts_t *a) {
+  loom_tensor_t *p = m->param, *g = m->grad;
+  for (int i = B1; i < NPARAM; i += 2) {
+    CHECK(loom_tensor_fill(&g[i], 0.0)); // bias gradients accumulate
+  }
+  CHECK(loom_cross_entropy_backward(&a->dlogits, &a->logits, &a->y, -1, 1.0f));
+  CHECK(loom_gemm(&g[W3], &a->dlogits, 1, &a->h2, 0, NULL, 1.0f, 0.0f)); // (10, H)
+  CHECK(loom_bias_backward(&g[B3], &a->dlogits));
+  CHECK(loom_gemm(&a->dh, &a->dlogits, 0, &p[W3], 0, NULL, 1.0f, 0.0f)); // dh2 (B, H)
+  CHECK(loom_gelu_backward(&a->da, &a->a2, &a->dh));                     // da2
+  CHECK(loom_gemm(&g[W2], &a->da, 1, &a->h1, 0, NULL, 1.0f, 0.0f));      // (H, H)
+  CHECK(loom_bias_backward(&g[B2], &a->da));
+  CHECK(loom_gemm(&a->dh, &a->da, 0, &p[W2], 0, NULL, 1.0f, 0.0f)); // dh1 (B, H)
+  CHECK(loom_gelu_backward(&a->da, &a->a1, &a->dh));                // da1
+  CHECK(loom_gemm(&g[W1], &a->da, 1, &a->x, 0, NULL, 1.0f, 0.0f));  // (H, 784)
+  CHECK(loom_bias_backward(&g[B1], &a->da));
+}
+
+// ---- evaluation ------------------------------------------------------------------------------
+
+// Accuracy and mean loss over the test set: each rank takes a contiguous slice, the correct
+// counts and loss sums are summed over the DP group.
+static void evaluate(const mlp_t *m, acts_t *a, const fmnist_split_t *test, const loom_group_t *dp,
+                     float *acc, float *loss) {
+  int64_t begin, end;
+  fmnist_eval_range(test->n, loom_group_rank(dp), loom_group_size(dp), &begin, &end);
+  float sums[2] = {0.0f, 0.0f}; // correct, loss sum
+  for (int64_t i = begin; i < end; i += a->cap) {
+    int64_t n = end - i < a->cap ? end - i : a->cap;
+    fmnist_gather(test, NULL, i, n, a->x.data, a->y.data);
+    sums[1] += forward(m, a, n) * (float)n;
+    const float *lg = a->logits.data;
+    const int32_t *y = a->y.data;
+    for (int64_t r = 0; r < n; r++) {
+      int best = 0;
+      for (int c = 1; c < FMNIST_CLASSES; c++) {
+        best = lg[r * FMNIST_CLASSES + c] > lg[r * FMNIST_CLASSES + best] ? c : best;
+      }
+      sums[0] += best == y[r];
+    }
+  }
+  loom_tensor_t t;
+  int64_t two = 2;
+  CHECK(loom_tensor_wrap(&t, sums, LOOM_F32, LOOM_DEVICE_HOST, 1, &two, "eval"));
+  CHECK(loom_allreduce(dp, &t, &t, LOOM_SUM));
+  *acc = sums[0] / (float)test->n;
+  *loss = sums[1] / (float)test->n;
+}
+
+// ---- parameter dumps -------------------------------------------------------------------------
+
+// Write every parameter as raw f32 to path, with %r replaced by rank.
+static int dump_params(const mlp_t *m, const char *path, int rank) {
+  char file[4096];
+  size_t o = 0;
+  for (const char *s = path; *s && o + 16 < sizeof file; s++) {
+    if (s[0] == '%' && s[1] == 'r') {
+      o += (size_t)snprintf(file + o, sizeof file - o, "%d", rank);
+      s++;
+    } else {
+      file[o++] = *s;
+    }
+  }
+  file[o] = '\0';
+  FILE *f = fopen(file, "wb");
+  if (!f) {
+    perror(file);
+    return -1;
+  }
+  int ok = 1;
+  for (int i = 0; i < NPARAM; i++) {
+    size_t n = (size_t)loom_tensor_numel(&m->param[i]);
+    ok &= fwrite(m->param[i].data, sizeof(float), n, f) == n;
+  }
+  ok &= fclose(f) == 0;
+  if (!ok) {
+    fprintf(stderr, "train_fmnist: writing %s failed\n", file);
+  }
+  return ok ? 0 : -1;
+}
+
+static float *read_floats(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    perror(path);
+    return NULL;
+  }
+  size_t cap = 1 << 20, len = 0;
+  float *buf = malloc(cap * sizeof(float));
+  while (buf) {
+    len += fread(buf + len, sizeof(float), cap - len, f);
+    if (len < cap) {
+      break;
+    }
+    float *bigger = realloc(buf, 2 * cap * sizeof(float));
+    if (!bigger) {
+      free(buf);
+      buf = NULL;
+    }
+    buf = bigger;
+    cap *= 2;
+  }
+  int bad = ferror(f) || !buf || fgetc(f) != EOF; // a partial trailing float is left unread
+  fclose(f);
+  if (bad) {
+    fprintf(stderr, "train_fmnist: reading %s failed (or its size is not a multiple of 4)\n", path);
+    free(buf);
+    return NULL;
+  }
+  *n = len;
+  return buf;
+}
+
+// --compare A B: every element within rtol of the larger magnitude (floored at A's RMS, so that
+// weights that happen to be near zero are judged on the scale of the whole dump).
+static int compare_dumps(const char *pa, const char *pb, double rtol) {
+  size_t na = 0, nb = 0;
+  float *a = read_floats(pa, &na), *b = read_floats(pb, &nb);
+  int rc = 1;
+  if (!a || !b) {
+    goto done;
+  }
+  if (na != nb || na == 0) {
+    fprintf(stderr, "compare: %s has %zu floats, %s has %zu\n", pa, na, pb, nb);
+    goto done;
+  }
+  double sq = 0.0, worst = 0.0, maxabs = 0.0;
+  for (size_t i = 0; i < na; i++) {
+    sq += (double)a[i] * a[i];
+  }
+  double rms = sqrt(sq / (double)na);
+  size_t bad = 0, worst_i = 0;
+  for (size_t i = 0; i < na; i++) {
+    double d = fabs((double)a[i] - b[i]);
+    double scale = fmax(fmax(fabs(a[i]), fabs(b[i])), rms);
+    double rel = isfinite(d) ? d / scale : INFINITY;
+    maxabs = fmax(maxabs, d);
+    if (rel > worst || isnan(rel)) {
+      worst = rel;
+      worst_i = i;
+    }
+    if (!(rel <= rtol)) {
+      if (bad < 5) {
+        fprintf(stderr, "compare: element %zu: %.9g vs %.9g (relative %.3g > %.3g)\n", i, a[i],
+                b[i], rel, rtol);
+      }
+      bad++;
+    }
+  }
+  printf("compare: %zu floats, rms %.6g, max abs diff %.3g, max relative diff %.3g (element "
+         "%zu), %zu over rtol %.3g\n",
+         na, rms, maxabs, worst, worst_i, bad, rtol);
+  rc = bad ? 1 : 0;
+done:
+  free(a);
+  free(b);
+  return rc;
+}
+
+// ---- training --------------------------------------------------------------------------------
+
+static float lr_at(const opts_t *o, long step, long total) {
+  if (o->warmup > 0 && step < o->warmup) {
+    return (float)(o->lr * (double)(step + 1) / (double)o->warmup);
+  }
+  if (!o->cosine) {
+    return (float)o->lr;
+  }
+  long span = total - o->warmup > 1 ? total - o->warmup : 1;
+  double progress = (double)(step - o->warmup) / (double)span;
+  return (float)(o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * progress)));
+}
+
+// Load both splits on every rank; agree on failure so that no rank waits for another, and let
+// the lowest failing rank say why.
+static int load_data(const opts_t *o, const loom_group_t *dp, fmnist_split_t *train,
+                     fmnist_split_t *test) {
+  char err[4400] = "";
+  loom_status_t st = fmnist_load(o->data, "train", train, err, sizeof err);
+  if (st == LOOM_OK) {
+    st = fmnist_load(o->data, "t10k", test, err, sizeof err);
+  }
+  int32_t first_bad = st == LOOM_OK ? loom_group_size(dp) : loom_group_rank(dp);
+  loom_tensor_t t;
+  int64_t one = 1;
+  CHECK(loom_tensor_wrap(&t, &first_bad, LOOM_I32, LOOM_DEVICE_HOST, 1, &one, "load"));
+  CHECK(loom_allreduce(dp, &t, &t, LOOM_MIN));
+  if (first_bad == loom_group_size(dp)) {
+    return 0;
+  }
+  if (first_bad == loom_group_rank(dp)) {
+    fprintf(stderr, "train_fmnist: %s\n", err);
+  }
+  fmnist_free(train);
+  fmnist_free(test);
+  return -1;
+}
+
+int main(int argc, char **argv) {
+  opts_t o;
+  char err[512] = "";
+  int bad_args = parse_args(argc, argv, &o, err, sizeof err);
+  if (!bad_args && o.help) {
+    usage(stdout);
+    return 0;
+  }
+  if (!bad_args && o.cmp[0]) {
+    return compare_dumps(o.cmp[0], o.cmp[1], o.rtol);
+  }
+
+  loom_ctx_t *ctx = NULL;
+  if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {
+    fprintf(stderr, "train_fmnist: loom_init: %s\n", loom_last_error(NULL));
+    return 1;
+  }
+  const loom_group_t *dp = loom_group(ctx, LOOM_GROUP_DP);
+  int rank = loom_group_rank(dp), np = loom_group_size(dp);
+  if (bad_args) {
+    if (loom_rank(ctx) == 0) {
+      fprintf(stderr, "train_fmnist: %s\n", err);
+    }
+    loom_finalize(ctx);
+    return 2;
+  }
+  if (rank < 0) { // a dedicated attention server (LOOM_ATTN_SERVERS): nothing to train here
+    return loom_finalize(ctx) == LOOM_OK ? 0 : 1;
+  }
+
+  // ---- data
+  fmnist_split_t train, test;
+  if (load_data(&o, dp, &train, &test) != 0) {
+    loom_finalize(ctx);
+    return 1;
+  }
+  float mean, std;
+  fmnist_stats(&train, &mean, &std); // same bytes, same code: the same numbers on every rank
+  fmnist_normalize(&train, mean, std);
+  fmnist_normalize(&test, mean, std);
+  int32_t *perm = malloc((size_t)train.n * sizeof(int32_t));
+  if (!perm) {
+    fprintf(stderr, "train_fmnist: out of memory\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  long per_epoch = (long)fmnist_steps_per_epoch(train.n, o.batch, np);
+  if (per_epoch < 1) {
+    if (rank == 0) {
+      fprintf(stderr, "train_fmnist: --batch %d on %d ranks exceeds the %lld training samples\n",
+              o.batch, np, (long long)train.n);
+    }
+    free(perm);
+    fmnist_free(&train);
+    fmnist_free(&test);
+    loom_finalize(ctx);
+    return 2;
+  }
+  long total = per_epoch * o.epochs;
+  if (o.steps > 0 && o.steps < total) {
+    total = o.steps;
+  }
+
+  // ---- model: the same seeded init everywhere, then rank 0's copy to make sure
+  mlp_t m;
+  acts_t a;
+  mlp_alloc(&m, o.hidden);
+  acts_alloc(&a, o.batch, o.hidden);
+  mlp_init(&m, (uint64_t)o.seed);
+  for (int i = 0; i < NPARAM; i++) {
+    CHECK(loom_broadcast(dp, &m.param[i], 0));
+  }
+  loom_fusion_t *fusion = NULL;
+  CHECK(loom_fusion_create(ctx, dp, 0, &fusion));
+  float step_loss = 0.0f;
+  loom_tensor_t loss_t; // (1) this step's mean loss, averaged over ranks with the gradients
+  int64_t one = 1;
+  CHECK(loom_tensor_wrap(&loss_t, &step_loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
+  loom_tensor_t *reduce[NPARAM + 1];
+  for (int i = 0; i < NPARAM; i++) {
+    reduce[i] = &m.grad[i];
+  }
+  reduce[NPARAM] = &loss_t;
+
+  if (rank == 0) {
+    printf("train_fmnist: %d rank(s), batch %d per rank (global %d), MLP 784-%d-%d-10, "
+           "lr %g %s, momentum %g, %ld steps/epoch, %ld steps\n",
+           np, o.batch, o.batch * np, o.hidden, o.hidden, o.lr, o.cosine ? "cosine" : "const",
+           o.momentum, per_epoch, total);
+    printf("data: %s: %lld train, %lld test, pixel mean %.4f std %.4f\n", o.data,
+           (long long)train.n, (long long)test.n, mean, std);
+    fflush(stdout);
+  }
+
+  // ---- train
+  long step = 0;
+  int epoch = 0;
+  double train_time = 0.0;
+  float epoch_loss = 0.0f, acc = 0.0f, test_loss = 0.0f;
+  while (step < total) {
+    fmnist_permutation(perm, train.n, (uint64_t)o.seed, epoch);
+    double t0 = MPI_Wtime(), tlog = t0, loss_sum = 0.0, log_sum = 0.0;
+    long s = 0, log_from = step;
+    for (; s < per_epoch && step < total; s++, step++) {
+      const int32_t *idx = fmnist_shard(perm, s, o.batch, rank, np);
+      fmnist_gather(&train, idx, 0, o.batch, a.x.data, a.y.data);
+      step_loss = forward(&m, &a, o.batch);
+      backward(&m, &a);
+      CHECK(loom_fusion_allreduce(fusion, reduce, NPARAM + 1, LOOM_AVG));
+      float norm = 0.0f; // of the averaged gradient; --clip 0 only measures it
+      CHECK(loom_clip_grad_norm(reduce, NPARAM, (float)o.clip, &norm)); // gradients, not loss
+      loom_sgd_t hp = {
+          .lr = lr_at(&o, step, total), .momentum = (float)o.momentum, .weight_decay = (float)o.wd};
+      for (int i = 0; i < NPARAM; i++) {
+        CHECK(loom_sgd_update(&m.param[i], &m.grad[i], o.momentum > 0 ? &m.mom[i] : NULL, &hp));
+      }
+      loss_sum += step_loss;
+      log_sum += step_loss;
+      if (o.log_every > 0 && (step + 1) % o.log_every == 0 && rank == 0) {
+        double now = MPI_Wtime();
+        printf("  step %ld/%ld  epoch %d  loss %.4f  grad_norm %.3f  lr %.4f  samples/s %.0f\n",
+               step + 1, total, epoch + 1, log_sum / (double)(step + 1 - log_from), norm, hp.lr,
+               (double)(step + 1 - log_from) * o.batch * np / (now - tlog));
+        fflush(stdout);
+        tlog = now;
+        log_sum = 0.0;
+        log_from = step + 1;
+      }
+    }
+    double dt = MPI_Wtime() - t0;
+    train_time += dt;
+    epoch_loss = (float)(loss_sum / (double)s);
+    evaluate(&m, &a, &test, dp, &acc, &test_loss);
+    epoch++;
+    if (rank == 0) {
+      printf("epoch %d  train_loss %.4f  test_loss %.4f  test_acc %.4f  samples/s %.0f  "
+             "(%.1f s)\n",
+             epoch, epoch_loss, test_loss, acc, (double)s * o.batch * np / dt, dt);
+      fflush(stdout);
+    }
+  }
+  double samples_per_s = (double)step * o.batch * np / train_time;
+
+  // ---- results
+  int rc = 0;
+  if (o.dump && (rank == 0 || strstr(o.dump, "%r"))) {
+    rc |= dump_params(&m, o.dump, rank) != 0;
+  }
+  if (o.json && rank == 0) {
+    FILE *f = fopen(o.json, "w");
+    if (!f || fprintf(f,
+                      "{\"epochs\": %d, \"steps\": %ld, \"train_loss\": %.6f, \"test_loss\": "
+                      "%.6f, \"test_acc\": %.6f, \"samples_per_s\": %.1f, \"train_time_s\": "
+                      "%.3f, \"np\": %d, \"batch\": %d, \"global_batch\": %d, \"hidden\": %d, "
+                      "\"lr\": %g, \"seed\": %ld}\n",
+                      epoch, step, epoch_loss, test_loss, acc, samples_per_s, train_time, np,
+                      o.batch, o.batch * np, o.hidden, o.lr, o.seed) < 0) {
+      perror(o.json);
+      rc = 1;
+    }
+    if (f && fclose(f) != 0) {
+      perror(o.json);
+      rc = 1;
+    }
+  }
+  loom_fusion_destroy(fusion);
+  acts_free(&a);
+  mlp_free(&m);
+  free(perm);
+  fmnist_free(&train);
+  fmnist_free(&test);
+  if (loom_finalize(ctx) != LOOM_OK) {
+    fprintf(stderr, "train_fmnist: loom_finalize: %s\n", loom_last_error(NULL));
+    rc = 1;
+  }
+  return rc;
+}

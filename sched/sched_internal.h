@@ -1,0 +1,111 @@
+/* sched_internal.h — what the scheduler's files share: the monotonic clock, the ready heap
+ * ordered by (priority desc, id asc), and the worker pool (sched/worker.c). Internal. */
+#ifndef LOOM_SCHED_INTERNAL_H
+#define LOOM_SCHED_INTERNAL_H
+
+#include <stdint.h>
+#include <time.h>
+
+#include "loom_core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Monotonic time in nanoseconds.
+static inline int64_t loom_sched_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ready heap: a binary heap with a fixed capacity; the top is the highest priority, then the
+// lowest id, so that the order never depends on timing.
+
+struct loom_heap_item {
+  int priority;
+  int id;
+  void *ptr;
+};
+
+struct loom_heap {
+  struct loom_heap_item *v; // (cap)
+  int n, cap;
+};
+
+static inline int loom_heap_before(const struct loom_heap_item *a, const struct loom_heap_item *b) {
+  return a->priority > b->priority || (a->priority == b->priority && a->id < b->id);
+}
+
+// The caller guarantees n < cap (capacities are the number of tasks of the graph).
+static inline void loom_heap_push(struct loom_heap *h, struct loom_heap_item item) {
+  int i = h->n++;
+  while (i > 0) {
+    int parent = (i - 1) / 2;
+    if (!loom_heap_before(&item, &h->v[parent])) {
+      break;
+    }
+    h->v[i] = h->v[parent];
+    i = parent;
+  }
+  h->v[i] = item;
+}
+
+// The caller guarantees n > 0.
+static inline struct loom_heap_item loom_heap_pop(struct loom_heap *h) {
+  struct loom_heap_item top = h->v[0], last = h->v[--h->n];
+  int i = 0;
+  for (;;) {
+    int c = 2 * i + 1;
+    if (c >= h->n) {
+      break;
+    }
+    if (c + 1 < h->n && loom_heap_before(&h->v[c + 1], &h->v[c])) {
+      c++;
+    }
+    if (!loom_heap_before(&h->v[c], &last)) {
+      break;
+    }
+    h->v[i] = h->v[c];
+    i = c;
+  }
+  if (h->n > 0) {
+    h->v[i] = last;
+  }
+  return top;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Worker pool: threads take jobs from a heap (priority desc, id asc), run them, and put them on
+// a completed list that the compute lane collects without blocking.
+
+#define LOOM_SCHED_ERR_MAX 512
+
+struct loom_worker_job {
+  loom_status_t (*fn)(void *arg);
+  void *arg;
+  int priority, id;
+  // Written by the worker thread, read after collection:
+  loom_status_t status;
+  int64_t t_start, t_end;       // loom_sched_now_ns
+  int worker;                   // index of the thread that ran it
+  char err[LOOM_SCHED_ERR_MAX]; // the thread's last error when status != LOOM_OK
+};
+
+struct loom_worker_pool;
+
+// Start nthreads threads for at most capacity queued jobs. ctx (may be NULL) receives errors.
+loom_status_t loom_worker_pool_create(loom_ctx_t *ctx, int nthreads, int capacity,
+                                      struct loom_worker_pool **pool);
+// Queue a job (at most capacity outstanding jobs).
+void loom_worker_pool_submit(struct loom_worker_pool *pool, struct loom_worker_job *job);
+// Move up to max completed jobs into out; returns how many. Never blocks on a running job.
+int loom_worker_pool_collect(struct loom_worker_pool *pool, struct loom_worker_job **out, int max);
+// Run the queued jobs, then stop and join the threads. NULL is fine.
+void loom_worker_pool_destroy(struct loom_worker_pool *pool);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

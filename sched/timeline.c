@@ -1,0 +1,284 @@
+/* timeline.c — writes a rank's scheduler events as Chrome trace JSON: events are buffered and
+ * appended before a closing "]}" that every flush rewrites, so the file is valid after a flush. */
+#include "config.h"
+
+#include "timeline.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "log.h"
+
+#define TL_BUFFER_EVENTS 65536 // events kept in memory before they are written out
+#define TL_MAX_TRACKS    4096  // tracks named in the metadata (more are left unnamed)
+#define TL_PATH_MAX      4096
+
+struct tl_event {
+  const char *name, *cat;
+  int tid;
+  int64_t t0, t1; // ns
+  size_t bytes;
+  int64_t step;
+};
+
+struct loom_timeline {
+  loom_ctx_t *ctx;
+  FILE *f;
+  char path[TL_PATH_MAX];
+  int rank;
+  int64_t origin_ns;
+  struct tl_event *ev; // (TL_BUFFER_EVENTS)
+  int nev;
+  long trailer_pos; // where the closing "]}" starts: the next write goes there
+  int broken;       // a write failed: record nothing more
+  int named[TL_MAX_TRACKS];
+  int nnamed;
+};
+
+// ---- JSON text -------------------------------------------------------------------------------
+
+// Length of the valid UTF-8 sequence at s (1..4), or 0 when the bytes there are not one.
+static int utf8_len(const unsigned char *s) {
+  unsigned c = s[0];
+  int n;
+  unsigned min;
+  if (c < 0x80) {
+    return 1;
+  } else if ((c & 0xE0) == 0xC0) {
+    n = 2, min = 0x80, c &= 0x1F;
+  } else if ((c & 0xF0) == 0xE0) {
+    n = 3, min = 0x800, c &= 0x0F;
+  } else if ((c & 0xF8) == 0xF0) {
+    n = 4, min = 0x10000, c &= 0x07;
+  } else {
+    return 0;
+  }
+  for (int i = 1; i < n; i++) {
+    if ((s[i] & 0xC0) != 0x80) { // also stops at the terminating NUL
+      return 0;
+    }
+    c = (c << 6) | (s[i] & 0x3F);
+  }
+  if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) {
+    return 0;
+  }
+  return n;
+}
+
+void loom_json_escape(FILE *out, const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  while (*p) {
+    unsigned c = *p;
+    if (c == '"' || c == '\\') {
+      fputc('\\', out);
+      fputc((int)c, out);
+      p++;
+    } else if (c == '\n') {
+      fputs("\\n", out), p++;
+    } else if (c == '\t') {
+      fputs("\\t", out), p++;
+    } else if (c == '\r') {
+      fputs("\\r", out), p++;
+    } else if (c < 0x20 || c == 0x7F) {
+      fprintf(out, "\\u%04x", c), p++;
+    } else {
+      int n = utf8_len(p);
+      if (n == 0) {
+        fputs("\\ufffd", out), p++;
+      } else {
+        fwrite(p, 1, (size_t)n, out), p += n;
+      }
+    }
+  }
+}
+
+// ---- the file --------------------------------------------------------------------------------
+
+int loom_timeline_path(const char *pattern, int rank, char *out, size_t len) {
+  size_t o = 0;
+  for (const char *p = pattern; *p; p++) {
+    char piece[32];
+    const char *add = piece;
+    if (p[0] == '%' && p[1] == 'r') {
+      snprintf(piece, sizeof piece, "%d", rank);
+      p++;
+    } else {
+      piece[0] = *p, piece[1] = '\0';
+    }
+    size_t n = strlen(add);
+    if (o + n + 1 > len) {
+      return -1;
+    }
+    memcpy(out + o, add, n);
+    o += n;
+  }
+  if (len == 0) {
+    return -1;
+  }
+  out[o] = '\0';
+  return 0;
+}
+
+static void track_name(int tid, char *buf, size_t len) {
+  const char *lane = tid >= LOOM_TL_TID_WORKER ? "worker"
+                     : tid >= LOOM_TL_TID_COMM ? "comm"
+                                               : "compute";
+  int k = tid >= LOOM_TL_TID_WORKER ? tid - LOOM_TL_TID_WORKER
+          : tid >= LOOM_TL_TID_COMM ? tid - LOOM_TL_TID_COMM
+                                    : 0;
+  if (k > 0) {
+    snprintf(buf, len, "%s %d", lane, k + 1);
+  } else {
+    snprintf(buf, len, "%s", lane);
+  }
+}
+
+// Write the thread_name and thread_sort_index metadata the first time a track appears.
+static void name_track(struct loom_timeline *tl, int tid) {
+  for (int i = 0; i < tl->nnamed; i++) {
+    if (tl->named[i] == tid) {
+      return;
+    }
+  }
+  if (tl->nnamed == TL_MAX_TRACKS) {
+    return;
+  }
+  tl->named[tl->nnamed++] = tid;
+  char name[32];
+  track_name(tid, name, sizeof name);
+  fprintf(
+      tl->f,
+      ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":{\"name\":\"%s\"}}",
+      tl->rank, tid, name);
+  fprintf(tl->f,
+          ",\n{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+          "\"args\":{\"sort_index\":%d}}",
+          tl->rank, tid, tid);
+}
+
+// Write the trailer at the current position, remember where it starts, and push it all out.
+static loom_status_t write_trailer(struct loom_timeline *tl) {
+  loom_status_t status = LOOM_OK;
+  tl->trailer_pos = ftell(tl->f);
+  fputs("\n]}\n", tl->f);
+  LOOM_CHECK_SYS(tl->ctx, tl->trailer_pos >= 0 && !ferror(tl->f) && fflush(tl->f) == 0, tl->path);
+  return LOOM_OK;
+fail:
+  tl->broken = 1;
+  return status;
+}
+
+loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank, int64_t origin_ns,
+                                 struct loom_timeline **out) {
+  loom_status_t status = LOOM_OK;
+  struct loom_timeline *tl = NULL;
+  *out = NULL;
+  tl = calloc(1, sizeof *tl);
+  LOOM_CHECK_SYS(ctx, tl != NULL, "calloc(timeline)");
+  tl->ctx = ctx;
+  tl->rank = rank;
+  tl->origin_ns = origin_ns;
+  if (loom_timeline_path(pattern, rank, tl->path, sizeof tl->path) != 0) {
+    status = loom_error(ctx, LOOM_ERR_INVALID_ARG, "LOOM_TIMELINE path '%.200s...' is too long",
+                        pattern);
+    goto fail;
+  }
+  tl->ev = malloc(TL_BUFFER_EVENTS * sizeof *tl->ev);
+  LOOM_CHECK_SYS(ctx, tl->ev != NULL, "malloc(timeline buffer)");
+  tl->f = fopen(tl->path, "w");
+  if (!tl->f) {
+    int e = errno;
+    status = loom_error(ctx, LOOM_ERR_SYSTEM,
+                        "cannot create the timeline file '%s' (LOOM_TIMELINE): %s; give a path in "
+                        "an existing, writable directory",
+                        tl->path, strerror(e));
+    goto fail;
+  }
+  fprintf(tl->f,
+          "{\"traceEvents\":[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
+          "\"args\":{\"name\":\"rank %d\"}}",
+          rank, rank);
+  fprintf(tl->f,
+          ",\n{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
+          "\"args\":{\"sort_index\":%d}}",
+          rank, rank);
+  LOOM_CHECK(write_trailer(tl));
+  LOOM_INFO(LOOM_SUB_SCHED, "timeline: writing %s", tl->path);
+  *out = tl;
+  return LOOM_OK;
+fail:
+  if (tl && tl->f) {
+    fclose(tl->f);
+  }
+  if (tl) {
+    free(tl->ev);
+  }
+  free(tl);
+  return status;
+}
+
+loom_status_t loom_timeline_flush(struct loom_timeline *tl) {
+  loom_status_t status = LOOM_OK;
+  if (!tl || tl->broken) {
+    return tl ? loom_error(tl->ctx, LOOM_ERR_SYSTEM, "timeline %s: an earlier write failed",
+                           tl->path)
+              : LOOM_OK;
+  }
+  if (tl->nev == 0) {
+    return LOOM_OK;
+  }
+  LOOM_CHECK_SYS(tl->ctx, fseek(tl->f, tl->trailer_pos, SEEK_SET) == 0, tl->path);
+  for (int i = 0; i < tl->nev; i++) {
+    const struct tl_event *e = &tl->ev[i];
+    name_track(tl, e->tid);
+    fputs(",\n{\"name\":\"", tl->f);
+    loom_json_escape(tl->f, e->name);
+    fprintf(tl->f,
+            "\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,\"tid\":%d,"
+            "\"args\":{\"bytes\":%zu,\"step\":%lld}}",
+            e->cat, (double)(e->t0 - tl->origin_ns) / 1e3, (double)(e->t1 - e->t0) / 1e3, tl->rank,
+            e->tid, e->bytes, (long long)e->step);
+  }
+  tl->nev = 0;
+  return write_trailer(tl);
+fail:
+  tl->broken = 1;
+  return status;
+}
+
+void loom_timeline_event(struct loom_timeline *tl, const char *name, const char *cat, int tid,
+                         int64_t t0_ns, int64_t t1_ns, size_t bytes, int64_t step) {
+  if (!tl || tl->broken) {
+    return;
+  }
+  if (tl->nev == TL_BUFFER_EVENTS && loom_timeline_flush(tl) != LOOM_OK) {
+    LOOM_WARN(LOOM_SUB_SCHED, "timeline %s: writing failed (%s); recording stops", tl->path,
+              tl->ctx ? loom_last_error(tl->ctx) : loom_last_error(NULL));
+    return;
+  }
+  tl->ev[tl->nev++] = (struct tl_event){name, cat, tid, t0_ns, t1_ns, bytes, step};
+}
+
+loom_status_t loom_timeline_close(struct loom_timeline *tl) {
+  if (!tl) {
+    return LOOM_OK;
+  }
+  loom_status_t status = loom_timeline_flush(tl);
+  if (fclose(tl->f) != 0 && status == LOOM_OK) {
+    int e = errno;
+    status = loom_error(tl->ctx, LOOM_ERR_SYSTEM, "closing the timeline %s failed: %s", tl->path,
+                        strerror(e));
+  }
+  if (status == LOOM_OK) {
+    LOOM_INFO(LOOM_SUB_SCHED, "timeline: wrote %s", tl->path);
+  }
+  free(tl->ev);
+  free(tl);
+  return status;
+}
+
+const char *loom_timeline_file(const struct loom_timeline *tl) {
+  return tl->path;
+}

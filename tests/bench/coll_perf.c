@@ -1,0 +1,624 @@
+/* coll_perf.c — nccl-tests for loom: time a collective over a range of sizes, report algorithm
+ * and bus bandwidth, check the results; --raw-mpi times plain MPI calls for comparison. */
+#include "config.h"
+
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "loom.h"
+
+// Usage: mpirun -np N coll_perf [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-c 1] [-d float]
+//          [-o sum] [--op allreduce|reduce_scatter|allgather|broadcast|alltoall|all]
+//          [--raw-mpi] [--group world|node|dp|ep] [--json FILE] [--fusion-test]
+// Sizes follow nccl-tests: allreduce and broadcast move size bytes per rank; reduce_scatter and
+// alltoall send size bytes per rank; allgather receives size bytes. busbw = algbw x factor:
+// allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; broadcast 1. Times are the
+// mean over ranks of each rank's mean time per iteration. Exits 1 when any result is wrong.
+
+enum coll { ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BROADCAST, ALLTOALL, NCOLL };
+static const char *const coll_names[NCOLL] = {"allreduce", "reduce_scatter", "allgather",
+                                              "broadcast", "alltoall"};
+static const char *const type_names[LOOM_DTYPE_COUNT] = {"float", "half",  "bfloat16", "int8",
+                                                         "uint8", "int32", "int64"};
+static const char *const redop_names[LOOM_REDOP_COUNT] = {"sum", "avg", "max", "min"};
+
+struct opts {
+  size_t min_bytes, max_bytes;
+  double factor;
+  int iters, warmup, check;
+  int dtype;  // -1: all
+  int redop;  // -1: all
+  int coll;   // -1: all
+  int raw;    // --raw-mpi
+  int fusion; // --fusion-test
+  loom_group_kind_t group;
+  const char *json;
+};
+
+struct row {
+  const char *coll, *type, *redop;
+  size_t bytes;
+  int64_t count;
+  double us, algbw, busbw;
+  long long wrong; // -1: not checked
+};
+
+static int rank0;
+
+// ---- options ------------------------------------------------------------------------------------
+
+static size_t parse_size(const char *s) {
+  char *end = NULL;
+  double v = strtod(s, &end);
+  switch (end && *end ? *end : ' ') {
+  case 'G':
+  case 'g':
+    v *= 1024.0;
+    // fallthrough
+  case 'M':
+  case 'm':
+    v *= 1024.0;
+    // fallthrough
+  case 'K':
+  case 'k':
+    v *= 1024.0;
+    break;
+  default:
+    break;
+  }
+  return v < 0 ? 0 : (size_t)v;
+}
+
+static int parse_dtype(const char *s) {
+  if (!strcmp(s, "all")) {
+    return -1;
+  }
+  for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
+    if (!strcmp(s, type_names[d])) {
+      return d;
+    }
+  }
+  loom_dtype_t dt;
+  if (loom_dtype_from_name(s, &dt) == LOOM_OK) {
+    return (int)dt;
+  }
+  return -2;
+}
+
+static int parse_in(const char *s, const char *const *names, int n) {
+  if (!strcmp(s, "all")) {
+    return -1;
+  }
+  for (int i = 0; i < n; i++) {
+    if (!strcmp(s, names[i])) {
+      return i;
+    }
+  }
+  return -2;
+}
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: coll_perf [-b minbytes] [-e maxbytes] [-f stepfactor] [-n iters] [-w warmup]\n"
+          "                 [-c 0|1] [-d float|half|bfloat16|int8|uint8|int32|int64|all]\n"
+          "                 [-o sum|avg|max|min|all]\n"
+          "                 [--op allreduce|reduce_scatter|allgather|broadcast|alltoall|all]\n"
+          "                 [--raw-mpi] [--group world|node|dp|ep] [--json FILE] "
+          "[--fusion-test]\n");
+}
+
+static int parse_opts(int argc, char **argv, struct opts *o) {
+  static const struct option longs[] = {{"op", required_argument, NULL, 'O'},
+                                        {"raw-mpi", no_argument, NULL, 'R'},
+                                        {"group", required_argument, NULL, 'G'},
+                                        {"json", required_argument, NULL, 'J'},
+                                        {"fusion-test", no_argument, NULL, 'F'},
+                                        {"help", no_argument, NULL, 'h'},
+                                        {NULL, 0, NULL, 0}};
+  static const char *const groups[] = {"world", "node", "dp", "ep"};
+  static const loom_group_kind_t group_kinds[] = {LOOM_GROUP_WORLD, LOOM_GROUP_NODE, LOOM_GROUP_DP,
+                                                  LOOM_GROUP_EP};
+  *o = (struct opts){8, 64u << 20,        2.0, 20, 5, 1, LOOM_F32, LOOM_SUM, ALLREDUCE, 0,
+                     0, LOOM_GROUP_WORLD, NULL};
+  int c, g;
+  while ((c = getopt_long(argc, argv, "b:e:f:n:w:c:d:o:h", longs, NULL)) != -1) {
+    switch (c) {
+    case 'b':
+      o->min_bytes = parse_size(optarg);
+      break;
+    case 'e':
+      o->max_bytes = parse_size(optarg);
+      break;
+    case 'f':
+      o->factor = atof(optarg);
+      break;
+    case 'n':
+      o->iters = atoi(optarg);
+      break;
+    case 'w':
+      o->warmup = atoi(optarg);
+      break;
+    case 'c':
+      o->check = atoi(optarg);
+      break;
+    case 'd':
+      if ((o->dtype = parse_dtype(optarg)) == -2) {
+        fprintf(stderr, "coll_perf: -d %s: unknown type\n", optarg);
+        return 2;
+      }
+      break;
+    case 'o':
+      if ((o->redop = parse_in(optarg, redop_names, LOOM_REDOP_COUNT)) == -2) {
+        fprintf(stderr, "coll_perf: -o %s: expected sum, avg, max, min or all\n", optarg);
+        return 2;
+      }
+      break;
+    case 'O':
+      if ((o->coll = parse_in(optarg, coll_names, NCOLL)) == -2) {
+        fprintf(stderr, "coll_perf: --op %s: unknown collective\n", optarg);
+        return 2;
+      }
+      break;
+    case 'R':
+      o->raw = 1;
+      break;
+    case 'G':
+      if ((g = parse_in(optarg, groups, 4)) < 0) {
+        fprintf(stderr, "coll_perf: --group %s: expected world, node, dp or ep\n", optarg);
+        return 2;
+      }
+      o->group = group_kinds[g];
+      break;
+    case 'J':
+      o->json = optarg;
+      break;
+    case 'F':
+      o->fusion = 1;
+      break;
+    case 'h':
+      usage(stdout);
+      return 1;
+    default:
+      usage(stderr);
+      return 2;
+    }
+  }
+  if (o->factor < 2.0 || o->iters < 1 || o->warmup < 0 || o->min_bytes > o->max_bytes) {
+    fprintf(stderr, "coll_perf: need -f >= 2, -n >= 1, -w >= 0 and -b <= -e\n");
+    return 2;
+  }
+  return 0;
+}
+
+// ---- values -------------------------------------------------------------------------------------
+
+// Element i of rank r's input: small integers, exact in every dtype and in their sums.
+static double value(loom_dtype_t dt, int r, int64_t i) {
+  int64_t base = ((int64_t)r * 7 + i * 3) % 17;
+  return dt == LOOM_U8 ? (double)base : (double)(base - 8);
+}
+
+static void put(loom_dtype_t dt, void *p, int64_t i, double v) {
+  switch (dt) {
+  case LOOM_F32:
+    ((float *)p)[i] = (float)v;
+    break;
+  case LOOM_F16:
+    ((uint16_t *)p)[i] = loom_f32_to_f16((float)v);
+    break;
+  case LOOM_BF16:
+    ((uint16_t *)p)[i] = loom_f32_to_bf16((float)v);
+    break;
+  case LOOM_I8:
+    ((int8_t *)p)[i] = (int8_t)v;
+    break;
+  case LOOM_U8:
+    ((uint8_t *)p)[i] = (uint8_t)v;
+    break;
+  case LOOM_I32:
+    ((int32_t *)p)[i] = (int32_t)v;
+    break;
+  default:
+    ((int64_t *)p)[i] = (int64_t)v;
+    break;
+  }
+}
+
+static void fill(loom_dtype_t dt, void *p, int64_t count, int r) {
+  for (int64_t i = 0; i < count; i++) {
+    put(dt, p, i, value(dt, r, i));
+  }
+}
+
+static double reduced(loom_dtype_t dt, loom_redop_t op, int n, int64_t i) {
+  double acc = value(dt, 0, i);
+  for (int r = 1; r < n; r++) {
+    double v = value(dt, r, i);
+    acc = op == LOOM_MAX ? fmax(acc, v) : op == LOOM_MIN ? fmin(acc, v) : acc + v;
+  }
+  return op == LOOM_AVG ? (double)((float)acc / (float)n) : acc;
+}
+
+// Elements of got (count of them) whose bits differ from element j of the expected sequence,
+// expected(j) given by what and the rank layout.
+static long long count_wrong(enum coll c, loom_dtype_t dt, loom_redop_t op, const void *got,
+                             int64_t count, int n, int me) {
+  size_t es = loom_dtype_size(dt);
+  uint64_t want = 0;
+  long long wrong = 0;
+  int64_t block = count; // per-rank block of the output layout
+  if (c == ALLGATHER || c == ALLTOALL) {
+    block = count / n;
+  }
+  for (int64_t j = 0; j < count; j++) {
+    double v = 0;
+    switch (c) {
+    case ALLREDUCE:
+      v = reduced(dt, op, n, j);
+      break;
+    case REDUCE_SCATTER:
+      v = reduced(dt, op, n, (int64_t)me * count + j);
+      break;
+    case ALLGATHER:
+      v = value(dt, (int)(j / block), j % block);
+      break;
+    case BROADCAST:
+      v = value(dt, 0, j);
+      break;
+    case ALLTOALL: // block from rank j / block: its block for me
+      v = value(dt, (int)(j / block), (int64_t)me * block + j % block);
+      break;
+    default:
+      break;
+    }
+    put(dt, &want, 0, v);
+    wrong += memcmp((const char *)got + (size_t)j * es, &want, es) != 0;
+  }
+  return wrong;
+}
+
+// ---- one collective -----------------------------------------------------------------------------
+
+static MPI_Datatype raw_type(loom_dtype_t dt) {
+  switch (dt) {
+  case LOOM_F32:
+    return MPI_FLOAT;
+  case LOOM_I8:
+    return MPI_INT8_T;
+  case LOOM_U8:
+    return MPI_UINT8_T;
+  case LOOM_I32:
+    return MPI_INT32_T;
+  case LOOM_I64:
+    return MPI_INT64_T;
+  default:
+    return MPI_UINT16_T; // f16/bf16: bits only (no MPI reductions)
+  }
+}
+
+// Run collective c once. send/recv hold up to the largest size; count is in elements of the
+// size (see the top comment), already a multiple of n where blocks are needed.
+static loom_status_t run_once(const struct opts *o, const loom_group_t *g, enum coll c,
+                              loom_dtype_t dt, loom_redop_t op, void *send, void *recv,
+                              int64_t count) {
+  int n = loom_group_size(g);
+  int64_t block = c == ALLREDUCE || c == BROADCAST ? count : count / n;
+  if (o->raw) {
+    MPI_Comm comm = loom_group_comm(g);
+    MPI_Datatype t = raw_type(dt);
+    MPI_Op mop = op == LOOM_MAX ? MPI_MAX : op == LOOM_MIN ? MPI_MIN : MPI_SUM;
+    int rc = MPI_SUCCESS;
+    switch (c) {
+    case ALLREDUCE:
+      rc = MPI_Allreduce(send, recv, (int)count, t, mop, comm);
+      break;
+    case REDUCE_SCATTER:
+      rc = MPI_Reduce_scatter_block(send, recv, (int)block, t, mop, comm);
+      break;
+    case ALLGATHER:
+      rc = MPI_Allgather(send, (int)block, t, recv, (int)block, t, comm);
+      break;
+    case BROADCAST:
+      rc = MPI_Bcast(recv, (int)count, t, 0, comm);
+      break;
+    default:
+      rc = MPI_Alltoall(send, (int)block, t, recv, (int)block, t, comm);
+      break;
+    }
+    return rc == MPI_SUCCESS ? LOOM_OK : LOOM_ERR_MPI;
+  }
+  loom_tensor_t s, r;
+  int64_t scount = c == ALLGATHER ? block : count, rcount = c == REDUCE_SCATTER ? block : count;
+  loom_tensor_wrap(&s, send, dt, LOOM_DEVICE_HOST, 1, &scount, "send");
+  loom_tensor_wrap(&r, recv, dt, LOOM_DEVICE_HOST, 1, &rcount, "recv");
+  switch (c) {
+  case ALLREDUCE:
+    return loom_allreduce(g, &s, &r, op);
+  case REDUCE_SCATTER:
+    return loom_reduce_scatter(g, &s, &r, NULL, op);
+  case ALLGATHER:
+    return loom_allgather(g, &s, &r);
+  case BROADCAST:
+    return loom_broadcast(g, &r, 0);
+  default:
+    return loom_alltoall(g, &s, &r);
+  }
+}
+
+// Time c over the sizes and print its rows; returns the number of rows added to rows[].
+static int run_coll(const struct opts *o, const loom_group_t *g, enum coll c, loom_dtype_t dt,
+                    loom_redop_t op, void *send, void *recv, struct row *rows, int *failed) {
+  int n = loom_group_size(g), me = loom_group_rank(g), nrows = 0;
+  size_t es = loom_dtype_size(dt);
+  int reduction = c == ALLREDUCE || c == REDUCE_SCATTER;
+  if (o->raw && reduction && (dt == LOOM_F16 || dt == LOOM_BF16 || op == LOOM_AVG)) {
+    if (rank0) {
+      printf("# %s %s %s: skipped, MPI has no such reduction\n", coll_names[c], type_names[dt],
+             redop_names[op]);
+    }
+    return 0;
+  }
+  double factor = c == ALLREDUCE ? 2.0 * (n - 1) / n : c == BROADCAST ? 1.0 : (double)(n - 1) / n;
+  for (double sz = (double)o->min_bytes; sz <= (double)o->max_bytes; sz *= o->factor) {
+    int64_t count = (int64_t)((size_t)sz / es);
+    if (c != ALLREDUCE && c != BROADCAST) {
+      count -= count % n;
+    }
+    size_t bytes = (size_t)count * es;
+    loom_status_t status = LOOM_OK;
+    fill(dt, send, c == ALLGATHER ? count / n : count, me);
+    fill(dt, recv, count, me + 1000);
+    for (int i = 0; i < o->warmup && status == LOOM_OK; i++) {
+      status = run_once(o, g, c, dt, op, send, recv, count);
+    }
+    MPI_Barrier(loom_group_comm(g));
+    double t0 = MPI_Wtime();
+    for (int i = 0; i < o->iters && status == LOOM_OK; i++) {
+      status = run_once(o, g, c, dt, op, send, recv, count);
+    }
+    double sec = (MPI_Wtime() - t0) / o->iters, sum = 0;
+    MPI_Allreduce(&sec, &sum, 1, MPI_DOUBLE, MPI_SUM, loom_group_comm(g));
+    sec = sum / n;
+    long long wrong = -1;
+    if (o->check && status == LOOM_OK) {
+      if (c == BROADCAST) {
+        fill(dt, recv, count, me == 0 ? 0 : me + 1000);
+      }
+      status = run_once(o, g, c, dt, op, send, recv, count);
+      long long mine = count_wrong(c, dt, op, recv, c == REDUCE_SCATTER ? count / n : count, n, me);
+      MPI_Allreduce(&mine, &wrong, 1, MPI_LONG_LONG, MPI_SUM, loom_group_comm(g));
+    }
+    if (status != LOOM_OK) {
+      fprintf(stderr, "coll_perf: %s of %zu bytes failed: %s\n", coll_names[c], bytes,
+              loom_last_error(NULL));
+      *failed = 1;
+      return nrows;
+    }
+    struct row *rw = &rows[nrows++];
+    *rw = (struct row){coll_names[c],
+                       type_names[dt],
+                       reduction ? redop_names[op] : "none",
+                       bytes,
+                       count,
+                       sec * 1e6,
+                       0,
+                       0,
+                       wrong};
+    rw->algbw = sec > 0 ? (double)bytes / sec / 1e9 : 0;
+    rw->busbw = rw->algbw * factor;
+    if (rank0) {
+      char w[24];
+      snprintf(w, sizeof w, wrong < 0 ? "N/A" : "%lld", wrong);
+      printf("%12zu  %12lld  %8s  %6s  %9.2f  %6.2f  %6.2f  %6s\n", bytes, (long long)count,
+             rw->type, rw->redop, rw->us, rw->algbw, rw->busbw, w);
+      fflush(stdout);
+    }
+    if (wrong > 0) {
+      *failed = 1;
+    }
+  }
+  return nrows;
+}
+
+// ---- fusion -------------------------------------------------------------------------------------
+
+// loom_fusion_allreduce of 1000 x 4 KiB f32 tensors against one 4 MiB allreduce.
+static int fusion_test(const struct opts *o, loom_ctx_t *ctx, const loom_group_t *g) {
+  enum { NT = 1000, ELEMS = 1024 };
+  int me = loom_group_rank(g), n = loom_group_size(g), bad = 0;
+  float *big = loom_host_alloc(sizeof(float) * NT * ELEMS);
+  loom_tensor_t *ts = calloc(NT, sizeof *ts), **ptrs = calloc(NT, sizeof *ptrs), whole;
+  int64_t one = ELEMS, all = (int64_t)NT * ELEMS;
+  for (int i = 0; i < NT; i++) { // separate allocations, as gradients are
+    loom_tensor_alloc(&ts[i], LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "grad");
+    ptrs[i] = &ts[i];
+  }
+  loom_tensor_wrap(&whole, big, LOOM_F32, LOOM_DEVICE_HOST, 1, &all, "whole");
+  loom_fusion_t *f = NULL;
+  loom_status_t status = loom_fusion_create(ctx, g, 0, &f);
+  double t[3] = {0, 0, 0}; // fused, one allreduce, one allreduce per tensor
+  for (int phase = 0; phase < 3 && status == LOOM_OK; phase++) {
+    for (int it = -o->warmup; it < o->iters && status == LOOM_OK; it++) {
+      for (int i = 0; i < NT; i++) {
+        fill(LOOM_F32, ts[i].data, ELEMS, me);
+      }
+      fill(LOOM_F32, big, all, me);
+      MPI_Barrier(loom_group_comm(g));
+      double t0 = MPI_Wtime();
+      if (phase == 0) {
+        status = loom_fusion_allreduce(f, ptrs, NT, LOOM_SUM);
+      } else if (phase == 1) {
+        status = loom_allreduce(g, &whole, &whole, LOOM_SUM);
+      }
+      for (int i = 0; phase == 2 && i < NT && status == LOOM_OK; i++) {
+        status = loom_allreduce(g, &ts[i], &ts[i], LOOM_SUM);
+      }
+      double dt = MPI_Wtime() - t0;
+      if (it >= 0) {
+        t[phase] += dt / o->iters;
+      }
+    }
+    for (int i = 0; i < NT && phase == 0 && status == LOOM_OK; i++) { // the fused results
+      for (int64_t k = 0; k < ELEMS; k++) {
+        bad += ((float *)ts[i].data)[k] != (float)reduced(LOOM_F32, LOOM_SUM, n, k);
+      }
+    }
+  }
+  double sums[3];
+  MPI_Allreduce(t, sums, 3, MPI_DOUBLE, MPI_SUM, loom_group_comm(g));
+  int buckets = loom_fusion_buckets(f);
+  if (status != LOOM_OK || bad) {
+    fprintf(stderr, "coll_perf: fusion test failed: %s\n",
+            bad ? "wrong fused results" : loom_last_error(NULL));
+  } else if (rank0) {
+    printf("# fusion: %d x 4 KiB f32 tensors in %d bucket(s): %.1f us; one 4 MiB allreduce: %.1f "
+           "us; ratio %.2f; %d separate allreduces: %.1f us\n",
+           NT, buckets, sums[0] / n * 1e6, sums[1] / n * 1e6, sums[1] > 0 ? sums[0] / sums[1] : 0,
+           NT, sums[2] / n * 1e6);
+  }
+  loom_fusion_destroy(f);
+  for (int i = 0; i < NT; i++) {
+    loom_tensor_free(&ts[i]);
+  }
+  free(ts);
+  free(ptrs);
+  loom_host_free(big);
+  return status != LOOM_OK || bad;
+}
+
+// ---- output -------------------------------------------------------------------------------------
+
+static void write_json(const struct opts *o, const loom_group_t *g, const struct row *rows,
+                       int nrows, double avg) {
+  FILE *f = fopen(o->json, "w");
+  if (!f) {
+    perror(o->json);
+    return;
+  }
+  fprintf(f, "{\"ranks\": %d, \"group\": \"%s\", \"backend\": \"%s\", \"iters\": %d, ",
+          loom_group_size(g), loom_group_kind_name(o->group), o->raw ? "mpi" : "loom", o->iters);
+  fprintf(f, "\"avg_busbw\": %.6f, \"results\": [", avg);
+  for (int i = 0; i < nrows; i++) {
+    const struct row *r = &rows[i];
+    fprintf(f,
+            "%s\n  {\"op\": \"%s\", \"type\": \"%s\", \"redop\": \"%s\", \"size\": %zu, "
+            "\"count\": %lld, \"time_us\": %.3f, \"algbw\": %.6f, \"busbw\": %.6f, \"wrong\": "
+            "%lld}",
+            i ? "," : "", r->coll, r->type, r->redop, r->bytes, (long long)r->count, r->us,
+            r->algbw, r->busbw, r->wrong);
+  }
+  fprintf(f, "\n]}\n");
+  fclose(f);
+}
+
+int main(int argc, char **argv) {
+  loom_ctx_t *ctx = NULL;
+  struct opts o;
+  // Parse before init so that --help needs no MPI; every rank parses the same argv.
+  int prc = parse_opts(argc, argv, &o);
+  if (prc) {
+    return prc == 1 ? 0 : prc;
+  }
+  if (loom_init(NULL, NULL, NULL, &ctx) != LOOM_OK) {
+    fprintf(stderr, "coll_perf: loom_init failed: %s\n", loom_last_error(NULL));
+    return 1;
+  }
+  const loom_group_t *g = loom_group(ctx, o.group);
+  int member = loom_group_rank(g) >= 0, failed = 0, n = loom_group_size(g);
+  rank0 = loom_rank(ctx) == 0 && member;
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  if (rank0) {
+    printf("# coll_perf (loom %s): %s on group %s of %d ranks, %s\n", loom_version(),
+           o.coll < 0 ? "all collectives" : coll_names[o.coll], loom_group_kind_name(o.group), n,
+           o.raw ? "raw MPI calls" : "loom collectives (MPI for host tensors)");
+    printf("# minBytes %zu maxBytes %zu step: %g(factor) warmup iters: %d iters: %d "
+           "validation: %d\n#\n",
+           o.min_bytes, o.max_bytes, o.factor, o.warmup, o.iters, o.check);
+  }
+  struct who {
+    int world, group, pid;
+    char host[64];
+  } me = {loom_rank(ctx), loom_group_rank(g), (int)getpid(), ""}, *all = NULL;
+  snprintf(me.host, sizeof me.host, "%.63s", host);
+  if (loom_rank(ctx) == 0) {
+    all = calloc((size_t)loom_size(ctx), sizeof *all);
+  }
+  MPI_Gather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE, 0, MPI_COMM_WORLD);
+  for (int r = 0; rank0 && r < loom_size(ctx); r++) {
+    if (all[r].group >= 0) {
+      printf("#  Rank %2d Group rank %2d Pid %6d on %10s device host\n", all[r].world, all[r].group,
+             all[r].pid, all[r].host);
+    }
+  }
+  free(all);
+
+  struct row *rows = calloc(4096, sizeof *rows);
+  int nrows = 0;
+  void *send = member ? loom_host_alloc(o.max_bytes + 64) : NULL;
+  void *recv = member ? loom_host_alloc(o.max_bytes + 64) : NULL;
+  if (member && (!send || !recv)) {
+    fprintf(stderr, "coll_perf: cannot allocate 2 x %zu bytes\n", o.max_bytes);
+    failed = 1;
+  }
+  if (member && !failed) {
+    if (rank0) {
+      printf("#\n#%11s  %12s  %8s  %6s  %9s  %6s  %6s  %6s\n", "size", "count", "type", "redop",
+             "time", "algbw", "busbw", "#wrong");
+      printf("#%11s  %12s  %8s  %6s  %9s  %6s  %6s  %6s\n", "(B)", "(elements)", "", "", "(us)",
+             "(GB/s)", "(GB/s)", "");
+    }
+    for (int c = 0; c < NCOLL; c++) {
+      if (o.coll >= 0 && c != o.coll) {
+        continue;
+      }
+      int reduction = c == ALLREDUCE || c == REDUCE_SCATTER;
+      if (rank0 && o.coll < 0) {
+        printf("# %s\n", coll_names[c]);
+      }
+      for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
+        if (o.dtype >= 0 && d != o.dtype) {
+          continue;
+        }
+        for (int op = 0; op < LOOM_REDOP_COUNT; op++) {
+          if ((reduction && o.redop >= 0 && op != o.redop) || (!reduction && op > 0) ||
+              (op == LOOM_AVG && d != LOOM_F32 && d != LOOM_F16 && d != LOOM_BF16) ||
+              nrows > 4000) {
+            continue;
+          }
+          nrows += run_coll(&o, g, (enum coll)c, (loom_dtype_t)d, (loom_redop_t)op, send, recv,
+                            rows + nrows, &failed);
+        }
+      }
+    }
+  }
+  long long wrong = 0;
+  double avg = 0;
+  for (int i = 0; i < nrows; i++) {
+    wrong += rows[i].wrong > 0 ? rows[i].wrong : 0;
+    avg += rows[i].busbw / nrows;
+  }
+  if (rank0) {
+    printf("# Out of bounds values : %lld %s\n", wrong, wrong || failed ? "FAILED" : "OK");
+    printf("# Avg bus bandwidth    : %g\n#\n", avg);
+  }
+  if (member && o.fusion && !failed) {
+    failed |= fusion_test(&o, ctx, g);
+  }
+  if (rank0 && o.json) {
+    write_json(&o, g, rows, nrows, avg);
+  }
+  loom_host_free(send);
+  loom_host_free(recv);
+  free(rows);
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  loom_finalize(ctx);
+  return any ? 1 : 0;
+}

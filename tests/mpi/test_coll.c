@@ -1,0 +1,781 @@
+/* test_coll.c — every collective of loom_comm.h at the run's np, on every group this rank is in:
+ * all dtypes and ops against references computed locally, odd counts, identity across ranks. */
+#include <limits.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../testutil.h"
+
+// What is checked (each against values computed here from the rank formula below):
+// - allreduce: 7 dtypes x SUM/AVG/MAX/MIN x counts 0, 1, 7, 1000 (+ 1000003 on world), in place
+//   and not, blocking and not; f16/bf16 sums equal the f32 sum rounded once; f32/f16/bf16 sums
+//   of order-sensitive values (1e8, 1, -1e8...) are bitwise identical on every rank (checksums
+//   gathered over MPI) and equal the sum in rank order.
+// - reduce_scatter: even split (NULL counts, counts not divisible by n) and explicit uneven
+//   counts with zeros; every dtype and op.
+// - allgather, allgatherv (random counts with zeros from a shared seed), broadcast from every
+//   root, alltoall, alltoallv (random per-pair counts from a shared seed), send/recv ring.
+// - non-blocking: several requests polled together with loom_test; two staged requests waited
+//   for in opposite orders on odd and even ranks (must not deadlock); loom_wait_all with NULLs.
+// - groups: world (with the large counts), node, dp, ep, expert_dp where this rank is a member;
+//   on a group it is not in (attn without servers, dp on a server) every call is INVALID_ARG.
+// - bad arguments: each LOOM_ERR_INVALID_ARG with a message naming the call and the argument.
+
+static const loom_dtype_t all_dtypes[] = {LOOM_F32, LOOM_F16, LOOM_BF16, LOOM_I8,
+                                          LOOM_U8,  LOOM_I32, LOOM_I64};
+#define NDTYPES ((int)(sizeof all_dtypes / sizeof all_dtypes[0]))
+static const char *const op_names[] = {"sum", "avg", "max", "min"};
+
+static int world_rank;
+static int test_device = LOOM_DEVICE_HOST; // where the tested tensors live (a CUDA index: NCCL)
+
+// ---- values ---------------------------------------------------------------------------------
+
+// Element i of rank r's input (salt tells calls apart). Every value and every sum of up to four
+// of them is exact in every dtype, so references do not depend on the order of a sum.
+static double value(loom_dtype_t dt, int r, int64_t i, int salt) {
+  int64_t base = ((int64_t)r * 7 + i * 3 + salt) % 17; // 0..16
+  switch (dt) {
+  case LOOM_U8:
+    return (double)base;
+  case LOOM_I8:
+    return (double)(base - 8);
+  case LOOM_I32:
+    return (double)(base - 8 + (int64_t)r * 100000 - (i % 1000) * 3);
+  case LOOM_I64:
+    return (double)(base - 8 + ((int64_t)(r + 1) << 33) - i);
+  default:
+    return (double)(base - 8) + 0.25 * (double)((i + r) % 4);
+  }
+}
+
+// Store v as element i of a dtype buffer (floats round to nearest even, once).
+static void put(loom_dtype_t dt, void *p, int64_t i, double v) {
+  switch (dt) {
+  case LOOM_F32:
+    ((float *)p)[i] = (float)v;
+    break;
+  case LOOM_F16:
+    ((uint16_t *)p)[i] = loom_f32_to_f16((float)v);
+    break;
+  case LOOM_BF16:
+    ((uint16_t *)p)[i] = loom_f32_to_bf16((float)v);
+    break;
+  case LOOM_I8:
+    ((int8_t *)p)[i] = (int8_t)v;
+    break;
+  case LOOM_U8:
+    ((uint8_t *)p)[i] = (uint8_t)v;
+    break;
+  case LOOM_I32:
+    ((int32_t *)p)[i] = (int32_t)v;
+    break;
+  default:
+    ((int64_t *)p)[i] = (int64_t)v;
+    break;
+  }
+}
+
+// The reduction over n ranks of element i.
+static double reduced(loom_dtype_t dt, loom_redop_t op, int n, int64_t i, int salt) {
+  double acc = value(dt, 0, i, salt);
+  for (int r = 1; r < n; r++) {
+    double v = value(dt, r, i, salt);
+    acc = op == LOOM_MAX ? (v > acc ? v : acc) : op == LOOM_MIN ? (v < acc ? v : acc) : acc + v;
+  }
+  if (op == LOOM_AVG) {
+    return (double)((float)acc / (float)n);
+  }
+  return acc;
+}
+
+static loom_tensor_t mk(loom_dtype_t dt, int64_t count, const char *name) {
+  return test_tensor(dt, 1, &count, name);
+}
+
+static void fill(loom_tensor_t *t, int r, int salt) {
+  for (int64_t i = 0; i < loom_tensor_numel(t); i++) {
+    put(t->dtype, t->data, i, value(t->dtype, r, i, salt));
+  }
+}
+
+// Bytes of got equal want; names the first differing element.
+static void same(const char *what, const loom_tensor_t *got, const void *want) {
+  size_t es = loom_dtype_size(got->dtype);
+  int64_t n = loom_tensor_numel(got);
+  if (n == 0 || memcmp(got->data, want, (size_t)n * es) == 0) {
+    return;
+  }
+  int64_t i = 0;
+  while (memcmp((const char *)got->data + i * es, (const char *)want + i * es, es) == 0) {
+    i++;
+  }
+  CHECK(0, "world rank %d: %s (%s, %lld elements): first difference at element %lld", world_rank,
+        what, loom_dtype_name(got->dtype), (long long)n, (long long)i);
+}
+
+#define OK(call)                                                                                   \
+  do {                                                                                             \
+    loom_status_t ok_status_ = (call);                                                             \
+    CHECK(ok_status_ == LOOM_OK, "%s: %s", loom_strerror(ok_status_), loom_last_error(NULL));      \
+  } while (0)
+
+// A call that must fail with want (or also) and a message naming op and containing needle. (The
+// program links the shared library, so it cannot clear the last error; every failure sets it.)
+static void expect_fail(loom_status_t got, loom_status_t want, loom_status_t also, const char *op,
+                        const char *needle, const char *where) {
+  const char *msg = loom_last_error(NULL);
+  CHECK(got == want || got == also, "%s: got %s, want %s (last error: %s)", where,
+        loom_strerror(got), loom_strerror(want), msg);
+  CHECK(got != LOOM_OK && strstr(msg, op) != NULL && strstr(msg, needle) != NULL,
+        "%s: message '%s' should name %s and contain '%s'", where, msg, op, needle);
+}
+#define EXPECT_BAD(call, op, needle)                                                               \
+  expect_fail((call), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, op, needle, TEST_HERE)
+#define EXPECT_BAD_DEVICE(call, op, needle)                                                        \
+  expect_fail((call), LOOM_ERR_UNSUPPORTED, LOOM_ERR_INVALID_ARG, op, needle, TEST_HERE)
+
+// t itself in a host run; in a device run, a copy of t on test_device (in *tmp).
+static loom_tensor_t *dev_in(loom_tensor_t *t, loom_tensor_t *tmp) {
+  if (test_device == LOOM_DEVICE_HOST) {
+    return t;
+  }
+  OK(loom_tensor_alloc(tmp, t->dtype, test_device, t->ndim, t->shape, t->name));
+  OK(loom_tensor_copy(tmp, t));
+  return tmp;
+}
+
+// After a device run: the result back into host t (copy), and the device copy freed.
+static void dev_out(loom_tensor_t *t, loom_tensor_t *d, int copy) {
+  if (d != t) {
+    if (copy) {
+      OK(loom_tensor_copy(t, d));
+    }
+    loom_tensor_free(d);
+  }
+}
+
+// Wait for or poll (loom_test) a request.
+static loom_status_t complete(loom_request_t **req, int poll) {
+  if (!poll) {
+    return loom_wait(req);
+  }
+  int done = 0;
+  loom_status_t status = LOOM_OK;
+  while (!done && status == LOOM_OK) {
+    status = loom_test(req, &done);
+  }
+  CHECK(*req == NULL, "request not released after completion");
+  return status;
+}
+
+// ---- reductions ---------------------------------------------------------------------------------
+
+// mode: 0 blocking, 1 non-blocking + loom_wait, 2 non-blocking + loom_test polling.
+static void t_allreduce(const loom_group_t *g, loom_dtype_t dt, loom_redop_t op, int64_t count,
+                        int inplace, int mode) {
+  int n = loom_group_size(g), me = loom_group_rank(g), salt = (int)(count % 13) + op;
+  loom_tensor_t send = mk(dt, count, "send"), recv = inplace ? send : mk(dt, count, "recv");
+  fill(&send, me, salt);
+  void *want = malloc(loom_tensor_bytes(&send) + 1);
+  for (int64_t i = 0; i < count; i++) {
+    put(dt, want, i, reduced(dt, op, n, i, salt));
+  }
+  loom_tensor_t ds, dr, *S = dev_in(&send, &ds), *R = inplace ? S : dev_in(&recv, &dr);
+  if (mode == 0) {
+    OK(loom_allreduce(g, S, R, op));
+  } else {
+    loom_request_t *req = NULL;
+    OK(loom_iallreduce(g, S, R, op, &req));
+    OK(complete(&req, mode == 2));
+  }
+  dev_out(&send, S, inplace); // in place, recv is send: the result lands in both
+  if (!inplace) {
+    dev_out(&recv, R, 1);
+  }
+  char what[96];
+  snprintf(what, sizeof what, "allreduce %s count %lld%s mode %d", op_names[op], (long long)count,
+           inplace ? " in place" : "", mode);
+  same(what, &recv, want);
+  free(want);
+  loom_tensor_free(&send);
+  if (!inplace) {
+    loom_tensor_free(&recv);
+  }
+}
+
+// counts NULL: the even split.
+static void t_reduce_scatter(const loom_group_t *g, loom_dtype_t dt, loom_redop_t op, int64_t total,
+                             const int64_t *counts, int mode) {
+  int n = loom_group_size(g), me = loom_group_rank(g), salt = (int)(total % 11) + 2 * op;
+  int64_t mine = counts ? counts[me] : total / n + (me < total % n), displ = 0;
+  for (int r = 0; r < me; r++) {
+    displ += counts ? counts[r] : total / n + (r < total % n);
+  }
+  loom_tensor_t send = mk(dt, total, "send"), recv = mk(dt, mine, "recv");
+  fill(&send, me, salt);
+  void *want = malloc(loom_tensor_bytes(&recv) + 1);
+  for (int64_t i = 0; i < mine; i++) {
+    put(dt, want, i, reduced(dt, op, n, displ + i, salt));
+  }
+  loom_tensor_t ds, dr, *S = dev_in(&send, &ds), *R = dev_in(&recv, &dr);
+  if (mode == 0) {
+    OK(loom_reduce_scatter(g, S, R, counts, op));
+  } else {
+    loom_request_t *req = NULL;
+    OK(loom_ireduce_scatter(g, S, R, counts, op, &req));
+    OK(complete(&req, mode == 2));
+  }
+  dev_out(&send, S, 0);
+  dev_out(&recv, R, 1);
+  char what[96];
+  snprintf(what, sizeof what, "reduce_scatter %s total %lld %s counts", op_names[op],
+           (long long)total, counts ? "explicit" : "even");
+  same(what, &recv, want);
+  free(want);
+  TEST_FREE(&send, &recv);
+}
+
+// f16/bf16 sums of values whose running f16 sums would round differently: the result must be the
+// f32 sum rounded once. Values are multiples of 2^-10 (f16) or 2^-7 (bf16) below 4 in magnitude,
+// so the f32 sum is exact in any order.
+static void t_round_once(const loom_group_t *g, loom_dtype_t dt) {
+  int n = loom_group_size(g), me = loom_group_rank(g);
+  int64_t count = 4099;
+  double q = dt == LOOM_F16 ? 1.0 / 1024 : 1.0 / 128;
+  float (*to32)(uint16_t) = dt == LOOM_F16 ? loom_f16_to_f32 : loom_bf16_to_f32;
+  uint16_t (*from32)(float) = dt == LOOM_F16 ? loom_f32_to_f16 : loom_f32_to_bf16;
+  loom_tensor_t t = mk(dt, count, "t");
+  uint16_t *want = malloc(sizeof(uint16_t) * (size_t)count);
+  int64_t differs = 0;
+  for (int64_t i = 0; i < count; i++) {
+    float sum = 0.0f;
+    uint16_t naive = 0;
+    for (int r = 0; r < n; r++) {
+      test_rng_t rng = test_rng((uint64_t)(i * 131 + r * 7 + 5));
+      uint16_t v = from32((float)((double)test_int(&rng, -(int64_t)(4 / q), (int64_t)(4 / q)) * q));
+      if (r == me) {
+        ((uint16_t *)t.data)[i] = v;
+      }
+      sum += to32(v);
+      naive = r == 0 ? v : from32(to32(naive) + to32(v));
+    }
+    want[i] = from32(sum);
+    differs += naive != want[i];
+  }
+  OK(loom_allreduce(g, &t, &t, LOOM_SUM));
+  same(dt == LOOM_F16 ? "f16 sum rounded once" : "bf16 sum rounded once", &t, want);
+  if (n >= 3) {
+    CHECK(differs > 0, "%s: the test values do not tell one rounding from several",
+          loom_dtype_name(dt));
+  }
+  free(want);
+  loom_tensor_free(&t);
+}
+
+// Order-sensitive float sums: every rank must hold the same bits (gathered checksums), and they
+// are the sum in rank order (loom's documented order on the host path).
+static void t_identity(const loom_group_t *g, loom_dtype_t dt, loom_redop_t op, int64_t count) {
+  static const double pool[] = {1e8, 1.0, -1e8, 3.14159, -2.5e-3, 7e7, -1.0, 1e-3};
+  int n = loom_group_size(g), me = loom_group_rank(g);
+  float (*to32)(uint16_t) = dt == LOOM_F16 ? loom_f16_to_f32 : loom_bf16_to_f32;
+  uint16_t (*from32)(float) = dt == LOOM_F16 ? loom_f32_to_f16 : loom_f32_to_bf16;
+  loom_tensor_t t = mk(dt, count, "t");
+  void *want = malloc(loom_tensor_bytes(&t) + 1);
+  for (int64_t i = 0; i < count; i++) {
+    float acc = 0.0f;
+    for (int r = 0; r < n; r++) {
+      test_rng_t rng = test_rng((uint64_t)(i * 7919 + r * 104729 + 1));
+      float v = (float)(pool[(i * 5 + r * 3) % 8] * test_uniform(&rng, 0.5, 1.5));
+      if (dt == LOOM_F16) { // keep f16 in range
+        v = (float)(v / 1e4);
+      }
+      if (dt != LOOM_F32) {
+        v = to32(from32(v));
+      }
+      if (r == me) {
+        put(dt, t.data, i, v);
+      }
+      acc = r == 0 ? v : acc + v;
+    }
+    if (op == LOOM_AVG) {
+      acc /= (float)n;
+    }
+    put(dt, want, i, acc);
+  }
+  OK(loom_allreduce(g, &t, &t, op));
+  same("order-sensitive sum in rank order", &t, want);
+  uint64_t sum = 0;
+  OK(loom_checksum(&t, &sum));
+  uint64_t *all = malloc(sizeof(uint64_t) * (size_t)n);
+  MPI_Allgather(&sum, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, loom_group_comm(g));
+  for (int r = 0; r < n; r++) {
+    CHECK(all[r] == all[0],
+          "%s %s: group rank %d's result differs from rank 0's (checksums %llx, %llx)",
+          loom_dtype_name(dt), op_names[op], r, (unsigned long long)all[r],
+          (unsigned long long)all[0]);
+  }
+  free(all);
+  free(want);
+  loom_tensor_free(&t);
+}
+
+// ---- gathers, broadcast, all-to-all -------------------------------------------------------------
+
+// counts NULL: allgather of count elements per rank.
+static void t_allgather(const loom_group_t *g, loom_dtype_t dt, int64_t count,
+                        const int64_t *counts, int mode) {
+  int n = loom_group_size(g), me = loom_group_rank(g), salt = 3;
+  int64_t total = 0;
+  for (int r = 0; r < n; r++) {
+    total += counts ? counts[r] : count;
+  }
+  loom_tensor_t send = mk(dt, counts ? counts[me] : count, "send"), recv = mk(dt, total, "recv");
+  fill(&send, me, salt);
+  void *want = malloc(loom_tensor_bytes(&recv) + 1);
+  int64_t o = 0;
+  for (int r = 0; r < n; r++) {
+    for (int64_t k = 0; k < (counts ? counts[r] : count); k++) {
+      put(dt, want, o++, value(dt, r, k, salt));
+    }
+  }
+  loom_request_t *req = NULL;
+  loom_tensor_t ds, dr, *S = dev_in(&send, &ds), *R = dev_in(&recv, &dr);
+  if (counts) {
+    if (mode == 0) {
+      OK(loom_allgatherv(g, S, R, counts));
+    } else {
+      OK(loom_iallgatherv(g, S, R, counts, &req));
+    }
+  } else if (mode == 0) {
+    OK(loom_allgather(g, S, R));
+  } else {
+    OK(loom_iallgather(g, S, R, &req));
+  }
+  if (mode) {
+    OK(complete(&req, mode == 2));
+  }
+  dev_out(&send, S, 0);
+  dev_out(&recv, R, 1);
+  same(counts ? "allgatherv" : "allgather", &recv, want);
+  free(want);
+  TEST_FREE(&send, &recv);
+}
+
+static void t_broadcast(const loom_group_t *g, loom_dtype_t dt, int64_t count, int root, int mode) {
+  int me = loom_group_rank(g), salt = 5 + root;
+  loom_tensor_t buf = mk(dt, count, "buf");
+  fill(&buf, me == root ? root : me + 100, salt);
+  void *want = malloc(loom_tensor_bytes(&buf) + 1);
+  for (int64_t i = 0; i < count; i++) {
+    put(dt, want, i, value(dt, root, i, salt));
+  }
+  loom_tensor_t db, *B = dev_in(&buf, &db);
+  if (mode == 0) {
+    OK(loom_broadcast(g, B, root));
+  } else {
+    loom_request_t *req = NULL;
+    OK(loom_ibroadcast(g, B, root, &req));
+    OK(complete(&req, mode == 2));
+  }
+  dev_out(&buf, B, 1);
+  same("broadcast", &buf, want);
+  free(want);
+  loom_tensor_free(&buf);
+}
+
+// Elements rank i sends rank j in the alltoallv test (zeros included), known on every rank.
+static int64_t pair_count(int i, int j, int seed) {
+  if ((i + 2 * j + seed) % 4 == 0) {
+    return 0;
+  }
+  test_rng_t rng = test_rng((uint64_t)(seed * 1000003 + i * 1009 + j));
+  return test_int(&rng, 0, 40);
+}
+
+// block > 0 or variable: equal blocks of block elements, or pair_count(src, dst, seed).
+static void t_alltoall(const loom_group_t *g, loom_dtype_t dt, int64_t block, int variable,
+                       int seed, int mode) {
+  int n = loom_group_size(g), me = loom_group_rank(g), salt = 7;
+  int64_t *sc = malloc(sizeof(int64_t) * (size_t)n), *rc = malloc(sizeof(int64_t) * (size_t)n);
+  int64_t stotal = 0, rtotal = 0;
+  for (int j = 0; j < n; j++) {
+    sc[j] = variable ? pair_count(me, j, seed) : block;
+    rc[j] = variable ? pair_count(j, me, seed) : block;
+    stotal += sc[j];
+    rtotal += rc[j];
+  }
+  loom_tensor_t send = mk(dt, stotal, "send"), recv = mk(dt, rtotal, "recv");
+  fill(&send, me, salt);
+  void *want = malloc(loom_tensor_bytes(&recv) + 1);
+  int64_t o = 0;
+  for (int j = 0; j < n; j++) { // block from j: j's elements sent to me, at j's send offset
+    int64_t off = 0;
+    for (int t = 0; t < me; t++) {
+      off += variable ? pair_count(j, t, seed) : block;
+    }
+    for (int64_t k = 0; k < rc[j]; k++) {
+      put(dt, want, o++, value(dt, j, off + k, salt));
+    }
+  }
+  loom_request_t *req = NULL;
+  loom_tensor_t ds, dr, *S = dev_in(&send, &ds), *R = dev_in(&recv, &dr);
+  if (variable) {
+    if (mode == 0) {
+      OK(loom_alltoallv(g, S, sc, R, rc));
+    } else {
+      OK(loom_ialltoallv(g, S, sc, R, rc, &req));
+    }
+  } else if (mode == 0) {
+    OK(loom_alltoall(g, S, R));
+  } else {
+    OK(loom_ialltoall(g, S, R, &req));
+  }
+  if (mode) {
+    OK(complete(&req, mode == 2));
+  }
+  dev_out(&send, S, 0);
+  dev_out(&recv, R, 1);
+  same(variable ? "alltoallv" : "alltoall", &recv, want);
+  free(want);
+  free(sc);
+  free(rc);
+  TEST_FREE(&send, &recv);
+}
+
+// ---- point to point -----------------------------------------------------------------------------
+
+// Ring: send to rank + 1, receive from rank - 1; blocking (rank 0 sends first) or not.
+static void t_ring(const loom_group_t *g, loom_dtype_t dt, int64_t count, int blocking) {
+  int n = loom_group_size(g), me = loom_group_rank(g), salt = 9, tag = 42;
+  int next = (me + 1) % n, prev = (me - 1 + n) % n;
+  loom_tensor_t send = mk(dt, count, "send"), recv = mk(dt, count, "recv");
+  fill(&send, me, salt);
+  void *want = malloc(loom_tensor_bytes(&recv) + 1);
+  for (int64_t i = 0; i < count; i++) {
+    put(dt, want, i, value(dt, prev, i, salt));
+  }
+  loom_tensor_t ds, dr, *S = dev_in(&send, &ds), *R = dev_in(&recv, &dr);
+  if (blocking && n > 1) {
+    if (me == 0) {
+      OK(loom_send(g, S, next, tag));
+      OK(loom_recv(g, R, prev, tag));
+    } else {
+      OK(loom_recv(g, R, prev, tag));
+      OK(loom_send(g, S, next, tag));
+    }
+  } else {
+    loom_request_t *reqs[3] = {NULL, NULL, NULL};
+    OK(loom_irecv(g, R, prev, tag, &reqs[0]));
+    OK(loom_isend(g, S, next, tag, &reqs[2]));
+    OK(loom_wait_all(reqs, 3)); // reqs[1] is NULL: skipped
+    CHECK(!reqs[0] && !reqs[2], "loom_wait_all left requests behind");
+  }
+  dev_out(&send, S, 0);
+  dev_out(&recv, R, 1);
+  same(blocking ? "send/recv ring" : "isend/irecv ring", &recv, want);
+  free(want);
+  TEST_FREE(&send, &recv);
+}
+
+// ---- non-blocking together ----------------------------------------------------------------------
+
+// Several operations in flight at once, completed by loom_test polling in turn; then two staged
+// reductions waited for in opposite orders on even and odd ranks.
+static void t_inflight(const loom_group_t *g) {
+  int n = loom_group_size(g), me = loom_group_rank(g);
+  int64_t count = 1000 * n + 3;
+  loom_tensor_t a = mk(LOOM_F32, count, "a"), b = mk(LOOM_F16, count, "b");
+  loom_tensor_t c = mk(LOOM_I32, 17, "c"), cg = mk(LOOM_I32, 17 * n, "cg");
+  loom_tensor_t d = mk(LOOM_BF16, count, "d"), ds = mk(LOOM_BF16, count / n + 1, "ds");
+  ds.shape[0] = count / n + (me < count % n);
+  fill(&a, me, 1);
+  fill(&b, me, 2);
+  fill(&c, me, 3);
+  fill(&d, me, 4);
+  loom_request_t *reqs[4] = {NULL, NULL, NULL, NULL};
+  OK(loom_iallreduce(g, &a, &a, LOOM_SUM, &reqs[0]));
+  OK(loom_iallreduce(g, &b, &b, LOOM_AVG, &reqs[1]));
+  OK(loom_iallgather(g, &c, &cg, &reqs[2]));
+  OK(loom_ireduce_scatter(g, &d, &ds, NULL, LOOM_MAX, &reqs[3]));
+  int left = 4, rounds = 0;
+  while (left > 0 && rounds < 100000000) {
+    for (int k = 0; k < 4; k++) {
+      int done = 0;
+      if (reqs[k]) {
+        OK(loom_test(&reqs[k], &done));
+        left -= done;
+      }
+    }
+    rounds++;
+  }
+  CHECK(left == 0, "%d requests did not complete", left);
+  int bad = 0;
+  for (int64_t i = 0; i < count; i++) {
+    float fa = ((float *)a.data)[i];
+    bad += fa != (float)reduced(LOOM_F32, LOOM_SUM, n, i, 1);
+    bad += ((uint16_t *)b.data)[i] != loom_f32_to_f16((float)reduced(LOOM_F16, LOOM_AVG, n, i, 2));
+  }
+  int64_t displ = 0;
+  for (int r = 0; r < me; r++) {
+    displ += count / n + (r < count % n);
+  }
+  for (int64_t i = 0; i < ds.shape[0]; i++) {
+    bad += ((uint16_t *)ds.data)[i] !=
+           loom_f32_to_bf16((float)reduced(LOOM_BF16, LOOM_MAX, n, displ + i, 4));
+  }
+  for (int r = 0; r < n; r++) {
+    for (int64_t k = 0; k < 17; k++) {
+      bad += ((int32_t *)cg.data)[r * 17 + k] != (int32_t)value(LOOM_I32, r, k, 3);
+    }
+  }
+  CHECK(bad == 0, "in-flight operations: %d wrong elements", bad);
+
+  // Opposite wait orders: each rank's first wait needs the other request's second stage.
+  fill(&a, me, 5);
+  fill(&b, me, 6);
+  loom_request_t *x = NULL, *y = NULL;
+  OK(loom_iallreduce(g, &a, &a, LOOM_SUM, &x));
+  OK(loom_iallreduce(g, &b, &b, LOOM_SUM, &y));
+  if (me % 2 == 0) {
+    OK(loom_wait(&x));
+    OK(loom_wait(&y));
+  } else {
+    OK(loom_wait(&y));
+    OK(loom_wait(&x));
+  }
+  bad = 0;
+  for (int64_t i = 0; i < count; i++) {
+    bad += ((float *)a.data)[i] != (float)reduced(LOOM_F32, LOOM_SUM, n, i, 5);
+    bad += ((uint16_t *)b.data)[i] != loom_f32_to_f16((float)reduced(LOOM_F16, LOOM_SUM, n, i, 6));
+  }
+  CHECK(bad == 0, "opposite wait orders: %d wrong elements", bad);
+  OK(loom_wait(&x)); // a released request: nothing to do
+  int done = 0;
+  OK(loom_test(&x, &done));
+  CHECK(done == 1, "loom_test on a released request");
+  ds.shape[0] = count / n + 1;
+  TEST_FREE(&a, &b, &c, &cg, &d, &ds);
+}
+
+// ---- suites -------------------------------------------------------------------------------------
+
+static void suite(const loom_group_t *g, int big) {
+  int n = loom_group_size(g);
+  const int64_t counts[] = {0, 1, 7, 1000};
+  for (int d = 0; d < NDTYPES; d++) {
+    loom_dtype_t dt = all_dtypes[d];
+    for (int op = 0; op < LOOM_REDOP_COUNT; op++) {
+      if (op == LOOM_AVG && !(dt == LOOM_F32 || dt == LOOM_F16 || dt == LOOM_BF16)) {
+        continue;
+      }
+      for (int c = 0; c < 4; c++) {
+        t_allreduce(g, dt, (loom_redop_t)op, counts[c], c == 2, c % 3);
+        t_reduce_scatter(g, dt, (loom_redop_t)op, counts[c] + n / 2, NULL, c % 3);
+      }
+      // explicit uneven counts with zeros
+      int64_t *rc = malloc(sizeof(int64_t) * (size_t)n), total = 0;
+      for (int r = 0; r < n; r++) {
+        rc[r] = r % 2 == 0 && n > 1 ? 0 : 3 + r * 5 + op;
+        total += rc[r];
+      }
+      t_reduce_scatter(g, dt, (loom_redop_t)op, total, rc, op % 3);
+      free(rc);
+    }
+    for (int c = 0; c < 4; c++) {
+      t_allgather(g, dt, counts[c], NULL, c % 3);
+    }
+    int64_t *gc = malloc(sizeof(int64_t) * (size_t)n);
+    for (int r = 0; r < n; r++) {
+      gc[r] = pair_count(r, r + 1, d + 11);
+    }
+    t_allgather(g, dt, 0, gc, d % 3);
+    free(gc);
+    for (int root = 0; root < n; root++) {
+      t_broadcast(g, dt, root == 0 ? 0 : 7 + root, root, root % 3);
+    }
+    t_alltoall(g, dt, d % 3, 0, 0, d % 3);
+    t_alltoall(g, dt, 0, 1, d + 1, (d + 1) % 3);
+    t_ring(g, dt, d == 0 ? 0 : 7 * d, d % 2);
+  }
+  t_round_once(g, LOOM_F16);
+  t_round_once(g, LOOM_BF16);
+  t_identity(g, LOOM_F32, LOOM_SUM, 1001);
+  t_identity(g, LOOM_F32, LOOM_AVG, 333);
+  t_identity(g, LOOM_F16, LOOM_SUM, 1001);
+  t_identity(g, LOOM_BF16, LOOM_SUM, 257);
+  t_inflight(g);
+  if (big) { // large counts on each path
+    int64_t big_count = 1000003;
+    t_allreduce(g, LOOM_F32, LOOM_SUM, big_count, 0, 1);
+    t_allreduce(g, LOOM_F16, LOOM_AVG, big_count, 1, 2);
+    t_allreduce(g, LOOM_I64, LOOM_SUM, big_count, 0, 0);
+    t_allreduce(g, LOOM_BF16, LOOM_MAX, big_count, 1, 0);
+    t_reduce_scatter(g, LOOM_F32, LOOM_SUM, big_count, NULL, 1);
+    t_allgather(g, LOOM_F32, big_count / n, NULL, 0);
+    t_broadcast(g, LOOM_I32, big_count, n - 1, 2);
+    t_alltoall(g, LOOM_F32, big_count / n, 0, 0, 1);
+    t_ring(g, LOOM_F32, big_count, 0);
+    t_identity(g, LOOM_F32, LOOM_SUM, big_count);
+  }
+}
+
+// CUDA tensors over NCCL when every rank has a GPU of its own (a GPU machine; skipped here). The
+// values are small integers, so NCCL's f16/bf16 arithmetic is exact too; AVG is left out (NCCL
+// multiplies by 1/n before summing, which may differ from sum / n in the last bit).
+static void device_suite(const loom_ctx_t *ctx) {
+  int ok = loom_gpu(ctx) >= 0 && loom_cuda_device_count() >= loom_local_size(ctx), all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (!all) {
+    if (world_rank == 0) {
+      printf("test_coll: device collectives skipped (no CUDA device for every rank)\n");
+    }
+    return;
+  }
+  const loom_group_t *g = loom_group(ctx, LOOM_GROUP_WORLD);
+  int n = loom_group_size(g);
+  test_device = loom_gpu(ctx);
+  const loom_dtype_t dts[] = {LOOM_F32, LOOM_F16, LOOM_BF16, LOOM_I32};
+  for (int d = 0; d < 4; d++) {
+    for (int op = 0; op < LOOM_REDOP_COUNT; op++) {
+      if (op != LOOM_AVG) {
+        t_allreduce(g, dts[d], (loom_redop_t)op, 1000 + d, d % 2, op % 3);
+        t_reduce_scatter(g, dts[d], (loom_redop_t)op, 1000 * n + 1, NULL, op % 3);
+      }
+    }
+    t_allreduce(g, dts[d], LOOM_SUM, 0, 0, 0);
+    t_allgather(g, dts[d], 77, NULL, d % 3);
+    int64_t *gc = malloc(sizeof(int64_t) * (size_t)n);
+    for (int r = 0; r < n; r++) {
+      gc[r] = pair_count(r, r + 1, d + 11);
+    }
+    t_allgather(g, dts[d], 0, gc, (d + 1) % 3);
+    free(gc);
+    t_broadcast(g, dts[d], 1001, n - 1, d % 3);
+    t_alltoall(g, dts[d], 5, 0, 0, d % 3);
+    t_alltoall(g, dts[d], 0, 1, d + 1, (d + 1) % 3);
+    t_ring(g, dts[d], 1003, d % 2);
+  }
+  t_allreduce(g, LOOM_F32, LOOM_SUM, 1000003, 0, 1);
+  test_device = LOOM_DEVICE_HOST;
+  if (world_rank == 0) {
+    printf("test_coll: device collectives on CUDA checked\n");
+  }
+}
+
+// ---- bad arguments ------------------------------------------------------------------------------
+
+// Calls on a group this rank is not in.
+static void t_not_member(const loom_group_t *g) {
+  int64_t one = 1;
+  loom_tensor_t t = test_tensor(LOOM_F32, 1, &one, "t");
+  loom_request_t *req = NULL;
+  EXPECT_BAD(loom_allreduce(g, &t, &t, LOOM_SUM), "loom_allreduce", "not a member");
+  EXPECT_BAD(loom_iallreduce(g, &t, &t, LOOM_SUM, &req), "loom_iallreduce", "not a member");
+  CHECK(req == NULL, "a failed call returned a request");
+  EXPECT_BAD(loom_broadcast(g, &t, 0), "loom_broadcast", "not a member");
+  EXPECT_BAD(loom_send(g, &t, 0, 0), "loom_send", "not a member");
+  loom_tensor_free(&t);
+}
+
+static void t_bad_args(const loom_ctx_t *ctx) {
+  const loom_group_t *g = loom_group(ctx, LOOM_GROUP_WORLD);
+  int n = loom_group_size(g), me = loom_group_rank(g);
+  int64_t four = 4 * n, seven = 7;
+  loom_tensor_t a = test_tensor(LOOM_F32, 1, &four, "a"), b = test_tensor(LOOM_F32, 1, &four, "b");
+  loom_tensor_t h = test_tensor(LOOM_F16, 1, &four, "h"), s = test_tensor(LOOM_F32, 1, &seven, "s");
+  loom_tensor_t i32 = test_tensor(LOOM_I32, 1, &four, "i32");
+  loom_request_t *req = NULL;
+
+  EXPECT_BAD(loom_allreduce(NULL, &a, &b, LOOM_SUM), "loom_allreduce", "g is NULL");
+  EXPECT_BAD(loom_allreduce(g, NULL, &b, LOOM_SUM), "loom_allreduce", "send is NULL");
+  EXPECT_BAD(loom_allreduce(g, &a, &h, LOOM_SUM), "loom_allreduce", "expected dtype f32");
+  EXPECT_BAD(loom_allreduce(g, &a, &s, LOOM_SUM), "loom_allreduce", "recv");
+  EXPECT_BAD(loom_allreduce(g, &i32, &i32, LOOM_AVG), "loom_allreduce", "LOOM_AVG");
+  EXPECT_BAD(loom_allreduce(g, &a, &b, (loom_redop_t)9), "loom_allreduce", "op is 9");
+  EXPECT_BAD(loom_iallreduce(g, &a, &b, LOOM_SUM, NULL), "loom_iallreduce", "req is NULL");
+  loom_tensor_t part = a; // overlaps a, shifted by one element
+  part.data = (float *)a.data + 1;
+  part.shape[0] = four - 1;
+  loom_tensor_t a_short = a;
+  a_short.shape[0] = four - 1;
+  EXPECT_BAD(loom_allreduce(g, &a_short, &part, LOOM_SUM), "loom_allreduce", "overlaps");
+  loom_tensor_t dev = b; // same dtype, on a CUDA device
+  dev.device = 0;
+  EXPECT_BAD(loom_allreduce(g, &a, &dev, LOOM_SUM), "loom_allreduce", "one device");
+  if (loom_cuda_device_count() == 0) {
+    EXPECT_BAD_DEVICE(loom_allreduce(g, &dev, &dev, LOOM_SUM), "loom_allreduce", "");
+  }
+
+  int64_t *counts = calloc((size_t)n, sizeof(int64_t));
+  counts[0] = 4 * n + 1; // does not sum to send's count
+  EXPECT_BAD(loom_reduce_scatter(g, &a, &s, counts, LOOM_SUM), "loom_reduce_scatter", "sums to");
+  counts[0] = -1;
+  EXPECT_BAD(loom_reduce_scatter(g, &a, &s, counts, LOOM_SUM), "loom_reduce_scatter",
+             "counts[0] = -1");
+  EXPECT_BAD(loom_reduce_scatter(g, &a, &s, NULL, LOOM_SUM), "loom_reduce_scatter", "recv");
+  EXPECT_BAD(loom_reduce_scatter(g, &a, &a, NULL, LOOM_SUM), "loom_reduce_scatter", "");
+  EXPECT_BAD(loom_allgather(g, &a, &s), "loom_allgather", "group size x");
+  EXPECT_BAD(loom_allgatherv(g, &a, &b, NULL), "loom_allgatherv", "counts is NULL");
+  for (int r = 0; r < n; r++) {
+    counts[r] = 4;
+  }
+  EXPECT_BAD(loom_allgatherv(g, &s, &a, counts), "loom_allgatherv", "send");
+  EXPECT_BAD(loom_broadcast(g, &a, n), "loom_broadcast", "root = ");
+  EXPECT_BAD(loom_broadcast(g, &a, -1), "loom_broadcast", "root = -1");
+  if (n > 1) {
+    EXPECT_BAD(loom_alltoall(g, &s, &s), "loom_alltoall", "multiple of the group size");
+  }
+  counts[me] = 3;
+  EXPECT_BAD(loom_alltoallv(g, &a, counts, &b, counts), "loom_alltoallv", "send_counts sums to");
+  EXPECT_BAD(loom_send(g, &a, n, 0), "loom_send", "peer = ");
+  EXPECT_BAD(loom_recv(g, &a, 0, -3), "loom_recv", "tag = -3");
+  EXPECT_BAD(loom_isend(g, &a, 0, 0, NULL), "loom_isend", "req is NULL");
+  EXPECT_BAD(loom_wait(NULL), "loom_wait", "req is NULL");
+  free(counts);
+
+  // Nothing was sent by any of these: a correct call right after must work.
+  fill(&a, me, 1);
+  OK(loom_allreduce(g, &a, &b, LOOM_SUM));
+  int bad = 0;
+  for (int64_t i = 0; i < four; i++) {
+    bad += ((float *)b.data)[i] != (float)reduced(LOOM_F32, LOOM_SUM, n, i, 1);
+  }
+  CHECK(bad == 0, "allreduce after bad calls: %d wrong", bad);
+  (void)req;
+  TEST_FREE(&a, &b, &h, &s, &i32);
+}
+
+int main(int argc, char **argv) {
+  loom_ctx_t *ctx = NULL;
+  if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {
+    fprintf(stderr, "loom_init failed: %s\n", loom_last_error(NULL));
+    return 1;
+  }
+  world_rank = loom_rank(ctx);
+  const loom_group_kind_t kinds[] = {LOOM_GROUP_WORLD, LOOM_GROUP_NODE,      LOOM_GROUP_DP,
+                                     LOOM_GROUP_EP,    LOOM_GROUP_EXPERT_DP, LOOM_GROUP_ATTN};
+  for (int k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++) {
+    const loom_group_t *g = loom_group(ctx, kinds[k]);
+    if (loom_group_rank(g) < 0) {
+      t_not_member(g);
+    } else {
+      suite(g, kinds[k] == LOOM_GROUP_WORLD);
+    }
+    MPI_Barrier(MPI_COMM_WORLD); // one group kind at a time, for readable failures
+  }
+  t_bad_args(ctx);
+  device_suite(ctx);
+
+  int failures = 0;
+  MPI_Allreduce(&check_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  int rc = 0;
+  if (world_rank == 0) {
+    check_failures = failures;
+    rc = check_exit("test_coll");
+  }
+  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  loom_finalize(ctx);
+  return rc;
+}
