@@ -42,6 +42,7 @@ typedef struct opts {
   const char *dump;   // raw f32 parameters at the end (%r: every rank, else rank 0)
   const char *cmp[2]; // --compare A B
   double rtol;        // --compare tolerance
+  int no_overlap;     // 1: the old path, one fused allreduce after the whole backward
   int help;
 } opts_t;
 
@@ -75,6 +76,11 @@ static void usage(FILE *out) {
       "                      element agrees within --rtol, 1 otherwise\n"
       "  --rtol X            --compare tolerance: |a-b| <= X * max(|a|, |b|, rms) where rms\n"
       "                      is the root mean square of A (default 1e-5)\n"
+      "  --no-overlap        average the gradients with one fused allreduce after the whole\n"
+      "                      backward pass, without the scheduler (for comparison); by default\n"
+      "                      a task graph starts each layer's allreduce as soon as its backward\n"
+      "                      is done (layer 3 first) and updates each layer once its own\n"
+      "                      average has arrived\n"
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n",
       FMNIST_DEFAULT_DIR);
@@ -127,6 +133,14 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
     flag[flen] = '\0';
     if (!strcmp(flag, "--help")) {
       o->help = 1;
+      continue;
+    }
+    if (!strcmp(flag, "--no-overlap")) {
+      if (eq) {
+        snprintf(err, errlen, "--no-overlap takes no value");
+        return -1;
+      }
+      o->no_overlap = 1;
       continue;
     }
     if (!strcmp(flag, "--compare")) {
@@ -205,10 +219,11 @@ enum { W1, B1, W2, B2, W3, B3, NPARAM };
 static const char *const param_names[NPARAM] = {"w1", "b1", "w2", "b2", "w3", "b3"};
 
 typedef struct mlp {
-  int hidden;                  // H
-  loom_tensor_t param[NPARAM]; // w1 (H, 784), b1 (H), w2 (H, H), b2 (H), w3 (10, H), b3 (10)
-  loom_tensor_t grad[NPARAM];  // same shapes as param: averaged over the DP group each step
-  loom_tensor_t mom[NPARAM];   // same shapes as param: SGD momentum buffers
+  int hidden;                     // H
+  loom_tensor_t param[NPARAM];    // w1 (H, 784), b1 (H), w2 (H, H), b2 (H), w3 (10, H), b3 (10)
+  loom_tensor_t grad[NPARAM];     // same shapes as param: averaged over the DP group each step
+  loom_tensor_t gbuf[NPARAM / 2]; // per layer: its weight then bias gradient, one allocation
+  loom_tensor_t mom[NPARAM];      // same shapes as param: SGD momentum buffers
 } mlp_t;
 
 typedef struct acts {
@@ -236,11 +251,21 @@ static void mlp_alloc(mlp_t *m, int hidden) {
   const int64_t rows[NPARAM] = {hidden, hidden, hidden, hidden, FMNIST_CLASSES, FMNIST_CLASSES};
   const int64_t cols[NPARAM] = {FMNIST_PIXELS, 0, hidden, 0, hidden, 0};
   m->hidden = hidden;
+  // A layer's weight and bias gradients are views of one buffer, so that one allreduce covers
+  // the layer.
+  for (int l = 0; l < NPARAM / 2; l++) {
+    char name[64];
+    snprintf(name, sizeof name, "grad.layer%d", l + 1);
+    alloc2(&m->gbuf[l], rows[2 * l] * cols[2 * l] + rows[2 * l + 1], 0, LOOM_F32, name);
+  }
   for (int i = 0; i < NPARAM; i++) {
     char name[64];
     alloc2(&m->param[i], rows[i], cols[i], LOOM_F32, param_names[i]);
     snprintf(name, sizeof name, "grad.%s", param_names[i]);
-    alloc2(&m->grad[i], rows[i], cols[i], LOOM_F32, name);
+    int64_t shape[2] = {rows[i], cols[i]};
+    float *g = (float *)m->gbuf[i / 2].data + (i % 2 ? rows[i - 1] * cols[i - 1] : 0);
+    CHECK(loom_tensor_wrap(&m->grad[i], g, LOOM_F32, LOOM_DEVICE_HOST, cols[i] > 0 ? 2 : 1, shape,
+                           name));
     snprintf(name, sizeof name, "momentum.%s", param_names[i]);
     alloc2(&m->mom[i], rows[i], cols[i], LOOM_F32, name);
   }
@@ -251,6 +276,9 @@ static void mlp_free(mlp_t *m) {
     loom_tensor_free(&m->param[i]);
     loom_tensor_free(&m->grad[i]);
     loom_tensor_free(&m->mom[i]);
+  }
+  for (int l = 0; l < NPARAM / 2; l++) {
+    loom_tensor_free(&m->gbuf[l]);
   }
 }
 
@@ -327,25 +355,48 @@ static float forward(const mlp_t *m, acts_t *a, int64_t n) {
   return loss;
 }
 
-// Gradients of the mean loss of the last forward over all a->cap rows into m->grad
-// (overwritten). A linear layer out = in @ w^T + b has dw = dout^T @ in, db = column sums of
-// dout, din = dout @ w.
-static void backward(mlp_t *m, acts_t *a) {
+#define TRY(call)                                                                                  \
+  do {                                                                                             \
+    loom_status_t try_st_ = (call);                                                                \
+    if (try_st_ != LOOM_OK) {                                                                      \
+      return try_st_;                                                                              \
+    }                                                                                              \
+  } while (0)
+
+// Backward through layer `layer` (3, 2, then 1) of the last forward over all a->cap rows: its
+// weight and bias gradients into m->grad (overwritten) and, above layer 1, the gradient of its
+// input in a->dh. A linear layer out = in @ w^T + b has dw = dout^T @ in, db = column sums of
+// dout, din = dout @ w. Layer L reads param L only here, so its update may follow at once. s
+// (may be NULL) is polled between the big products so that earlier layers' allreduces progress.
+static loom_status_t backward_layer(mlp_t *m, acts_t *a, int layer, loom_sched_t *s) {
   loom_tensor_t *p = m->param, *g = m->grad;
-  for (int i = B1; i < NPARAM; i += 2) {
-    CHECK(loom_tensor_fill(&g[i], 0.0)); // bias gradients accumulate
+  int w = 2 * (layer - 1), b = w + 1;
+  TRY(loom_tensor_fill(&g[b], 0.0)); // bias gradients accumulate
+  if (layer == 3) {
+    TRY(loom_cross_entropy_backward(&a->dlogits, &a->logits, &a->y, -1, 1.0f));
+    TRY(loom_gemm(&g[W3], &a->dlogits, 1, &a->h2, 0, NULL, 1.0f, 0.0f)); // (10, H)
+    TRY(loom_bias_backward(&g[B3], &a->dlogits));
+    TRY(loom_gemm(&a->dh, &a->dlogits, 0, &p[W3], 0, NULL, 1.0f, 0.0f)); // dh2 (B, H)
+    return LOOM_OK;
   }
-  CHECK(loom_cross_entropy_backward(&a->dlogits, &a->logits, &a->y, -1, 1.0f));
-  CHECK(loom_gemm(&g[W3], &a->dlogits, 1, &a->h2, 0, NULL, 1.0f, 0.0f)); // (10, H)
-  CHECK(loom_bias_backward(&g[B3], &a->dlogits));
-  CHECK(loom_gemm(&a->dh, &a->dlogits, 0, &p[W3], 0, NULL, 1.0f, 0.0f)); // dh2 (B, H)
-  CHECK(loom_gelu_backward(&a->da, &a->a2, &a->dh));                     // da2
-  CHECK(loom_gemm(&g[W2], &a->da, 1, &a->h1, 0, NULL, 1.0f, 0.0f));      // (H, H)
-  CHECK(loom_bias_backward(&g[B2], &a->da));
-  CHECK(loom_gemm(&a->dh, &a->da, 0, &p[W2], 0, NULL, 1.0f, 0.0f)); // dh1 (B, H)
-  CHECK(loom_gelu_backward(&a->da, &a->a1, &a->dh));                // da1
-  CHECK(loom_gemm(&g[W1], &a->da, 1, &a->x, 0, NULL, 1.0f, 0.0f));  // (H, 784)
-  CHECK(loom_bias_backward(&g[B1], &a->da));
+  const loom_tensor_t *in = layer == 2 ? &a->h1 : &a->x, *pre = layer == 2 ? &a->a2 : &a->a1;
+  TRY(loom_gelu_backward(&a->da, pre, &a->dh));              // da2 / da1
+  TRY(loom_gemm(&g[w], &a->da, 1, in, 0, NULL, 1.0f, 0.0f)); // (H, H) / (H, 784)
+  if (s) {
+    loom_sched_poll(s);
+  }
+  TRY(loom_bias_backward(&g[b], &a->da));
+  if (layer == 2) {
+    TRY(loom_gemm(&a->dh, &a->da, 0, &p[W2], 0, NULL, 1.0f, 0.0f)); // dh1 (B, H)
+  }
+  return LOOM_OK;
+}
+
+// All three layers, last first (the --no-overlap path).
+static void backward(mlp_t *m, acts_t *a) {
+  for (int layer = 3; layer >= 1; layer--) {
+    CHECK(backward_layer(m, a, layer, NULL));
+  }
 }
 
 // ---- evaluation ------------------------------------------------------------------------------
@@ -503,6 +554,138 @@ static float lr_at(const opts_t *o, long step, long total) {
   return (float)(o->lr * 0.5 * (1.0 + cos(3.14159265358979323846 * progress)));
 }
 
+// ---- the step as a task graph ----------------------------------------------------------------
+
+// What the tasks of one step read and write. main sets idx and hp before each loom_sched_run.
+typedef struct step {
+  mlp_t *m;
+  acts_t *a;
+  const loom_group_t *dp;
+  loom_sched_t *s;
+  const fmnist_split_t *train;
+  const int32_t *idx; // this rank's samples of the step
+  int batch;
+  float loss;           // this rank's mean loss, then (allreduce) the mean over ranks
+  loom_tensor_t loss_t; // wraps loss
+  float clip;           // --clip
+  float norm;           // of the averaged gradient (measured even when clip is 0)
+  loom_sgd_t hp;
+  int momentum;
+} step_t;
+
+typedef struct layer_arg {
+  step_t *st;
+  int layer; // 1..3
+} layer_arg_t;
+
+static loom_status_t task_forward(void *arg) {
+  step_t *st = arg;
+  fmnist_gather(st->train, st->idx, 0, st->batch, st->a->x.data, st->a->y.data);
+  st->loss = forward(st->m, st->a, st->batch);
+  return LOOM_OK;
+}
+
+static loom_status_t task_loss_allreduce(void *arg, loom_request_t **req) {
+  step_t *st = arg;
+  return loom_iallreduce(st->dp, &st->loss_t, &st->loss_t, LOOM_AVG, req);
+}
+
+static loom_status_t task_backward(void *arg) {
+  const layer_arg_t *la = arg;
+  return backward_layer(la->st->m, la->st->a, la->layer, la->st->s);
+}
+
+static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
+  const layer_arg_t *la = arg;
+  loom_tensor_t *g = &la->st->m->gbuf[la->layer - 1]; // weight and bias gradients of the layer
+  return loom_iallreduce(la->st->dp, g, g, LOOM_AVG, req);
+}
+
+static loom_status_t task_clip(void *arg) {
+  step_t *st = arg;
+  loom_tensor_t *grads[NPARAM];
+  for (int i = 0; i < NPARAM; i++) {
+    grads[i] = &st->m->grad[i];
+  }
+  return loom_clip_grad_norm(grads, NPARAM, st->clip, &st->norm);
+}
+
+static loom_status_t task_update(void *arg) {
+  const layer_arg_t *la = arg;
+  mlp_t *m = la->st->m;
+  for (int i = 2 * (la->layer - 1); i < 2 * la->layer; i++) {
+    TRY(loom_sgd_update(&m->param[i], &m->grad[i], la->st->momentum ? &m->mom[i] : NULL,
+                        &la->st->hp));
+  }
+  return LOOM_OK;
+}
+
+// Build the step graph once: forward; backward layer 3, 2, 1; each layer's gradient allreduce as
+// soon as its backward is done and the loss allreduce after the forward; the clip (or, with
+// --clip 0, only the norm) over all averaged gradients; each layer's update after its own
+// allreduce (and after the clip when clipping, since it rescales every gradient). Backward
+// outranks the updates, so the compute lane finishes the backward pass while the allreduces fly.
+static void build_step(loom_sched_t *s, step_t *st, layer_arg_t la[3]) {
+  enum { PRIO_FORWARD = 30, PRIO_BACKWARD = 20, PRIO_CLIP = 10, PRIO_UPDATE = 0 };
+  int fwd, loss, bwd[4], ar[4], clip, upd;
+  loom_task_desc_t d = {.name = "forward",
+                        .lane = LOOM_LANE_COMPUTE,
+                        .priority = PRIO_FORWARD,
+                        .run = task_forward,
+                        .arg = st};
+  CHECK(loom_sched_add(s, &d, &fwd));
+  d = (loom_task_desc_t){.name = "allreduce.loss",
+                         .lane = LOOM_LANE_COMM,
+                         .start = task_loss_allreduce,
+                         .arg = st,
+                         .bytes = sizeof(float)};
+  CHECK(loom_sched_add(s, &d, &loss));
+  CHECK(loom_sched_depend(s, loss, fwd));
+  static const char *const bwd_names[4] = {"", "backward.layer1", "backward.layer2",
+                                           "backward.layer3"};
+  static const char *const ar_names[4] = {"", "allreduce.layer1", "allreduce.layer2",
+                                          "allreduce.layer3"};
+  static const char *const upd_names[4] = {"", "sgd.layer1", "sgd.layer2", "sgd.layer3"};
+  for (int l = 3; l >= 1; l--) {
+    la[l - 1] = (layer_arg_t){.st = st, .layer = l};
+    d = (loom_task_desc_t){.name = bwd_names[l],
+                           .lane = LOOM_LANE_COMPUTE,
+                           .priority = PRIO_BACKWARD,
+                           .run = task_backward,
+                           .arg = &la[l - 1]};
+    CHECK(loom_sched_add(s, &d, &bwd[l]));
+    CHECK(loom_sched_depend(s, bwd[l], l == 3 ? fwd : bwd[l + 1]));
+    d = (loom_task_desc_t){.name = ar_names[l],
+                           .lane = LOOM_LANE_COMM,
+                           .start = task_grad_allreduce,
+                           .arg = &la[l - 1],
+                           .bytes = loom_tensor_bytes(&st->m->gbuf[l - 1])};
+    CHECK(loom_sched_add(s, &d, &ar[l]));
+    CHECK(loom_sched_depend(s, ar[l], bwd[l]));
+  }
+  d = (loom_task_desc_t){.name = st->clip > 0 ? "clip_grad_norm" : "grad_norm",
+                         .lane = LOOM_LANE_COMPUTE,
+                         .priority = PRIO_CLIP,
+                         .run = task_clip,
+                         .arg = st};
+  CHECK(loom_sched_add(s, &d, &clip));
+  for (int l = 3; l >= 1; l--) {
+    CHECK(loom_sched_depend(s, clip, ar[l]));
+  }
+  for (int l = 3; l >= 1; l--) {
+    d = (loom_task_desc_t){.name = upd_names[l],
+                           .lane = LOOM_LANE_COMPUTE,
+                           .priority = PRIO_UPDATE,
+                           .run = task_update,
+                           .arg = &la[l - 1]};
+    CHECK(loom_sched_add(s, &d, &upd));
+    CHECK(loom_sched_depend(s, upd, ar[l]));
+    if (st->clip > 0) { // the clip rescales every gradient: wait for it
+      CHECK(loom_sched_depend(s, upd, clip));
+    }
+  }
+}
+
 // Load both splits on every rank; agree on failure so that no rank waits for another, and let
 // the lowest failing rank say why.
 static int load_data(const opts_t *o, const loom_group_t *dp, fmnist_split_t *train,
@@ -610,12 +793,32 @@ int main(int argc, char **argv) {
     reduce[i] = &m.grad[i];
   }
   reduce[NPARAM] = &loss_t;
+  // The overlapped step: a task graph built once and replayed every step.
+  step_t st = {.m = &m,
+               .a = &a,
+               .dp = dp,
+               .train = &train,
+               .batch = o.batch,
+               .clip = (float)o.clip,
+               .momentum = o.momentum > 0};
+  CHECK(loom_tensor_wrap(&st.loss_t, &st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
+  layer_arg_t layer_args[3];
+  loom_sched_t *sched = NULL;
+  if (!o.no_overlap) {
+    CHECK(loom_sched_create(ctx, NULL, &sched));
+    st.s = sched;
+    build_step(sched, &st, layer_args);
+  }
+  loom_step_stats_t sum_stats = {0};
 
   if (rank == 0) {
     printf("train_fmnist: %d rank(s), batch %d per rank (global %d), MLP 784-%d-%d-10, "
            "lr %g %s, momentum %g, %ld steps/epoch, %ld steps\n",
            np, o.batch, o.batch * np, o.hidden, o.hidden, o.lr, o.cosine ? "cosine" : "const",
            o.momentum, per_epoch, total);
+    printf("gradient sync: %s\n", o.no_overlap
+                                      ? "one fused allreduce after the backward (--no-overlap)"
+                                      : "per-layer allreduce overlapped with the backward");
     printf("data: %s: %lld train, %lld test, pixel mean %.4f std %.4f\n", o.data,
            (long long)train.n, (long long)test.n, mean, std);
     fflush(stdout);
@@ -632,16 +835,31 @@ int main(int argc, char **argv) {
     long s = 0, log_from = step;
     for (; s < per_epoch && step < total; s++, step++) {
       const int32_t *idx = fmnist_shard(perm, s, o.batch, rank, np);
-      fmnist_gather(&train, idx, 0, o.batch, a.x.data, a.y.data);
-      step_loss = forward(&m, &a, o.batch);
-      backward(&m, &a);
-      CHECK(loom_fusion_allreduce(fusion, reduce, NPARAM + 1, LOOM_AVG));
-      float norm = 0.0f; // of the averaged gradient; --clip 0 only measures it
-      CHECK(loom_clip_grad_norm(reduce, NPARAM, (float)o.clip, &norm)); // gradients, not loss
       loom_sgd_t hp = {
           .lr = lr_at(&o, step, total), .momentum = (float)o.momentum, .weight_decay = (float)o.wd};
-      for (int i = 0; i < NPARAM; i++) {
-        CHECK(loom_sgd_update(&m.param[i], &m.grad[i], o.momentum > 0 ? &m.mom[i] : NULL, &hp));
+      float norm = 0.0f; // of the averaged gradient; --clip 0 only measures it
+      if (sched) {
+        st.idx = idx;
+        st.hp = hp;
+        CHECK(loom_sched_run(sched));
+        loom_step_stats_t ss;
+        CHECK(loom_sched_step_stats(sched, &ss));
+        sum_stats.wall_ms += ss.wall_ms;
+        sum_stats.compute_ms += ss.compute_ms;
+        sum_stats.comm_ms += ss.comm_ms;
+        sum_stats.exposed_comm_ms += ss.exposed_comm_ms;
+        sum_stats.idle_ms += ss.idle_ms;
+        step_loss = st.loss;
+        norm = st.norm;
+      } else {
+        fmnist_gather(&train, idx, 0, o.batch, a.x.data, a.y.data);
+        step_loss = forward(&m, &a, o.batch);
+        backward(&m, &a);
+        CHECK(loom_fusion_allreduce(fusion, reduce, NPARAM + 1, LOOM_AVG));
+        CHECK(loom_clip_grad_norm(reduce, NPARAM, (float)o.clip, &norm)); // gradients, not loss
+        for (int i = 0; i < NPARAM; i++) {
+          CHECK(loom_sgd_update(&m.param[i], &m.grad[i], o.momentum > 0 ? &m.mom[i] : NULL, &hp));
+        }
       }
       loss_sum += step_loss;
       log_sum += step_loss;
@@ -669,6 +887,22 @@ int main(int argc, char **argv) {
     }
   }
   double samples_per_s = (double)step * o.batch * np / train_time;
+  char sched_json[256] = "null";
+  if (sched && step > 0) {
+    double n = (double)step;
+    if (rank == 0) {
+      printf("sched: mean per step over %ld steps: wall %.3f ms  compute %.3f ms  comm in flight "
+             "%.3f ms  exposed comm %.3f ms  idle %.3f ms\n",
+             step, sum_stats.wall_ms / n, sum_stats.compute_ms / n, sum_stats.comm_ms / n,
+             sum_stats.exposed_comm_ms / n, sum_stats.idle_ms / n);
+      fflush(stdout);
+    }
+    snprintf(sched_json, sizeof sched_json,
+             "{\"wall_ms\": %.4f, \"compute_ms\": %.4f, \"comm_ms\": %.4f, "
+             "\"exposed_comm_ms\": %.4f, \"idle_ms\": %.4f}",
+             sum_stats.wall_ms / n, sum_stats.compute_ms / n, sum_stats.comm_ms / n,
+             sum_stats.exposed_comm_ms / n, sum_stats.idle_ms / n);
+  }
 
   // ---- results
   int rc = 0;
@@ -681,9 +915,10 @@ int main(int argc, char **argv) {
                       "{\"epochs\": %d, \"steps\": %ld, \"train_loss\": %.6f, \"test_loss\": "
                       "%.6f, \"test_acc\": %.6f, \"samples_per_s\": %.1f, \"train_time_s\": "
                       "%.3f, \"np\": %d, \"batch\": %d, \"global_batch\": %d, \"hidden\": %d, "
-                      "\"lr\": %g, \"seed\": %ld}\n",
+                      "\"lr\": %g, \"seed\": %ld, \"overlap\": %s, \"sched_step_mean\": %s}\n",
                       epoch, step, epoch_loss, test_loss, acc, samples_per_s, train_time, np,
-                      o.batch, o.batch * np, o.hidden, o.lr, o.seed) < 0) {
+                      o.batch, o.batch * np, o.hidden, o.lr, o.seed,
+                      o.no_overlap ? "false" : "true", sched_json) < 0) {
       perror(o.json);
       rc = 1;
     }
@@ -691,6 +926,10 @@ int main(int argc, char **argv) {
       perror(o.json);
       rc = 1;
     }
+  }
+  if (loom_sched_destroy(sched) != LOOM_OK) { // writes the rest of the timeline
+    fprintf(stderr, "train_fmnist: timeline: %s\n", loom_last_error(NULL));
+    rc = 1;
   }
   loom_fusion_destroy(fusion);
   acts_free(&a);
