@@ -189,4 +189,32 @@ static inline void test_expect_fail(loom_status_t got, loom_status_t want, loom_
     test_expect_fail((call), LOOM_ERR_UNSUPPORTED, LOOM_ERR_INVALID_ARG, op, needle, TEST_HERE);   \
   } while (0)
 
+// Store v as element i of a buffer of dtype dt (floats round to nearest even, once; integers
+// are converted by C's rules, so pass values that fit).
+static inline void test_put(loom_dtype_t dt, void *p, int64_t i, double v) {
+  switch (dt) {
+  case LOOM_F32:
+    ((float *)p)[i] = (float)v;
+    break;
+  case LOOM_F16:
+    ((uint16_t *)p)[i] = loom_f32_to_f16((float)v);
+    break;
+  case LOOM_BF16:
+    ((uint16_t *)p)[i] = loom_f32_to_bf16((float)v);
+    break;
+  case LOOM_I8:
+    ((int8_t *)p)[i] = (int8_t)v;
+    break;
+  case LOOM_U8:
+    ((uint8_t *)p)[i] = (uint8_t)v;
+    break;
+  case LOOM_I32:
+    ((int32_t *)p)[i] = (int32_t)v;
+    break;
+  default:
+    ((int64_t *)p)[i] = (int64_t)v;
+    break;
+  }
+}
+
 #endif

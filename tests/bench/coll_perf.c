@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../testutil.h"
 #include "loom.h"
 
 // Usage: mpirun -np N coll_perf [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-c 1] [-d float]
@@ -204,35 +205,9 @@ static double value(loom_dtype_t dt, int r, int64_t i) {
   return dt == LOOM_U8 ? (double)base : (double)(base - 8);
 }
 
-static void put(loom_dtype_t dt, void *p, int64_t i, double v) {
-  switch (dt) {
-  case LOOM_F32:
-    ((float *)p)[i] = (float)v;
-    break;
-  case LOOM_F16:
-    ((uint16_t *)p)[i] = loom_f32_to_f16((float)v);
-    break;
-  case LOOM_BF16:
-    ((uint16_t *)p)[i] = loom_f32_to_bf16((float)v);
-    break;
-  case LOOM_I8:
-    ((int8_t *)p)[i] = (int8_t)v;
-    break;
-  case LOOM_U8:
-    ((uint8_t *)p)[i] = (uint8_t)v;
-    break;
-  case LOOM_I32:
-    ((int32_t *)p)[i] = (int32_t)v;
-    break;
-  default:
-    ((int64_t *)p)[i] = (int64_t)v;
-    break;
-  }
-}
-
 static void fill(loom_dtype_t dt, void *p, int64_t count, int r) {
   for (int64_t i = 0; i < count; i++) {
-    put(dt, p, i, value(dt, r, i));
+    test_put(dt, p, i, value(dt, r, i));
   }
 }
 
@@ -277,7 +252,7 @@ static long long count_wrong(enum coll c, loom_dtype_t dt, loom_redop_t op, cons
     default:
       break;
     }
-    put(dt, &want, 0, v);
+    test_put(dt, &want, 0, v);
     wrong += memcmp((const char *)got + (size_t)j * es, &want, es) != 0;
   }
   return wrong;

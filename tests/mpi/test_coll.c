@@ -50,33 +50,6 @@ static double value(loom_dtype_t dt, int r, int64_t i, int salt) {
   }
 }
 
-// Store v as element i of a dtype buffer (floats round to nearest even, once).
-static void put(loom_dtype_t dt, void *p, int64_t i, double v) {
-  switch (dt) {
-  case LOOM_F32:
-    ((float *)p)[i] = (float)v;
-    break;
-  case LOOM_F16:
-    ((uint16_t *)p)[i] = loom_f32_to_f16((float)v);
-    break;
-  case LOOM_BF16:
-    ((uint16_t *)p)[i] = loom_f32_to_bf16((float)v);
-    break;
-  case LOOM_I8:
-    ((int8_t *)p)[i] = (int8_t)v;
-    break;
-  case LOOM_U8:
-    ((uint8_t *)p)[i] = (uint8_t)v;
-    break;
-  case LOOM_I32:
-    ((int32_t *)p)[i] = (int32_t)v;
-    break;
-  default:
-    ((int64_t *)p)[i] = (int64_t)v;
-    break;
-  }
-}
-
 // The reduction over n ranks of element i.
 static double reduced(loom_dtype_t dt, loom_redop_t op, int n, int64_t i, int salt) {
   double acc = value(dt, 0, i, salt);
@@ -96,7 +69,7 @@ static loom_tensor_t mk(loom_dtype_t dt, int64_t count, const char *name) {
 
 static void fill(loom_tensor_t *t, int r, int salt) {
   for (int64_t i = 0; i < loom_tensor_numel(t); i++) {
-    put(t->dtype, t->data, i, value(t->dtype, r, i, salt));
+    test_put(t->dtype, t->data, i, value(t->dtype, r, i, salt));
   }
 }
 
@@ -180,7 +153,7 @@ static void t_allreduce(const loom_group_t *g, loom_dtype_t dt, loom_redop_t op,
   fill(&send, me, salt);
   void *want = malloc(loom_tensor_bytes(&send) + 1);
   for (int64_t i = 0; i < count; i++) {
-    put(dt, want, i, reduced(dt, op, n, i, salt));
+    test_put(dt, want, i, reduced(dt, op, n, i, salt));
   }
   loom_tensor_t ds, dr, *S = dev_in(&send, &ds), *R = inplace ? S : dev_in(&recv, &dr);
   if (mode == 0) {
@@ -217,7 +190,7 @@ static void t_reduce_scatter(const loom_group_t *g, loom_dtype_t dt, loom_redop_
   fill(&send, me, salt);
   void *want = malloc(loom_tensor_bytes(&recv) + 1);
   for (int64_t i = 0; i < mine; i++) {
-    put(dt, want, i, reduced(dt, op, n, displ + i, salt));
+    test_put(dt, want, i, reduced(dt, op, n, displ + i, salt));
   }
   loom_tensor_t ds, dr, *S = dev_in(&send, &ds), *R = dev_in(&recv, &dr);
   if (mode == 0) {
@@ -295,14 +268,14 @@ static void t_identity(const loom_group_t *g, loom_dtype_t dt, loom_redop_t op, 
         v = to32(from32(v));
       }
       if (r == me) {
-        put(dt, t.data, i, v);
+        test_put(dt, t.data, i, v);
       }
       acc = r == 0 ? v : acc + v;
     }
     if (op == LOOM_AVG) {
       acc /= (float)n;
     }
-    put(dt, want, i, acc);
+    test_put(dt, want, i, acc);
   }
   OK(loom_allreduce(g, &t, &t, op));
   same("order-sensitive sum in rank order", &t, want);
@@ -337,7 +310,7 @@ static void t_allgather(const loom_group_t *g, loom_dtype_t dt, int64_t count,
   int64_t o = 0;
   for (int r = 0; r < n; r++) {
     for (int64_t k = 0; k < (counts ? counts[r] : count); k++) {
-      put(dt, want, o++, value(dt, r, k, salt));
+      test_put(dt, want, o++, value(dt, r, k, salt));
     }
   }
   loom_request_t *req = NULL;
@@ -369,7 +342,7 @@ static void t_broadcast(const loom_group_t *g, loom_dtype_t dt, int64_t count, i
   fill(&buf, me == root ? root : me + 100, salt);
   void *want = malloc(loom_tensor_bytes(&buf) + 1);
   for (int64_t i = 0; i < count; i++) {
-    put(dt, want, i, value(dt, root, i, salt));
+    test_put(dt, want, i, value(dt, root, i, salt));
   }
   loom_tensor_t db, *B = dev_in(&buf, &db);
   if (mode == 0) {
@@ -416,7 +389,7 @@ static void t_alltoall(const loom_group_t *g, loom_dtype_t dt, int64_t block, in
       off += variable ? pair_count(j, t, seed) : block;
     }
     for (int64_t k = 0; k < rc[j]; k++) {
-      put(dt, want, o++, value(dt, j, off + k, salt));
+      test_put(dt, want, o++, value(dt, j, off + k, salt));
     }
   }
   loom_request_t *req = NULL;
@@ -454,7 +427,7 @@ static void t_ring(const loom_group_t *g, loom_dtype_t dt, int64_t count, int bl
   fill(&send, me, salt);
   void *want = malloc(loom_tensor_bytes(&recv) + 1);
   for (int64_t i = 0; i < count; i++) {
-    put(dt, want, i, value(dt, prev, i, salt));
+    test_put(dt, want, i, value(dt, prev, i, salt));
   }
   loom_tensor_t ds, dr, *S = dev_in(&send, &ds), *R = dev_in(&recv, &dr);
   if (blocking && n > 1) {
