@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../check_mpi.h"
 #include "../testutil.h"
 
 // What is checked (each against values computed here from the rank formula below):
@@ -741,14 +742,7 @@ int main(int argc, char **argv) {
   t_bad_args(ctx);
   device_suite(ctx);
 
-  int failures = 0;
-  MPI_Allreduce(&check_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  int rc = 0;
-  if (world_rank == 0) {
-    check_failures = failures;
-    rc = check_exit("test_coll");
-  }
-  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  int rc = check_exit_all("test_coll");
   loom_finalize(ctx);
   return rc;
 }

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../check_mpi.h"
 #include "../testutil.h"
 
 // What is checked, for thresholds 1 byte (nothing fuses), 1 KiB, 64 KiB and 0 (the
@@ -185,14 +186,7 @@ int main(int argc, char **argv) {
   bad_args(ctx, g);
   free(count);
 
-  int failures = 0;
-  MPI_Allreduce(&check_failures, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  int rc = 0;
-  if (world_rank == 0) {
-    check_failures = failures;
-    rc = check_exit("test_fusion");
-  }
-  MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  int rc = check_exit_all("test_fusion");
   loom_finalize(ctx);
   return rc;
 }

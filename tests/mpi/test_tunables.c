@@ -8,7 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../check.h"
+#include "../check_mpi.h"
 #include "loom.h"
 #include "params.h"
 
@@ -105,8 +105,7 @@ int main(int argc, char **argv) {
           "INFO line for the set tunable in:\n%s", text);
     unlink(path);
   }
-  int failures = check_failures, any = 0;
-  MPI_Allreduce(&failures, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  int rc = check_exit_all("test_tunables");
   MPI_Finalize();
-  return any ? 1 : check_exit("test_tunables");
+  return rc;
 }
