@@ -1,0 +1,18 @@
+/* simd.h — LOOM_CPU_CLONES: compile a hot elementwise kernel twice, for x86-64-v3 (AVX2, FMA)
+ * and the baseline, and let the loader pick at run time (GCC/Clang target_clones, ELF ifunc). */
+#ifndef LOOM_SIMD_H
+#define LOOM_SIMD_H
+
+// The library is built for the baseline ISA so that one binary runs on every x86-64 machine;
+// the few loops that are worth it (elementwise transcendental kernels) get an AVX2 copy too.
+// Elsewhere (other architectures, compilers without the attribute) the macro is empty.
+#if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define LOOM_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+#endif
+#endif
+#ifndef LOOM_CPU_CLONES
+#define LOOM_CPU_CLONES
+#endif
+
+#endif
