@@ -14,7 +14,7 @@ CONFIGURE_FLAGS=${CONFIGURE_FLAGS:-}
 # Debian packages the build, the tests and the examples need.
 PACKAGES=(build-essential autoconf automake libtool pkg-config
           openmpi-bin libopenmpi-dev libhwloc-dev hwloc libopenblas-dev zlib1g-dev
-          clang-format cppcheck dataset-fashion-mnist iproute2)
+          clang-format cppcheck dataset-fashion-mnist fortunes iproute2)
 
 log() { printf '\n== build.sh: %s\n' "$*"; }
 

@@ -5,22 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "example_util.h"
 #include "fmnist_data.h"
 #include "loom.h"
-
-// ---- checks ----------------------------------------------------------------------------------
-
-// Every loom call is checked. A failure in the middle of training cannot be recovered on one
-// rank alone (the others would wait in the next collective), so it aborts the whole job.
-#define CHECK(call)                                                                                \
-  do {                                                                                             \
-    loom_status_t check_st_ = (call);                                                              \
-    if (check_st_ != LOOM_OK) {                                                                    \
-      fprintf(stderr, "train_fmnist: %s:%d: %s: %s: %s\n", __FILE__, __LINE__, #call,              \
-              loom_strerror(check_st_), loom_last_error(NULL));                                    \
-      MPI_Abort(MPI_COMM_WORLD, 1);                                                                \
-    }                                                                                              \
-  } while (0)
 
 // ---- options ---------------------------------------------------------------------------------
 
@@ -86,30 +73,6 @@ static void usage(FILE *out) {
       FMNIST_DEFAULT_DIR);
 }
 
-static int parse_long(const char *flag, const char *v, long lo, long hi, long *out, char *err,
-                      size_t errlen) {
-  char *end = NULL;
-  long x = strtol(v, &end, 10);
-  if (!*v || *end || x < lo || x > hi) {
-    snprintf(err, errlen, "%s wants an integer in %ld..%ld, got '%s'", flag, lo, hi, v);
-    return -1;
-  }
-  *out = x;
-  return 0;
-}
-
-static int parse_double(const char *flag, const char *v, double lo, double hi, double *out,
-                        char *err, size_t errlen) {
-  char *end = NULL;
-  double x = strtod(v, &end);
-  if (!*v || *end || !isfinite(x) || x < lo || x > hi) {
-    snprintf(err, errlen, "%s wants a number in %g..%g, got '%s'", flag, lo, hi, v);
-    return -1;
-  }
-  *out = x;
-  return 0;
-}
-
 // Fill o from argv. Returns 0, or -1 with a message in err naming the flag.
 static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen) {
   *o = (opts_t){.epochs = 3,
@@ -121,30 +84,23 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
                 .seed = 42,
                 .data = FMNIST_DEFAULT_DIR,
                 .rtol = 1e-5};
+  static const char *const switches[] = {"--help", "--no-overlap", "--compare", NULL};
   for (int i = 1; i < argc; i++) {
     char flag[64];
-    const char *arg = argv[i], *eq = strchr(arg, '='), *v = NULL;
-    size_t flen = eq ? (size_t)(eq - arg) : strlen(arg);
-    if (strncmp(arg, "--", 2) != 0 || flen >= sizeof flag) {
-      snprintf(err, errlen, "unexpected argument '%s' (flags start with --; see --help)", arg);
+    const char *v = NULL;
+    if (ex_next_flag(argc, argv, &i, switches, flag, sizeof flag, &v, err, errlen)) {
       return -1;
     }
-    memcpy(flag, arg, flen);
-    flag[flen] = '\0';
     if (!strcmp(flag, "--help")) {
       o->help = 1;
       continue;
     }
     if (!strcmp(flag, "--no-overlap")) {
-      if (eq) {
-        snprintf(err, errlen, "--no-overlap takes no value");
-        return -1;
-      }
       o->no_overlap = 1;
       continue;
     }
     if (!strcmp(flag, "--compare")) {
-      if (eq || i + 2 >= argc) {
+      if (i + 2 >= argc) {
         snprintf(err, errlen, "--compare wants two files: --compare A B");
         return -1;
       }
@@ -152,30 +108,22 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       o->cmp[1] = argv[++i];
       continue;
     }
-    if (eq) {
-      v = eq + 1;
-    } else if (i + 1 < argc) {
-      v = argv[++i];
-    } else {
-      snprintf(err, errlen, "%s wants a value (see --help)", flag);
-      return -1;
-    }
     long l = 0;
     int rc = 0;
     if (!strcmp(flag, "--epochs")) {
-      rc = parse_long(flag, v, 1, 1000, &l, err, errlen);
+      rc = ex_parse_long(flag, v, 1, 1000, &l, err, errlen);
       o->epochs = (int)l;
     } else if (!strcmp(flag, "--steps")) {
-      rc = parse_long(flag, v, 0, 1L << 40, &o->steps, err, errlen);
+      rc = ex_parse_long(flag, v, 0, 1L << 40, &o->steps, err, errlen);
     } else if (!strcmp(flag, "--batch")) {
-      rc = parse_long(flag, v, 1, 65536, &l, err, errlen);
+      rc = ex_parse_long(flag, v, 1, 65536, &l, err, errlen);
       o->batch = (int)l;
     } else if (!strcmp(flag, "--lr")) {
-      rc = parse_double(flag, v, 0.0, 100.0, &o->lr, err, errlen);
+      rc = ex_parse_double(flag, v, 0.0, 100.0, &o->lr, err, errlen);
     } else if (!strcmp(flag, "--momentum")) {
-      rc = parse_double(flag, v, 0.0, 0.999999, &o->momentum, err, errlen);
+      rc = ex_parse_double(flag, v, 0.0, 0.999999, &o->momentum, err, errlen);
     } else if (!strcmp(flag, "--weight-decay")) {
-      rc = parse_double(flag, v, 0.0, 1.0, &o->wd, err, errlen);
+      rc = ex_parse_double(flag, v, 0.0, 1.0, &o->wd, err, errlen);
     } else if (!strcmp(flag, "--schedule")) {
       if (!strcmp(v, "cosine") || !strcmp(v, "const")) {
         o->cosine = !strcmp(v, "cosine");
@@ -184,24 +132,24 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
         rc = -1;
       }
     } else if (!strcmp(flag, "--warmup")) {
-      rc = parse_long(flag, v, 0, 1L << 40, &o->warmup, err, errlen);
+      rc = ex_parse_long(flag, v, 0, 1L << 40, &o->warmup, err, errlen);
     } else if (!strcmp(flag, "--hidden")) {
-      rc = parse_long(flag, v, 1, 65536, &l, err, errlen);
+      rc = ex_parse_long(flag, v, 1, 65536, &l, err, errlen);
       o->hidden = (int)l;
     } else if (!strcmp(flag, "--clip")) {
-      rc = parse_double(flag, v, 0.0, 1e30, &o->clip, err, errlen);
+      rc = ex_parse_double(flag, v, 0.0, 1e30, &o->clip, err, errlen);
     } else if (!strcmp(flag, "--seed")) {
-      rc = parse_long(flag, v, 0, 0x7fffffffL, &o->seed, err, errlen);
+      rc = ex_parse_long(flag, v, 0, 0x7fffffffL, &o->seed, err, errlen);
     } else if (!strcmp(flag, "--data")) {
       o->data = v;
     } else if (!strcmp(flag, "--log-every")) {
-      rc = parse_long(flag, v, 0, 1L << 40, &o->log_every, err, errlen);
+      rc = ex_parse_long(flag, v, 0, 1L << 40, &o->log_every, err, errlen);
     } else if (!strcmp(flag, "--json")) {
       o->json = v;
     } else if (!strcmp(flag, "--dump-params")) {
       o->dump = v;
     } else if (!strcmp(flag, "--rtol")) {
-      rc = parse_double(flag, v, 0.0, 1.0, &o->rtol, err, errlen);
+      rc = ex_parse_double(flag, v, 0.0, 1.0, &o->rtol, err, errlen);
     } else {
       snprintf(err, errlen, "unknown flag '%s' (see --help)", flag);
       rc = -1;
@@ -244,7 +192,7 @@ typedef struct acts {
 static void alloc2(loom_tensor_t *t, int64_t rows, int64_t cols, loom_dtype_t dt,
                    const char *name) {
   int64_t shape[2] = {rows, cols};
-  CHECK(loom_tensor_alloc(t, dt, LOOM_DEVICE_HOST, cols > 0 ? 2 : 1, shape, name));
+  EX_CHECK(loom_tensor_alloc(t, dt, LOOM_DEVICE_HOST, cols > 0 ? 2 : 1, shape, name));
 }
 
 static void mlp_alloc(mlp_t *m, int hidden) {
@@ -264,8 +212,8 @@ static void mlp_alloc(mlp_t *m, int hidden) {
     snprintf(name, sizeof name, "grad.%s", param_names[i]);
     int64_t shape[2] = {rows[i], cols[i]};
     float *g = (float *)m->gbuf[i / 2].data + (i % 2 ? rows[i - 1] * cols[i - 1] : 0);
-    CHECK(loom_tensor_wrap(&m->grad[i], g, LOOM_F32, LOOM_DEVICE_HOST, cols[i] > 0 ? 2 : 1, shape,
-                           name));
+    EX_CHECK(loom_tensor_wrap(&m->grad[i], g, LOOM_F32, LOOM_DEVICE_HOST, cols[i] > 0 ? 2 : 1,
+                              shape, name));
     snprintf(name, sizeof name, "momentum.%s", param_names[i]);
     alloc2(&m->mom[i], rows[i], cols[i], LOOM_F32, name);
   }
@@ -282,13 +230,6 @@ static void mlp_free(mlp_t *m) {
   }
 }
 
-static uint64_t splitmix64(uint64_t *state) {
-  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
 // PyTorch's nn.Linear default: weight and bias uniform in +-1/sqrt(fan_in). One stream per
 // parameter from the seed, so every rank draws the same numbers.
 static void mlp_init(mlp_t *m, uint64_t seed) {
@@ -298,7 +239,7 @@ static void mlp_init(mlp_t *m, uint64_t seed) {
     uint64_t state = seed * 0x9e3779b97f4a7c15ull + (uint64_t)i + 1;
     float *p = m->param[i].data;
     for (int64_t k = 0; k < loom_tensor_numel(&m->param[i]); k++) {
-      float u = (float)(splitmix64(&state) >> 40) / (float)(1 << 24); // [0, 1)
+      float u = ex_uniform(&state); // [0, 1)
       p[k] = (2.0f * u - 1.0f) * bound;
     }
   }
@@ -333,7 +274,7 @@ static loom_tensor_t rows(const loom_tensor_t *t, int64_t n) {
   int64_t shape[LOOM_MAX_DIMS];
   memcpy(shape, t->shape, sizeof shape);
   shape[0] = n;
-  CHECK(loom_tensor_wrap(&v, t->data, t->dtype, t->device, t->ndim, shape, t->name));
+  EX_CHECK(loom_tensor_wrap(&v, t->data, t->dtype, t->device, t->ndim, shape, t->name));
   return v;
 }
 
@@ -345,13 +286,13 @@ static float forward(const mlp_t *m, acts_t *a, int64_t n) {
                 a2 = rows(&a->a2, n), h2 = rows(&a->h2, n), logits = rows(&a->logits, n),
                 losses = rows(&a->losses, n);
   const loom_tensor_t *p = m->param;
-  CHECK(loom_gemm(&a1, &x, 0, &p[W1], 1, &p[B1], 1.0f, 0.0f)); // (n, H)
-  CHECK(loom_gelu_forward(&h1, &a1));
-  CHECK(loom_gemm(&a2, &h1, 0, &p[W2], 1, &p[B2], 1.0f, 0.0f)); // (n, H)
-  CHECK(loom_gelu_forward(&h2, &a2));
-  CHECK(loom_gemm(&logits, &h2, 0, &p[W3], 1, &p[B3], 1.0f, 0.0f)); // (n, 10)
+  EX_CHECK(loom_gemm(&a1, &x, 0, &p[W1], 1, &p[B1], 1.0f, 0.0f)); // (n, H)
+  EX_CHECK(loom_gelu_forward(&h1, &a1));
+  EX_CHECK(loom_gemm(&a2, &h1, 0, &p[W2], 1, &p[B2], 1.0f, 0.0f)); // (n, H)
+  EX_CHECK(loom_gelu_forward(&h2, &a2));
+  EX_CHECK(loom_gemm(&logits, &h2, 0, &p[W3], 1, &p[B3], 1.0f, 0.0f)); // (n, 10)
   float loss = 0.0f;
-  CHECK(loom_cross_entropy_forward(&losses, &loss, &logits, &y, -1));
+  EX_CHECK(loom_cross_entropy_forward(&losses, &loss, &logits, &y, -1));
   return loss;
 }
 
@@ -395,7 +336,7 @@ static loom_status_t backward_layer(mlp_t *m, acts_t *a, int layer, loom_sched_t
 // All three layers, last first (the --no-overlap path).
 static void backward(mlp_t *m, acts_t *a) {
   for (int layer = 3; layer >= 1; layer--) {
-    CHECK(backward_layer(m, a, layer, NULL));
+    EX_CHECK(backward_layer(m, a, layer, NULL));
   }
 }
 
@@ -424,120 +365,21 @@ static void evaluate(const mlp_t *m, acts_t *a, const fmnist_split_t *test, cons
   }
   loom_tensor_t t;
   int64_t two = 2;
-  CHECK(loom_tensor_wrap(&t, sums, LOOM_F32, LOOM_DEVICE_HOST, 1, &two, "eval"));
-  CHECK(loom_allreduce(dp, &t, &t, LOOM_SUM));
+  EX_CHECK(loom_tensor_wrap(&t, sums, LOOM_F32, LOOM_DEVICE_HOST, 1, &two, "eval"));
+  EX_CHECK(loom_allreduce(dp, &t, &t, LOOM_SUM));
   *acc = sums[0] / (float)test->n;
   *loss = sums[1] / (float)test->n;
 }
 
 // ---- parameter dumps -------------------------------------------------------------------------
 
-// Write every parameter as raw f32 to path, with %r replaced by rank.
+// Write every parameter as raw f32 (w1 b1 w2 b2 w3 b3) to path, with %r replaced by rank.
 static int dump_params(const mlp_t *m, const char *path, int rank) {
-  char file[4096];
-  size_t o = 0;
-  for (const char *s = path; *s && o + 16 < sizeof file; s++) {
-    if (s[0] == '%' && s[1] == 'r') {
-      o += (size_t)snprintf(file + o, sizeof file - o, "%d", rank);
-      s++;
-    } else {
-      file[o++] = *s;
-    }
-  }
-  file[o] = '\0';
-  FILE *f = fopen(file, "wb");
-  if (!f) {
-    perror(file);
-    return -1;
-  }
-  int ok = 1;
+  const loom_tensor_t *all[NPARAM];
   for (int i = 0; i < NPARAM; i++) {
-    size_t n = (size_t)loom_tensor_numel(&m->param[i]);
-    ok &= fwrite(m->param[i].data, sizeof(float), n, f) == n;
+    all[i] = &m->param[i];
   }
-  ok &= fclose(f) == 0;
-  if (!ok) {
-    fprintf(stderr, "train_fmnist: writing %s failed\n", file);
-  }
-  return ok ? 0 : -1;
-}
-
-static float *read_floats(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    perror(path);
-    return NULL;
-  }
-  size_t cap = 1 << 20, len = 0;
-  float *buf = malloc(cap * sizeof(float));
-  while (buf) {
-    len += fread(buf + len, sizeof(float), cap - len, f);
-    if (len < cap) {
-      break;
-    }
-    float *bigger = realloc(buf, 2 * cap * sizeof(float));
-    if (!bigger) {
-      free(buf);
-      buf = NULL;
-    }
-    buf = bigger;
-    cap *= 2;
-  }
-  int bad = ferror(f) || !buf || fgetc(f) != EOF; // a partial trailing float is left unread
-  fclose(f);
-  if (bad) {
-    fprintf(stderr, "train_fmnist: reading %s failed (or its size is not a multiple of 4)\n", path);
-    free(buf);
-    return NULL;
-  }
-  *n = len;
-  return buf;
-}
-
-// --compare A B: every element within rtol of the larger magnitude (floored at A's RMS, so that
-// weights that happen to be near zero are judged on the scale of the whole dump).
-static int compare_dumps(const char *pa, const char *pb, double rtol) {
-  size_t na = 0, nb = 0;
-  float *a = read_floats(pa, &na), *b = read_floats(pb, &nb);
-  int rc = 1;
-  if (!a || !b) {
-    goto done;
-  }
-  if (na != nb || na == 0) {
-    fprintf(stderr, "compare: %s has %zu floats, %s has %zu\n", pa, na, pb, nb);
-    goto done;
-  }
-  double sq = 0.0, worst = 0.0, maxabs = 0.0;
-  for (size_t i = 0; i < na; i++) {
-    sq += (double)a[i] * a[i];
-  }
-  double rms = sqrt(sq / (double)na);
-  size_t bad = 0, worst_i = 0;
-  for (size_t i = 0; i < na; i++) {
-    double d = fabs((double)a[i] - b[i]);
-    double scale = fmax(fmax(fabs(a[i]), fabs(b[i])), rms);
-    double rel = isfinite(d) ? d / scale : INFINITY;
-    maxabs = fmax(maxabs, d);
-    if (rel > worst || isnan(rel)) {
-      worst = rel;
-      worst_i = i;
-    }
-    if (!(rel <= rtol)) {
-      if (bad < 5) {
-        fprintf(stderr, "compare: element %zu: %.9g vs %.9g (relative %.3g > %.3g)\n", i, a[i],
-                b[i], rel, rtol);
-      }
-      bad++;
-    }
-  }
-  printf("compare: %zu floats, rms %.6g, max abs diff %.3g, max relative diff %.3g (element "
-         "%zu), %zu over rtol %.3g\n",
-         na, rms, maxabs, worst, worst_i, bad, rtol);
-  rc = bad ? 1 : 0;
-done:
-  free(a);
-  free(b);
-  return rc;
+  return ex_dump_params(path, rank, all, NPARAM);
 }
 
 // ---- training --------------------------------------------------------------------------------
@@ -633,14 +475,14 @@ static void build_step(loom_sched_t *s, step_t *st, layer_arg_t la[3]) {
                         .priority = PRIO_FORWARD,
                         .run = task_forward,
                         .arg = st};
-  CHECK(loom_sched_add(s, &d, &fwd));
+  EX_CHECK(loom_sched_add(s, &d, &fwd));
   d = (loom_task_desc_t){.name = "allreduce.loss",
                          .lane = LOOM_LANE_COMM,
                          .start = task_loss_allreduce,
                          .arg = st,
                          .bytes = sizeof(float)};
-  CHECK(loom_sched_add(s, &d, &loss));
-  CHECK(loom_sched_depend(s, loss, fwd));
+  EX_CHECK(loom_sched_add(s, &d, &loss));
+  EX_CHECK(loom_sched_depend(s, loss, fwd));
   static const char *const bwd_names[4] = {"", "backward.layer1", "backward.layer2",
                                            "backward.layer3"};
   static const char *const ar_names[4] = {"", "allreduce.layer1", "allreduce.layer2",
@@ -653,24 +495,24 @@ static void build_step(loom_sched_t *s, step_t *st, layer_arg_t la[3]) {
                            .priority = PRIO_BACKWARD,
                            .run = task_backward,
                            .arg = &la[l - 1]};
-    CHECK(loom_sched_add(s, &d, &bwd[l]));
-    CHECK(loom_sched_depend(s, bwd[l], l == 3 ? fwd : bwd[l + 1]));
+    EX_CHECK(loom_sched_add(s, &d, &bwd[l]));
+    EX_CHECK(loom_sched_depend(s, bwd[l], l == 3 ? fwd : bwd[l + 1]));
     d = (loom_task_desc_t){.name = ar_names[l],
                            .lane = LOOM_LANE_COMM,
                            .start = task_grad_allreduce,
                            .arg = &la[l - 1],
                            .bytes = loom_tensor_bytes(&st->m->gbuf[l - 1])};
-    CHECK(loom_sched_add(s, &d, &ar[l]));
-    CHECK(loom_sched_depend(s, ar[l], bwd[l]));
+    EX_CHECK(loom_sched_add(s, &d, &ar[l]));
+    EX_CHECK(loom_sched_depend(s, ar[l], bwd[l]));
   }
   d = (loom_task_desc_t){.name = st->clip > 0 ? "clip_grad_norm" : "grad_norm",
                          .lane = LOOM_LANE_COMPUTE,
                          .priority = PRIO_CLIP,
                          .run = task_clip,
                          .arg = st};
-  CHECK(loom_sched_add(s, &d, &clip));
+  EX_CHECK(loom_sched_add(s, &d, &clip));
   for (int l = 3; l >= 1; l--) {
-    CHECK(loom_sched_depend(s, clip, ar[l]));
+    EX_CHECK(loom_sched_depend(s, clip, ar[l]));
   }
   for (int l = 3; l >= 1; l--) {
     d = (loom_task_desc_t){.name = upd_names[l],
@@ -678,10 +520,10 @@ static void build_step(loom_sched_t *s, step_t *st, layer_arg_t la[3]) {
                            .priority = PRIO_UPDATE,
                            .run = task_update,
                            .arg = &la[l - 1]};
-    CHECK(loom_sched_add(s, &d, &upd));
-    CHECK(loom_sched_depend(s, upd, ar[l]));
+    EX_CHECK(loom_sched_add(s, &d, &upd));
+    EX_CHECK(loom_sched_depend(s, upd, ar[l]));
     if (st->clip > 0) { // the clip rescales every gradient: wait for it
-      CHECK(loom_sched_depend(s, upd, clip));
+      EX_CHECK(loom_sched_depend(s, upd, clip));
     }
   }
 }
@@ -698,8 +540,8 @@ static int load_data(const opts_t *o, const loom_group_t *dp, fmnist_split_t *tr
   int32_t first_bad = st == LOOM_OK ? loom_group_size(dp) : loom_group_rank(dp);
   loom_tensor_t t;
   int64_t one = 1;
-  CHECK(loom_tensor_wrap(&t, &first_bad, LOOM_I32, LOOM_DEVICE_HOST, 1, &one, "load"));
-  CHECK(loom_allreduce(dp, &t, &t, LOOM_MIN));
+  EX_CHECK(loom_tensor_wrap(&t, &first_bad, LOOM_I32, LOOM_DEVICE_HOST, 1, &one, "load"));
+  EX_CHECK(loom_allreduce(dp, &t, &t, LOOM_MIN));
   if (first_bad == loom_group_size(dp)) {
     return 0;
   }
@@ -712,6 +554,7 @@ static int load_data(const opts_t *o, const loom_group_t *dp, fmnist_split_t *tr
 }
 
 int main(int argc, char **argv) {
+  ex_prog = "train_fmnist";
   opts_t o;
   char err[512] = "";
   int bad_args = parse_args(argc, argv, &o, err, sizeof err);
@@ -720,7 +563,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (!bad_args && o.cmp[0]) {
-    return compare_dumps(o.cmp[0], o.cmp[1], o.rtol);
+    return ex_compare_dumps(o.cmp[0], o.cmp[1], o.rtol);
   }
 
   loom_ctx_t *ctx = NULL;
@@ -780,14 +623,14 @@ int main(int argc, char **argv) {
   acts_alloc(&a, o.batch, o.hidden);
   mlp_init(&m, (uint64_t)o.seed);
   for (int i = 0; i < NPARAM; i++) {
-    CHECK(loom_broadcast(dp, &m.param[i], 0));
+    EX_CHECK(loom_broadcast(dp, &m.param[i], 0));
   }
   loom_fusion_t *fusion = NULL;
-  CHECK(loom_fusion_create(ctx, dp, 0, &fusion));
+  EX_CHECK(loom_fusion_create(ctx, dp, 0, &fusion));
   float step_loss = 0.0f;
   loom_tensor_t loss_t; // (1) this step's mean loss, averaged over ranks with the gradients
   int64_t one = 1;
-  CHECK(loom_tensor_wrap(&loss_t, &step_loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
+  EX_CHECK(loom_tensor_wrap(&loss_t, &step_loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
   loom_tensor_t *reduce[NPARAM + 1];
   for (int i = 0; i < NPARAM; i++) {
     reduce[i] = &m.grad[i];
@@ -801,11 +644,11 @@ int main(int argc, char **argv) {
                .batch = o.batch,
                .clip = (float)o.clip,
                .momentum = o.momentum > 0};
-  CHECK(loom_tensor_wrap(&st.loss_t, &st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
+  EX_CHECK(loom_tensor_wrap(&st.loss_t, &st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
   layer_arg_t layer_args[3];
   loom_sched_t *sched = NULL;
   if (!o.no_overlap) {
-    CHECK(loom_sched_create(ctx, NULL, &sched));
+    EX_CHECK(loom_sched_create(ctx, NULL, &sched));
     st.s = sched;
     build_step(sched, &st, layer_args);
   }
@@ -841,9 +684,9 @@ int main(int argc, char **argv) {
       if (sched) {
         st.idx = idx;
         st.hp = hp;
-        CHECK(loom_sched_run(sched));
+        EX_CHECK(loom_sched_run(sched));
         loom_step_stats_t ss;
-        CHECK(loom_sched_step_stats(sched, &ss));
+        EX_CHECK(loom_sched_step_stats(sched, &ss));
         sum_stats.wall_ms += ss.wall_ms;
         sum_stats.compute_ms += ss.compute_ms;
         sum_stats.comm_ms += ss.comm_ms;
@@ -855,10 +698,11 @@ int main(int argc, char **argv) {
         fmnist_gather(&train, idx, 0, o.batch, a.x.data, a.y.data);
         step_loss = forward(&m, &a, o.batch);
         backward(&m, &a);
-        CHECK(loom_fusion_allreduce(fusion, reduce, NPARAM + 1, LOOM_AVG));
-        CHECK(loom_clip_grad_norm(reduce, NPARAM, (float)o.clip, &norm)); // gradients, not loss
+        EX_CHECK(loom_fusion_allreduce(fusion, reduce, NPARAM + 1, LOOM_AVG));
+        EX_CHECK(loom_clip_grad_norm(reduce, NPARAM, (float)o.clip, &norm)); // gradients, not loss
         for (int i = 0; i < NPARAM; i++) {
-          CHECK(loom_sgd_update(&m.param[i], &m.grad[i], o.momentum > 0 ? &m.mom[i] : NULL, &hp));
+          EX_CHECK(
+              loom_sgd_update(&m.param[i], &m.grad[i], o.momentum > 0 ? &m.mom[i] : NULL, &hp));
         }
       }
       loss_sum += step_loss;

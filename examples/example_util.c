@@ -1,0 +1,238 @@
+/* example_util.c — flag parsing, seeded random numbers, fatal checks, parameter dumps and their
+ * comparison for the example trainers (see example_util.h). */
+#include "example_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *ex_prog = "loom example";
+
+void ex_fatal(const char *file, int line, const char *call, loom_status_t st) {
+  fprintf(stderr, "%s: %s:%d: %s: %s: %s\n", ex_prog, file, line, call, loom_strerror(st),
+          loom_last_error(NULL));
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  abort(); // not reached: MPI_Abort does not return
+}
+
+// ---- flags ------------------------------------------------------------------------------------
+
+int ex_next_flag(int argc, char **argv, int *i, const char *const *switches, char *flag,
+                 size_t flagcap, const char **value, char *err, size_t errlen) {
+  const char *arg = argv[*i], *eq = strchr(arg, '=');
+  size_t flen = eq ? (size_t)(eq - arg) : strlen(arg);
+  *value = NULL;
+  if (strncmp(arg, "--", 2) != 0 || flen >= flagcap) {
+    snprintf(err, errlen, "unexpected argument '%s' (flags start with --; see --help)", arg);
+    return -1;
+  }
+  memcpy(flag, arg, flen);
+  flag[flen] = '\0';
+  for (const char *const *s = switches; s && *s; s++) {
+    if (!strcmp(flag, *s)) {
+      if (eq) {
+        snprintf(err, errlen, "%s takes no value", flag);
+        return -1;
+      }
+      return 0;
+    }
+  }
+  if (eq) {
+    *value = eq + 1;
+  } else if (*i + 1 < argc) {
+    *value = argv[++*i];
+  } else {
+    snprintf(err, errlen, "%s wants a value (see --help)", flag);
+    return -1;
+  }
+  return 0;
+}
+
+int ex_parse_long(const char *flag, const char *v, long lo, long hi, long *out, char *err,
+                  size_t errlen) {
+  char *end = NULL;
+  long x = strtol(v, &end, 10);
+  if (!*v || *end || x < lo || x > hi) {
+    snprintf(err, errlen, "%s wants an integer in %ld..%ld, got '%s'", flag, lo, hi, v);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+int ex_parse_int(const char *flag, const char *v, int lo, int hi, int *out, char *err,
+                 size_t errlen) {
+  long x = 0;
+  if (ex_parse_long(flag, v, lo, hi, &x, err, errlen)) {
+    return -1;
+  }
+  *out = (int)x;
+  return 0;
+}
+
+int ex_parse_double(const char *flag, const char *v, double lo, double hi, double *out, char *err,
+                    size_t errlen) {
+  char *end = NULL;
+  double x = strtod(v, &end);
+  if (!*v || *end || !isfinite(x) || x < lo || x > hi) {
+    snprintf(err, errlen, "%s wants a number in %g..%g, got '%s'", flag, lo, hi, v);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+// ---- random numbers ---------------------------------------------------------------------------
+
+uint64_t ex_splitmix64(uint64_t *state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+float ex_uniform(uint64_t *state) {
+  return (float)(ex_splitmix64(state) >> 40) / (float)(1 << 24);
+}
+
+float ex_normal(uint64_t *state) {
+  double u1 = ((double)(ex_splitmix64(state) >> 11) + 1.0) / 9007199254740993.0; // (0, 1]
+  double u2 = (double)(ex_splitmix64(state) >> 11) / 9007199254740992.0;         // [0, 1)
+  return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+// ---- dumps ------------------------------------------------------------------------------------
+
+int ex_expand_rank(const char *path, int rank, char *out, size_t cap) {
+  size_t o = 0;
+  for (const char *s = path; *s; s++) {
+    if (s[0] == '%' && s[1] == 'r') {
+      int w = snprintf(out + o, cap - o, "%d", rank);
+      if (w < 0 || (size_t)w >= cap - o) {
+        return -1;
+      }
+      o += (size_t)w;
+      s++;
+    } else {
+      if (o + 1 >= cap) {
+        return -1;
+      }
+      out[o++] = *s;
+    }
+  }
+  out[o] = '\0';
+  return 0;
+}
+
+int ex_dump_params(const char *path, int rank, const loom_tensor_t *const *tensors, int n) {
+  char file[4096];
+  if (ex_expand_rank(path, rank, file, sizeof file)) {
+    fprintf(stderr, "%s: the dump path '%s' is too long\n", ex_prog, path);
+    return -1;
+  }
+  FILE *f = fopen(file, "wb");
+  if (!f) {
+    perror(file);
+    return -1;
+  }
+  int ok = 1;
+  for (int i = 0; i < n; i++) {
+    size_t cnt = (size_t)loom_tensor_numel(tensors[i]);
+    ok &= fwrite(tensors[i]->data, sizeof(float), cnt, f) == cnt;
+  }
+  ok &= fclose(f) == 0;
+  if (!ok) {
+    fprintf(stderr, "%s: writing %s failed\n", ex_prog, file);
+  }
+  return ok ? 0 : -1;
+}
+
+static float *read_floats(const char *path, size_t *n) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    perror(path);
+    return NULL;
+  }
+  size_t cap = 1 << 20, len = 0;
+  float *buf = malloc(cap * sizeof(float));
+  while (buf) {
+    len += fread(buf + len, sizeof(float), cap - len, f);
+    if (len < cap) {
+      break;
+    }
+    float *bigger = realloc(buf, 2 * cap * sizeof(float));
+    if (!bigger) {
+      free(buf);
+    }
+    buf = bigger;
+    cap *= 2;
+  }
+  int bad = ferror(f) || !buf || fgetc(f) != EOF; // a partial trailing float is left unread
+  fclose(f);
+  if (bad) {
+    fprintf(stderr, "%s: reading %s failed (or its size is not a multiple of 4)\n", ex_prog, path);
+    free(buf);
+    return NULL;
+  }
+  *n = len;
+  return buf;
+}
+
+int ex_compare_dumps(const char *pa, const char *pb, double rtol) {
+  size_t na = 0, nb = 0;
+  float *a = read_floats(pa, &na), *b = read_floats(pb, &nb);
+  int rc = 1;
+  if (!a || !b) {
+    goto done;
+  }
+  if (na != nb || na == 0) {
+    fprintf(stderr, "compare: %s has %zu floats, %s has %zu\n", pa, na, pb, nb);
+    goto done;
+  }
+  double sq = 0.0, worst = 0.0, maxabs = 0.0;
+  for (size_t i = 0; i < na; i++) {
+    sq += (double)a[i] * a[i];
+  }
+  double rms = sqrt(sq / (double)na);
+  size_t bad = 0, worst_i = 0;
+  for (size_t i = 0; i < na; i++) {
+    double d = fabs((double)a[i] - b[i]);
+    double scale = fmax(fmax(fabs(a[i]), fabs(b[i])), rms);
+    double rel = isfinite(d) ? d / scale : INFINITY;
+    maxabs = fmax(maxabs, d);
+    if (rel > worst || isnan(rel)) {
+      worst = rel;
+      worst_i = i;
+    }
+    if (!(rel <= rtol)) {
+      if (bad < 5) {
+        fprintf(stderr, "compare: element %zu: %.9g vs %.9g (relative %.3g > %.3g)\n", i, a[i],
+                b[i], rel, rtol);
+      }
+      bad++;
+    }
+  }
+  printf("compare: %zu floats, rms %.6g, max abs diff %.3g, max relative diff %.3g (element "
+         "%zu), %zu over rtol %.3g\n",
+         na, rms, maxabs, worst, worst_i, bad, rtol);
+  rc = bad ? 1 : 0;
+done:
+  free(a);
+  free(b);
+  return rc;
+}
+
+int ex_write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    perror(path);
+    return -1;
+  }
+  int ok = fputs(text, f) >= 0;
+  ok &= fclose(f) == 0;
+  if (!ok) {
+    fprintf(stderr, "%s: writing %s failed\n", ex_prog, path);
+  }
+  return ok ? 0 : -1;
+}

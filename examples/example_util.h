@@ -1,0 +1,64 @@
+/* example_util.h — what the example trainers share: command-line flag parsing, a seeded RNG, a
+ * fatal-error check for loom calls, raw parameter dumps and their comparison (--compare). */
+#ifndef LOOM_EXAMPLES_UTIL_H
+#define LOOM_EXAMPLES_UTIL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "loom.h"
+
+// The program name used in messages ("train_gpt"); main sets it first.
+extern const char *ex_prog;
+
+// Every loom call in a trainer is checked. A failure in the middle of training cannot be
+// recovered on one rank alone (the others would wait in the next collective), so it aborts the
+// whole job after printing the call, the status and loom's message.
+#define EX_CHECK(call)                                                                             \
+  do {                                                                                             \
+    loom_status_t ex_check_st_ = (call);                                                           \
+    if (ex_check_st_ != LOOM_OK) {                                                                 \
+      ex_fatal(__FILE__, __LINE__, #call, ex_check_st_);                                           \
+    }                                                                                              \
+  } while (0)
+void ex_fatal(const char *file, int line, const char *call, loom_status_t st);
+
+// ---- flags: "--name value" or "--name=value"
+
+// Split argv[*i] into its flag name (copied to flag) and value. Flags listed in switches (NULL
+// terminated) take no value and get *value = NULL; the others take the text after '=' or the
+// next argument (then *i advances). Returns 0, or -1 with a message in err.
+int ex_next_flag(int argc, char **argv, int *i, const char *const *switches, char *flag,
+                 size_t flagcap, const char **value, char *err, size_t errlen);
+// Parse an integer / a finite number in lo..hi for flag; -1 with a message naming the flag.
+int ex_parse_long(const char *flag, const char *v, long lo, long hi, long *out, char *err,
+                  size_t errlen);
+int ex_parse_int(const char *flag, const char *v, int lo, int hi, int *out, char *err,
+                 size_t errlen);
+int ex_parse_double(const char *flag, const char *v, double lo, double hi, double *out, char *err,
+                    size_t errlen);
+
+// ---- seeded random numbers (the same on every rank for the same seed)
+
+uint64_t ex_splitmix64(uint64_t *state);
+float ex_uniform(uint64_t *state); // [0, 1), 24 bits
+float ex_normal(uint64_t *state);  // standard normal (Box-Muller)
+
+// ---- parameter dumps
+
+// Copy path into out with every "%r" replaced by rank. Returns -1 if it does not fit.
+int ex_expand_rank(const char *path, int rank, char *out, size_t cap);
+// Write the n tensors (f32) back to back as raw little-endian floats to path (%r = rank).
+// Returns 0, or -1 after printing why.
+int ex_dump_params(const char *path, int rank, const loom_tensor_t *const *tensors, int n);
+// --compare A B: 0 when every float of A and B agrees within rtol of the larger magnitude
+// (floored at A's RMS), 1 otherwise (or when a file cannot be read); prints a summary line.
+int ex_compare_dumps(const char *pa, const char *pb, double rtol);
+
+// ---- results
+
+// fopen(path, "w"), fputs(text), fclose, with errors printed. Returns 0 or -1.
+int ex_write_text(const char *path, const char *text);
+
+#endif

@@ -1,0 +1,370 @@
+/* gpt_data.c — load a byte-level text corpus as documents, split train/validation, and cut
+ * packed varlen batches (rows of ctx tokens, sequences split at document starts). */
+#define _POSIX_C_SOURCE 200809L // strdup, fileno, directory listing
+#include "gpt_data.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "example_util.h"
+
+// ---- reading files ----------------------------------------------------------------------------
+
+// A growing list of documents as (offset, length) into one byte buffer.
+typedef struct docs {
+  uint8_t *bytes;
+  int64_t len, cap;
+  int64_t *off, *n; // (count)
+  int64_t count, cap_docs;
+} docs_t;
+
+static int docs_add(docs_t *d, const uint8_t *p, int64_t n) {
+  if (n <= 0) {
+    return 0;
+  }
+  if (d->len + n > d->cap) {
+    int64_t cap = d->cap ? d->cap : 1 << 20;
+    while (cap < d->len + n) {
+      cap *= 2;
+    }
+    uint8_t *b = realloc(d->bytes, (size_t)cap);
+    if (!b) {
+      return -1;
+    }
+    d->bytes = b;
+    d->cap = cap;
+  }
+  if (d->count == d->cap_docs) {
+    int64_t cap = d->cap_docs ? 2 * d->cap_docs : 1024;
+    int64_t *o = realloc(d->off, (size_t)cap * sizeof *o);
+    if (!o) {
+      return -1;
+    }
+    d->off = o;
+    int64_t *m = realloc(d->n, (size_t)cap * sizeof *m);
+    if (!m) {
+      return -1;
+    }
+    d->n = m;
+    d->cap_docs = cap;
+  }
+  memcpy(d->bytes + d->len, p, (size_t)n);
+  d->off[d->count] = d->len;
+  d->n[d->count] = n;
+  d->count++;
+  d->len += n;
+  return 0;
+}
+
+static void docs_free(docs_t *d) {
+  free(d->bytes);
+  free(d->off);
+  free(d->n);
+  memset(d, 0, sizeof *d);
+}
+
+// Split buf at lines holding only "%" (with or without a trailing '\r').
+static int split_documents(docs_t *d, const uint8_t *buf, int64_t n) {
+  int64_t doc = 0, line = 0;
+  while (line < n) {
+    const uint8_t *nl = memchr(buf + line, '\n', (size_t)(n - line));
+    int64_t end = nl ? (int64_t)(nl - buf) + 1 : n; // one past the line's newline
+    int64_t body = end - line - (nl ? 1 : 0);
+    if (body > 0 && buf[line + body - 1] == '\r') {
+      body--;
+    }
+    if (body == 1 && buf[line] == '%') {
+      if (docs_add(d, buf + doc, line - doc)) {
+        return -1;
+      }
+      doc = end;
+    }
+    line = end;
+  }
+  return docs_add(d, buf + doc, n - doc);
+}
+
+static int read_file(docs_t *d, const char *path, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > GPT_MAX_FILE) {
+    snprintf(err, errlen, "%s is not a regular file of at most %ld bytes", path, GPT_MAX_FILE);
+    fclose(f);
+    return -1;
+  }
+  uint8_t *buf = malloc((size_t)st.st_size + 1);
+  size_t got = buf ? fread(buf, 1, (size_t)st.st_size, f) : 0;
+  int bad = !buf || ferror(f) || got != (size_t)st.st_size;
+  fclose(f);
+  if (bad) {
+    snprintf(err, errlen, "reading %s failed%s", path, buf ? "" : ": out of memory");
+    free(buf);
+    return -1;
+  }
+  int rc = split_documents(d, buf, (int64_t)got);
+  free(buf);
+  if (rc) {
+    snprintf(err, errlen, "out of memory reading %s", path);
+  }
+  return rc;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && !strcmp(s + n - m, suffix);
+}
+
+static int cmp_names(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+// Every regular file of dir in name order (not hidden, not .dat/.u8).
+static int read_dir(docs_t *d, const char *dir, int *files, char *err, size_t errlen) {
+  DIR *dh = opendir(dir);
+  if (!dh) {
+    snprintf(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
+    return -1;
+  }
+  char **names = NULL;
+  size_t n = 0, cap = 0;
+  int rc = 0;
+  for (struct dirent *e; (e = readdir(dh)) != NULL;) {
+    if (e->d_name[0] == '.' || ends_with(e->d_name, ".dat") || ends_with(e->d_name, ".u8")) {
+      continue;
+    }
+    if (n == cap) {
+      cap = cap ? 2 * cap : 64;
+      char **more = realloc(names, cap * sizeof *names);
+      if (!more) {
+        rc = -1;
+        break;
+      }
+      names = more;
+    }
+    if (!(names[n] = strdup(e->d_name))) {
+      rc = -1;
+      break;
+    }
+    n++;
+  }
+  closedir(dh);
+  if (rc) {
+    snprintf(err, errlen, "out of memory listing %s", dir);
+  } else if (n) {
+    qsort(names, n, sizeof *names, cmp_names);
+  }
+  for (size_t i = 0; i < n && !rc; i++) {
+    char path[4096];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
+      continue; // subdirectories (fortunes' "off") and dangling links
+    }
+    rc = read_file(d, path, err, errlen);
+    *files += !rc;
+  }
+  for (size_t i = 0; i < n; i++) {
+    free(names[i]);
+  }
+  free(names);
+  return rc;
+}
+
+// ---- streams ----------------------------------------------------------------------------------
+
+static int build_stream(gpt_stream_t *s, const docs_t *d, const int64_t *order, int64_t first,
+                        int64_t last) {
+  int64_t len = 1;
+  for (int64_t i = first; i < last; i++) {
+    len += 1 + d->n[order[i]];
+  }
+  s->tokens = malloc((size_t)len);
+  s->doc_starts = malloc((size_t)(last - first) * sizeof(int64_t) + 1);
+  if (!s->tokens || !s->doc_starts) {
+    return -1;
+  }
+  int64_t o = 0;
+  for (int64_t i = first; i < last; i++) {
+    s->doc_starts[i - first] = o;
+    s->tokens[o++] = GPT_DOC_START;
+    memcpy(s->tokens + o, d->bytes + d->off[order[i]], (size_t)d->n[order[i]]);
+    o += d->n[order[i]];
+  }
+  s->tokens[o++] = GPT_DOC_START;
+  s->len = o;
+  s->docs = last - first;
+  return 0;
+}
+
+static void stream_free(gpt_stream_t *s) {
+  free(s->tokens);
+  free(s->doc_starts);
+  memset(s, 0, sizeof *s);
+}
+
+static double unigram_entropy(const gpt_stream_t *s) {
+  int64_t count[256] = {0};
+  for (int64_t i = 1; i < s->len; i++) { // the targets: every token but the first
+    count[s->tokens[i]]++;
+  }
+  double h = 0.0, n = (double)(s->len - 1);
+  for (int b = 0; b < 256; b++) {
+    if (count[b]) {
+      double p = (double)count[b] / n;
+      h -= p * log(p);
+    }
+  }
+  return h;
+}
+
+int gpt_corpus_load(const char *const *paths, int npaths, double val_frac, uint64_t seed,
+                    gpt_corpus_t *c, char *err, size_t errlen) {
+  memset(c, 0, sizeof *c);
+  docs_t d = {0};
+  int rc = 0;
+  for (int i = 0; i < npaths && !rc; i++) {
+    struct stat st;
+    if (stat(paths[i], &st) != 0) {
+      if (!strcmp(paths[i], GPT_DEFAULT_DATA)) {
+        snprintf(err, errlen,
+                 "the default corpus %s is missing: install the Debian package 'fortunes' "
+                 "(apt-get install fortunes) or give text files with --data",
+                 GPT_DEFAULT_DATA);
+      } else {
+        snprintf(err, errlen, "--data %s: %s", paths[i], strerror(errno));
+      }
+      rc = -1;
+    } else if (S_ISDIR(st.st_mode)) {
+      rc = read_dir(&d, paths[i], &c->files, err, errlen);
+    } else {
+      rc = read_file(&d, paths[i], err, errlen);
+      c->files += !rc;
+    }
+  }
+  if (!rc && d.count < 2) {
+    snprintf(err, errlen,
+             "the corpus has %lld non-empty document(s); at least 2 are needed (one to train, one "
+             "to validate): give more text with --data",
+             (long long)d.count);
+    rc = -1;
+  }
+  int64_t *order = rc ? NULL : malloc((size_t)d.count * sizeof *order);
+  if (!rc && !order) {
+    snprintf(err, errlen, "out of memory");
+    rc = -1;
+  }
+  if (!rc) {
+    for (int64_t i = 0; i < d.count; i++) {
+      order[i] = i;
+    }
+    uint64_t state = seed ^ 0x5eed0fda7aull;
+    for (int64_t i = d.count - 1; i > 0; i--) { // Fisher-Yates
+      int64_t j = (int64_t)(ex_splitmix64(&state) % (uint64_t)(i + 1));
+      int64_t t = order[i];
+      order[i] = order[j];
+      order[j] = t;
+    }
+    int64_t nval = (int64_t)ceil(val_frac * (double)d.count);
+    nval = nval < 1 ? 1 : (nval > d.count - 1 ? d.count - 1 : nval);
+    if (build_stream(&c->train, &d, order, 0, d.count - nval) ||
+        build_stream(&c->val, &d, order, d.count - nval, d.count)) {
+      snprintf(err, errlen, "out of memory");
+      rc = -1;
+    }
+  }
+  free(order);
+  docs_free(&d);
+  if (rc) {
+    gpt_corpus_free(c);
+    return -1;
+  }
+  c->unigram_entropy = unigram_entropy(&c->train);
+  return 0;
+}
+
+void gpt_corpus_free(gpt_corpus_t *c) {
+  stream_free(&c->train);
+  stream_free(&c->val);
+}
+
+int64_t gpt_rows(const gpt_stream_t *s, int ctx) {
+  return ctx > 0 ? (s->len - 1) / ctx : 0;
+}
+
+// ---- batches ----------------------------------------------------------------------------------
+
+loom_status_t gpt_batch_alloc(gpt_batch_t *b, int cap_rows, int ctx) {
+  memset(b, 0, sizeof *b);
+  b->cap_rows = cap_rows;
+  b->ctx = ctx;
+  size_t n = (size_t)cap_rows * (size_t)ctx + 1;
+  b->buf = loom_host_alloc(4 * n * sizeof(int32_t));
+  return b->buf ? LOOM_OK : LOOM_ERR_NOMEM;
+}
+
+void gpt_batch_free(gpt_batch_t *b) {
+  loom_host_free(b->buf);
+  memset(b, 0, sizeof *b);
+}
+
+// First index i with starts[i] >= x (starts increasing).
+static int64_t lower_bound(const int64_t *starts, int64_t n, int64_t x) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (starts[mid] < x) {
+      lo = mid + 1;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+void gpt_batch_fill(gpt_batch_t *b, const gpt_stream_t *s, int64_t first_row, int nrows) {
+  const int ctx = b->ctx;
+  const int64_t rows = gpt_rows(s, ctx);
+  const size_t n = (size_t)b->cap_rows * (size_t)ctx + 1;
+  int32_t *tok = b->buf, *tgt = tok + n, *pos = tgt + n, *cu = pos + n;
+  int nseq = 0;
+  int64_t pairs = 0;
+  cu[0] = 0;
+  for (int r = 0; r < nrows; r++) {
+    int64_t row = (first_row + r) % rows, base = row * ctx, o = (int64_t)r * ctx;
+    int64_t next = lower_bound(s->doc_starts, s->docs, base + 1); // doc starts inside the row
+    int64_t seq_begin = 0;
+    for (int64_t t = 0; t < ctx; t++) {
+      if (t > 0 && next < s->docs && s->doc_starts[next] == base + t) {
+        int64_t len = t - seq_begin;
+        pairs += len * (len + 1) / 2;
+        cu[++nseq] = (int32_t)(o + t);
+        seq_begin = t;
+        next++;
+      }
+      tok[o + t] = s->tokens[base + t];
+      tgt[o + t] = s->tokens[base + t + 1];
+      pos[o + t] = (int32_t)(t - seq_begin);
+    }
+    int64_t len = ctx - seq_begin;
+    pairs += len * (len + 1) / 2;
+    cu[++nseq] = (int32_t)(o + ctx);
+  }
+  b->total = (int64_t)nrows * ctx;
+  b->nseq = nseq;
+  b->attn_pairs = pairs;
+  int64_t shape = nseq + 1;
+  loom_tensor_wrap(&b->cu, cu, LOOM_I32, LOOM_DEVICE_HOST, 1, &shape, "cu_seqlens");
+  shape = b->total;
+  loom_tensor_wrap(&b->tokens, tok, LOOM_I32, LOOM_DEVICE_HOST, 1, &shape, "tokens");
+  loom_tensor_wrap(&b->target, tgt, LOOM_I32, LOOM_DEVICE_HOST, 1, &shape, "targets");
+  loom_tensor_wrap(&b->pos, pos, LOOM_I32, LOOM_DEVICE_HOST, 1, &shape, "positions");
+}

@@ -1,0 +1,105 @@
+/* gpt_model.h — the byte-level GPT of train_gpt on loom's ops: pre-LayerNorm blocks with
+ * padding-free causal attention over packed sequences, forward, backward per unit, AdamW. */
+#ifndef LOOM_EXAMPLES_GPT_MODEL_H
+#define LOOM_EXAMPLES_GPT_MODEL_H
+
+#include <stdint.h>
+
+#include "loom.h"
+
+typedef struct gpt_config {
+  int layers; // L
+  int width;  // C (model width)
+  int heads;  // H; head size D = C / H
+  int ctx;    // T: longest sequence, rows of the position table
+  int vocab;  // V: 256 for bytes
+} gpt_config_t;
+
+// Parameters of one block, in memory order (weights are (out, in) as in torch.nn.Linear).
+enum gpt_block_param {
+  GPT_LN1_W,
+  GPT_LN1_B, // (C) (C)
+  GPT_WQ,
+  GPT_BQ, // (C, C) (C)
+  GPT_WK,
+  GPT_BK, // (C, C) (C)
+  GPT_WV,
+  GPT_BV, // (C, C) (C)
+  GPT_WO,
+  GPT_BO, // (C, C) (C) attention output projection
+  GPT_LN2_W,
+  GPT_LN2_B, // (C) (C)
+  GPT_FC1_W,
+  GPT_FC1_B, // (4C, C) (4C)
+  GPT_FC2_W,
+  GPT_FC2_B, // (C, 4C) (C)
+  GPT_BLOCK_PARAMS
+};
+
+// A unit is what one backward task computes and one allreduce averages: unit 0 the embeddings
+// (wte (V, C), wpe (T, C)), units 1..L the blocks, unit L+1 the head (final LayerNorm (C) (C),
+// lm_head (V, C), not tied to wte). The gradients of a unit are one contiguous buffer.
+typedef struct gpt_model {
+  gpt_config_t cfg;
+  int nparams;                 // tensors: 2 + 16 L + 3
+  int nunits;                  // L + 2
+  loom_tensor_t *param, *grad; // (nparams) views of flat buffers, in unit order
+  loom_tensor_t *m, *v;        // (nparams) AdamW moments
+  loom_tensor_t *unit_grad;    // (nunits) the gradients of a unit as one 1-d view
+  int *unit_first;             // (nunits + 1) tensor index range of each unit
+  float *flat[4];              // param, grad, m, v: total floats each
+  int64_t total;               // parameters
+  int64_t matmul_params;       // parameters that multiply activations: 12 L C^2 + V C
+} gpt_model_t;
+
+// Saved activations of the last forward, with room for cap tokens.
+typedef struct gpt_layer_acts {
+  loom_tensor_t ln1, ln1_mean, ln1_rstd; // (N, C) (N) (N)
+  loom_tensor_t q, k, v, att;            // (N, C) each, read as (N, H, D)
+  loom_tensor_t lse;                     // (H, N)
+  loom_tensor_t xmid;                    // (N, C) x + attention
+  loom_tensor_t ln2, ln2_mean, ln2_rstd; // (N, C) (N) (N)
+  loom_tensor_t fc, h;                   // (N, 4C) before and after GELU
+} gpt_layer_acts_t;
+
+typedef struct gpt_acts {
+  int64_t cap, n;                        // rows allocated; rows of the last forward
+  loom_tensor_t *x;                      // (L + 1) x (N, C): the input of block l; x[L] the last
+  gpt_layer_acts_t *layer;               // (L)
+  loom_tensor_t lnf, lnf_mean, lnf_rstd; // (N, C) (N) (N)
+  loom_tensor_t logits, losses;          // (N, V) (N); logits become dlogits in the backward
+  loom_tensor_t dres, dtmp, dy;          // (N, C) backward scratch; dres is d x[l]
+  loom_tensor_t dq, dk, dv;              // (N, C)
+  loom_tensor_t dfc;                     // (N, 4C)
+  loom_tensor_t tokens, pos, target, cu; // views of the batch of the last forward
+} gpt_acts_t;
+
+// Allocate the model and its zeroed gradients and moments. LOOM_ERR_INVALID_ARG when the width
+// does not divide by the heads.
+loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg);
+void gpt_model_free(gpt_model_t *m);
+// GPT-2 initialisation from seed (the same numbers on every rank): weights N(0, 0.02), the two
+// residual projections N(0, 0.02 / sqrt(2 L)), biases 0, LayerNorm weights 1.
+void gpt_model_init(gpt_model_t *m, uint64_t seed);
+loom_status_t gpt_acts_alloc(gpt_acts_t *a, const gpt_config_t *cfg, int64_t cap);
+void gpt_acts_free(gpt_acts_t *a, const gpt_config_t *cfg);
+
+// Forward over n packed tokens (tokens, pos, targets: (n) i32; cu (nseq + 1) i32 offsets).
+// targets may be NULL (generation: logits only). *loss receives the mean cross-entropy.
+// s (may be NULL) is polled between blocks so that communication progresses.
+loom_status_t gpt_forward(const gpt_model_t *m, gpt_acts_t *a, const loom_tensor_t *tokens,
+                          const loom_tensor_t *pos, const loom_tensor_t *targets,
+                          const loom_tensor_t *cu, float *loss, loom_sched_t *s);
+// The backward of unit u of the last forward (with targets): u = L+1 first, then L .. 1, then 0.
+// Overwrites the unit's gradients (the mean over the forward's tokens) and leaves d x in a->dres
+// for the next unit. s (may be NULL) is polled between the big products.
+loom_status_t gpt_backward_unit(gpt_model_t *m, gpt_acts_t *a, int u, loom_sched_t *s);
+// AdamW on the tensors of unit u (weight decay on the 2-d weights only).
+loom_status_t gpt_update_unit(gpt_model_t *m, int u, const loom_adamw_t *hp);
+
+// Append up to count sampled bytes to text (which holds *len bytes, room for cap) with the
+// model's next-byte distribution at temperature temp, seeded. Stops early at a document start.
+loom_status_t gpt_generate(const gpt_model_t *m, gpt_acts_t *a, uint8_t *text, int *len, int cap,
+                           int count, float temp, uint64_t seed);
+
+#endif

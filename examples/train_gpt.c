@@ -1,0 +1,725 @@
+/* train_gpt.c — data-parallel byte-level GPT on a text corpus (Debian fortunes by default):
+ * documents packed without padding into cu_seqlens batches, gradients overlapped with backward. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "example_util.h"
+#include "gpt_data.h"
+#include "gpt_model.h"
+#include "loom.h"
+
+#define MAX_DATA 64
+
+// ---- options ------------------------------------------------------------------------------------
+
+typedef enum sync_mode { SYNC_OVERLAP, SYNC_FUSED, SYNC_NONE, SYNC_COMM_ONLY } sync_mode_t;
+static const char *const sync_names[] = {"overlap", "fused", "none", "comm-only"};
+
+typedef struct opts {
+  gpt_config_t cfg;
+  int batch;  // rows of ctx tokens per rank per step
+  long steps; // optimizer steps
+  double lr, min_lr_frac, wd, beta1, beta2, adam_eps, clip;
+  long warmup;
+  long seed;
+  const char *data[MAX_DATA];
+  int ndata;
+  double val_frac;
+  long val_every;
+  int val_rows;
+  long log_every;
+  int sample;         // bytes generated at the end (0: none)
+  double temperature; // of the sample
+  const char *json, *dump;
+  const char *cmp[2];
+  double rtol;
+  sync_mode_t sync;
+  int help;
+} opts_t;
+
+static void usage(FILE *out) {
+  fprintf(
+      out,
+      "usage: mpirun -np N train_gpt [flags]\n"
+      "Data-parallel byte-level GPT (pre-LayerNorm, learned positions, GELU MLP, untied head),\n"
+      "AdamW with warmup and cosine decay. Documents are packed without padding: each step\n"
+      "every rank takes --batch rows of --ctx tokens, a row holds several documents and the\n"
+      "attention of each stays inside its own document (variable-length attention over\n"
+      "cu_seqlens). The rows of step s are the same whatever N is, so N ranks with --batch B\n"
+      "train exactly like 1 rank with --batch N*B.\n"
+      "\n"
+      "model\n"
+      "  --layers N          transformer blocks (default 4)\n"
+      "  --width N           model width C (default 256)\n"
+      "  --heads N           attention heads, must divide the width (default 4)\n"
+      "  --ctx N             row length in tokens, the longest sequence (default 256)\n"
+      "training\n"
+      "  --batch N           rows per rank per step (default 8)\n"
+      "  --steps N           optimizer steps (default 300)\n"
+      "  --lr X              peak learning rate (default 0.001)\n"
+      "  --min-lr-frac X     cosine decay ends at X * lr (default 0.1)\n"
+      "  --warmup N          linear warmup steps (default 30)\n"
+      "  --weight-decay X    AdamW decoupled weight decay on 2-d weights (default 0.1)\n"
+      "  --beta1 X, --beta2 X  AdamW moment decay (default 0.9, 0.95)\n"
+      "  --adam-eps X        AdamW denominator guard (default 1e-8)\n"
+      "  --clip X            clip the global gradient norm to X, 0 = off (default 1)\n"
+      "  --seed N            weight init, document shuffle and sampling (default 42)\n"
+      "data\n"
+      "  --data PATH         a text file or a directory of them; repeat for more (default %s,\n"
+      "                      Debian package fortunes). Documents are separated by lines that\n"
+      "                      hold only %%; a file without such lines is one document\n"
+      "  --val-frac X        fraction of the documents held out for validation (default 0.05)\n"
+      "  --val-every N       validation loss every N steps, 0 = only at the end (default 100)\n"
+      "  --val-rows N        validation rows of --ctx tokens (default 32)\n"
+      "output\n"
+      "  --log-every N       a progress line every N steps (default 10)\n"
+      "  --sample N          bytes of text generated at the end by rank 0, 0 = none (default 200)\n"
+      "  --temperature X     sampling temperature (default 0.8)\n"
+      "  --json FILE         final numbers as JSON (rank 0)\n"
+      "  --dump-params FILE  every parameter as raw f32 at the end (rank 0, or every rank\n"
+      "                      when FILE contains %%r)\n"
+      "  --compare A B       compare two dumps without MPI: exit 0 when every element agrees\n"
+      "                      within --rtol (default 1e-5), 1 otherwise\n"
+      "gradient synchronisation\n"
+      "  --sync MODE         overlap: each unit's allreduce starts when its backward is done and\n"
+      "                      its AdamW waits only on it (default); fused: one fused allreduce\n"
+      "                      after the backward; none: no averaging (timing the compute alone;\n"
+      "                      replicas diverge); comm-only: only the allreduces, no compute\n"
+      "                      (timing the communication alone)\n"
+      "  --no-overlap        the same as --sync fused\n"
+      "  --help              this text\n"
+      "Flags take their value as the next argument or after '='. Bad flags exit 2.\n"
+      "Tokens/s counts training tokens of all ranks, validation excluded. MFU = achieved\n"
+      "FLOP/s per rank / the sgemm rate of one rank measured at start (same BLAS threads), with\n"
+      "6 FLOPs per token per matmul parameter (12 L C^2 + 256 C); mfu_attn adds the causal\n"
+      "attention pairs actually computed.\n",
+      GPT_DEFAULT_DATA);
+}
+
+static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen) {
+  *o = (opts_t){.cfg = {.layers = 4, .width = 256, .heads = 4, .ctx = 256, .vocab = 256},
+                .batch = 8,
+                .steps = 300,
+                .lr = 1e-3,
+                .min_lr_frac = 0.1,
+                .wd = 0.1,
+                .beta1 = 0.9,
+                .beta2 = 0.95,
+                .adam_eps = 1e-8,
+                .clip = 1.0,
+                .warmup = 30,
+                .seed = 42,
+                .val_frac = 0.05,
+                .val_every = 100,
+                .val_rows = 32,
+                .log_every = 10,
+                .sample = 200,
+                .temperature = 0.8,
+                .rtol = 1e-5};
+  static const char *const switches[] = {"--help", "--no-overlap", "--compare", NULL};
+  for (int i = 1; i < argc; i++) {
+    char flag[64];
+    const char *v = NULL;
+    if (ex_next_flag(argc, argv, &i, switches, flag, sizeof flag, &v, err, errlen)) {
+      return -1;
+    }
+    int rc = 0;
+    if (!strcmp(flag, "--help")) {
+      o->help = 1;
+    } else if (!strcmp(flag, "--no-overlap")) {
+      o->sync = SYNC_FUSED;
+    } else if (!strcmp(flag, "--compare")) {
+      if (i + 2 >= argc) {
+        snprintf(err, errlen, "--compare wants two files: --compare A B");
+        return -1;
+      }
+      o->cmp[0] = argv[++i];
+      o->cmp[1] = argv[++i];
+    } else if (!strcmp(flag, "--layers")) {
+      rc = ex_parse_int(flag, v, 1, 64, &o->cfg.layers, err, errlen);
+    } else if (!strcmp(flag, "--width")) {
+      rc = ex_parse_int(flag, v, 1, 8192, &o->cfg.width, err, errlen);
+    } else if (!strcmp(flag, "--heads")) {
+      rc = ex_parse_int(flag, v, 1, 256, &o->cfg.heads, err, errlen);
+    } else if (!strcmp(flag, "--ctx")) {
+      rc = ex_parse_int(flag, v, 2, 65536, &o->cfg.ctx, err, errlen);
+    } else if (!strcmp(flag, "--batch")) {
+      rc = ex_parse_int(flag, v, 1, 65536, &o->batch, err, errlen);
+    } else if (!strcmp(flag, "--steps")) {
+      rc = ex_parse_long(flag, v, 1, 1L << 40, &o->steps, err, errlen);
+    } else if (!strcmp(flag, "--lr")) {
+      rc = ex_parse_double(flag, v, 0.0, 10.0, &o->lr, err, errlen);
+    } else if (!strcmp(flag, "--min-lr-frac")) {
+      rc = ex_parse_double(flag, v, 0.0, 1.0, &o->min_lr_frac, err, errlen);
+    } else if (!strcmp(flag, "--warmup")) {
+      rc = ex_parse_long(flag, v, 0, 1L << 40, &o->warmup, err, errlen);
+    } else if (!strcmp(flag, "--weight-decay")) {
+      rc = ex_parse_double(flag, v, 0.0, 10.0, &o->wd, err, errlen);
+    } else if (!strcmp(flag, "--beta1")) {
+      rc = ex_parse_double(flag, v, 0.0, 0.999999, &o->beta1, err, errlen);
+    } else if (!strcmp(flag, "--beta2")) {
+      rc = ex_parse_double(flag, v, 0.0, 0.999999, &o->beta2, err, errlen);
+    } else if (!strcmp(flag, "--adam-eps")) {
+      rc = ex_parse_double(flag, v, 0.0, 1.0, &o->adam_eps, err, errlen);
+    } else if (!strcmp(flag, "--clip")) {
+      rc = ex_parse_double(flag, v, 0.0, 1e30, &o->clip, err, errlen);
+    } else if (!strcmp(flag, "--seed")) {
+      rc = ex_parse_long(flag, v, 0, 0x7fffffffL, &o->seed, err, errlen);
+    } else if (!strcmp(flag, "--data")) {
+      if (o->ndata == MAX_DATA) {
+        snprintf(err, errlen, "--data: at most %d paths (give directories instead)", MAX_DATA);
+        return -1;
+      }
+      o->data[o->ndata++] = v;
+    } else if (!strcmp(flag, "--val-frac")) {
+      rc = ex_parse_double(flag, v, 1e-6, 0.5, &o->val_frac, err, errlen);
+    } else if (!strcmp(flag, "--val-every")) {
+      rc = ex_parse_long(flag, v, 0, 1L << 40, &o->val_every, err, errlen);
+    } else if (!strcmp(flag, "--val-rows")) {
+      rc = ex_parse_int(flag, v, 1, 1 << 20, &o->val_rows, err, errlen);
+    } else if (!strcmp(flag, "--log-every")) {
+      rc = ex_parse_long(flag, v, 1, 1L << 40, &o->log_every, err, errlen);
+    } else if (!strcmp(flag, "--sample")) {
+      rc = ex_parse_int(flag, v, 0, 1 << 20, &o->sample, err, errlen);
+    } else if (!strcmp(flag, "--temperature")) {
+      rc = ex_parse_double(flag, v, 0.01, 100.0, &o->temperature, err, errlen);
+    } else if (!strcmp(flag, "--json")) {
+      o->json = v;
+    } else if (!strcmp(flag, "--dump-params")) {
+      o->dump = v;
+    } else if (!strcmp(flag, "--rtol")) {
+      rc = ex_parse_double(flag, v, 0.0, 1.0, &o->rtol, err, errlen);
+    } else if (!strcmp(flag, "--sync")) {
+      int k = 0;
+      while (k < 4 && strcmp(v, sync_names[k])) {
+        k++;
+      }
+      if (k == 4) {
+        snprintf(err, errlen, "--sync wants overlap, fused, none or comm-only, got '%s'", v);
+        rc = -1;
+      }
+      o->sync = (sync_mode_t)k;
+    } else {
+      snprintf(err, errlen, "unknown flag '%s' (see --help)", flag);
+      rc = -1;
+    }
+    if (rc) {
+      return -1;
+    }
+  }
+  if (o->cfg.width % o->cfg.heads) {
+    snprintf(err, errlen, "--width %d does not divide by --heads %d: pick heads that divide it",
+             o->cfg.width, o->cfg.heads);
+    return -1;
+  }
+  if ((int64_t)o->batch * o->cfg.ctx > (1 << 30)) {
+    snprintf(err, errlen, "--batch * --ctx is over 2^30 tokens per rank: make one smaller");
+    return -1;
+  }
+  if (o->ndata == 0) {
+    o->data[o->ndata++] = GPT_DEFAULT_DATA;
+  }
+  return 0;
+}
+
+// ---- the step as a task graph -------------------------------------------------------------------
+
+typedef struct step {
+  const opts_t *o;
+  gpt_model_t *m;
+  gpt_acts_t *a;
+  gpt_batch_t *b;
+  const gpt_corpus_t *corpus;
+  const loom_group_t *dp;
+  loom_sched_t *s;
+  int64_t first_row; // this rank's first row of the step
+  float loss;        // this rank's mean loss, then (allreduce) the mean over ranks
+  loom_tensor_t loss_t;
+  loom_tensor_t **grads; // (nunits) every unit's gradient, for the norm
+  float norm;            // of the averaged gradient (measured when clip is 0 too)
+  loom_adamw_t hp;
+} step_t;
+
+typedef struct unit_arg {
+  step_t *st;
+  int u;
+} unit_arg_t;
+
+static loom_status_t task_forward(void *arg) {
+  step_t *st = arg;
+  gpt_batch_fill(st->b, &st->corpus->train, st->first_row, st->o->batch);
+  return gpt_forward(st->m, st->a, &st->b->tokens, &st->b->pos, &st->b->target, &st->b->cu,
+                     &st->loss, st->s);
+}
+
+static loom_status_t task_loss_allreduce(void *arg, loom_request_t **req) {
+  step_t *st = arg;
+  return loom_iallreduce(st->dp, &st->loss_t, &st->loss_t, LOOM_AVG, req);
+}
+
+static loom_status_t task_backward(void *arg) {
+  const unit_arg_t *ua = arg;
+  return gpt_backward_unit(ua->st->m, ua->st->a, ua->u, ua->st->s);
+}
+
+static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
+  const unit_arg_t *ua = arg;
+  loom_tensor_t *g = &ua->st->m->unit_grad[ua->u];
+  return loom_iallreduce(ua->st->dp, g, g, LOOM_AVG, req);
+}
+
+static loom_status_t task_clip(void *arg) {
+  step_t *st = arg;
+  return loom_clip_grad_norm(st->grads, st->m->nunits, (float)st->o->clip, &st->norm);
+}
+
+static loom_status_t task_update(void *arg) {
+  const unit_arg_t *ua = arg;
+  return gpt_update_unit(ua->st->m, ua->u, &ua->st->hp);
+}
+
+static void add_task(loom_sched_t *s, const char *name, loom_lane_t lane, int prio,
+                     loom_status_t (*run)(void *),
+                     loom_status_t (*start)(void *, loom_request_t **), void *arg, size_t bytes,
+                     int *id) {
+  loom_task_desc_t d = {.name = name,
+                        .lane = lane,
+                        .priority = prio,
+                        .run = run,
+                        .start = start,
+                        .arg = arg,
+                        .bytes = bytes};
+  EX_CHECK(loom_sched_add(s, &d, id));
+}
+
+static void unit_name(const gpt_model_t *m, const char *what, int u, char *out, size_t cap) {
+  if (u == 0) {
+    snprintf(out, cap, "%s.embed", what);
+  } else if (u == m->nunits - 1) {
+    snprintf(out, cap, "%s.head", what);
+  } else {
+    snprintf(out, cap, "%s.h%d", what, u - 1);
+  }
+}
+
+// The step: forward; backward of the head, the blocks last to first, then the embeddings; each
+// unit's gradient allreduce as soon as its backward is done (sync overlap); the gradient norm
+// (and clip) over every averaged gradient; each unit's AdamW after its own allreduce (and after
+// the clip when clipping). Backward outranks the updates, so the compute lane finishes the
+// backward while the allreduces fly. --sync none leaves the allreduces out; --sync comm-only
+// keeps only them.
+static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua) {
+  enum { PRIO_FORWARD = 30, PRIO_BACKWARD = 20, PRIO_CLIP = 10, PRIO_UPDATE = 0 };
+  const gpt_model_t *m = st->m;
+  const int U = m->nunits;
+  const sync_mode_t mode = st->o->sync;
+  int fwd = -1, loss, prev = -1, clip = -1, id;
+  int *ar = malloc((size_t)U * sizeof *ar);
+  if (!ar) {
+    fprintf(stderr, "%s: out of memory\n", ex_prog);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  char name[64];
+  if (mode != SYNC_COMM_ONLY) {
+    add_task(s, "forward", LOOM_LANE_COMPUTE, PRIO_FORWARD, task_forward, NULL, st, 0, &fwd);
+    add_task(s, "allreduce.loss", LOOM_LANE_COMM, 0, NULL, task_loss_allreduce, st, sizeof(float),
+             &loss);
+    EX_CHECK(loom_sched_depend(s, loss, fwd));
+    prev = fwd;
+  }
+  for (int u = U - 1; u >= 0; u--) {
+    ua[u] = (unit_arg_t){.st = st, .u = u};
+    int bwd = -1;
+    ar[u] = -1;
+    if (mode != SYNC_COMM_ONLY) {
+      unit_name(m, "backward", u, name, sizeof name);
+      add_task(s, name, LOOM_LANE_COMPUTE, PRIO_BACKWARD, task_backward, NULL, &ua[u], 0, &bwd);
+      EX_CHECK(loom_sched_depend(s, bwd, prev));
+      prev = bwd;
+    }
+    if (mode != SYNC_NONE) {
+      unit_name(m, "allreduce", u, name, sizeof name);
+      add_task(s, name, LOOM_LANE_COMM, 0, NULL, task_grad_allreduce, &ua[u],
+               loom_tensor_bytes(&m->unit_grad[u]), &ar[u]);
+      if (bwd >= 0) {
+        EX_CHECK(loom_sched_depend(s, ar[u], bwd));
+      }
+    }
+  }
+  if (mode != SYNC_COMM_ONLY) {
+    add_task(s, st->o->clip > 0 ? "clip_grad_norm" : "grad_norm", LOOM_LANE_COMPUTE, PRIO_CLIP,
+             task_clip, NULL, st, 0, &clip);
+    for (int u = 0; u < U; u++) {
+      EX_CHECK(loom_sched_depend(s, clip, ar[u] >= 0 ? ar[u] : prev));
+    }
+    for (int u = U - 1; u >= 0; u--) {
+      unit_name(m, "adamw", u, name, sizeof name);
+      add_task(s, name, LOOM_LANE_COMPUTE, PRIO_UPDATE, task_update, NULL, &ua[u], 0, &id);
+      EX_CHECK(loom_sched_depend(s, id, ar[u] >= 0 ? ar[u] : prev));
+      if (st->o->clip > 0) {
+        EX_CHECK(loom_sched_depend(s, id, clip));
+      }
+    }
+  }
+  free(ar);
+}
+
+// The same step without the scheduler: forward, whole backward, one fused allreduce of every
+// gradient and the loss, clip, AdamW.
+static void fused_step(step_t *st, loom_fusion_t *fusion, loom_tensor_t **reduce) {
+  gpt_model_t *m = st->m;
+  EX_CHECK(task_forward(st));
+  for (int u = m->nunits - 1; u >= 0; u--) {
+    EX_CHECK(gpt_backward_unit(m, st->a, u, NULL));
+  }
+  EX_CHECK(loom_fusion_allreduce(fusion, reduce, m->nunits + 1, LOOM_AVG));
+  EX_CHECK(task_clip(st));
+  for (int u = m->nunits - 1; u >= 0; u--) {
+    EX_CHECK(gpt_update_unit(m, u, &st->hp));
+  }
+}
+
+// ---- evaluation, rates --------------------------------------------------------------------------
+
+// Mean loss over the first val_rows rows of the validation stream: rank r takes rows r, r + N,
+// ...; loss sums and token counts are summed over the DP group.
+static float validate(const opts_t *o, const gpt_model_t *m, gpt_acts_t *a, gpt_batch_t *vb,
+                      const gpt_stream_t *val, const loom_group_t *dp) {
+  const int np = loom_group_size(dp), rank = loom_group_rank(dp);
+  int64_t rows = gpt_rows(val, o->cfg.ctx);
+  rows = rows < o->val_rows ? rows : o->val_rows;
+  double sums[2] = {0.0, 0.0}; // loss * tokens, tokens
+  for (int64_t r = rank; r < rows; r += np) {
+    float loss = 0.0f;
+    gpt_batch_fill(vb, val, r, 1);
+    EX_CHECK(gpt_forward(m, a, &vb->tokens, &vb->pos, &vb->target, &vb->cu, &loss, NULL));
+    sums[0] += (double)loss * (double)vb->total;
+    sums[1] += (double)vb->total;
+  }
+  float f[2] = {(float)sums[0], (float)sums[1]};
+  loom_tensor_t t;
+  int64_t two = 2;
+  EX_CHECK(loom_tensor_wrap(&t, f, LOOM_F32, LOOM_DEVICE_HOST, 1, &two, "val"));
+  EX_CHECK(loom_allreduce(dp, &t, &t, LOOM_SUM));
+  return f[1] > 0 ? f[0] / f[1] : NAN;
+}
+
+// sgemm rate of this rank (1024^3, best of 3 after a warm-up) in FLOP/s, averaged over ranks.
+static double measure_sgemm(const loom_group_t *dp) {
+  const int64_t n = 1024, shape[2] = {n, n};
+  loom_tensor_t a, b, c;
+  EX_CHECK(loom_tensor_alloc(&a, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "a"));
+  EX_CHECK(loom_tensor_alloc(&b, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "b"));
+  EX_CHECK(loom_tensor_alloc(&c, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "c"));
+  EX_CHECK(loom_tensor_fill(&a, 0.5));
+  EX_CHECK(loom_tensor_fill(&b, 0.25));
+  double best = 1e30;
+  for (int rep = 0; rep < 4; rep++) {
+    double t0 = MPI_Wtime();
+    EX_CHECK(loom_gemm(&c, &a, 0, &b, 0, NULL, 1.0f, 0.0f));
+    double dt = MPI_Wtime() - t0;
+    best = rep > 0 && dt < best ? dt : best;
+  }
+  loom_tensor_free(&a);
+  loom_tensor_free(&b);
+  loom_tensor_free(&c);
+  float rate = (float)(2.0 * (double)n * n * n / best);
+  loom_tensor_t t;
+  int64_t one = 1;
+  EX_CHECK(loom_tensor_wrap(&t, &rate, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "sgemm"));
+  EX_CHECK(loom_allreduce(dp, &t, &t, LOOM_AVG));
+  return rate;
+}
+
+static float lr_at(const opts_t *o, long step) {
+  if (o->warmup > 0 && step < o->warmup) {
+    return (float)(o->lr * (double)(step + 1) / (double)o->warmup);
+  }
+  long span = o->steps - o->warmup > 1 ? o->steps - o->warmup : 1;
+  double progress = (double)(step - o->warmup) / (double)span;
+  double min_lr = o->lr * o->min_lr_frac;
+  return (float)(min_lr + (o->lr - min_lr) * 0.5 * (1.0 + cos(3.14159265358979323846 * progress)));
+}
+
+// Load the corpus on every rank; agree on failure so that no rank waits for another, and let the
+// lowest failing rank say why.
+static int load_corpus(const opts_t *o, const loom_group_t *dp, gpt_corpus_t *c) {
+  char err[4400] = "";
+  int bad = gpt_corpus_load(o->data, o->ndata, o->val_frac, (uint64_t)o->seed, c, err, sizeof err);
+  if (!bad && (gpt_rows(&c->train, o->cfg.ctx) < 1 || gpt_rows(&c->val, o->cfg.ctx) < 1)) {
+    snprintf(err, sizeof err,
+             "the corpus is too small for --ctx %d: %lld training and %lld validation tokens; "
+             "give more text with --data, or a smaller --ctx or a larger --val-frac",
+             o->cfg.ctx, (long long)c->train.len, (long long)c->val.len);
+    gpt_corpus_free(c);
+    bad = 1;
+  }
+  int32_t first_bad = bad ? loom_group_rank(dp) : loom_group_size(dp);
+  loom_tensor_t t;
+  int64_t one = 1;
+  EX_CHECK(loom_tensor_wrap(&t, &first_bad, LOOM_I32, LOOM_DEVICE_HOST, 1, &one, "load"));
+  EX_CHECK(loom_allreduce(dp, &t, &t, LOOM_MIN));
+  if (first_bad == loom_group_size(dp)) {
+    return 0;
+  }
+  if (first_bad == loom_group_rank(dp)) {
+    fprintf(stderr, "%s: %s\n", ex_prog, err);
+  }
+  if (!bad) {
+    gpt_corpus_free(c);
+  }
+  return -1;
+}
+
+static void print_sample(const gpt_model_t *m, gpt_acts_t *a, const opts_t *o) {
+  int cap = o->sample + 1, len = 1;
+  uint8_t *text = malloc((size_t)cap);
+  if (!text) {
+    return;
+  }
+  text[0] = GPT_DOC_START;
+  EX_CHECK(
+      gpt_generate(m, a, text, &len, cap, o->sample, (float)o->temperature, (uint64_t)o->seed));
+  printf("sample (%d bytes, temperature %g):\n", len - 1, o->temperature);
+  fwrite(text + 1, 1, (size_t)(len - 1), stdout);
+  printf("\n-- end of sample\n");
+  free(text);
+}
+
+// ---- main ---------------------------------------------------------------------------------------
+
+int main(int argc, char **argv) {
+  ex_prog = "train_gpt";
+  opts_t o;
+  char err[512] = "";
+  int bad_args = parse_args(argc, argv, &o, err, sizeof err);
+  if (!bad_args && o.help) {
+    usage(stdout);
+    return 0;
+  }
+  if (!bad_args && o.cmp[0]) {
+    return ex_compare_dumps(o.cmp[0], o.cmp[1], o.rtol);
+  }
+  loom_ctx_t *ctx = NULL;
+  if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {
+    fprintf(stderr, "train_gpt: loom_init: %s\n", loom_last_error(NULL));
+    return 1;
+  }
+  const loom_group_t *dp = loom_group(ctx, LOOM_GROUP_DP);
+  int rank = loom_group_rank(dp), np = loom_group_size(dp);
+  if (bad_args) {
+    if (loom_rank(ctx) == 0) {
+      fprintf(stderr, "train_gpt: %s\n", err);
+    }
+    loom_finalize(ctx);
+    return 2;
+  }
+  if (rank < 0) { // a dedicated attention server (LOOM_ATTN_SERVERS): nothing to train here
+    return loom_finalize(ctx) == LOOM_OK ? 0 : 1;
+  }
+  gpt_corpus_t corpus;
+  if (load_corpus(&o, dp, &corpus) != 0) {
+    loom_finalize(ctx);
+    return 1;
+  }
+
+  // ---- model: the same seeded init everywhere, then rank 0's copy to make sure
+  gpt_model_t m;
+  gpt_acts_t a;
+  gpt_batch_t batch, vbatch;
+  EX_CHECK(gpt_model_alloc(&m, &o.cfg));
+  EX_CHECK(gpt_acts_alloc(&a, &o.cfg, (int64_t)o.batch * o.cfg.ctx));
+  EX_CHECK(gpt_batch_alloc(&batch, o.batch, o.cfg.ctx));
+  EX_CHECK(gpt_batch_alloc(&vbatch, 1, o.cfg.ctx));
+  gpt_model_init(&m, (uint64_t)o.seed);
+  for (int i = 0; i < m.nparams; i++) {
+    EX_CHECK(loom_broadcast(dp, &m.param[i], 0));
+  }
+  double sgemm = measure_sgemm(dp);
+  const double tokens_per_step = (double)o.batch * o.cfg.ctx * np;
+  const double flops_per_token = 6.0 * (double)m.matmul_params;
+
+  step_t st = {.o = &o, .m = &m, .a = &a, .b = &batch, .corpus = &corpus, .dp = dp};
+  int64_t one = 1;
+  EX_CHECK(loom_tensor_wrap(&st.loss_t, &st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
+  unit_arg_t *ua = calloc((size_t)m.nunits, sizeof *ua);
+  loom_tensor_t **reduce = calloc((size_t)m.nunits + 1, sizeof *reduce);
+  if (!ua || !reduce) {
+    fprintf(stderr, "train_gpt: out of memory\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  for (int u = 0; u < m.nunits; u++) {
+    reduce[u] = &m.unit_grad[u];
+  }
+  reduce[m.nunits] = &st.loss_t;
+  st.grads = reduce;
+  loom_fusion_t *fusion = NULL;
+  loom_sched_t *sched = NULL;
+  if (o.sync == SYNC_FUSED) {
+    EX_CHECK(loom_fusion_create(ctx, dp, 0, &fusion));
+  } else {
+    EX_CHECK(loom_sched_create(ctx, NULL, &sched));
+    st.s = sched;
+    build_step(sched, &st, ua);
+  }
+
+  if (rank == 0) {
+    printf("train_gpt: %d rank(s), GPT %d layers, width %d, %d heads, ctx %d: %.2fM parameters "
+           "(%.2fM in matmuls)\n",
+           np, o.cfg.layers, o.cfg.width, o.cfg.heads, o.cfg.ctx, (double)m.total / 1e6,
+           (double)m.matmul_params / 1e6);
+    printf("data: %d file(s), %lld train documents (%lld tokens, %lld rows), %lld validation "
+           "documents (%lld tokens); unigram entropy %.4f nats/byte\n",
+           corpus.files, (long long)corpus.train.docs, (long long)corpus.train.len,
+           (long long)gpt_rows(&corpus.train, o.cfg.ctx), (long long)corpus.val.docs,
+           (long long)corpus.val.len, corpus.unigram_entropy);
+    printf("batch: %d rows x %d tokens per rank (%.0f tokens per step), %ld steps, AdamW lr %g "
+           "warmup %ld cosine to %g, wd %g, clip %g; gradient sync: %s\n",
+           o.batch, o.cfg.ctx, tokens_per_step, o.steps, o.lr, o.warmup, o.lr * o.min_lr_frac, o.wd,
+           o.clip, sync_names[o.sync]);
+    printf("sgemm (1024^3, %d BLAS thread(s) per rank): %.1f GFLOP/s per rank\n",
+           loom_blas_threads(ctx), sgemm / 1e9);
+    fflush(stdout);
+  }
+  if (o.sync == SYNC_NONE && rank == 0) {
+    printf(
+        "warning: --sync none: gradients are not averaged, the replicas diverge (timing only)\n");
+  }
+
+  // ---- train
+  double train_time = 0.0, wall0 = MPI_Wtime(), tlog = MPI_Wtime(), log_loss = 0.0, pairs_sum = 0.0,
+         last_train_loss = 0.0;
+  long log_from = 0;
+  float val_loss = NAN;
+  loom_step_stats_t sum_stats = {0};
+  for (long step = 0; step < o.steps; step++) {
+    st.first_row = (step * np + rank) * (int64_t)o.batch;
+    st.hp = (loom_adamw_t){.lr = lr_at(&o, step),
+                           .beta1 = (float)o.beta1,
+                           .beta2 = (float)o.beta2,
+                           .eps = (float)o.adam_eps,
+                           .weight_decay = (float)o.wd,
+                           .step = (int)step + 1};
+    double t0 = MPI_Wtime();
+    if (sched) {
+      EX_CHECK(loom_sched_run(sched));
+      loom_step_stats_t ss;
+      EX_CHECK(loom_sched_step_stats(sched, &ss));
+      sum_stats.wall_ms += ss.wall_ms;
+      sum_stats.compute_ms += ss.compute_ms;
+      sum_stats.comm_ms += ss.comm_ms;
+      sum_stats.exposed_comm_ms += ss.exposed_comm_ms;
+      sum_stats.idle_ms += ss.idle_ms;
+    } else {
+      fused_step(&st, fusion, reduce);
+    }
+    double t1 = MPI_Wtime();
+    train_time += t1 - t0;
+    pairs_sum += (double)batch.attn_pairs;
+    log_loss += st.loss;
+    if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
+      long n = step + 1 - log_from;
+      double dt = t1 - tlog, tps = (double)n * tokens_per_step / dt;
+      last_train_loss = log_loss / (double)n;
+      if (rank == 0) {
+        printf("step %5ld/%ld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  %.1f ms/step  "
+               "mfu %.3f\n",
+               step + 1, o.steps, last_train_loss, st.hp.lr, st.norm, tps, 1e3 * dt / (double)n,
+               tps / np * flops_per_token / sgemm);
+        fflush(stdout);
+      }
+      log_loss = 0.0;
+      log_from = step + 1;
+      tlog = MPI_Wtime();
+    }
+    int last = step + 1 == o.steps;
+    if (o.sync != SYNC_COMM_ONLY && (last || (o.val_every > 0 && (step + 1) % o.val_every == 0))) {
+      val_loss = validate(&o, &m, &a, &vbatch, &corpus.val, dp);
+      if (rank == 0) {
+        printf("step %5ld/%ld  val_loss %.4f  (unigram entropy %.4f)\n", step + 1, o.steps,
+               val_loss, corpus.unigram_entropy);
+        fflush(stdout);
+      }
+      tlog = MPI_Wtime(); // validation is not training time
+    }
+  }
+  double tokens_per_s = (double)o.steps * tokens_per_step / train_time;
+  double mfu = tokens_per_s / np * flops_per_token / sgemm;
+  // Attention FLOPs actually computed: 4 C per causal pair forward, twice that backward.
+  double attn_flops = 12.0 * o.cfg.width * o.cfg.layers * pairs_sum / (double)o.steps;
+  double mfu_attn =
+      (tokens_per_s / np * flops_per_token + attn_flops * tokens_per_s / tokens_per_step) / sgemm;
+  double n_steps = (double)o.steps;
+  char sched_json[320] = "null";
+  if (sched) {
+    snprintf(sched_json, sizeof sched_json,
+             "{\"wall_ms\": %.4f, \"compute_ms\": %.4f, \"comm_ms\": %.4f, "
+             "\"exposed_comm_ms\": %.4f, \"idle_ms\": %.4f}",
+             sum_stats.wall_ms / n_steps, sum_stats.compute_ms / n_steps,
+             sum_stats.comm_ms / n_steps, sum_stats.exposed_comm_ms / n_steps,
+             sum_stats.idle_ms / n_steps);
+  }
+  if (rank == 0) {
+    printf("done: %ld steps in %.1f s of training: %.0f tokens/s, %.1f ms/step, mfu %.3f "
+           "(with attention %.3f), val_loss %.4f\n",
+           o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps, mfu, mfu_attn, val_loss);
+    if (sched) {
+      printf("sched: mean per step: wall %.2f ms  compute %.2f ms  comm in flight %.2f ms  exposed "
+             "comm %.2f ms  idle %.2f ms\n",
+             sum_stats.wall_ms / n_steps, sum_stats.compute_ms / n_steps,
+             sum_stats.comm_ms / n_steps, sum_stats.exposed_comm_ms / n_steps,
+             sum_stats.idle_ms / n_steps);
+    }
+    if (o.sample > 0 && o.sync != SYNC_COMM_ONLY) {
+      print_sample(&m, &a, &o);
+    }
+    fflush(stdout);
+  }
+
+  // ---- results
+  int rc = 0;
+  if (o.dump && (rank == 0 || strstr(o.dump, "%r"))) {
+    const loom_tensor_t *all[1] = {&m.param[0]};
+    loom_tensor_t flat;
+    int64_t total = m.total;
+    EX_CHECK(loom_tensor_wrap(&flat, m.flat[0], LOOM_F32, LOOM_DEVICE_HOST, 1, &total, "params"));
+    all[0] = &flat;
+    rc |= ex_dump_params(o.dump, rank, all, 1) != 0;
+  }
+  if (o.json && rank == 0) {
+    char text[2048];
+    snprintf(text, sizeof text,
+             "{\"steps\": %ld, \"np\": %d, \"batch\": %d, \"ctx\": %d, \"layers\": %d, "
+             "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
+             "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %.6f, \"val_loss\": "
+             "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
+             "\"sgemm_gflops\": %.2f, \"blas_threads\": %d, \"train_time_s\": %.3f, "
+             "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
+             "\"sched_step_mean\": %s}\n",
+             o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
+             (long long)m.total, (long long)m.matmul_params, tokens_per_s,
+             1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
+             corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, loom_blas_threads(ctx), train_time,
+             MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed, sched_json);
+    rc |= ex_write_text(o.json, text) != 0;
+  }
+  if (loom_sched_destroy(sched) != LOOM_OK) { // writes the rest of the timeline
+    fprintf(stderr, "train_gpt: timeline: %s\n", loom_last_error(NULL));
+    rc = 1;
+  }
+  loom_fusion_destroy(fusion);
+  free(ua);
+  free(reduce);
+  gpt_batch_free(&batch);
+  gpt_batch_free(&vbatch);
+  gpt_acts_free(&a, &o.cfg);
+  gpt_model_free(&m);
+  gpt_corpus_free(&corpus);
+  if (loom_finalize(ctx) != LOOM_OK) {
+    fprintf(stderr, "train_gpt: loom_finalize: %s\n", loom_last_error(NULL));
+    rc = 1;
+  }
+  return rc;
+}

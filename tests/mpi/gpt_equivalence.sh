@@ -1,0 +1,83 @@
+#!/bin/sh
+# gpt_equivalence.sh — train_gpt in data parallel equals one process with the summed batch (np 2,
+# 3 and 4), every replica is bitwise identical, the fused path equals the overlapped one bitwise.
+set -u
+b=${LOOM_BUILDDIR:-.}
+src=${srcdir:-.}
+sh=${SHELL:-/bin/sh}
+exe=$b/examples/train_gpt
+[ -x "$exe" ] || { echo "FAIL: $exe is not built"; exit 99; }
+[ -r "$src/README.md" ] || { echo "FAIL: $src/README.md (the test corpus) is missing"; exit 99; }
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# A corpus of documents from the README: one per paragraph, separated by % lines.
+awk 'BEGIN { n = 0 } /^$/ { if (n) print "%"; n = 0; next } { print; n++ }' \
+  "$src/README.md" >"$tmp/corpus"
+# A high constant learning rate and clipping keep every update large and exercise the clip,
+# which must see the averaged gradient on every rank. --adam-eps 1e-5: Adam divides by sqrt(v),
+# so a gradient element that is only summation noise (~1e-9, its sign set by the order of the
+# sum, which np changes) would get a full-size update of either sign; the larger eps keeps such
+# elements from being amplified while every real gradient still goes through Adam's scaling.
+common="--layers 2 --width 32 --heads 2 --ctx 32 --steps 5 --seed 3 --lr 0.003 --warmup 0"
+common="$common --min-lr-frac 1 --clip 0.5 --adam-eps 1e-5 --sample 0 --val-every 0"
+common="$common --val-rows 4 --data $tmp/corpus"
+
+run() { # name np args...
+  name=$1 np=$2
+  shift 2
+  cat >"$tmp/$name.mpi" <<SPEC
+np=$np
+prog=examples/train_gpt
+args='$common $*'
+SPEC
+  "$sh" "$b/tests/mpirun.sh" "$tmp/$name.mpi" >"$tmp/$name.log" 2>&1
+  rc=$?
+  if [ "$rc" -ne 0 ]; then
+    cat "$tmp/$name.log"
+    echo "FAIL: the $name run exited with $rc"
+    exit 1
+  fi
+}
+
+fail=0
+same() { # what file-a file-b
+  if cmp -s "$2" "$3"; then
+    echo "ok: $1"
+  else
+    echo "FAIL: $1: $2 and $3 differ"
+    fail=1
+  fi
+}
+close() { # what file-a file-b
+  if "$exe" --compare "$2" "$3" --rtol 1e-5; then
+    echo "ok: $1 within rtol 1e-5"
+  else
+    echo "FAIL: $1"
+    fail=1
+  fi
+}
+
+run np1_b4 1 --batch 4 --dump-params "$tmp/np1_b4.bin"
+run np1_b6 1 --batch 6 --dump-params "$tmp/np1_b6.bin"
+run np2 2 --batch 2 --dump-params "$tmp/np2_%r.bin"
+run np2_fused 2 --batch 2 --sync fused --dump-params "$tmp/np2f_%r.bin"
+run np3 3 --batch 2 --dump-params "$tmp/np3_%r.bin"
+run np4 4 --batch 1 --dump-params "$tmp/np4_%r.bin"
+
+same "np 2 ranks hold bitwise identical parameters" "$tmp/np2_0.bin" "$tmp/np2_1.bin"
+same "np 3 ranks 0 and 2 bitwise identical" "$tmp/np3_0.bin" "$tmp/np3_2.bin"
+same "np 4 ranks 0 and 3 bitwise identical" "$tmp/np4_0.bin" "$tmp/np4_3.bin"
+same "np 2: --sync fused equals --sync overlap bitwise" "$tmp/np2_0.bin" "$tmp/np2f_0.bin"
+close "np 1 --batch 4 equals np 2 --batch 2" "$tmp/np1_b4.bin" "$tmp/np2_0.bin"
+close "np 1 --batch 4 equals np 4 --batch 1" "$tmp/np1_b4.bin" "$tmp/np4_0.bin"
+close "np 1 --batch 6 equals np 3 --batch 2" "$tmp/np1_b6.bin" "$tmp/np3_0.bin"
+# Training moved the parameters: the comparison is not between two initialisations.
+run np1_b4_0 1 --batch 4 --lr 0 --dump-params "$tmp/np1_lr0.bin"
+if "$exe" --compare "$tmp/np1_b4.bin" "$tmp/np1_lr0.bin" --rtol 1e-3 >/dev/null 2>&1; then
+  echo "FAIL: 5 steps at lr 0.003 left the parameters where lr 0 leaves them"
+  fail=1
+else
+  echo "ok: training moved the parameters"
+fi
+exit $fail

@@ -1,0 +1,281 @@
+/* test_gpt.c — train_gpt's building blocks without MPI: corpus loading (documents, hold-out,
+ * directories, errors), packed batches (cu_seqlens, positions, targets), and the model's
+ * backward against finite differences of its loss. */
+#define _POSIX_C_SOURCE 200809L // mkdtemp
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../examples/example_util.h"
+#include "../../examples/gpt_data.h"
+#include "../../examples/gpt_model.h"
+#include "../check.h"
+#include "loom.h"
+
+static char tmpdir[256];
+
+static void write_file(const char *name, const char *text, size_t n) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", tmpdir, name);
+  FILE *f = fopen(path, "wb");
+  CHECK(f && fwrite(text, 1, n, f) == n && fclose(f) == 0, "cannot write %s", path);
+}
+
+static const char kDocs[] = "a\n%\nbb\n%\n%\nccc\r\n%\r\ndddd"; // 4 documents, one empty dropped
+
+// ---- corpus -------------------------------------------------------------------------------------
+
+static void test_load_file(void) {
+  char path[512], err[512] = "";
+  snprintf(path, sizeof path, "%s/docs", tmpdir);
+  write_file("docs", kDocs, sizeof kDocs - 1);
+  const char *paths[1] = {path};
+  gpt_corpus_t c;
+  CHECK(gpt_corpus_load(paths, 1, 0.25, 7, &c, err, sizeof err) == 0, "%s", err);
+  CHECK(c.files == 1, "files %d", c.files);
+  CHECK(c.train.docs == 3 && c.val.docs == 1, "train %lld val %lld docs", (long long)c.train.docs,
+        (long long)c.val.docs);
+  // bytes: a\n (2) bb\n (3) ccc\r\n (5) dddd (4); each document + 1 start, each stream + 1 end
+  CHECK(c.train.len + c.val.len == 14 + 4 + 2, "stream lengths %lld + %lld", (long long)c.train.len,
+        (long long)c.val.len);
+  const gpt_stream_t *streams[2] = {&c.train, &c.val};
+  for (int k = 0; k < 2; k++) {
+    const gpt_stream_t *s = streams[k];
+    CHECK(s->tokens[s->len - 1] == GPT_DOC_START, "stream %d does not end with a start", k);
+    for (int64_t d = 0; d < s->docs; d++) {
+      CHECK(s->tokens[s->doc_starts[d]] == GPT_DOC_START, "doc %lld does not open with 0",
+            (long long)d);
+      CHECK(d == 0 || s->doc_starts[d] > s->doc_starts[d - 1], "doc starts not increasing");
+    }
+  }
+  CHECK(c.unigram_entropy > 0.5 && c.unigram_entropy < log(256.0), "unigram entropy %g",
+        c.unigram_entropy);
+  // The same seed gives the same split; the split depends on the seed only through the order.
+  gpt_corpus_t c2;
+  CHECK(gpt_corpus_load(paths, 1, 0.25, 7, &c2, err, sizeof err) == 0, "%s", err);
+  CHECK(c2.train.len == c.train.len && !memcmp(c2.train.tokens, c.train.tokens, c.train.len),
+        "the same seed gave another training stream");
+  gpt_corpus_free(&c2);
+  gpt_corpus_free(&c);
+}
+
+static void test_load_dir_and_errors(void) {
+  char dir[512], err[512] = "";
+  snprintf(dir, sizeof dir, "%s/dir", tmpdir);
+  CHECK(mkdir(dir, 0700) == 0, "mkdir %s", dir);
+  write_file("dir/b", "second\n%\nthird\n", 15);
+  write_file("dir/a", "first", 5);
+  write_file("dir/a.dat", "\x01\x02\x03", 3); // a strfile index: skipped
+  write_file("dir/.hidden", "never", 5);
+  const char *paths[1] = {dir};
+  gpt_corpus_t c;
+  CHECK(gpt_corpus_load(paths, 1, 0.01, 1, &c, err, sizeof err) == 0, "%s", err);
+  CHECK(c.files == 2, "read %d files, want 2 (a, b)", c.files);
+  CHECK(c.train.docs + c.val.docs == 3, "%lld documents, want 3",
+        (long long)(c.train.docs + c.val.docs));
+  CHECK(c.val.docs == 1, "val_frac 0.01 of 3 documents must still hold one out");
+  int seen_never = 0;
+  for (int64_t i = 0; i + 5 <= c.train.len; i++) {
+    seen_never |= !memcmp(c.train.tokens + i, "never", 5);
+  }
+  CHECK(!seen_never, "a hidden file was read");
+  gpt_corpus_free(&c);
+
+  char missing[512];
+  snprintf(missing, sizeof missing, "%s/nope", tmpdir);
+  const char *bad[1] = {missing};
+  CHECK(gpt_corpus_load(bad, 1, 0.1, 1, &c, err, sizeof err) != 0, "a missing path loaded");
+  CHECK(strstr(err, missing) != NULL, "the error does not name the path: %s", err);
+  write_file("one", "only one document", 17);
+  char one[512];
+  snprintf(one, sizeof one, "%s/one", tmpdir);
+  const char *single[1] = {one};
+  CHECK(gpt_corpus_load(single, 1, 0.1, 1, &c, err, sizeof err) != 0, "one document loaded");
+  CHECK(strstr(err, "at least 2") != NULL, "unclear error: %s", err);
+}
+
+// ---- batches ------------------------------------------------------------------------------------
+
+// Every row of every batch: sequences start at the row start or at a document start, positions
+// count from 0 in each, targets are the next stream token, and the pair count matches.
+static void check_batch(const gpt_batch_t *b, const gpt_stream_t *s, int64_t first_row, int nrows) {
+  const int ctx = b->ctx;
+  const int32_t *tok = b->tokens.data, *tgt = b->target.data, *pos = b->pos.data, *cu = b->cu.data;
+  CHECK(b->total == (int64_t)nrows * ctx, "total %lld", (long long)b->total);
+  CHECK(cu[0] == 0 && cu[b->nseq] == b->total, "cu ends %d %d", cu[0], cu[b->nseq]);
+  int64_t pairs = 0, rows = gpt_rows(s, ctx);
+  for (int q = 0; q < b->nseq; q++) {
+    int32_t len = cu[q + 1] - cu[q];
+    CHECK(len >= 1 && len <= ctx, "sequence %d has length %d", q, len);
+    CHECK(cu[q] / ctx == (cu[q + 1] - 1) / ctx, "sequence %d crosses a row", q);
+    CHECK(cu[q] % ctx == 0 || tok[cu[q]] == GPT_DOC_START, "sequence %d starts mid-document", q);
+    pairs += (int64_t)len * (len + 1) / 2;
+    for (int32_t t = 0; t < len; t++) {
+      CHECK(pos[cu[q] + t] == t, "position %d of sequence %d is %d", t, q, pos[cu[q] + t]);
+      CHECK(t == 0 || tok[cu[q] + t] != GPT_DOC_START, "a document start inside sequence %d", q);
+    }
+  }
+  CHECK(pairs == b->attn_pairs, "pairs %lld, want %lld", (long long)b->attn_pairs,
+        (long long)pairs);
+  for (int r = 0; r < nrows; r++) {
+    int64_t base = ((first_row + r) % rows) * ctx;
+    for (int t = 0; t < ctx; t++) {
+      int64_t i = (int64_t)r * ctx + t;
+      CHECK(tok[i] == s->tokens[base + t] && tgt[i] == s->tokens[base + t + 1],
+            "row %d token %d: %d -> %d, want %d -> %d", r, t, tok[i], tgt[i], s->tokens[base + t],
+            s->tokens[base + t + 1]);
+    }
+  }
+}
+
+static void test_batches(void) {
+  char path[512], err[512] = "";
+  snprintf(path, sizeof path, "%s/docs", tmpdir);
+  const char *paths[1] = {path};
+  gpt_corpus_t c;
+  CHECK(gpt_corpus_load(paths, 1, 0.25, 7, &c, err, sizeof err) == 0, "%s", err);
+  for (int ctx = 2; ctx <= 6; ctx++) {
+    gpt_batch_t b;
+    CHECK(gpt_batch_alloc(&b, 3, ctx) == LOOM_OK, "alloc");
+    int64_t rows = gpt_rows(&c.train, ctx);
+    CHECK(rows == (c.train.len - 1) / ctx && rows >= 1, "ctx %d: %lld rows", ctx, (long long)rows);
+    for (int64_t first = 0; first < rows + 2; first++) { // wraps past the end
+      gpt_batch_fill(&b, &c.train, first, 3);
+      check_batch(&b, &c.train, first, 3);
+    }
+    gpt_batch_free(&b);
+  }
+  gpt_corpus_free(&c);
+}
+
+// ---- the model's gradients ----------------------------------------------------------------------
+
+static float loss_of(gpt_model_t *m, gpt_acts_t *a, const gpt_batch_t *b) {
+  float loss = 0.0f;
+  CHECK(gpt_forward(m, a, &b->tokens, &b->pos, &b->target, &b->cu, &loss, NULL) == LOOM_OK, "%s",
+        loom_last_error(NULL));
+  return loss;
+}
+
+static void test_gradients(void) {
+  char path[512], err[512] = "";
+  snprintf(path, sizeof path, "%s/docs", tmpdir);
+  const char *paths[1] = {path};
+  gpt_corpus_t c;
+  CHECK(gpt_corpus_load(paths, 1, 0.25, 7, &c, err, sizeof err) == 0, "%s", err);
+  gpt_config_t cfg = {.layers = 2, .width = 8, .heads = 2, .ctx = 5, .vocab = 256};
+  gpt_model_t m;
+  gpt_acts_t a;
+  gpt_batch_t b;
+  CHECK(gpt_model_alloc(&m, &cfg) == LOOM_OK, "model");
+  CHECK(gpt_acts_alloc(&a, &cfg, 2 * cfg.ctx) == LOOM_OK, "acts");
+  CHECK(gpt_batch_alloc(&b, 2, cfg.ctx) == LOOM_OK, "batch");
+  CHECK(m.nunits == 4 && m.nparams == 2 + 2 * GPT_BLOCK_PARAMS + 3, "units %d params %d", m.nunits,
+        m.nparams);
+  // Large random weights so that every gradient is well above float noise.
+  uint64_t state = 11;
+  for (int64_t i = 0; i < m.total; i++) {
+    m.flat[0][i] = 0.6f * (2.0f * ex_uniform(&state) - 1.0f);
+  }
+  // The batch of two rows that holds the most sequences: a row with a document start inside.
+  int64_t best = 0, most = 0;
+  for (int64_t r = 0; r < gpt_rows(&c.train, cfg.ctx); r++) {
+    gpt_batch_fill(&b, &c.train, r, 2);
+    if (b.nseq > most) {
+      most = b.nseq;
+      best = r;
+    }
+  }
+  gpt_batch_fill(&b, &c.train, best, 2);
+  CHECK(b.nseq >= 3, "the batch should hold several sequences, has %d", b.nseq);
+  loss_of(&m, &a, &b);
+  for (int u = m.nunits - 1; u >= 0; u--) {
+    CHECK(gpt_backward_unit(&m, &a, u, NULL) == LOOM_OK, "backward unit %d: %s", u,
+          loom_last_error(NULL));
+  }
+  float *grad = malloc((size_t)m.total * sizeof(float));
+  memcpy(grad, m.flat[1], (size_t)m.total * sizeof(float));
+  int checked = 0, bad = 0;
+  for (int i = 0; i < m.nparams; i++) {
+    int64_t n = loom_tensor_numel(&m.param[i]);
+    float *p = m.param[i].data;
+    int64_t off = p - m.flat[0];
+    for (int k = 0; k < 5; k++) {
+      int64_t j = (int64_t)(ex_splitmix64(&state) % (uint64_t)n);
+      if (i == 0) { // wte: only rows of tokens in the batch get a gradient; pick one
+        j = (int64_t)((const int32_t *)b.tokens.data)[k] * cfg.width + k % cfg.width;
+      } else if (i == 1) { // wpe: rows 0..ctx-1 all occur
+        j = (int64_t)(k % cfg.ctx) * cfg.width + k % cfg.width;
+      }
+      const float h = 1e-2f, saved = p[j];
+      p[j] = saved + h;
+      double up = loss_of(&m, &a, &b);
+      p[j] = saved - h;
+      double down = loss_of(&m, &a, &b);
+      p[j] = saved;
+      double fd = (up - down) / (2.0 * h), g = grad[off + j];
+      checked++;
+      if (!(fabs(fd - g) <= 2e-3 + 3e-2 * fabs(fd))) {
+        bad++;
+        fprintf(stderr, "FAIL gradient of %s[%lld]: backward %.6g, finite difference %.6g\n",
+                m.param[i].name, (long long)j, g, fd);
+      }
+    }
+  }
+  CHECK(bad == 0, "%d of %d gradients disagree with finite differences", bad, checked);
+  // The backward overwrites: running it twice gives the same gradients.
+  loss_of(&m, &a, &b);
+  for (int u = m.nunits - 1; u >= 0; u--) {
+    gpt_backward_unit(&m, &a, u, NULL);
+  }
+  CHECK(!memcmp(grad, m.flat[1], (size_t)m.total * sizeof(float)),
+        "a second backward gave different gradients (accumulated?)");
+  // AdamW with zero gradients moves only the decayed 2-d weights.
+  memset(m.flat[1], 0, (size_t)m.total * sizeof(float));
+  memcpy(grad, m.flat[0], (size_t)m.total * sizeof(float)); // the parameters before
+  loom_adamw_t hp = {
+      .lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.5f, .step = 1};
+  for (int u = 0; u < m.nunits; u++) {
+    CHECK(gpt_update_unit(&m, u, &hp) == LOOM_OK, "update %d", u);
+  }
+  for (int i = 0; i < m.nparams; i++) {
+    int64_t off = (float *)m.param[i].data - m.flat[0];
+    int moved =
+        memcmp(grad + off, m.param[i].data, (size_t)loom_tensor_numel(&m.param[i]) * 4) != 0;
+    CHECK(moved == (m.param[i].ndim == 2), "%s: weight decay %s", m.param[i].name,
+          moved ? "applied to a vector" : "missing on a matrix");
+  }
+  // Sampling: deterministic per seed, within the cap.
+  uint8_t t1[16] = {GPT_DOC_START}, t2[16] = {GPT_DOC_START};
+  int n1 = 1, n2 = 1;
+  CHECK(gpt_generate(&m, &a, t1, &n1, 12, 40, 1.0f, 5) == LOOM_OK, "generate");
+  CHECK(gpt_generate(&m, &a, t2, &n2, 12, 40, 1.0f, 5) == LOOM_OK, "generate");
+  CHECK(n1 >= 1 && n1 <= 12 && n1 == n2 && !memcmp(t1, t2, (size_t)n1), "sampling: %d vs %d", n1,
+        n2);
+  free(grad);
+  gpt_batch_free(&b);
+  gpt_acts_free(&a, &cfg);
+  gpt_model_free(&m);
+  gpt_corpus_free(&c);
+}
+
+int main(void) {
+  snprintf(tmpdir, sizeof tmpdir, "/tmp/test_gpt.XXXXXX");
+  if (!mkdtemp(tmpdir)) {
+    perror("mkdtemp");
+    return 1;
+  }
+  test_load_file();
+  test_load_dir_and_errors();
+  test_batches();
+  test_gradients();
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+  if (system(cmd) != 0) {
+    fprintf(stderr, "could not remove %s\n", tmpdir);
+  }
+  return check_exit("test_gpt");
+}
