@@ -2,6 +2,7 @@
  * the residual add and gradient accumulation; plain loops the compiler vectorises. */
 #include "config.h"
 #include "embedding_cpu.h"
+#include "simd.h"
 
 #include <string.h>
 
@@ -29,12 +30,14 @@ void loom_cpu_embedding_backward(int64_t n, int64_t c, float *dtable, const int3
   }
 }
 
+LOOM_CPU_CLONES
 void loom_cpu_residual_forward(int64_t n, float *out, const float *a, const float *b) {
   for (int64_t i = 0; i < n; i++) {
     out[i] = a[i] + b[i];
   }
 }
 
+LOOM_CPU_CLONES
 void loom_cpu_accumulate(int64_t n, float *acc, const float *x) {
   for (int64_t i = 0; i < n; i++) {
     acc[i] += x[i];

@@ -2,6 +2,7 @@
  * sums (stable for rows with a large common offset), then simple float loops that vectorise. */
 #include "config.h"
 #include "layernorm_cpu.h"
+#include "simd.h"
 
 #include <math.h>
 
@@ -16,6 +17,7 @@ static inline double sum8_finish(const double s[8], double tail) {
 // ---------------------------------------------------------------------------------------------
 // Forward.
 
+LOOM_CPU_CLONES
 void loom_cpu_layernorm_forward(int64_t N, int64_t C, float eps, const float *in,
                                 const float *restrict weight, const float *restrict bias,
                                 float *out, float *restrict mean, float *restrict rstd) {
@@ -66,6 +68,7 @@ void loom_cpu_layernorm_forward(int64_t N, int64_t C, float eps, const float *in
 // ---------------------------------------------------------------------------------------------
 // Backward.
 
+LOOM_CPU_CLONES
 void loom_cpu_layernorm_backward(int64_t N, int64_t C, const float *dout, const float *in,
                                  const float *restrict weight, const float *restrict mean,
                                  const float *restrict rstd, float *din, float *restrict dweight,

@@ -2,6 +2,7 @@
  * (empty sizes, K == 0, bias rows) and the bias gradient as column sums in double. */
 #include "config.h"
 #include "linear_cpu.h"
+#include "simd.h"
 
 #include <cblas.h>
 
@@ -65,6 +66,7 @@ void loom_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, fl
 // Columns per block: the double accumulators of one block stay on the stack (and in L1).
 #define BIAS_TILE 256
 
+LOOM_CPU_CLONES
 void loom_cpu_bias_backward(int64_t M, int64_t N, const float *restrict dout,
                             float *restrict dbias) {
   double acc[BIAS_TILE];

@@ -2,6 +2,7 @@
  * exponentials in float, the row sum in double) for the loss and its softmax gradient. */
 #include "config.h"
 #include "loss_cpu.h"
+#include "simd.h"
 
 #include <math.h>
 
@@ -34,6 +35,7 @@ static double row_sumexp(int64_t v, const float *restrict x, float mx) {
 
 // ---------------------------------------------------------------------------------------------
 
+LOOM_CPU_CLONES
 double loom_cpu_cross_entropy_forward(int64_t n, int64_t v, const float *logits,
                                       const int32_t *targets, int32_t ignore_index, float *losses) {
   double total = 0.0;
@@ -53,6 +55,7 @@ double loom_cpu_cross_entropy_forward(int64_t n, int64_t v, const float *logits,
   return total;
 }
 
+LOOM_CPU_CLONES
 void loom_cpu_cross_entropy_backward(int64_t n, int64_t v, float *dlogits, const float *logits,
                                      const int32_t *targets, int32_t ignore_index, float scale) {
   if (v <= 0) {

@@ -2,6 +2,7 @@
  * torch.optim.SGD give, operation for operation in float, and the clip_grad_norm factor. */
 #include "config.h"
 #include "optim_cpu.h"
+#include "simd.h"
 
 #include <math.h>
 
@@ -16,6 +17,7 @@
 //   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps),  bc1 = 1 - b1^t, bc2 = 1 - b2^t
 // As in PyTorch the scalar factors are computed in double and rounded to float once; every
 // per-element operation is in float.
+LOOM_CPU_CLONES
 void loom_cpu_adamw_update(int64_t n, float *restrict param, const float *restrict grad,
                            float *restrict m, float *restrict v, const loom_adamw_t *hp) {
   const double lr = hp->lr, b1 = hp->beta1, b2 = hp->beta2;
@@ -47,6 +49,7 @@ void loom_cpu_adamw_update(int64_t n, float *restrict param, const float *restri
 //   g = nesterov ? g + momentum * buf : buf
 //   p = p - lr * g
 // With momentum 0 the buffer is not used (PyTorch keeps none) and p = p - lr * g.
+LOOM_CPU_CLONES
 void loom_cpu_sgd_update(int64_t n, float *restrict param, const float *restrict grad,
                          float *restrict buf, const loom_sgd_t *hp) {
   const float lr = hp->lr, mu = hp->momentum, wd = hp->weight_decay;

@@ -2,13 +2,16 @@
  * blocked order (vectorisable, deterministic), and FNV-1a 64 over bytes. */
 #include "config.h"
 #include "util_cpu.h"
+#include "simd.h"
 
+LOOM_CPU_CLONES
 void loom_cpu_scale(int64_t n, float alpha, float *restrict x) {
   for (int64_t i = 0; i < n; i++) {
     x[i] *= alpha;
   }
 }
 
+LOOM_CPU_CLONES
 void loom_cpu_axpy(int64_t n, float alpha, const float *restrict x, float *restrict y) {
   for (int64_t i = 0; i < n; i++) {
     y[i] += alpha * x[i];
@@ -19,6 +22,7 @@ void loom_cpu_axpy(int64_t n, float alpha, const float *restrict x, float *restr
 // order: the compiler can keep the lanes in vector registers, and the order never changes.
 #define SUMSQ_LANES 8
 
+LOOM_CPU_CLONES
 double loom_cpu_sumsq(int64_t n, const float *restrict x) {
   double lane[SUMSQ_LANES] = {0};
   int64_t full = n - n % SUMSQ_LANES;
