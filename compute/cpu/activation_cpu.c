@@ -60,7 +60,7 @@ static inline float clamp_gelu(float x) {
 }
 
 LOOM_CPU_CLONES
-void loom_cpu_gelu_forward(int64_t n, const float *in, float *out) {
+static void gelu_forward_kernel(int64_t n, const float *in, float *out) {
   for (int64_t i = 0; i < n; i++) {
     float x = in[i];
     float s = gelu_sigmoid(clamp_gelu(x));
@@ -68,8 +68,12 @@ void loom_cpu_gelu_forward(int64_t n, const float *in, float *out) {
   }
 }
 
+void loom_cpu_gelu_forward(int64_t n, const float *in, float *out) {
+  gelu_forward_kernel(n, in, out);
+}
+
 LOOM_CPU_CLONES
-void loom_cpu_gelu_backward(int64_t n, const float *in, const float *dout, float *din) {
+static void gelu_backward_kernel(int64_t n, const float *in, const float *dout, float *din) {
   for (int64_t i = 0; i < n; i++) {
     float x = in[i], xc = clamp_gelu(x);
     float s = gelu_sigmoid(xc);
@@ -79,6 +83,10 @@ void loom_cpu_gelu_backward(int64_t n, const float *in, const float *dout, float
     d = x < -GELU_CLAMP ? 0.0f : (x > GELU_CLAMP ? 1.0f : d);
     din[i] = dout[i] * d;
   }
+}
+
+void loom_cpu_gelu_backward(int64_t n, const float *in, const float *dout, float *din) {
+  gelu_backward_kernel(n, in, dout, din);
 }
 
 // ---------------------------------------------------------------------------------------------

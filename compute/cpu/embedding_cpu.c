@@ -31,15 +31,23 @@ void loom_cpu_embedding_backward(int64_t n, int64_t c, float *dtable, const int3
 }
 
 LOOM_CPU_CLONES
-void loom_cpu_residual_forward(int64_t n, float *out, const float *a, const float *b) {
+static void residual_forward_kernel(int64_t n, float *out, const float *a, const float *b) {
   for (int64_t i = 0; i < n; i++) {
     out[i] = a[i] + b[i];
   }
 }
 
+void loom_cpu_residual_forward(int64_t n, float *out, const float *a, const float *b) {
+  residual_forward_kernel(n, out, a, b);
+}
+
 LOOM_CPU_CLONES
-void loom_cpu_accumulate(int64_t n, float *acc, const float *x) {
+static void accumulate_kernel(int64_t n, float *acc, const float *x) {
   for (int64_t i = 0; i < n; i++) {
     acc[i] += x[i];
   }
+}
+
+void loom_cpu_accumulate(int64_t n, float *acc, const float *x) {
+  accumulate_kernel(n, acc, x);
 }

@@ -18,9 +18,9 @@ static inline double sum8_finish(const double s[8], double tail) {
 // Forward.
 
 LOOM_CPU_CLONES
-void loom_cpu_layernorm_forward(int64_t N, int64_t C, float eps, const float *in,
-                                const float *restrict weight, const float *restrict bias,
-                                float *out, float *restrict mean, float *restrict rstd) {
+static void layernorm_forward_kernel(int64_t N, int64_t C, float eps, const float *in,
+                                     const float *restrict weight, const float *restrict bias,
+                                     float *out, float *restrict mean, float *restrict rstd) {
   for (int64_t r = 0; r < N; r++) {
     const float *x = in + r * C;
     float *y = out + r * C;
@@ -65,14 +65,20 @@ void loom_cpu_layernorm_forward(int64_t N, int64_t C, float eps, const float *in
   }
 }
 
+void loom_cpu_layernorm_forward(int64_t N, int64_t C, float eps, const float *in,
+                                const float *restrict weight, const float *restrict bias,
+                                float *out, float *restrict mean, float *restrict rstd) {
+  layernorm_forward_kernel(N, C, eps, in, weight, bias, out, mean, rstd);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Backward.
 
 LOOM_CPU_CLONES
-void loom_cpu_layernorm_backward(int64_t N, int64_t C, const float *dout, const float *in,
-                                 const float *restrict weight, const float *restrict mean,
-                                 const float *restrict rstd, float *din, float *restrict dweight,
-                                 float *restrict dbias) {
+static void layernorm_backward_kernel(int64_t N, int64_t C, const float *dout, const float *in,
+                                      const float *restrict weight, const float *restrict mean,
+                                      const float *restrict rstd, float *din,
+                                      float *restrict dweight, float *restrict dbias) {
   for (int64_t r = 0; r < N; r++) {
     const float *x = in + r * C, *dy = dout + r * C;
     float *dx = din + r * C;
@@ -111,4 +117,11 @@ void loom_cpu_layernorm_backward(int64_t N, int64_t C, const float *dout, const 
       dx[j] = rs * (dy[j] * weight[j] - g_mean - nrm * gn_mean);
     }
   }
+}
+
+void loom_cpu_layernorm_backward(int64_t N, int64_t C, const float *dout, const float *in,
+                                 const float *restrict weight, const float *restrict mean,
+                                 const float *restrict rstd, float *din, float *restrict dweight,
+                                 float *restrict dbias) {
+  layernorm_backward_kernel(N, C, dout, in, weight, mean, rstd, din, dweight, dbias);
 }

@@ -67,8 +67,8 @@ void loom_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, fl
 #define BIAS_TILE 256
 
 LOOM_CPU_CLONES
-void loom_cpu_bias_backward(int64_t M, int64_t N, const float *restrict dout,
-                            float *restrict dbias) {
+static void bias_backward_kernel(int64_t M, int64_t N, const float *restrict dout,
+                                 float *restrict dbias) {
   double acc[BIAS_TILE];
   for (int64_t j0 = 0; j0 < N; j0 += BIAS_TILE) {
     int64_t nj = N - j0 < BIAS_TILE ? N - j0 : BIAS_TILE;
@@ -85,4 +85,9 @@ void loom_cpu_bias_backward(int64_t M, int64_t N, const float *restrict dout,
       dbias[j0 + j] = (float)((double)dbias[j0 + j] + acc[j]);
     }
   }
+}
+
+void loom_cpu_bias_backward(int64_t M, int64_t N, const float *restrict dout,
+                            float *restrict dbias) {
+  bias_backward_kernel(M, N, dout, dbias);
 }

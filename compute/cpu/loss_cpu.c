@@ -36,8 +36,9 @@ static double row_sumexp(int64_t v, const float *restrict x, float mx) {
 // ---------------------------------------------------------------------------------------------
 
 LOOM_CPU_CLONES
-double loom_cpu_cross_entropy_forward(int64_t n, int64_t v, const float *logits,
-                                      const int32_t *targets, int32_t ignore_index, float *losses) {
+static double cross_entropy_forward_kernel(int64_t n, int64_t v, const float *logits,
+                                           const int32_t *targets, int32_t ignore_index,
+                                           float *losses) {
   double total = 0.0;
   for (int64_t i = 0; i < n; i++) {
     if (targets[i] == ignore_index) {
@@ -55,9 +56,15 @@ double loom_cpu_cross_entropy_forward(int64_t n, int64_t v, const float *logits,
   return total;
 }
 
+double loom_cpu_cross_entropy_forward(int64_t n, int64_t v, const float *logits,
+                                      const int32_t *targets, int32_t ignore_index, float *losses) {
+  return cross_entropy_forward_kernel(n, v, logits, targets, ignore_index, losses);
+}
+
 LOOM_CPU_CLONES
-void loom_cpu_cross_entropy_backward(int64_t n, int64_t v, float *dlogits, const float *logits,
-                                     const int32_t *targets, int32_t ignore_index, float scale) {
+static void cross_entropy_backward_kernel(int64_t n, int64_t v, float *dlogits, const float *logits,
+                                          const int32_t *targets, int32_t ignore_index,
+                                          float scale) {
   if (v <= 0) {
     return; // no classes: nothing to write (every row is then ignored)
   }
@@ -78,4 +85,9 @@ void loom_cpu_cross_entropy_backward(int64_t n, int64_t v, float *dlogits, const
     }
     d[targets[i]] -= scale;
   }
+}
+
+void loom_cpu_cross_entropy_backward(int64_t n, int64_t v, float *dlogits, const float *logits,
+                                     const int32_t *targets, int32_t ignore_index, float scale) {
+  cross_entropy_backward_kernel(n, v, dlogits, logits, targets, ignore_index, scale);
 }

@@ -18,8 +18,8 @@
 // As in PyTorch the scalar factors are computed in double and rounded to float once; every
 // per-element operation is in float.
 LOOM_CPU_CLONES
-void loom_cpu_adamw_update(int64_t n, float *restrict param, const float *restrict grad,
-                           float *restrict m, float *restrict v, const loom_adamw_t *hp) {
+static void adamw_update_kernel(int64_t n, float *restrict param, const float *restrict grad,
+                                float *restrict m, float *restrict v, const loom_adamw_t *hp) {
   const double lr = hp->lr, b1 = hp->beta1, b2 = hp->beta2;
   const float decay = (float)(1.0 - lr * (double)hp->weight_decay);
   const float beta1 = hp->beta1, one_minus_b1 = (float)(1.0 - b1);
@@ -39,6 +39,11 @@ void loom_cpu_adamw_update(int64_t n, float *restrict param, const float *restri
   }
 }
 
+void loom_cpu_adamw_update(int64_t n, float *restrict param, const float *restrict grad,
+                           float *restrict m, float *restrict v, const loom_adamw_t *hp) {
+  adamw_update_kernel(n, param, grad, m, v, hp);
+}
+
 // ---------------------------------------------------------------------------------------------
 // SGD
 
@@ -50,8 +55,8 @@ void loom_cpu_adamw_update(int64_t n, float *restrict param, const float *restri
 //   p = p - lr * g
 // With momentum 0 the buffer is not used (PyTorch keeps none) and p = p - lr * g.
 LOOM_CPU_CLONES
-void loom_cpu_sgd_update(int64_t n, float *restrict param, const float *restrict grad,
-                         float *restrict buf, const loom_sgd_t *hp) {
+static void sgd_update_kernel(int64_t n, float *restrict param, const float *restrict grad,
+                              float *restrict buf, const loom_sgd_t *hp) {
   const float lr = hp->lr, mu = hp->momentum, wd = hp->weight_decay;
   if (mu == 0.0f || !buf) {
     for (int64_t i = 0; i < n; i++) {
@@ -73,6 +78,11 @@ void loom_cpu_sgd_update(int64_t n, float *restrict param, const float *restrict
       param[i] = param[i] - lr * b;
     }
   }
+}
+
+void loom_cpu_sgd_update(int64_t n, float *restrict param, const float *restrict grad,
+                         float *restrict buf, const loom_sgd_t *hp) {
+  sgd_update_kernel(n, param, grad, buf, hp);
 }
 
 // ---------------------------------------------------------------------------------------------

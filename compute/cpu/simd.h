@@ -6,6 +6,10 @@
 // The library is built for the baseline ISA so that one binary runs on every x86-64 machine;
 // the few loops that are worth it (elementwise transcendental kernels) get an AVX2 copy too.
 // Elsewhere (other architectures, compilers without the attribute) the macro is empty.
+//
+// Put it only on static functions and call them from the public loom_cpu_ entry point: GCC
+// gives a cloned function's ifunc resolver ("name.resolver") the visibility of the function, so
+// a cloned public function would export its resolver too (tests/unit/exports.sh checks).
 #if defined(__x86_64__) && defined(__ELF__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define LOOM_CPU_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))

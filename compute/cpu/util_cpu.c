@@ -5,17 +5,25 @@
 #include "simd.h"
 
 LOOM_CPU_CLONES
-void loom_cpu_scale(int64_t n, float alpha, float *restrict x) {
+static void scale_kernel(int64_t n, float alpha, float *restrict x) {
   for (int64_t i = 0; i < n; i++) {
     x[i] *= alpha;
   }
 }
 
+void loom_cpu_scale(int64_t n, float alpha, float *restrict x) {
+  scale_kernel(n, alpha, x);
+}
+
 LOOM_CPU_CLONES
-void loom_cpu_axpy(int64_t n, float alpha, const float *restrict x, float *restrict y) {
+static void axpy_kernel(int64_t n, float alpha, const float *restrict x, float *restrict y) {
   for (int64_t i = 0; i < n; i++) {
     y[i] += alpha * x[i];
   }
+}
+
+void loom_cpu_axpy(int64_t n, float alpha, const float *restrict x, float *restrict y) {
+  axpy_kernel(n, alpha, x, y);
 }
 
 // Eight independent partial sums (lanes) over blocks of eight, then the tail, then the lanes in
@@ -23,7 +31,7 @@ void loom_cpu_axpy(int64_t n, float alpha, const float *restrict x, float *restr
 #define SUMSQ_LANES 8
 
 LOOM_CPU_CLONES
-double loom_cpu_sumsq(int64_t n, const float *restrict x) {
+static double sumsq_kernel(int64_t n, const float *restrict x) {
   double lane[SUMSQ_LANES] = {0};
   int64_t full = n - n % SUMSQ_LANES;
   for (int64_t i = 0; i < full; i += SUMSQ_LANES) {
@@ -41,6 +49,10 @@ double loom_cpu_sumsq(int64_t n, const float *restrict x) {
     sum += lane[k];
   }
   return sum;
+}
+
+double loom_cpu_sumsq(int64_t n, const float *restrict x) {
+  return sumsq_kernel(n, x);
 }
 
 uint64_t loom_cpu_fnv1a64(uint64_t hash, const void *bytes, size_t len) {
