@@ -21,18 +21,37 @@
 //      f32 and round once; AVG divides the sum by n) and sends the result to every rank.
 // Each element is reduced once, by one rank, in a fixed order, so every rank holds the same
 // bits, and they are the same from run to run. Traffic per rank is 2 (n-1)/n of the tensor each
-// way, as for a ring, in two steps of point-to-point messages (tagged per call on a private
-// duplicate of the group's communicator, so that no ordering between calls is needed).
+// way, as for a ring, in point-to-point messages (tagged per call on a private duplicate of the
+// group's communicator, so that no ordering between calls is needed).
+// Both steps move in chunks of at most LOOM_PIPE_BYTES per peer, one stage per chunk: when the
+// reduce-scatter of chunk c has landed, rank j reduces it and posts its allgather together with
+// the reduce-scatter of chunk c + 1. The peers' contributions land in a scratch buffer of one
+// chunk per peer, reused from a pool kept with the group, so what is added and what is sent next
+// is still in cache, and a large reduction allocates nothing. Chunking changes no sum: each
+// element is still added in rank order by its block's owner.
 // Integer sums are exact in any order and MAX/MIN do not depend on it: those use MPI_Iallreduce.
 // reduce_scatter uses step 1 for every dtype and op.
+
+// Bytes per peer per pipeline chunk (split among the peers beyond two ranks). Override with
+// -DLOOM_PIPE_BYTES=64 to exercise many chunks in the tests.
+#ifndef LOOM_PIPE_BYTES
+#define LOOM_PIPE_BYTES ((size_t)1 << 20)
+#endif
+#define LOOM_PIPE_SPARE 4 // full-size scratch buffers a group keeps for reuse
+// Scratch needs from this many bytes up take a full-size buffer from the pool; smaller ones (many
+// may be in flight at once: fusion of small tensors) allocate their own.
+#define LOOM_PIPE_POOLED ((size_t)32 << 10)
 
 // ---- per-group private communicator and tags ----------------------------------------------------
 
 // Attached to the group's communicator as an MPI attribute (the group itself is const).
 struct comm_state {
-  MPI_Comm p2p;  // duplicate of the group's communicator for loom's own messages
-  unsigned seq;  // collectives started on the group: the same on every member
-  int tag_pairs; // (MPI_TAG_UB + 1) / 2: two tags per collective
+  MPI_Comm p2p;                 // duplicate of the group's communicator for loom's own messages
+  unsigned seq;                 // collectives started on the group: the same on every member
+  int tag_pairs;                // (MPI_TAG_UB + 1) / 2: two tags per collective
+  pthread_mutex_t lock;         // guards spare[] (requests finish on any thread)
+  void *spare[LOOM_PIPE_SPARE]; // full-size pipeline scratch buffers not in use
+  int nspare;
 };
 
 static int state_keyval = MPI_KEYVAL_INVALID;
@@ -46,6 +65,10 @@ static int delete_state(MPI_Comm comm, int keyval, void *value, void *extra) {
   if (s->p2p != MPI_COMM_NULL) {
     MPI_Comm_free(&s->p2p);
   }
+  for (int i = 0; i < s->nspare; i++) {
+    loom_host_free(s->spare[i]);
+  }
+  pthread_mutex_destroy(&s->lock);
   free(s);
   return MPI_SUCCESS;
 }
@@ -58,7 +81,8 @@ static void create_state_keyval(void) {
 // The group's private communicator and the first of two tags for a new collective. Every member
 // calls it once per collective, in the same order; the first call duplicates the communicator
 // (itself collective over the group).
-static loom_status_t collective_tags(const loom_group_t *g, MPI_Comm *comm, int *tag) {
+static loom_status_t group_state(const loom_group_t *g, MPI_Comm *comm, int *tag,
+                                 struct comm_state **out) {
   loom_status_t status = LOOM_OK;
   struct comm_state *s = NULL;
   pthread_once(&state_keyval_once, create_state_keyval);
@@ -71,6 +95,7 @@ static loom_status_t collective_tags(const loom_group_t *g, MPI_Comm *comm, int 
       return loom_error(NULL, LOOM_ERR_NOMEM, "cannot allocate the communicator state");
     }
     s->p2p = MPI_COMM_NULL;
+    pthread_mutex_init(&s->lock, NULL);
     int *ub = NULL, has_ub = 0;
     LOOM_CHECK_MPI(NULL, MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &has_ub));
     s->tag_pairs = has_ub && ub && *ub >= 32767 ? (int)(((unsigned)*ub + 1u) / 2u) : 16384;
@@ -82,15 +107,46 @@ static loom_status_t collective_tags(const loom_group_t *g, MPI_Comm *comm, int 
   *comm = s->p2p;
   *tag = (int)(s->seq % (unsigned)s->tag_pairs) * 2;
   s->seq++;
+  if (out) {
+    *out = s;
+  }
   return LOOM_OK;
 fail:
   if (s && !found) {
     if (s->p2p != MPI_COMM_NULL) {
       MPI_Comm_free(&s->p2p);
     }
+    pthread_mutex_destroy(&s->lock);
     free(s);
   }
   return status;
+}
+
+static loom_status_t collective_tags(const loom_group_t *g, MPI_Comm *comm, int *tag) {
+  return group_state(g, comm, tag, NULL);
+}
+
+// A full-size pipeline scratch buffer of the group (bytes: the same for every call on the
+// group): a spare one, or a new one; NULL when out of memory.
+static void *scratch_take(struct comm_state *cs, size_t bytes) {
+  void *p = NULL;
+  pthread_mutex_lock(&cs->lock);
+  if (cs->nspare > 0) {
+    p = cs->spare[--cs->nspare];
+  }
+  pthread_mutex_unlock(&cs->lock);
+  return p ? p : loom_host_alloc(bytes);
+}
+
+// Keep p for the next call (up to LOOM_PIPE_SPARE of them) or free it.
+static void scratch_give(struct comm_state *cs, void *p) {
+  pthread_mutex_lock(&cs->lock);
+  if (p && cs->nspare < LOOM_PIPE_SPARE) {
+    cs->spare[cs->nspare++] = p;
+    p = NULL;
+  }
+  pthread_mutex_unlock(&cs->lock);
+  loom_host_free(p);
 }
 
 // ---- message helpers ----------------------------------------------------------------------------
@@ -149,57 +205,123 @@ struct ordered {
   loom_redop_t op;
   int n, me, tag;
   MPI_Comm comm;
-  const char *src; // (total) wire elements: the input, or its f32 copy
-  char *parts;     // (n - 1, counts[me]) wire elements received for my block, by peer
-  char *out;       // (counts[me]) my block of the result, in dtype
-  char *gather;    // allreduce: the whole result, completed by the allgather; else NULL
-  int64_t *counts; // (n) block sizes
-  int64_t *displs; // (n) block offsets
+  struct comm_state *cs; // the group's state: the pool scratch comes from and goes back to
+  const char *src;       // (total) wire elements: the input, or its f32 copy
+  char *scratch;         // (n - 1, stride) wire elements: the current chunk of my block, by peer
+  int64_t stride;        // elements per peer in scratch: min(chunk, counts[me])
+  int pooled;            // scratch is a full-size buffer of cs's pool (else owned by r->tmp)
+  char *out;             // (counts[me]) my block of the result, in dtype
+  char *gather;          // allreduce: the whole result, completed by the allgather; else NULL
+  int64_t *counts;       // (n) block sizes
+  int64_t *displs;       // (n) block offsets
+  int64_t chunk;         // elements per message of one stage (per peer)
+  int64_t nchunks;       // stages: chunks of the largest block
+  int64_t next;          // the chunk whose reduce-scatter is in flight
 };
 
 static void release_ordered(loom_request_t *r) {
   struct ordered *s = r->state;
   if (s) {
+    if (s->pooled) {
+      scratch_give(s->cs, s->scratch);
+    }
     free(s->counts);
     free(s);
   }
   r->state = NULL;
 }
 
-// Rank j's contribution to my block.
-static const char *contribution(const struct ordered *s, int j) {
+// Elements of chunk c of block b (0 past the block's end).
+static int64_t chunk_len(const struct ordered *s, int b, int64_t c) {
+  int64_t left = s->counts[b] - c * s->chunk;
+  return left <= 0 ? 0 : left < s->chunk ? left : s->chunk;
+}
+
+// Rank j's contribution to chunk c of my block.
+static const char *contribution(const struct ordered *s, int j, int64_t c) {
   size_t ws = loom_dtype_size(s->wire);
   if (j == s->me) {
-    return elem(s->src, s->displs[s->me], ws);
+    return elem(s->src, s->displs[s->me] + c * s->chunk, ws);
   }
   int slot = j < s->me ? j : j - 1;
-  return elem(s->parts, (int64_t)slot * s->counts[s->me], ws);
+  return elem(s->scratch, (int64_t)slot * s->stride, ws);
+}
+
+// The reduce-scatter of chunk c: my chunk from every peer, each peer's chunk to it.
+static loom_status_t post_scatter(loom_request_t *r, const struct ordered *s, int64_t c) {
+  loom_status_t status = LOOM_OK;
+  size_t ws = loom_dtype_size(s->wire);
+  for (int k = 1; k < s->n && status == LOOM_OK; k++) {
+    int to = (s->me + k) % s->n, from = (s->me - k + s->n) % s->n;
+    status = post_p2p(r, 0, contribution(s, from, c), chunk_len(s, s->me, c), s->wire, from, s->tag,
+                      s->comm);
+    if (status == LOOM_OK) {
+      status = post_p2p(r, 1, elem(s->src, s->displs[to] + c * s->chunk, ws), chunk_len(s, to, c),
+                        s->wire, to, s->tag, s->comm);
+    }
+  }
+  return status;
+}
+
+// The allgather of chunk c: my reduced chunk to every peer, each peer's reduced chunk from it.
+static loom_status_t post_gather(loom_request_t *r, const struct ordered *s, int64_t c) {
+  loom_status_t status = LOOM_OK;
+  size_t es = loom_dtype_size(s->dtype);
+  for (int k = 1; k < s->n && status == LOOM_OK; k++) {
+    int to = (s->me + k) % s->n, from = (s->me - k + s->n) % s->n;
+    status = post_p2p(r, 1, elem(s->out, c * s->chunk, es), chunk_len(s, s->me, c), s->dtype, to,
+                      s->tag + 1, s->comm);
+    if (status == LOOM_OK) {
+      status = post_p2p(r, 0, elem(s->gather, s->displs[from] + c * s->chunk, es),
+                        chunk_len(s, from, c), s->dtype, from, s->tag + 1, s->comm);
+    }
+  }
+  return status;
 }
 
 #define TILE 2048 // elements reduced per pass (fits L1 with a few contributions)
 
-// Step 2: sum my block in rank order, tile by tile (the output may be my own input, in place:
-// a tile is read completely before it is written), then post the allgather of the result.
-static loom_status_t ordered_reduce(loom_request_t *r) {
-  struct ordered *s = r->state;
+// acc = a op b for m wire elements: the first addition of a tile, without copying a first.
+static void reduce_pair(const struct ordered *s, void *acc, const void *a, const void *b,
+                        int64_t m) {
+  if (s->wire == LOOM_F32 && (s->op == LOOM_SUM || s->op == LOOM_AVG)) {
+    float *x = acc;
+    const float *p = a, *q = b;
+    for (int64_t i = 0; i < m; i++) {
+      x[i] = p[i] + q[i];
+    }
+    return;
+  }
+  memcpy(acc, a, (size_t)m * loom_dtype_size(s->wire));
+  loom_reduce_into(s->wire, s->op, acc, b, m);
+}
+
+// Sum chunk c of my block in rank order, tile by tile, into out (which may be my own input, in
+// place: a tile is read completely before it is written).
+static void reduce_chunk(const struct ordered *s, int64_t c) {
   size_t ws = loom_dtype_size(s->wire), es = loom_dtype_size(s->dtype);
-  int64_t mine = s->counts[s->me];
+  int64_t len = chunk_len(s, s->me, c);
   union { // TILE wire elements (f32 when the result is f16/bf16)
     float f32[TILE];
     int64_t i64[TILE];
   } acc;
-  for (int64_t off = 0; off < mine; off += TILE) {
-    int64_t m = mine - off < TILE ? mine - off : TILE;
-    memcpy(&acc, contribution(s, 0) + (size_t)off * ws, (size_t)m * ws);
-    for (int j = 1; j < s->n; j++) {
-      loom_reduce_into(s->wire, s->op, &acc, contribution(s, j) + (size_t)off * ws, m);
+  for (int64_t off = 0; off < len; off += TILE) {
+    int64_t m = len - off < TILE ? len - off : TILE;
+    size_t at = (size_t)off * ws;
+    if (s->n == 1) {
+      memcpy(&acc, contribution(s, 0, c) + at, (size_t)m * ws);
+    } else {
+      reduce_pair(s, &acc, contribution(s, 0, c) + at, contribution(s, 1, c) + at, m);
+    }
+    for (int j = 2; j < s->n; j++) {
+      loom_reduce_into(s->wire, s->op, &acc, contribution(s, j, c) + at, m);
     }
     if (s->op == LOOM_AVG) { // floats only: the wire is f32
       for (int64_t i = 0; i < m; i++) {
         acc.f32[i] /= (float)s->n;
       }
     }
-    char *dst = s->out + (size_t)off * es;
+    char *dst = s->out + (size_t)(c * s->chunk + off) * es;
     if (s->wire == s->dtype) {
       memcpy(dst, &acc, (size_t)m * es);
     } else if (s->dtype == LOOM_F16) {
@@ -208,22 +330,59 @@ static loom_status_t ordered_reduce(loom_request_t *r) {
       loom_f32_to_bf16_n(acc.f32, (uint16_t *)dst, (size_t)m);
     }
   }
-  loom_status_t status = LOOM_OK;
-  if (s->gather) {
-    for (int k = 1; k < s->n && status == LOOM_OK; k++) {
-      int to = (s->me + k) % s->n, from = (s->me - k + s->n) % s->n;
-      status = post_p2p(r, 1, s->out, mine, s->dtype, to, s->tag + 1, s->comm);
-      if (status == LOOM_OK) {
-        status = post_p2p(r, 0, elem(s->gather, s->displs[from], es), s->counts[from], s->dtype,
-                          from, s->tag + 1, s->comm);
-      }
-    }
+}
+
+// One stage done (the reduce-scatter of chunk next, and the allgather of the chunk before it):
+// reduce the chunk, post its allgather and the reduce-scatter of the chunk after it.
+static loom_status_t ordered_step(loom_request_t *r) {
+  struct ordered *s = r->state;
+  int64_t c = s->next++;
+  reduce_chunk(s, c);
+  loom_status_t status = s->gather ? post_gather(r, s, c) : LOOM_OK;
+  if (status == LOOM_OK && s->next < s->nchunks) {
+    status = post_scatter(r, s, s->next);
+    r->step = ordered_step;
   }
   return status;
 }
 
-// Step 1 of the ordered reduction of send (sum of counts elements) with the given blocks; my
-// block's result goes to out; gather (the whole result buffer) adds the allgather step.
+// The chunk size (elements per peer per stage) and the scratch it needs. Scratch of at least
+// LOOM_PIPE_POOLED bytes is a full-size buffer of the group's pool, (n - 1) * per_peer bytes
+// whatever the dtype (a chunk of any dtype fits), so that large reductions allocate nothing.
+static loom_status_t ordered_scratch(loom_request_t *r, struct ordered *s) {
+  size_t ws = loom_dtype_size(s->wire);
+  size_t per_peer = s->n > 2 ? LOOM_PIPE_BYTES / (size_t)(s->n - 1) : LOOM_PIPE_BYTES;
+  per_peer = per_peer < sizeof(int64_t) ? sizeof(int64_t) : per_peer; // one element of any dtype
+  s->chunk = (int64_t)(per_peer / ws);
+  int64_t largest = 0;
+  for (int i = 0; i < s->n; i++) {
+    largest = s->counts[i] > largest ? s->counts[i] : largest;
+  }
+  s->nchunks = (largest + s->chunk - 1) / s->chunk;
+  if (s->n == 1) {
+    return LOOM_OK;
+  }
+  s->stride = s->counts[s->me] < s->chunk ? s->counts[s->me] : s->chunk;
+  size_t need = (size_t)(s->n - 1) * (size_t)s->stride * ws;
+  if (need < LOOM_PIPE_POOLED) { // a small block: scratch of its size only
+    void *p = NULL;
+    loom_status_t status = loom_request_tmp(r, need, &p);
+    s->scratch = p;
+    return status;
+  }
+  size_t full = (size_t)(s->n - 1) * per_peer;
+  s->scratch = scratch_take(s->cs, full);
+  if (!s->scratch) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %zu bytes of scratch", r->op,
+                      full);
+  }
+  s->pooled = 1;
+  return LOOM_OK;
+}
+
+// Start the ordered reduction of send (sum of counts elements) with the given blocks: post the
+// reduce-scatter of the first chunk. My block's result goes to out; gather (the whole result
+// buffer) adds the allgather.
 static loom_status_t ordered_start(const loom_group_t *g, const void *send, void *out, void *gather,
                                    const int64_t *counts, loom_dtype_t dtype, loom_redop_t op,
                                    loom_request_t *r) {
@@ -248,7 +407,7 @@ static loom_status_t ordered_start(const loom_group_t *g, const void *send, void
   s->me = me;
   s->out = out;
   s->gather = gather;
-  LOOM_CHECK(collective_tags(g, &s->comm, &s->tag));
+  LOOM_CHECK(group_state(g, &s->comm, &s->tag, &s->cs));
   size_t ws = loom_dtype_size(s->wire);
   s->src = send;
   if (s->wire != dtype) {
@@ -261,17 +420,11 @@ static loom_status_t ordered_start(const loom_group_t *g, const void *send, void
     }
     s->src = wide;
   }
-  void *parts = NULL;
-  LOOM_CHECK(loom_request_tmp(r, (size_t)(n - 1) * (size_t)s->counts[me] * ws, &parts));
-  s->parts = parts;
-  for (int k = 1; k < n; k++) {
-    int to = (me + k) % n, from = (me - k + n) % n;
-    LOOM_CHECK(
-        post_p2p(r, 0, contribution(s, from), s->counts[me], s->wire, from, s->tag, s->comm));
-    LOOM_CHECK(post_p2p(r, 1, elem(s->src, s->displs[to], ws), s->counts[to], s->wire, to, s->tag,
-                        s->comm));
+  LOOM_CHECK(ordered_scratch(r, s));
+  if (s->nchunks > 0) {
+    LOOM_CHECK(post_scatter(r, s, 0));
+    r->step = ordered_step;
   }
-  r->step = ordered_reduce;
 fail:
   return status;
 }

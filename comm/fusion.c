@@ -1,5 +1,6 @@
 /* fusion.c — allreduce many small tensors as few large ones: plan buckets of at most the fusion
- * threshold in the given order, pack, start every bucket at once, unpack each as it lands. */
+ * threshold in the given order (kept while the tensors stay the same), then move each bucket in
+ * cache-sized pieces: pack a piece, start it, unpack the piece started a window earlier. */
 #include "config.h"
 #include "loom_comm.h"
 
@@ -13,7 +14,17 @@
 #include "log.h"
 #include "memory.h"
 
-// A reusable bucket buffer (host or one CUDA device).
+// Pieces: a bucket travels in pieces of at most LOOM_FUSION_PIECE bytes, each an allreduce of
+// its own (every element is still summed in rank order, so the bits do not depend on the split).
+// At most LOOM_FUSION_SLOTS pieces are in flight; piece k is packed into staging slot
+// k % LOOM_FUSION_SLOTS, so the staging stays in cache: what is packed is sent at once, and
+// what lands is unpacked at once.
+#ifndef LOOM_FUSION_PIECE
+#define LOOM_FUSION_PIECE ((size_t)512 << 10)
+#endif
+#define LOOM_FUSION_SLOTS 4
+
+// A reusable staging buffer (host or one CUDA device).
 struct bucket_buf {
   void *data;
   size_t bytes;
@@ -27,16 +38,41 @@ struct bucket {
   int direct; // one non-empty tensor: reduced in place, without copying
 };
 
+// One allreduce of the call: bytes [lo, hi) of bucket k; a direct bucket is one piece, in place.
+struct piece {
+  int bucket;
+  int first; // the first tensor of the bucket that overlaps the piece
+  size_t lo, hi;
+};
+
+// What the plan depends on, per tensor: a call with the same tensors reuses the plan.
+struct tensor_sig {
+  void *data;
+  size_t bytes;
+  loom_dtype_t dtype;
+  int device, ndim;
+  int64_t shape[LOOM_MAX_DIMS];
+};
+
 #define LOGGED_PLANS 16
 
 struct loom_fusion {
   loom_ctx_t *ctx;
   const loom_group_t *g;
-  size_t threshold;        // bytes per bucket; 0: every tensor travels alone
-  int buckets;             // buckets of the last call
-  struct bucket_buf *bufs; // (nbufs)
-  int nbufs;
-  uint64_t logged[LOGGED_PLANS]; // plans already logged (hashes), round robin
+  size_t threshold; // bytes per bucket; 0: every tensor travels alone
+  int buckets;      // buckets of the last call
+  struct bucket_buf bufs[LOOM_FUSION_SLOTS];
+  // The plan of the last call, for n tensors (nplan < 0: none).
+  int nplan, cap;
+  struct tensor_sig *sig; // (cap)
+  size_t *offset;         // (cap) byte offset of each tensor in its bucket
+  struct bucket *b;       // (cap) buckets [0, nb)
+  int nb;
+  struct piece *p; // (np) pieces in order
+  int np, cap_pieces;
+  loom_request_t **reqs;                  // (cap_pieces) one per piece
+  loom_tensor_t views[LOOM_FUSION_SLOTS]; // the staged pieces in flight, by slot
+  uint64_t logged[LOGGED_PLANS];          // plans already logged (hashes), round robin
   int nlogged;
 };
 
@@ -60,6 +96,10 @@ loom_status_t loom_fusion_create(loom_ctx_t *ctx, const loom_group_t *g, size_t 
   f->ctx = ctx;
   f->g = g;
   f->threshold = threshold ? threshold : (size_t)ctx->params.fusion_threshold;
+  f->nplan = -1;
+  for (int i = 0; i < LOOM_FUSION_SLOTS; i++) {
+    f->bufs[i].device = LOOM_DEVICE_HOST;
+  }
   *fusion = f;
   return LOOM_OK;
 }
@@ -78,10 +118,14 @@ void loom_fusion_destroy(loom_fusion_t *fusion) {
   if (!fusion) {
     return;
   }
-  for (int i = 0; i < fusion->nbufs; i++) {
+  for (int i = 0; i < LOOM_FUSION_SLOTS; i++) {
     free_buf(&fusion->bufs[i]);
   }
-  free(fusion->bufs);
+  free(fusion->sig);
+  free(fusion->offset);
+  free(fusion->b);
+  free(fusion->p);
+  free(fusion->reqs);
   free(fusion);
 }
 
@@ -102,29 +146,41 @@ static int by_addr(const void *a, const void *b) {
   return x->addr < y->addr ? -1 : x->addr > y->addr;
 }
 
+// tensors[i] present, of tensors[0]'s dtype and device. The name for messages is formatted only
+// on a failure (this runs for every tensor of every call whose plan changed).
+static loom_status_t check_one(const char *op, loom_tensor_t *const *t, int i) {
+  char name[32], s1[LOOM_SHAPE_STR_MAX], s2[LOOM_SHAPE_STR_MAX];
+  if (t[i] && loom_dtype_size(t[0]->dtype) != 0 && t[i]->dtype == t[0]->dtype &&
+      loom_arg_tensor(op, "tensors[i]", t[i], t[0]->dtype, t[0]->device) == LOOM_OK) {
+    return LOOM_OK;
+  }
+  snprintf(name, sizeof name, "tensors[%d]", i);
+  if (!t[i]) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: %s is NULL", op, name);
+  }
+  if (loom_dtype_size(t[0]->dtype) == 0) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: tensors[0] has dtype %d, expected one of f32, f16, bf16, i8, u8, i32, "
+                      "i64",
+                      op, (int)t[0]->dtype);
+  }
+  if (t[i]->dtype != t[0]->dtype) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: %s is %s but tensors[0] is %s: expected dtype %s for every tensor of "
+                      "one call",
+                      op, name, loom_shape_str(t[i], s1), loom_shape_str(t[0], s2),
+                      loom_dtype_name(t[0]->dtype));
+  }
+  return loom_arg_tensor(op, name, t[i], t[0]->dtype, t[0]->device); // names tensors[i] now
+}
+
 // Every tensor present, of tensors[0]'s dtype and device, and no two sharing memory.
 static loom_status_t check_tensors(const char *op, loom_tensor_t *const *t, int n) {
   loom_status_t status = LOOM_OK;
   struct span *spans = NULL;
-  char name[32], s1[LOOM_SHAPE_STR_MAX], s2[LOOM_SHAPE_STR_MAX];
+  char s1[LOOM_SHAPE_STR_MAX], s2[LOOM_SHAPE_STR_MAX];
   for (int i = 0; i < n; i++) {
-    snprintf(name, sizeof name, "tensors[%d]", i);
-    if (!t[i]) {
-      return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: %s is NULL", op, name);
-    }
-    if (i == 0 && loom_dtype_size(t[0]->dtype) == 0) {
-      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                        "%s: %s has dtype %d, expected one of f32, f16, bf16, i8, u8, i32, i64", op,
-                        name, (int)t[0]->dtype);
-    }
-    if (t[i]->dtype != t[0]->dtype) {
-      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                        "%s: %s is %s but tensors[0] is %s: expected dtype %s for every tensor of "
-                        "one call",
-                        op, name, loom_shape_str(t[i], s1), loom_shape_str(t[0], s2),
-                        loom_dtype_name(t[0]->dtype));
-    }
-    status = loom_arg_tensor(op, name, t[i], t[0]->dtype, t[0]->device);
+    status = check_one(op, t, i);
     if (status != LOOM_OK) {
       return status;
     }
@@ -214,21 +270,140 @@ static void log_plan(loom_fusion_t *f, loom_tensor_t *const *t, int n, const str
   }
 }
 
+// ---- plan cache -------------------------------------------------------------------------------
+
+static struct tensor_sig signature(const loom_tensor_t *t) {
+  struct tensor_sig sig = {t->data, loom_tensor_bytes(t), t->dtype, t->device, t->ndim, {0}};
+  for (int d = 0; d < t->ndim && d < LOOM_MAX_DIMS; d++) {
+    sig.shape[d] = t->shape[d];
+  }
+  return sig;
+}
+
+static int same_tensor(const struct tensor_sig *sig, const loom_tensor_t *t) {
+  if (!t || sig->data != t->data || sig->dtype != t->dtype || sig->device != t->device ||
+      sig->ndim != t->ndim || t->ndim < 0 || t->ndim > LOOM_MAX_DIMS) {
+    return 0;
+  }
+  for (int d = 0; d < t->ndim; d++) {
+    if (sig->shape[d] != t->shape[d]) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+// 1 when the call passes the tensors of the last planned call (then they were checked already).
+static int plan_cached(const loom_fusion_t *f, loom_tensor_t *const *t, int n) {
+  if (f->nplan != n) {
+    return 0;
+  }
+  for (int i = 0; i < n; i++) {
+    if (!same_tensor(&f->sig[i], t[i])) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static loom_status_t plan_nomem(loom_fusion_t *f, int n, const char *what) {
+  return loom_error(f->ctx, LOOM_ERR_NOMEM,
+                    "loom_fusion_allreduce: cannot allocate the plan of %d %s", n, what);
+}
+
+// Room for a plan of n tensors and np pieces (arrays kept as they were on failure).
+static loom_status_t plan_room(loom_fusion_t *f, int n, int np) {
+  if (n > f->cap) {
+    struct tensor_sig *sig = realloc(f->sig, sizeof *sig * (size_t)n);
+    if (!sig) {
+      return plan_nomem(f, n, "tensors");
+    }
+    f->sig = sig;
+    size_t *offset = realloc(f->offset, sizeof *offset * (size_t)n);
+    if (!offset) {
+      return plan_nomem(f, n, "tensors");
+    }
+    f->offset = offset;
+    struct bucket *b = realloc(f->b, sizeof *b * (size_t)n);
+    if (!b) {
+      return plan_nomem(f, n, "tensors");
+    }
+    f->b = b;
+    f->cap = n;
+  }
+  if (np > f->cap_pieces) {
+    struct piece *p = realloc(f->p, sizeof *p * (size_t)np);
+    if (!p) {
+      return plan_nomem(f, np, "pieces");
+    }
+    f->p = p;
+    loom_request_t **reqs = realloc(f->reqs, sizeof *reqs * (size_t)np);
+    if (!reqs) {
+      return plan_nomem(f, np, "pieces");
+    }
+    f->reqs = reqs;
+    f->cap_pieces = np;
+  }
+  return LOOM_OK;
+}
+
+// Pieces of bucket k appended at f->p[f->np]: a direct bucket whole, else LOOM_FUSION_PIECE
+// bytes at a time, each knowing the first tensor it overlaps.
+static void add_pieces(loom_fusion_t *f, int k) {
+  const struct bucket *b = &f->b[k];
+  int i = b->first;
+  for (size_t lo = 0; lo < b->bytes; lo += LOOM_FUSION_PIECE) {
+    while (f->offset[i] + f->sig[i].bytes <= lo) { // skip tensors that end before the piece
+      i++;
+    }
+    size_t hi = b->bytes - lo < LOOM_FUSION_PIECE ? b->bytes : lo + LOOM_FUSION_PIECE;
+    if (b->direct) {
+      hi = b->bytes;
+    }
+    f->p[f->np++] = (struct piece){k, i, lo, hi};
+    if (b->direct) {
+      break;
+    }
+  }
+}
+
+// Plan the call anew: check the tensors, buckets, offsets, pieces; remember the tensors.
+static loom_status_t make_plan(loom_fusion_t *f, loom_tensor_t *const *t, int n) {
+  loom_status_t status = LOOM_OK;
+  f->nplan = -1;
+  LOOM_CHECK(check_tensors("loom_fusion_allreduce", t, n));
+  LOOM_CHECK(plan_room(f, n, 0));
+  f->nb = plan(t, n, f->threshold, f->b);
+  int np = 0;
+  size_t total = 0;
+  for (int i = 0; i < n; i++) {
+    f->sig[i] = signature(t[i]);
+  }
+  for (int k = 0; k < f->nb; k++) {
+    size_t off = 0;
+    for (int i = f->b[k].first; i < f->b[k].last; i++) {
+      f->offset[i] = off;
+      off += f->sig[i].bytes;
+    }
+    np += f->b[k].direct ? 1 : (int)((f->b[k].bytes + LOOM_FUSION_PIECE - 1) / LOOM_FUSION_PIECE);
+    total += f->b[k].bytes;
+  }
+  LOOM_CHECK(plan_room(f, n, np));
+  f->np = 0;
+  for (int k = 0; k < f->nb; k++) {
+    add_pieces(f, k);
+  }
+  f->nplan = n;
+  log_plan(f, t, n, f->b, f->nb);
+  LOOM_TRACE(LOOM_SUB_COLL, "fusion: %zu bytes in %d pieces", total, f->np);
+fail:
+  return status;
+}
+
 // ---- allreduce ----------------------------------------------------------------------------------
 
-// Bucket buffer k with at least bytes on device.
+// Staging slot k with at least bytes on device.
 static loom_status_t bucket_buffer(loom_fusion_t *f, int k, size_t bytes, int device, void **out) {
-  if (k >= f->nbufs) {
-    struct bucket_buf *bufs = realloc(f->bufs, sizeof *bufs * (size_t)(k + 1));
-    if (!bufs) {
-      return loom_error(f->ctx, LOOM_ERR_NOMEM, "loom_fusion_allreduce: cannot grow the buckets");
-    }
-    for (int i = f->nbufs; i <= k; i++) {
-      bufs[i] = (struct bucket_buf){NULL, 0, LOOM_DEVICE_HOST};
-    }
-    f->bufs = bufs;
-    f->nbufs = k + 1;
-  }
   struct bucket_buf *b = &f->bufs[k];
   if (b->bytes < bytes || b->device != device) {
     free_buf(b);
@@ -251,25 +426,58 @@ static loom_status_t bucket_buffer(loom_fusion_t *f, int k, size_t bytes, int de
   return LOOM_OK;
 }
 
-// Copy the bucket's tensors into buf (pack) or back out of it.
-static loom_status_t copy_bucket(loom_tensor_t *const *t, const struct bucket *b, char *buf,
-                                 int pack) {
+// Copy the piece's part of each tensor into buf (pack) or back out of it.
+static loom_status_t copy_piece(const loom_fusion_t *f, loom_tensor_t *const *t,
+                                const struct piece *p, char *buf, int pack) {
   loom_status_t status = LOOM_OK;
-  size_t off = 0;
-  for (int i = b->first; i < b->last && status == LOOM_OK; i++) {
-    size_t bytes = loom_tensor_bytes(t[i]);
-    if (bytes == 0) {
+  const struct bucket *b = &f->b[p->bucket];
+  for (int i = p->first; i < b->last && f->offset[i] < p->hi && status == LOOM_OK; i++) {
+    size_t at = f->offset[i], end = at + f->sig[i].bytes;
+    size_t lo = at > p->lo ? at : p->lo, hi = end < p->hi ? end : p->hi;
+    if (hi <= lo) {
       continue;
     }
+    char *data = (char *)t[i]->data + (lo - at), *staged = buf + (lo - p->lo);
     int dev = t[i]->device;
     if (dev == LOOM_DEVICE_HOST) {
-      memcpy(pack ? buf + off : t[i]->data, pack ? t[i]->data : buf + off, bytes);
+      memcpy(pack ? staged : data, pack ? data : staged, hi - lo);
     } else if (pack) {
-      status = loom_memcpy_any(buf + off, dev, t[i]->data, dev, bytes);
+      status = loom_memcpy_any(staged, dev, data, dev, hi - lo);
     } else {
-      status = loom_memcpy_any(t[i]->data, dev, buf + off, dev, bytes);
+      status = loom_memcpy_any(data, dev, staged, dev, hi - lo);
     }
-    off += bytes;
+  }
+  return status;
+}
+
+// Start piece k: a direct bucket in place, else packed into staging slot k % LOOM_FUSION_SLOTS.
+static loom_status_t start_piece(loom_fusion_t *f, loom_tensor_t *const *t, int k,
+                                 loom_redop_t op) {
+  loom_status_t status = LOOM_OK;
+  const struct piece *p = &f->p[k];
+  f->reqs[k] = NULL;
+  if (f->b[p->bucket].direct) {
+    return loom_iallreduce(f->g, t[p->first], t[p->first], op, &f->reqs[k]);
+  }
+  int slot = k % LOOM_FUSION_SLOTS, device = t[p->first]->device;
+  loom_dtype_t dtype = t[p->first]->dtype;
+  void *buf = NULL;
+  LOOM_CHECK(bucket_buffer(f, slot, p->hi - p->lo, device, &buf));
+  LOOM_CHECK(copy_piece(f, t, p, buf, 1));
+  int64_t count = (int64_t)((p->hi - p->lo) / loom_dtype_size(dtype));
+  loom_tensor_t *view = &f->views[slot];
+  LOOM_CHECK(loom_tensor_wrap(view, buf, dtype, device, 1, &count, "fusion piece"));
+  LOOM_CHECK(loom_iallreduce(f->g, view, view, op, &f->reqs[k]));
+fail:
+  return status;
+}
+
+// Wait for piece k and unpack it.
+static loom_status_t finish_piece(loom_fusion_t *f, loom_tensor_t *const *t, int k) {
+  const struct piece *p = &f->p[k];
+  loom_status_t status = loom_wait(&f->reqs[k]);
+  if (status == LOOM_OK && !f->b[p->bucket].direct) {
+    status = copy_piece(f, t, p, f->bufs[k % LOOM_FUSION_SLOTS].data, 0);
   }
   return status;
 }
@@ -278,10 +486,7 @@ loom_status_t loom_fusion_allreduce(loom_fusion_t *fusion, loom_tensor_t *const 
                                     loom_redop_t op) {
   static const char name[] = "loom_fusion_allreduce";
   loom_status_t status = LOOM_OK;
-  struct bucket *b = NULL;
-  loom_request_t **reqs = NULL;
-  loom_tensor_t *views = NULL;
-  int started = 0;
+  int started = 0, finished = 0;
   if (!fusion) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "%s: fusion is NULL: create it with loom_fusion_create", name);
@@ -293,58 +498,31 @@ loom_status_t loom_fusion_allreduce(loom_fusion_t *fusion, loom_tensor_t *const 
                       tensors ? "set" : "NULL", n);
   }
   LOOM_CHECK(loom_comm_check_group(name, fusion->g));
-  LOOM_CHECK(check_tensors(name, tensors, n));
+  if (!plan_cached(fusion, tensors, n)) {
+    LOOM_CHECK(make_plan(fusion, tensors, n));
+  }
+  fusion->buckets = fusion->nb;
   if (n == 0) {
-    fusion->buckets = 0;
     return LOOM_OK;
   }
   LOOM_CHECK(loom_comm_check_redop(name, op, tensors[0]->dtype));
   LOOM_CHECK(loom_comm_check_backend(name, "tensors[0]", tensors[0]));
 
-  b = malloc(sizeof *b * (size_t)n);
-  reqs = calloc((size_t)n, sizeof *reqs);
-  views = calloc((size_t)n, sizeof *views);
-  if (!b || !reqs || !views) {
-    status = loom_error(ctx, LOOM_ERR_NOMEM, "%s: cannot allocate the plan of %d tensors", name, n);
-    goto fail;
-  }
-  int nb = plan(tensors, n, fusion->threshold, b);
-  fusion->buckets = nb;
-  log_plan(fusion, tensors, n, b, nb);
-
-  // Pack and start every bucket, then wait for them in order and unpack.
-  loom_dtype_t dtype = tensors[0]->dtype;
-  int device = tensors[0]->device;
-  size_t es = loom_dtype_size(dtype);
-  for (int k = 0; k < nb; k++, started++) {
-    loom_tensor_t *target = NULL;
-    if (b[k].direct) {
-      for (int i = b[k].first; i < b[k].last && !target; i++) {
-        target = loom_tensor_bytes(tensors[i]) ? tensors[i] : NULL;
-      }
-    } else {
-      void *buf = NULL;
-      LOOM_CHECK(bucket_buffer(fusion, k, b[k].bytes, device, &buf));
-      LOOM_CHECK(copy_bucket(tensors, &b[k], buf, 1));
-      int64_t count = (int64_t)(b[k].bytes / es);
-      LOOM_CHECK(loom_tensor_wrap(&views[k], buf, dtype, device, 1, &count, "fusion bucket"));
-      target = &views[k];
+  // Keep up to LOOM_FUSION_SLOTS pieces in flight: start piece k once piece k - SLOTS (whose
+  // staging slot it takes) has landed and been unpacked.
+  for (; started < fusion->np; started++) {
+    if (started - finished == LOOM_FUSION_SLOTS) {
+      LOOM_CHECK(finish_piece(fusion, tensors, finished++));
     }
-    LOOM_CHECK(loom_iallreduce(fusion->g, target, target, op, &reqs[k]));
+    LOOM_CHECK(start_piece(fusion, tensors, started, op));
   }
-  for (int k = 0; k < nb; k++) {
-    LOOM_CHECK(loom_wait(&reqs[k]));
-    if (!b[k].direct) {
-      LOOM_CHECK(copy_bucket(tensors, &b[k], fusion->bufs[k].data, 0));
-    }
+  while (finished < started) {
+    LOOM_CHECK(finish_piece(fusion, tensors, finished++));
   }
 fail:
-  if (reqs) {
-    loom_wait_all(reqs, started); // leave nothing in flight on failure
+  if (finished < started) {
+    loom_wait_all(fusion->reqs + finished, started - finished); // leave nothing in flight
   }
-  free(views);
-  free(reqs);
-  free(b);
   if (status != LOOM_OK) {
     loom_error_to_ctx(ctx);
   }

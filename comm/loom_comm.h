@@ -112,13 +112,15 @@ LOOM_API loom_status_t loom_irecv(const loom_group_t *g, loom_tensor_t *t, int p
 
 // A fusion buffer allreduces many tensors (typically gradients) by packing them, in the order
 // given, into buckets of at most threshold bytes (0: LOOM_FUSION_THRESHOLD); a tensor larger
-// than the threshold travels alone. Buckets are reused across calls.
+// than the threshold travels alone. The plan is kept while a call passes the same tensors (same
+// data, dtype, device and shape, in the same order), and the staging buffers are reused.
 typedef struct loom_fusion loom_fusion_t;
 
 LOOM_API loom_status_t loom_fusion_create(loom_ctx_t *ctx, const loom_group_t *g, size_t threshold,
                                           loom_fusion_t **fusion);
-// Allreduce every tensor in place (all of one dtype and device); the buckets are in flight
-// together and each is unpacked when it lands.
+// Allreduce every tensor in place (all of one dtype and device). Buckets move in pieces of
+// 512 KiB, a few in flight at once, each packed just before it is sent and unpacked as it
+// lands; the results are bitwise those of one allreduce per tensor.
 LOOM_API loom_status_t loom_fusion_allreduce(loom_fusion_t *fusion, loom_tensor_t *const *tensors,
                                              int n, loom_redop_t op);
 // Number of buckets the last call used (for logs and tests).

@@ -19,6 +19,10 @@
 //   root, alltoall, alltoallv (random per-pair counts from a shared seed), send/recv ring.
 // - non-blocking: several requests polled together with loom_test; two staged requests waited
 //   for in opposite orders on odd and even ranks (must not deadlock); loom_wait_all with NULLs.
+// - pipelined ordered reductions (chunks of at most 1 MiB per peer): counts of several chunks
+//   at np 2..4 whose blocks end one element into a chunk on some ranks only, explicit uneven
+//   counts with zeros, in place and not, f32/f16/bf16; more large requests in flight at once
+//   than the scratch pool keeps, polled in turn, then waited for in opposite orders.
 // - groups: world (with the large counts), node, dp, ep, expert_dp where this rank is a member;
 //   on a group it is not in (attn without servers, dp on a server) every call is INVALID_ARG.
 // - bad arguments: each LOOM_ERR_INVALID_ARG with a message naming the call and the argument.
@@ -533,6 +537,85 @@ static void t_inflight(const loom_group_t *g) {
   TEST_FREE(&a, &b, &c, &cg, &d, &ds);
 }
 
+// Many pipelined reductions in flight at once (more than the group keeps scratch for), polled
+// in turn from the last one; then two waited for in opposite orders on even and odd ranks.
+static void t_pipelines(const loom_group_t *g, int64_t count) {
+  enum { NREQ = 6 };
+  int n = loom_group_size(g), me = loom_group_rank(g);
+  loom_tensor_t t[NREQ];
+  loom_request_t *reqs[NREQ];
+  for (int k = 0; k < NREQ; k++) {
+    t[k] = mk(k % 2 ? LOOM_F16 : LOOM_F32, count + k, "t");
+    fill(&t[k], me, 20 + k);
+    OK(loom_iallreduce(g, &t[k], &t[k], k % 3 == 2 ? LOOM_AVG : LOOM_SUM, &reqs[k]));
+  }
+  int left = NREQ;
+  for (long round = 0; left > 0 && round < 100000000; round++) {
+    for (int k = NREQ - 1; k >= 0; k--) {
+      int done = 0;
+      if (reqs[k]) {
+        OK(loom_test(&reqs[k], &done));
+        left -= done;
+      }
+    }
+  }
+  CHECK(left == 0, "%d pipelined requests did not complete", left);
+  long long bad = 0;
+  for (int k = 0; k < NREQ; k++) {
+    loom_redop_t op = k % 3 == 2 ? LOOM_AVG : LOOM_SUM;
+    for (int64_t i = 0; i < count + k; i++) {
+      double want = reduced(t[k].dtype, op, n, i, 20 + k);
+      bad += k % 2 ? ((uint16_t *)t[k].data)[i] != loom_f32_to_f16((float)want)
+                   : ((float *)t[k].data)[i] != (float)want;
+    }
+  }
+  CHECK(bad == 0, "pipelined requests in flight together: %lld wrong elements", bad);
+  loom_request_t *x = NULL, *y = NULL;
+  fill(&t[0], me, 40);
+  fill(&t[1], me, 41);
+  OK(loom_iallreduce(g, &t[0], &t[0], LOOM_SUM, &x));
+  OK(loom_iallreduce(g, &t[1], &t[1], LOOM_SUM, &y));
+  OK(loom_wait(me % 2 ? &y : &x));
+  OK(loom_wait(me % 2 ? &x : &y));
+  bad = 0;
+  for (int64_t i = 0; i < count; i++) {
+    bad += ((float *)t[0].data)[i] != (float)reduced(LOOM_F32, LOOM_SUM, n, i, 40);
+    bad +=
+        ((uint16_t *)t[1].data)[i] != loom_f32_to_f16((float)reduced(LOOM_F16, LOOM_SUM, n, i, 41));
+  }
+  CHECK(bad == 0, "pipelined requests in opposite wait orders: %lld wrong elements", bad);
+  for (int k = 0; k < NREQ; k++) {
+    loom_tensor_free(&t[k]);
+  }
+}
+
+// Ordered reductions of several pipeline chunks (see the top comment).
+static void t_pipelined(const loom_group_t *g) {
+  int n = loom_group_size(g);
+  // 2 (2 * 131072 + 1) + 1 elements: at np 2 the blocks are 262146 and 262145, so with chunks
+  // of 131072 or 262144 elements the last chunk is 2 elements on rank 0 and 1 on rank 1.
+  int64_t count = 524291;
+  t_allreduce(g, LOOM_F32, LOOM_SUM, count, 1, 2);
+  t_allreduce(g, LOOM_F32, LOOM_AVG, count + 1, 0, 0);
+  t_allreduce(g, LOOM_F16, LOOM_SUM, count + 2, 1, 1);
+  t_allreduce(g, LOOM_BF16, LOOM_AVG, count, 0, 2);
+  t_reduce_scatter(g, LOOM_F32, LOOM_SUM, count, NULL, 1);
+  int64_t *rc = malloc(sizeof(int64_t) * (size_t)n), total = 0;
+  for (int r = 0; r < n; r++) { // zeros, and blocks one element past a chunk boundary
+    rc[r] = r % 2 == 1 || n == 1 ? 262145 + r : 0;
+    total += rc[r];
+  }
+  t_reduce_scatter(g, LOOM_F32, LOOM_SUM, total, rc, 2);
+  t_reduce_scatter(g, LOOM_BF16, LOOM_SUM, total, rc, 0);
+  free(rc);
+  // Pooled scratch passed between dtypes of 1, 8 and 4 bytes (chunks of different lengths).
+  t_reduce_scatter(g, LOOM_I8, LOOM_SUM, 3 * count + 1, NULL, 1);
+  t_reduce_scatter(g, LOOM_I64, LOOM_MAX, count, NULL, 2);
+  t_reduce_scatter(g, LOOM_F32, LOOM_SUM, count + 3, NULL, 0);
+  t_identity(g, LOOM_F32, LOOM_SUM, count);
+  t_pipelines(g, count);
+}
+
 // ---- suites -------------------------------------------------------------------------------------
 
 static void suite(const loom_group_t *g, int big) {
@@ -592,6 +675,7 @@ static void suite(const loom_group_t *g, int big) {
     t_alltoall(g, LOOM_F32, big_count / n, 0, 0, 1);
     t_ring(g, LOOM_F32, big_count, 0);
     t_identity(g, LOOM_F32, LOOM_SUM, big_count);
+    t_pipelined(g);
   }
 }
 

@@ -13,7 +13,11 @@
 //   tensor, bit for bit, twice in a row (the bucket buffers are reused);
 // - loom_fusion_buckets equals the plan computed here: tensors packed in order until the next
 //   would pass the threshold, a larger one alone, empty ones in no bucket;
-// - a dtype mismatch, a NULL tensor and two tensors sharing memory are LOOM_ERR_INVALID_ARG.
+// - a dtype mismatch, a NULL tensor and two tensors sharing memory are LOOM_ERR_INVALID_ARG;
+// - the plan kept from the last call is not reused when the tensors change: another data
+//   pointer, a shorter shape, fewer tensors, another order (results and buckets checked);
+// - large buckets move in pieces with tensors straddling piece boundaries (the default
+//   threshold packs everything into one bucket of several MiB).
 
 #define NTENSORS 1000
 
@@ -34,11 +38,11 @@ static void sizes(int64_t *count) {
   }
 }
 
-// Buckets of the documented plan.
-static int expected_buckets(const int64_t *count, size_t es, size_t threshold) {
+// Buckets of the documented plan for the first n tensors.
+static int expected_buckets_n(const int64_t *count, int n, size_t es, size_t threshold) {
   int nb = 0, open = 0;
   size_t bytes_in = 0;
-  for (int i = 0; i < NTENSORS; i++) {
+  for (int i = 0; i < n; i++) {
     size_t b = (size_t)count[i] * es;
     if (b == 0) {
       continue;
@@ -52,6 +56,10 @@ static int expected_buckets(const int64_t *count, size_t es, size_t threshold) {
     open = b <= threshold;
   }
   return nb;
+}
+
+static int expected_buckets(const int64_t *count, size_t es, size_t threshold) {
+  return expected_buckets_n(count, NTENSORS, es, threshold);
 }
 
 static void fill_random(loom_tensor_t *t, test_rng_t *rng) {
@@ -138,6 +146,80 @@ static void run(loom_ctx_t *ctx, const loom_group_t *g, loom_dtype_t dt, loom_re
   free(ptrs);
 }
 
+// ---- the kept plan ------------------------------------------------------------------------------
+
+// loom_fusion_allreduce(f, t, n) must equal an unfused allreduce of each tensor and use the
+// documented buckets. Every rank fills with the same formula (rank-dependent), so the check is
+// local: element k of tensor i is (i + k) % 13 - 6 + rank (small integers: exact in any order).
+static void fused_matches(loom_fusion_t *f, const loom_group_t *g, loom_tensor_t **t, int n,
+                          size_t threshold, const char *what) {
+  int me = loom_group_rank(g), np = loom_group_size(g);
+  int64_t *count = malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+  for (int i = 0; i < n; i++) {
+    count[i] = loom_tensor_numel(t[i]);
+    for (int64_t k = 0; k < count[i]; k++) {
+      ((float *)t[i]->data)[k] = (float)((i + k) % 13 - 6 + me);
+    }
+  }
+  OK(loom_fusion_allreduce(f, t, n, LOOM_SUM));
+  int bad = -1;
+  for (int i = 0; i < n && bad < 0; i++) {
+    for (int64_t k = 0; k < count[i] && bad < 0; k++) {
+      float want = (float)(np * ((i + k) % 13 - 6) + np * (np - 1) / 2);
+      bad = ((float *)t[i]->data)[k] == want ? -1 : i;
+    }
+  }
+  CHECK(bad < 0, "world rank %d: %s: tensor %d is wrong", world_rank, what, bad);
+  int want = expected_buckets_n(count, n, sizeof(float), threshold);
+  CHECK(loom_fusion_buckets(f) == want, "%s: %d buckets, expected %d", what, loom_fusion_buckets(f),
+        want);
+  free(count);
+}
+
+// The same fusion object called with changing tensors: each change must be planned anew.
+static void plan_changes(loom_ctx_t *ctx, const loom_group_t *g) {
+  enum { N = 300 };
+  const size_t threshold = 8192;
+  loom_tensor_t *ts = calloc(N + 1, sizeof *ts);
+  loom_tensor_t **p = calloc(N, sizeof *p);
+  for (int i = 0; i <= N; i++) {
+    int64_t c = 1 + (i * 37) % 700; // 4 B .. 2.8 KiB: several per bucket
+    ts[i] = test_tensor(LOOM_F32, 1, &c, "t");
+  }
+  for (int i = 0; i < N; i++) {
+    p[i] = &ts[i];
+  }
+  loom_fusion_t *f = NULL;
+  OK(loom_fusion_create(ctx, g, threshold, &f));
+  fused_matches(f, g, p, N, threshold, "first call");
+  fused_matches(f, g, p, N, threshold, "same tensors again");
+  p[7] = &ts[N]; // another tensor (other data, other size) in the same place
+  fused_matches(f, g, p, N, threshold, "one tensor replaced");
+  void *data = ts[11].data; // the same tensor struct pointing at other memory
+  ts[11].data = ts[N].data;
+  p[7] = &ts[7];
+  fused_matches(f, g, p, N, threshold, "one data pointer changed");
+  ts[11].data = data;
+  ts[20].shape[0] -= 1; // shorter: its last element must be left alone
+  float *last = (float *)ts[20].data + ts[20].shape[0];
+  *last = 12345.0f;
+  fused_matches(f, g, p, N, threshold, "one shape shortened");
+  CHECK(*last == 12345.0f, "element past a shortened tensor was written");
+  ts[20].shape[0] += 1;
+  fused_matches(f, g, p, N / 2, threshold, "fewer tensors");
+  loom_tensor_t *tmp = p[0]; // another order
+  p[0] = p[N - 1];
+  p[N - 1] = tmp;
+  fused_matches(f, g, p, N, threshold, "another order");
+  fused_matches(f, g, p, N, threshold, "another order again");
+  loom_fusion_destroy(f);
+  for (int i = 0; i <= N; i++) {
+    loom_tensor_free(&ts[i]);
+  }
+  free(ts);
+  free(p);
+}
+
 // A call that must fail with LOOM_ERR_INVALID_ARG and a message containing needle.
 static void expect_invalid(loom_status_t got, const char *needle, const char *where) {
   const char *msg = loom_last_error(NULL);
@@ -184,6 +266,7 @@ int main(int argc, char **argv) {
   run(ctx, g, LOOM_F16, LOOM_AVG, count);
   run(ctx, g, LOOM_I32, LOOM_MAX, count);
   bad_args(ctx, g);
+  plan_changes(ctx, g);
   free(count);
 
   int rc = check_exit_all("test_fusion");
