@@ -63,6 +63,7 @@ typedef struct loom_config {
   const char *attn_servers; // LOOM_ATTN_SERVERS: 0 | inplace | N (last N ranks serve)
   int fusion_threshold;     // LOOM_FUSION_THRESHOLD: bytes per fusion bucket (0 = no fusion)
   const char *timeline;     // LOOM_TIMELINE: Chrome trace path per rank, %r = rank
+  int sched_spin_us;        // LOOM_SCHED_SPIN_US: scheduler polls without sleeping this long
 } loom_config_t;
 
 // Set every field to unset. Call before filling in the fields you want.

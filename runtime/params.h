@@ -11,6 +11,8 @@ enum loom_bind_mode { LOOM_BIND_CORE = 0, LOOM_BIND_NUMA, LOOM_BIND_NONE };
 #define LOOM_GPU_AUTO     (-2)
 #define LOOM_GPU_NONE     (-1)
 #define LOOM_ATTN_INPLACE (-1)
+// The LOOM_SCHED_SPIN_US default, also used by a scheduler created without a context.
+#define LOOM_SCHED_SPIN_US_DEFAULT 20000
 
 // Indices into loom_param_table; keep in the table's order.
 enum loom_param_id {
@@ -25,6 +27,7 @@ enum loom_param_id {
   LOOM_P_ATTN_SERVERS,
   LOOM_P_FUSION_THRESHOLD,
   LOOM_P_TIMELINE,
+  LOOM_P_SCHED_SPIN_US,
   LOOM_P_COUNT
 };
 
@@ -42,10 +45,10 @@ struct loom_params {
   int gpu;                              // LOOM_GPU_AUTO, LOOM_GPU_NONE or a device index
   int node_size;                        // 0 = real nodes
   int ep_size;                          // >= 1
-  int attn_servers;
-  char timeline[LOOM_PARAM_TEXT_MAX]; // Chrome trace path per rank (%r = rank); "" = off
-  int fusion_threshold; // bytes per fusion bucket (0: every tensor travels alone) // 0 off,
-                        // LOOM_ATTN_INPLACE, or N dedicated ranks
+  int attn_servers;                     // 0 off, LOOM_ATTN_INPLACE, or N dedicated ranks
+  char timeline[LOOM_PARAM_TEXT_MAX];   // Chrome trace path per rank (%r = rank); "" = off
+  int fusion_threshold;                 // bytes per fusion bucket (0: every tensor travels alone)
+  int sched_spin_us;                    // scheduler: poll without sleeping this long (us)
   char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
   int source[LOOM_P_COUNT];                     // enum loom_param_source
 };

@@ -105,6 +105,11 @@ static int parse_fusion(const struct loom_param_desc *d, const char *text, struc
   return parse_int_field(d, text, &out->fusion_threshold, err, errlen);
 }
 
+static int parse_spin(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                      char *err, size_t errlen) {
+  return parse_int_field(d, text, &out->sched_spin_us, err, errlen);
+}
+
 static int parse_timeline(const struct loom_param_desc *d, const char *text,
                           struct loom_params *out, char *err, size_t errlen) {
   (void)d;
@@ -145,6 +150,9 @@ static int parse_attn(const struct loom_param_desc *d, const char *text, struct 
 
 #define STR_FIELD(f) 0, offsetof(loom_config_t, f)
 #define INT_FIELD(f) 1, offsetof(loom_config_t, f)
+#define TEXT_OF(x)   #x
+#define TEXT_OF_VALUE(x) TEXT_OF(x)
+#define SPIN_DEFAULT_TEXT TEXT_OF_VALUE(LOOM_SCHED_SPIN_US_DEFAULT)
 
 const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
     [LOOM_P_DEBUG] = {"LOOM_DEBUG", "debug", STR_FIELD(debug), "WARN", "WARN|INFO|TRACE", 0, 0,
@@ -183,4 +191,8 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
     [LOOM_P_TIMELINE] = {"LOOM_TIMELINE", "timeline", STR_FIELD(timeline), "",
                          "a path; %r is the rank", 0, 0, parse_timeline,
                          "write each rank's step timeline as Chrome trace JSON (Perfetto)"},
+    [LOOM_P_SCHED_SPIN_US] = {"LOOM_SCHED_SPIN_US", "sched_spin_us", INT_FIELD(sched_spin_us),
+                              SPIN_DEFAULT_TEXT, "0..10000000", 0, 10000000, parse_spin,
+                              "microseconds the scheduler polls communication without sleeping "
+                              "when it has nothing to compute, before it backs off"},
 };

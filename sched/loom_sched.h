@@ -24,9 +24,12 @@ extern "C" {
 //   (ready tasks by priority, then id). A comm task that is ready before its turn waits.
 // - Worker tasks run on a small pthread pool (loom_sched_opts_t.workers) and must not call MPI.
 //   The compute lane treats them like requests: it notices completion when it polls.
-// - When no compute task is ready, the compute lane waits for comm or workers by polling with
-//   exponential backoff (2 us doubling to 200 us, nanosleep): it never spins a core. That wait
-//   is the exposed communication of the step.
+// - When no compute task is ready, the compute lane waits for comm or workers. With only
+//   requests out it polls back to back, calling sched_yield between polls, for up to
+//   LOOM_SCHED_SPIN_US (20 ms by default): the core has nothing else of this rank to do, and
+//   Open MPI moves a large shared-memory message a fragment per poll. After that, and whenever
+//   worker tasks are out, it sleeps between polls with exponential backoff (2 us doubling to
+//   200 us). That wait is the exposed communication of the step.
 // - A failing task ends the step: no new task starts, what is in flight (requests, worker
 //   tasks) is completed, and loom_sched_run returns the first failure. The next run starts a
 //   fresh step on the same graph.
@@ -72,7 +75,7 @@ typedef struct loom_step_stats {
   double exposed_worker_ms; // compute lane waiting on worker tasks only
   double idle_ms;           // wall - compute - exposed comm - exposed worker (launch, polling)
   int64_t polls;            // loom_test calls plus checks of the worker pool
-  int64_t sleeps;           // backoff sleeps while waiting
+  int64_t sleeps;           // backoff sleeps while waiting (after the spin window)
 } loom_step_stats_t;
 
 typedef struct loom_sched loom_sched_t;

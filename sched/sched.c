@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "ctx.h"
 #include "error.h"
 #include "log.h"
+#include "params.h"
 #include "sched_internal.h"
 #include "timeline.h"
 
@@ -67,6 +69,7 @@ struct loom_sched {
 
   struct loom_timeline *tl; // NULL when off
   int64_t origin_ns;
+  int64_t spin_ns; // LOOM_SCHED_SPIN_US: poll without sleeping this long while comm is out
 };
 
 static const char *const lane_names[LOOM_LANE_COUNT] = {"compute", "comm", "worker"};
@@ -108,6 +111,7 @@ loom_status_t loom_sched_create(loom_ctx_t *ctx, const loom_sched_opts_t *opts,
   s->rank = ctx ? ctx->rank : o.rank;
   s->nworkers = o.workers > 0 ? o.workers : 1;
   s->origin_ns = loom_sched_now_ns();
+  s->spin_ns = 1000 * (int64_t)(ctx ? ctx->params.sched_spin_us : LOOM_SCHED_SPIN_US_DEFAULT);
 
   // The environment overrides the program, as for every tunable; then opts, then the config.
   const char *path = o.timeline;
@@ -474,12 +478,24 @@ static int poll_lanes(loom_sched_t *s) {
   return completed;
 }
 
-// Nothing to compute: sleep with exponential backoff until a request or worker task completes.
+// Nothing to compute: wait until a request or worker task completes. While only requests are
+// out, poll back to back for up to spin_ns, yielding the core between polls: this rank has no
+// other use for it, sched_yield hands it to another rank or thread that wants it, and Open MPI
+// moves a large shared-memory message one fragment per poll, so a sleep between polls (at least
+// the 50 us timer slack) would stretch every transfer. After that, or while worker tasks are
+// out (they need the cores), sleep with exponential backoff between polls.
 static void wait_lanes(loom_sched_t *s) {
   int64_t t0 = loom_sched_now_ns();
   int on_comm = s->ninflight > 0;
   long delay = BACKOFF_FIRST_NS;
   for (;;) {
+    if (s->worker_inflight == 0 && loom_sched_now_ns() - t0 < s->spin_ns) {
+      sched_yield();
+      if (poll_lanes(s) > 0) {
+        break;
+      }
+      continue;
+    }
     struct timespec ts = {0, delay};
     nanosleep(&ts, NULL);
     s->sleeps++;
