@@ -148,10 +148,10 @@ static int parse_attn(const struct loom_param_desc *d, const char *text, struct 
 
 // ---- the table --------------------------------------------------------------------------------
 
-#define STR_FIELD(f) 0, offsetof(loom_config_t, f)
-#define INT_FIELD(f) 1, offsetof(loom_config_t, f)
-#define TEXT_OF(x)   #x
-#define TEXT_OF_VALUE(x) TEXT_OF(x)
+#define STR_FIELD(f)      0, offsetof(loom_config_t, f)
+#define INT_FIELD(f)      1, offsetof(loom_config_t, f)
+#define TEXT_OF(x)        #x
+#define TEXT_OF_VALUE(x)  TEXT_OF(x)
 #define SPIN_DEFAULT_TEXT TEXT_OF_VALUE(LOOM_SCHED_SPIN_US_DEFAULT)
 
 const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {

@@ -300,7 +300,8 @@ static void test_long(void) {
   run_case("long non-causal H=2 H_kv=2 D=16", &rng, 3, lq2, lk2, 2, 2, 16, 0, 0.0f, 1.0);
 }
 
-// Lengths on and around the tile edges (multiples of 64), empty sequences, and causal rows without keys.
+// Lengths on and around the tile edges (multiples of 64), empty sequences, and causal rows
+// without keys.
 static void test_edges(void) {
   test_rng_t rng = test_rng(2);
   const int lq[] = {63, 64, 65, 127, 128, 129, 200, 0, 5, 1, 257, 7, 3};
