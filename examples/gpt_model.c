@@ -90,7 +90,9 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
   m->v = calloc((size_t)m->nparams, sizeof *m->v);
   m->unit_grad = calloc((size_t)m->nunits, sizeof *m->unit_grad);
   m->unit_first = calloc((size_t)m->nunits + 1, sizeof *m->unit_first);
-  if (!m->param || !m->grad || !m->m || !m->v || !m->unit_grad || !m->unit_first) {
+  m->part_grad = calloc(2 * (size_t)m->nunits, sizeof *m->part_grad);
+  if (!m->param || !m->grad || !m->m || !m->v || !m->unit_grad || !m->unit_first ||
+      !m->part_grad) {
     gpt_model_free(m);
     return LOOM_ERR_NOMEM;
   }
@@ -141,6 +143,19 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
       snprintf(name, sizeof name, "grad.head");
     }
     loom_tensor_wrap(&m->unit_grad[u], first->data, LOOM_F32, LOOM_DEVICE_HOST, 1, &n, name);
+    if (gpt_unit_parts(m, u) == 1) {
+      m->part_grad[2 * u] = m->unit_grad[u];
+      continue;
+    }
+    // A block: the MLP half is the tail of its buffer (ln2.w onwards), the attention half the
+    // head.
+    float *mlp = m->grad[block_param(u - 1, GPT_LN2_W)].data;
+    int64_t attn_n = (int64_t)(mlp - (float *)first->data), mlp_n = n - attn_n;
+    snprintf(name, sizeof name, "grad.h%d.mlp", u - 1);
+    loom_tensor_wrap(&m->part_grad[2 * u], mlp, LOOM_F32, LOOM_DEVICE_HOST, 1, &mlp_n, name);
+    snprintf(name, sizeof name, "grad.h%d.attn", u - 1);
+    loom_tensor_wrap(&m->part_grad[2 * u + 1], first->data, LOOM_F32, LOOM_DEVICE_HOST, 1, &attn_n,
+                     name);
   }
   return LOOM_OK;
 }
@@ -155,6 +170,7 @@ void gpt_model_free(gpt_model_t *m) {
   free(m->v);
   free(m->unit_grad);
   free(m->unit_first);
+  free(m->part_grad);
   memset(m, 0, sizeof *m);
 }
 
@@ -370,23 +386,18 @@ static loom_status_t head_backward(gpt_model_t *m, gpt_acts_t *a, loom_sched_t *
   return LOOM_OK;
 }
 
-// d x[l] from d x[l+1] (in a->dres, updated in place).
-static loom_status_t block_backward(gpt_model_t *m, gpt_acts_t *a, int l, loom_sched_t *s) {
+// The MLP half of block l's backward: d xmid from d x[l+1] (a->dres, updated in place).
+static loom_status_t block_backward_mlp(gpt_model_t *m, gpt_acts_t *a, int l, loom_sched_t *s) {
   const int64_t n = a->n;
-  const int H = m->cfg.heads;
   const loom_tensor_t *p = &m->param[block_param(l, 0)];
   loom_tensor_t *g = &m->grad[block_param(l, 0)];
   gpt_layer_acts_t *y = &a->layer[l];
-  loom_tensor_t x = rows(&a->x[l], n, 0), ln1 = rows(&y->ln1, n, 0),
-                mean1 = rows(&y->ln1_mean, n, 0), rstd1 = rows(&y->ln1_rstd, n, 0),
-                xmid = rows(&y->xmid, n, 0), ln2 = rows(&y->ln2, n, 0),
+  loom_tensor_t xmid = rows(&y->xmid, n, 0), ln2 = rows(&y->ln2, n, 0),
                 mean2 = rows(&y->ln2_mean, n, 0), rstd2 = rows(&y->ln2_rstd, n, 0),
-                fc = rows(&y->fc, n, 0), h = rows(&y->h, n, 0), att = rows(&y->att, n, 0),
-                lse = lse_view(&y->lse, n);
+                fc = rows(&y->fc, n, 0), h = rows(&y->h, n, 0);
   loom_tensor_t dres = rows(&a->dres, n, 0), dtmp = rows(&a->dtmp, n, 0), dy = rows(&a->dy, n, 0),
-                dq = rows(&a->dq, n, 0), dk = rows(&a->dk, n, 0), dv = rows(&a->dv, n, 0),
                 dfc = rows(&a->dfc, n, 0);
-  // MLP: dres is d out = d xmid (residual) + the MLP branch's contribution
+  // dres is d out = d xmid (residual) + the MLP branch's contribution
   TRY(loom_gemm(&g[GPT_FC2_W], &dres, 1, &h, 0, NULL, 1.0f, 1.0f)); // (C, 4C)
   TRY(loom_bias_backward(&g[GPT_FC2_B], &dres));
   TRY(loom_gemm(&dfc, &dres, 0, &p[GPT_FC2_W], 0, NULL, 1.0f, 0.0f)); // d h (n, 4C)
@@ -399,7 +410,21 @@ static loom_status_t block_backward(gpt_model_t *m, gpt_acts_t *a, int l, loom_s
   TRY(loom_layernorm_backward(&dy, &g[GPT_LN2_W], &g[GPT_LN2_B], &dtmp, &xmid, &p[GPT_LN2_W],
                               &mean2, &rstd2));
   TRY(loom_axpy(&dres, 1.0f, &dy)); // d xmid
-  // attention
+  return LOOM_OK;
+}
+
+// The attention half of block l's backward: d x[l] from d xmid (a->dres, updated in place).
+static loom_status_t block_backward_attn(gpt_model_t *m, gpt_acts_t *a, int l, loom_sched_t *s) {
+  const int64_t n = a->n;
+  const int H = m->cfg.heads;
+  const loom_tensor_t *p = &m->param[block_param(l, 0)];
+  loom_tensor_t *g = &m->grad[block_param(l, 0)];
+  gpt_layer_acts_t *y = &a->layer[l];
+  loom_tensor_t x = rows(&a->x[l], n, 0), ln1 = rows(&y->ln1, n, 0),
+                mean1 = rows(&y->ln1_mean, n, 0), rstd1 = rows(&y->ln1_rstd, n, 0),
+                att = rows(&y->att, n, 0), lse = lse_view(&y->lse, n);
+  loom_tensor_t dres = rows(&a->dres, n, 0), dtmp = rows(&a->dtmp, n, 0), dy = rows(&a->dy, n, 0),
+                dq = rows(&a->dq, n, 0), dk = rows(&a->dk, n, 0), dv = rows(&a->dv, n, 0);
   TRY(loom_gemm(&g[GPT_WO], &dres, 1, &att, 0, NULL, 1.0f, 1.0f));
   TRY(loom_bias_backward(&g[GPT_BO], &dres));
   TRY(loom_gemm(&dy, &dres, 0, &p[GPT_WO], 0, NULL, 1.0f, 0.0f)); // d att (n, C)
@@ -430,18 +455,32 @@ static loom_status_t embed_backward(gpt_model_t *m, gpt_acts_t *a) {
   return LOOM_OK;
 }
 
-loom_status_t gpt_backward_unit(gpt_model_t *m, gpt_acts_t *a, int u, loom_sched_t *s) {
-  if (u < 0 || u >= m->nunits || a->n < 1) {
+int gpt_unit_parts(const gpt_model_t *m, int u) {
+  return u > 0 && u < m->nunits - 1 ? 2 : 1;
+}
+
+loom_status_t gpt_backward_part(gpt_model_t *m, gpt_acts_t *a, int u, int p, loom_sched_t *s) {
+  if (u < 0 || u >= m->nunits || p < 0 || p >= gpt_unit_parts(m, u) || a->n < 1) {
     return LOOM_ERR_INVALID_ARG;
   }
-  TRY(loom_tensor_fill(&m->unit_grad[u], 0.0)); // every gradient below accumulates
+  TRY(loom_tensor_fill(&m->part_grad[2 * u + p], 0.0)); // every gradient below accumulates
   if (u == m->nunits - 1) {
     return head_backward(m, a, s);
   }
   if (u == 0) {
     return embed_backward(m, a);
   }
-  return block_backward(m, a, u - 1, s);
+  return p == 0 ? block_backward_mlp(m, a, u - 1, s) : block_backward_attn(m, a, u - 1, s);
+}
+
+loom_status_t gpt_backward_unit(gpt_model_t *m, gpt_acts_t *a, int u, loom_sched_t *s) {
+  if (u < 0 || u >= m->nunits) {
+    return LOOM_ERR_INVALID_ARG;
+  }
+  for (int p = 0; p < gpt_unit_parts(m, u); p++) {
+    TRY(gpt_backward_part(m, a, u, p, s));
+  }
+  return LOOM_OK;
 }
 
 loom_status_t gpt_update_unit(gpt_model_t *m, int u, const loom_adamw_t *hp) {

@@ -46,6 +46,7 @@ typedef struct gpt_model {
   loom_tensor_t *param, *grad; // (nparams) views of flat buffers, in unit order
   loom_tensor_t *m, *v;        // (nparams) AdamW moments
   loom_tensor_t *unit_grad;    // (nunits) the gradients of a unit as one 1-d view
+  loom_tensor_t *part_grad;    // (2 nunits) part p of unit u at [2u + p]: see gpt_backward_part
   int *unit_first;             // (nunits + 1) tensor index range of each unit
   float *flat[4];              // param, grad, m, v: total floats each
   int64_t total;               // parameters
@@ -94,6 +95,13 @@ loom_status_t gpt_forward(const gpt_model_t *m, gpt_acts_t *a, const loom_tensor
 // Overwrites the unit's gradients (the mean over the forward's tokens) and leaves d x in a->dres
 // for the next unit. s (may be NULL) is polled between the big products.
 loom_status_t gpt_backward_unit(gpt_model_t *m, gpt_acts_t *a, int u, loom_sched_t *s);
+// A unit's backward in parts, so that a part's gradients can be averaged while the next part is
+// computed: a block has two, part 0 the MLP half (ln2, fc1, fc2: two thirds of the block's
+// weights, ready first) and part 1 the attention half (ln1, q, k, v, o); the head and the
+// embeddings have one. Run parts 0, 1 in order; together they are gpt_backward_unit. Each
+// overwrites the gradients in m->part_grad[2 u + p] (contiguous in the unit's buffer).
+int gpt_unit_parts(const gpt_model_t *m, int u);
+loom_status_t gpt_backward_part(gpt_model_t *m, gpt_acts_t *a, int u, int p, loom_sched_t *s);
 // AdamW on the tensors of unit u (weight decay on the 2-d weights only).
 loom_status_t gpt_update_unit(gpt_model_t *m, int u, const loom_adamw_t *hp);
 

@@ -244,7 +244,7 @@ typedef struct step {
 
 typedef struct unit_arg {
   step_t *st;
-  int u;
+  int u, p; // unit, and part of the unit (gpt_backward_part)
 } unit_arg_t;
 
 static loom_status_t task_forward(void *arg) {
@@ -261,12 +261,12 @@ static loom_status_t task_loss_allreduce(void *arg, loom_request_t **req) {
 
 static loom_status_t task_backward(void *arg) {
   const unit_arg_t *ua = arg;
-  return gpt_backward_unit(ua->st->m, ua->st->a, ua->u, ua->st->s);
+  return gpt_backward_part(ua->st->m, ua->st->a, ua->u, ua->p, ua->st->s);
 }
 
 static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   const unit_arg_t *ua = arg;
-  loom_tensor_t *g = &ua->st->m->unit_grad[ua->u];
+  loom_tensor_t *g = &ua->st->m->part_grad[2 * ua->u + ua->p];
   return loom_iallreduce(ua->st->dp, g, g, LOOM_AVG, req);
 }
 
@@ -294,29 +294,35 @@ static void add_task(loom_sched_t *s, const char *name, loom_lane_t lane, int pr
   EX_CHECK(loom_sched_add(s, &d, id));
 }
 
-static void unit_name(const gpt_model_t *m, const char *what, int u, char *out, size_t cap) {
+// "what.embed", "what.head", "what.h3" for a unit; with part >= 0 and a block, "what.h3.mlp" or
+// "what.h3.attn".
+static void unit_name(const gpt_model_t *m, const char *what, int u, int part, char *out,
+                      size_t cap) {
   if (u == 0) {
     snprintf(out, cap, "%s.embed", what);
   } else if (u == m->nunits - 1) {
     snprintf(out, cap, "%s.head", what);
-  } else {
+  } else if (part < 0) {
     snprintf(out, cap, "%s.h%d", what, u - 1);
+  } else {
+    snprintf(out, cap, "%s.h%d.%s", what, u - 1, part == 0 ? "mlp" : "attn");
   }
 }
 
-// The step: forward; backward of the head, the blocks last to first, then the embeddings; each
-// unit's gradient allreduce as soon as its backward is done (sync overlap); the gradient norm
-// (and clip) over every averaged gradient; each unit's AdamW after its own allreduce (and after
-// the clip when clipping). Backward outranks the updates, so the compute lane finishes the
-// backward while the allreduces fly. --sync none leaves the allreduces out; --sync comm-only
-// keeps only them.
+// The step: forward; backward of the head, the blocks last to first (each in two parts, the MLP
+// half and then the attention half), then the embeddings; each part's gradient allreduce as soon
+// as its backward is done (sync overlap), so that the last block's MLP gradients travel while
+// its attention backward runs; the gradient norm (and clip) over every averaged gradient; each
+// unit's AdamW after its parts' allreduces (and after the clip when clipping). Backward outranks
+// the updates, so the compute lane finishes the backward while the allreduces fly. --sync none
+// leaves the allreduces out; --sync comm-only keeps only them.
 static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua) {
   enum { PRIO_FORWARD = 30, PRIO_BACKWARD = 20, PRIO_CLIP = 10, PRIO_UPDATE = 0 };
   const gpt_model_t *m = st->m;
   const int U = m->nunits;
   const sync_mode_t mode = st->o->sync;
   int fwd = -1, loss, prev = -1, clip = -1, id;
-  int *ar = malloc((size_t)U * sizeof *ar);
+  int *ar = malloc(2 * (size_t)U * sizeof *ar); // [2u + p]: part p's allreduce, or -1
   if (!ar) {
     fprintf(stderr, "%s: out of memory\n", ex_prog);
     MPI_Abort(MPI_COMM_WORLD, 1);
@@ -330,34 +336,49 @@ static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua) {
     prev = fwd;
   }
   for (int u = U - 1; u >= 0; u--) {
-    ua[u] = (unit_arg_t){.st = st, .u = u};
-    int bwd = -1;
-    ar[u] = -1;
-    if (mode != SYNC_COMM_ONLY) {
-      unit_name(m, "backward", u, name, sizeof name);
-      add_task(s, name, LOOM_LANE_COMPUTE, PRIO_BACKWARD, task_backward, NULL, &ua[u], 0, &bwd);
-      EX_CHECK(loom_sched_depend(s, bwd, prev));
-      prev = bwd;
+    for (int p = 0; p < 2; p++) {
+      ua[2 * u + p] = (unit_arg_t){.st = st, .u = u, .p = p};
+      ar[2 * u + p] = -1;
     }
-    if (mode != SYNC_NONE) {
-      unit_name(m, "allreduce", u, name, sizeof name);
-      add_task(s, name, LOOM_LANE_COMM, 0, NULL, task_grad_allreduce, &ua[u],
-               loom_tensor_bytes(&m->unit_grad[u]), &ar[u]);
-      if (bwd >= 0) {
-        EX_CHECK(loom_sched_depend(s, ar[u], bwd));
+    for (int p = 0; p < gpt_unit_parts(m, u); p++) {
+      unit_arg_t *arg = &ua[2 * u + p];
+      int part = gpt_unit_parts(m, u) > 1 ? p : -1, bwd = -1;
+      if (mode != SYNC_COMM_ONLY) {
+        unit_name(m, "backward", u, part, name, sizeof name);
+        add_task(s, name, LOOM_LANE_COMPUTE, PRIO_BACKWARD, task_backward, NULL, arg, 0, &bwd);
+        EX_CHECK(loom_sched_depend(s, bwd, prev));
+        prev = bwd;
+      }
+      if (mode != SYNC_NONE) {
+        unit_name(m, "allreduce", u, part, name, sizeof name);
+        add_task(s, name, LOOM_LANE_COMM, 0, NULL, task_grad_allreduce, arg,
+                 loom_tensor_bytes(&m->part_grad[2 * u + p]), &ar[2 * u + p]);
+        if (bwd >= 0) {
+          EX_CHECK(loom_sched_depend(s, ar[2 * u + p], bwd));
+        }
       }
     }
   }
   if (mode != SYNC_COMM_ONLY) {
     add_task(s, st->o->clip > 0 ? "clip_grad_norm" : "grad_norm", LOOM_LANE_COMPUTE, PRIO_CLIP,
              task_clip, NULL, st, 0, &clip);
-    for (int u = 0; u < U; u++) {
-      EX_CHECK(loom_sched_depend(s, clip, ar[u] >= 0 ? ar[u] : prev));
+    if (mode == SYNC_NONE) {
+      EX_CHECK(loom_sched_depend(s, clip, prev));
+    }
+    for (int i = 0; i < 2 * U && mode != SYNC_NONE; i++) {
+      if (ar[i] >= 0) {
+        EX_CHECK(loom_sched_depend(s, clip, ar[i]));
+      }
     }
     for (int u = U - 1; u >= 0; u--) {
-      unit_name(m, "adamw", u, name, sizeof name);
-      add_task(s, name, LOOM_LANE_COMPUTE, PRIO_UPDATE, task_update, NULL, &ua[u], 0, &id);
-      EX_CHECK(loom_sched_depend(s, id, ar[u] >= 0 ? ar[u] : prev));
+      unit_name(m, "adamw", u, -1, name, sizeof name);
+      add_task(s, name, LOOM_LANE_COMPUTE, PRIO_UPDATE, task_update, NULL, &ua[2 * u], 0, &id);
+      if (mode == SYNC_NONE) {
+        EX_CHECK(loom_sched_depend(s, id, prev));
+      }
+      for (int p = 0; p < gpt_unit_parts(m, u) && mode != SYNC_NONE; p++) {
+        EX_CHECK(loom_sched_depend(s, id, ar[2 * u + p]));
+      }
       if (st->o->clip > 0) {
         EX_CHECK(loom_sched_depend(s, id, clip));
       }
@@ -544,7 +565,7 @@ int main(int argc, char **argv) {
   step_t st = {.o = &o, .m = &m, .a = &a, .b = &batch, .corpus = &corpus, .dp = dp};
   int64_t one = 1;
   EX_CHECK(loom_tensor_wrap(&st.loss_t, &st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
-  unit_arg_t *ua = calloc((size_t)m.nunits, sizeof *ua);
+  unit_arg_t *ua = calloc(2 * (size_t)m.nunits, sizeof *ua); // [2u + p]
   loom_tensor_t **reduce = calloc((size_t)m.nunits + 1, sizeof *reduce);
   if (!ua || !reduce) {
     fprintf(stderr, "train_gpt: out of memory\n");
