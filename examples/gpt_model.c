@@ -91,8 +91,7 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
   m->unit_grad = calloc((size_t)m->nunits, sizeof *m->unit_grad);
   m->unit_first = calloc((size_t)m->nunits + 1, sizeof *m->unit_first);
   m->part_grad = calloc(2 * (size_t)m->nunits, sizeof *m->part_grad);
-  if (!m->param || !m->grad || !m->m || !m->v || !m->unit_grad || !m->unit_first ||
-      !m->part_grad) {
+  if (!m->param || !m->grad || !m->m || !m->v || !m->unit_grad || !m->unit_first || !m->part_grad) {
     gpt_model_free(m);
     return LOOM_ERR_NOMEM;
   }
