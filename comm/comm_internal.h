@@ -47,6 +47,7 @@ struct loom_request {
   void *state;                                // owned by the back end that set the hooks
   void *tmp[LOOM_REQ_TMP];                    // host buffers from loom_host_alloc, freed at the end
   loom_status_t error;                        // a failure met while another call advanced it
+  char errmsg[256];                           // its message (the advancing thread's last error)
   struct loom_request *list_prev, *list_next; // the list of requests with a pending step
   int listed;
 };
@@ -61,6 +62,10 @@ void loom_request_started(loom_request_t *r);
 MPI_Request *loom_request_slot(loom_request_t *r);
 // loom_host_alloc(bytes) owned by r (freed with it). bytes == 0 gives NULL and LOOM_OK.
 loom_status_t loom_request_tmp(loom_request_t *r, size_t bytes, void **out);
+// One round of progress from any thread (the scheduler's progress thread): advance every request
+// with a pending stage and let Open MPI's progress engine run, so that messages in flight move
+// while the caller's other threads compute. Needs MPI_THREAD_MULTIPLE; never blocks.
+void loom_comm_progress(void);
 
 // ---- MPI dtypes and reduction ops (redop.c) ---------------------------------------------------
 

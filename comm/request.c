@@ -4,6 +4,7 @@
 #include "comm_internal.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -132,6 +133,7 @@ static void advance_locked(loom_request_t *r) {
         int len = 0;
         MPI_Error_string(rc, msg, &len);
         r->error = loom_error(NULL, LOOM_ERR_MPI, "%s: MPI_Testall failed: %s", r->op, msg);
+        snprintf(r->errmsg, sizeof r->errmsg, "%s", loom_last_error(NULL));
         break;
       }
       if (!flag) {
@@ -145,6 +147,9 @@ static void advance_locked(loom_request_t *r) {
     loom_status_t (*step)(loom_request_t *) = r->step;
     r->step = NULL;
     r->error = step(r);
+    if (r->error != LOOM_OK) { // kept with r: the thread advancing it may not be its owner's
+      snprintf(r->errmsg, sizeof r->errmsg, "%s", loom_last_error(NULL));
+    }
   }
   unlink_locked(r); // nothing more to post
 }
@@ -158,20 +163,33 @@ static void advance_all_locked(void) {
   }
 }
 
+void loom_comm_progress(void) {
+  pthread_mutex_lock(&list_lock);
+  advance_all_locked();
+  pthread_mutex_unlock(&list_lock);
+  // Requests without a pending step (one MPI call) are not listed: a probe that matches nothing
+  // runs Open MPI's progress engine for them.
+  int flag = 0;
+  MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_SELF, &flag, MPI_STATUS_IGNORE);
+}
+
 // One round of progress for r (and every staged request). *done = 1 when r completed or failed;
-// block lets a NCCL request wait for its event when no MPI stage needs this thread.
+// block lets a NCCL request wait for its event when no MPI stage needs this thread. r's state is
+// read under the lock: a progress thread may advance r at the same time.
 static loom_status_t progress(loom_request_t *r, int block, int *done) {
   pthread_mutex_lock(&list_lock);
   advance_all_locked();
   advance_locked(r);
   int idle = list_head == NULL;
+  loom_status_t error = r->error;
+  int pending = r->nmpi > 0 || r->step;
   pthread_mutex_unlock(&list_lock);
   *done = 0;
-  if (r->error != LOOM_OK) {
+  if (error != LOOM_OK) {
     *done = 1;
-    return r->error;
+    return loom_error(NULL, error, "%s", r->errmsg); // the message, in the owner's thread
   }
-  if (r->nmpi > 0 || r->step) {
+  if (pending) {
     return LOOM_OK;
   }
   if (r->poll) {

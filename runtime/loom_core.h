@@ -64,6 +64,7 @@ typedef struct loom_config {
   int fusion_threshold;     // LOOM_FUSION_THRESHOLD: bytes per fusion bucket (0 = no fusion)
   const char *timeline;     // LOOM_TIMELINE: Chrome trace path per rank, %r = rank
   int sched_spin_us;        // LOOM_SCHED_SPIN_US: scheduler polls without sleeping this long
+  int sched_progress_us;    // LOOM_SCHED_PROGRESS_US: progress thread interval, 0 = no thread
 } loom_config_t;
 
 // Set every field to unset. Call before filling in the fields you want.

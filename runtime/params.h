@@ -13,6 +13,8 @@ enum loom_bind_mode { LOOM_BIND_CORE = 0, LOOM_BIND_NUMA, LOOM_BIND_NONE };
 #define LOOM_ATTN_INPLACE (-1)
 // The LOOM_SCHED_SPIN_US default, also used by a scheduler created without a context.
 #define LOOM_SCHED_SPIN_US_DEFAULT 20000
+// The LOOM_SCHED_PROGRESS_US default, likewise.
+#define LOOM_SCHED_PROGRESS_US_DEFAULT 1000
 
 // Indices into loom_param_table; keep in the table's order.
 enum loom_param_id {
@@ -28,6 +30,7 @@ enum loom_param_id {
   LOOM_P_FUSION_THRESHOLD,
   LOOM_P_TIMELINE,
   LOOM_P_SCHED_SPIN_US,
+  LOOM_P_SCHED_PROGRESS_US,
   LOOM_P_COUNT
 };
 
@@ -49,6 +52,7 @@ struct loom_params {
   char timeline[LOOM_PARAM_TEXT_MAX];   // Chrome trace path per rank (%r = rank); "" = off
   int fusion_threshold;                 // bytes per fusion bucket (0: every tensor travels alone)
   int sched_spin_us;                    // scheduler: poll without sleeping this long (us)
+  int sched_progress_us;                // scheduler: progress thread interval (us), 0 = none
   char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
   int source[LOOM_P_COUNT];                     // enum loom_param_source
 };

@@ -110,6 +110,11 @@ static int parse_spin(const struct loom_param_desc *d, const char *text, struct 
   return parse_int_field(d, text, &out->sched_spin_us, err, errlen);
 }
 
+static int parse_progress(const struct loom_param_desc *d, const char *text,
+                          struct loom_params *out, char *err, size_t errlen) {
+  return parse_int_field(d, text, &out->sched_progress_us, err, errlen);
+}
+
 static int parse_timeline(const struct loom_param_desc *d, const char *text,
                           struct loom_params *out, char *err, size_t errlen) {
   (void)d;
@@ -148,11 +153,12 @@ static int parse_attn(const struct loom_param_desc *d, const char *text, struct 
 
 // ---- the table --------------------------------------------------------------------------------
 
-#define STR_FIELD(f)      0, offsetof(loom_config_t, f)
-#define INT_FIELD(f)      1, offsetof(loom_config_t, f)
-#define TEXT_OF(x)        #x
-#define TEXT_OF_VALUE(x)  TEXT_OF(x)
-#define SPIN_DEFAULT_TEXT TEXT_OF_VALUE(LOOM_SCHED_SPIN_US_DEFAULT)
+#define STR_FIELD(f)          0, offsetof(loom_config_t, f)
+#define INT_FIELD(f)          1, offsetof(loom_config_t, f)
+#define TEXT_OF(x)            #x
+#define TEXT_OF_VALUE(x)      TEXT_OF(x)
+#define SPIN_DEFAULT_TEXT     TEXT_OF_VALUE(LOOM_SCHED_SPIN_US_DEFAULT)
+#define PROGRESS_DEFAULT_TEXT TEXT_OF_VALUE(LOOM_SCHED_PROGRESS_US_DEFAULT)
 
 const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
     [LOOM_P_DEBUG] = {"LOOM_DEBUG", "debug", STR_FIELD(debug), "WARN", "WARN|INFO|TRACE", 0, 0,
@@ -195,4 +201,9 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                               SPIN_DEFAULT_TEXT, "0..10000000", 0, 10000000, parse_spin,
                               "microseconds the scheduler polls communication without sleeping "
                               "when it has nothing to compute, before it backs off"},
+    [LOOM_P_SCHED_PROGRESS_US] = {"LOOM_SCHED_PROGRESS_US", "sched_progress_us",
+                                  INT_FIELD(sched_progress_us), PROGRESS_DEFAULT_TEXT, "0..1000000",
+                                  0, 1000000, parse_progress,
+                                  "microseconds between the scheduler's progress-thread polls "
+                                  "while communication is in flight (0 = no progress thread)"},
 };

@@ -22,6 +22,11 @@ extern "C" {
 //   compute runs. Comm tasks start in one fixed order, the same on every rank and every step,
 //   as collectives require: the order a replay with instantaneous comm and worker tasks gives
 //   (ready tasks by priority, then id). A comm task that is ready before its turn waits.
+// - While requests are in flight, a progress thread (started at the first run when the graph has
+//   comm tasks and MPI granted MPI_THREAD_MULTIPLE) advances them every LOOM_SCHED_PROGRESS_US
+//   (1 ms by default; 0: no thread), sleeping in between, so that messages keep moving during
+//   long compute tasks that do not call loom_sched_poll. It sleeps on a condition variable when
+//   nothing is in flight.
 // - Worker tasks run on a small pthread pool (loom_sched_opts_t.workers) and must not call MPI.
 //   The compute lane treats them like requests: it notices completion when it polls.
 // - When no compute task is ready, the compute lane waits for comm or workers. With only
@@ -76,6 +81,7 @@ typedef struct loom_step_stats {
   double idle_ms;           // wall - compute - exposed comm - exposed worker (launch, polling)
   int64_t polls;            // loom_test calls plus checks of the worker pool
   int64_t sleeps;           // backoff sleeps while waiting (after the spin window)
+  int64_t progress_polls;   // rounds of the progress thread (0 without one)
 } loom_step_stats_t;
 
 typedef struct loom_sched loom_sched_t;

@@ -69,7 +69,10 @@ struct loom_sched {
 
   struct loom_timeline *tl; // NULL when off
   int64_t origin_ns;
-  int64_t spin_ns; // LOOM_SCHED_SPIN_US: poll without sleeping this long while comm is out
+  int64_t spin_ns;  // LOOM_SCHED_SPIN_US: poll without sleeping this long while comm is out
+  long progress_us; // LOOM_SCHED_PROGRESS_US: progress thread interval; 0: no thread
+  struct loom_progress *progress; // started at freeze when comm tasks exist; NULL otherwise
+  int64_t progress_polls0;        // its poll count when the step began
 };
 
 static const char *const lane_names[LOOM_LANE_COUNT] = {"compute", "comm", "worker"};
@@ -112,6 +115,7 @@ loom_status_t loom_sched_create(loom_ctx_t *ctx, const loom_sched_opts_t *opts,
   s->nworkers = o.workers > 0 ? o.workers : 1;
   s->origin_ns = loom_sched_now_ns();
   s->spin_ns = 1000 * (int64_t)(ctx ? ctx->params.sched_spin_us : LOOM_SCHED_SPIN_US_DEFAULT);
+  s->progress_us = ctx ? ctx->params.sched_progress_us : LOOM_SCHED_PROGRESS_US_DEFAULT;
 
   // The environment overrides the program, as for every tunable; then opts, then the config.
   const char *path = o.timeline;
@@ -270,6 +274,25 @@ fail:
   return status;
 }
 
+// A progress thread may call MPI beside the compute lane only under MPI_THREAD_MULTIPLE (and
+// only while MPI is up: the scheduler also runs without MPI, in tests).
+static int mpi_threads_ok(void) {
+  int up = 0, down = 0, level = MPI_THREAD_SINGLE;
+  MPI_Initialized(&up);
+  MPI_Finalized(&down);
+  if (!up || down || MPI_Query_thread(&level) != MPI_SUCCESS) {
+    return 0;
+  }
+  if (level < MPI_THREAD_MULTIPLE) {
+    LOOM_INFO(LOOM_SUB_SCHED,
+              "no progress thread: MPI granted thread level %d, not "
+              "MPI_THREAD_MULTIPLE; communication moves when the compute lane polls",
+              level);
+    return 0;
+  }
+  return 1;
+}
+
 // Replay the graph once with instantaneous comm and worker tasks: that orders the comm tasks
 // (the order every rank starts them in) and proves the graph acyclic.
 static loom_status_t freeze(loom_sched_t *s) {
@@ -333,9 +356,13 @@ static loom_status_t freeze(loom_sched_t *s) {
   if (s->nworker_tasks > 0) {
     LOOM_CHECK(loom_worker_pool_create(s->ctx, s->nworkers, s->nworker_tasks, &s->pool));
   }
+  if (s->ncomm > 0 && s->progress_us > 0 && mpi_threads_ok()) {
+    LOOM_CHECK(loom_progress_create(s->ctx, s->progress_us, &s->progress));
+  }
   s->frozen = 1;
-  LOOM_INFO(LOOM_SUB_SCHED, "graph frozen: %d tasks (%d comm, %d worker on %d threads)", s->n,
-            s->ncomm, s->nworker_tasks, s->pool ? s->nworkers : 0);
+  LOOM_INFO(LOOM_SUB_SCHED,
+            "graph frozen: %d tasks (%d comm, %d worker on %d threads), progress thread %s", s->n,
+            s->ncomm, s->nworker_tasks, s->pool ? s->nworkers : 0, s->progress ? "on" : "off");
 fail:
   for (int l = 0; l < LOOM_LANE_COUNT; l++) {
     free(ready[l].v);
@@ -429,6 +456,7 @@ static void launch_comm(loom_sched_t *s) {
     s->slot_busy[slot] = 1;
     if (s->ninflight == 0) {
       s->comm_since = t->t_start;
+      loom_progress_activate(s->progress, 1);
     }
     s->inflight[s->ninflight++] = id;
   }
@@ -461,6 +489,7 @@ static int poll_lanes(loom_sched_t *s) {
   }
   if (s->ninflight > 0 && keep == 0) { // nothing in flight any more
     s->comm_ns += last_done - s->comm_since;
+    loom_progress_activate(s->progress, 0);
   }
   s->ninflight = keep;
   if (s->worker_inflight > 0) {
@@ -558,6 +587,7 @@ loom_status_t loom_sched_run(loom_sched_t *s) {
   s->failure = LOOM_OK;
   s->compute_ns = s->comm_ns = s->worker_ns = s->exposed_comm_ns = s->exposed_worker_ns = 0;
   s->polls = s->sleeps = 0;
+  s->progress_polls0 = loom_progress_polls(s->progress);
   s->compute_ready.n = 0;
   for (int i = 0; i < s->n; i++) {
     s->t[i].pending = s->t[i].npred;
@@ -603,6 +633,7 @@ loom_status_t loom_sched_run(loom_sched_t *s) {
       .idle_ms = ms(wall - s->compute_ns - s->exposed_comm_ns - s->exposed_worker_ns),
       .polls = s->polls,
       .sleeps = s->sleeps,
+      .progress_polls = loom_progress_polls(s->progress) - s->progress_polls0,
   };
   if (st->idle_ms < 0) {
     st->idle_ms = 0;
@@ -610,10 +641,11 @@ loom_status_t loom_sched_run(loom_sched_t *s) {
   LOOM_INFO(LOOM_SUB_SCHED,
             "step %lld: wall %.3f ms, compute %.3f ms, exposed comm %.3f ms, idle %.3f ms "
             "(comm in flight %.3f ms, worker %.3f ms, exposed worker %.3f ms, %lld polls, "
-            "%lld sleeps)%s",
+            "%lld sleeps, %lld progress-thread polls)%s",
             (long long)st->step, st->wall_ms, st->compute_ms, st->exposed_comm_ms, st->idle_ms,
             st->comm_ms, st->worker_ms, st->exposed_worker_ms, (long long)st->polls,
-            (long long)st->sleeps, status == LOOM_OK ? "" : " FAILED");
+            (long long)st->sleeps, (long long)st->progress_polls,
+            status == LOOM_OK ? "" : " FAILED");
   s->step++;
   s->running = 0;
 fail:
@@ -649,6 +681,7 @@ loom_status_t loom_sched_destroy(loom_sched_t *s) {
   }
   loom_status_t status = loom_timeline_close(s->tl);
   loom_worker_pool_destroy(s->pool);
+  loom_progress_destroy(s->progress);
   for (int i = 0; i < s->n; i++) {
     free(s->t[i].name);
     free(s->t[i].pred);

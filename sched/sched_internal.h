@@ -105,6 +105,20 @@ int loom_worker_pool_collect(struct loom_worker_pool *pool, struct loom_worker_j
 // Run the queued jobs, then stop and join the threads. NULL is fine.
 void loom_worker_pool_destroy(struct loom_worker_pool *pool);
 
+// ---------------------------------------------------------------------------------------------
+// Progress thread (sched/progress.c): while activated, calls loom_comm_progress every interval
+// (sleeping in between); otherwise it waits on a condition variable and costs nothing.
+
+struct loom_progress;
+
+loom_status_t loom_progress_create(loom_ctx_t *ctx, long interval_us, struct loom_progress **out);
+// on: requests are in flight (wakes the thread); off: stop polling after the current round.
+void loom_progress_activate(struct loom_progress *p, int on);
+// loom_comm_progress calls so far. NULL gives 0.
+int64_t loom_progress_polls(const struct loom_progress *p);
+// Stop and join the thread. NULL is fine.
+void loom_progress_destroy(struct loom_progress *p);
+
 #ifdef __cplusplus
 }
 #endif
