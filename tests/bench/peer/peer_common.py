@@ -82,9 +82,8 @@ def free_port():
     return port
 
 
-def _entry(rank, world, port, fn, args):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
+def _run_rank(rank, world, fn, args):
+    """One rank: one thread, a gloo group over loopback, fn, then the group torn down."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     one_thread()
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -92,6 +91,12 @@ def _entry(rank, world, port, fn, args):
         fn(rank, world, args)
     finally:
         dist.destroy_process_group()
+
+
+def _entry(rank, world, port, fn, args):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    _run_rank(rank, world, fn, args)
 
 
 def launch(fn, args, np_flag):
@@ -104,13 +109,7 @@ def launch(fn, args, np_flag):
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         if np_flag not in (None, world):
             sys.stderr.write("--np %d ignored: the launcher started %d ranks\n" % (np_flag, world))
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        one_thread()
-        dist.init_process_group("gloo", rank=rank, world_size=world)
-        try:
-            fn(rank, world, args)
-        finally:
-            dist.destroy_process_group()
+        _run_rank(rank, world, fn, args)
         return
     world = np_flag or 1
     port = free_port()
