@@ -77,7 +77,7 @@ static void usage(FILE *out) {
       "  --log-every N       a progress line every N steps (default 10)\n"
       "  --sample N          bytes of text generated at the end by rank 0, 0 = none (default 200)\n"
       "  --temperature X     sampling temperature (default 0.8)\n"
-      "  --json FILE         final numbers as JSON (rank 0)\n"
+      "  --json FILE         final numbers as JSON (rank 0; -1 where a number was not measured)\n"
       "  --dump-params FILE  every parameter as raw f32 at the end (rank 0, or every rank\n"
       "                      when FILE contains %%r)\n"
       "  --compare A B       compare two dumps without MPI: exit 0 when every element agrees\n"
@@ -644,7 +644,11 @@ int main(int argc, char **argv) {
       long n = step + 1 - log_from;
       double dt = t1 - tlog, tps = (double)n * tokens_per_step / dt;
       last_train_loss = log_loss / (double)n;
-      if (rank == 0) {
+      if (rank == 0 && o.sync == SYNC_COMM_ONLY) { // no compute: no loss, norm or MFU
+        printf("step %5ld/%ld  %.0f tokens/s  %.1f ms/step  (communication only)\n", step + 1,
+               o.steps, tps, 1e3 * dt / (double)n);
+        fflush(stdout);
+      } else if (rank == 0) {
         printf("step %5ld/%ld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  %.1f ms/step  "
                "mfu %.3f\n",
                step + 1, o.steps, last_train_loss, st.hp.lr, st.norm, tps, 1e3 * dt / (double)n,
@@ -672,6 +676,9 @@ int main(int argc, char **argv) {
   double attn_flops = 12.0 * o.cfg.width * o.cfg.layers * pairs_sum / (double)o.steps;
   double mfu_attn =
       (tokens_per_s / np * flops_per_token + attn_flops * tokens_per_s / tokens_per_step) / sgemm;
+  if (o.sync == SYNC_COMM_ONLY) { // nothing was computed: -1 in the JSON, as val_loss
+    mfu = mfu_attn = -1.0;
+  }
   double n_steps = (double)o.steps;
   char sched_json[320] = "null";
   if (sched) {
@@ -682,10 +689,16 @@ int main(int argc, char **argv) {
              sum_stats.comm_ms / n_steps, sum_stats.exposed_comm_ms / n_steps,
              sum_stats.idle_ms / n_steps);
   }
-  if (rank == 0) {
+  if (rank == 0 && o.sync == SYNC_COMM_ONLY) {
+    printf("done: %ld steps in %.1f s: %.0f tokens/s, %.1f ms/step (communication only: no loss "
+           "or MFU)\n",
+           o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps);
+  } else if (rank == 0) {
     printf("done: %ld steps in %.1f s of training: %.0f tokens/s, %.1f ms/step, mfu %.3f "
            "(with attention %.3f), val_loss %.4f\n",
            o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps, mfu, mfu_attn, val_loss);
+  }
+  if (rank == 0) {
     if (sched) {
       printf("sched: mean per step: wall %.2f ms  compute %.2f ms  comm in flight %.2f ms  exposed "
              "comm %.2f ms  idle %.2f ms\n",
