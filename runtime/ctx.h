@@ -19,6 +19,9 @@ struct loom_group {
   int *world_ranks; // (size) world rank of each group rank
   void *nccl;       // the group's NCCL communicator, created by comm/ on first device use
   void (*nccl_destroy)(void *nccl);
+  int node;   // this rank's (emulated) node
+  void *hier; // node and node-leader sub-groups, created by comm/ on first hierarchical use
+  void (*hier_destroy)(void *hier);
 };
 
 struct loom_ctx {

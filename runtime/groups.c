@@ -60,24 +60,21 @@ fail:
 
 // ---- communicators ------------------------------------------------------------------------------
 
-static loom_status_t build_group(loom_ctx_t *ctx, struct loom_group *g, loom_group_kind_t kind,
-                                 int color) {
+loom_status_t loom_group_from_comm(loom_ctx_t *ctx, struct loom_group *g, loom_group_kind_t kind,
+                                   MPI_Comm comm, int node) {
   loom_status_t status = LOOM_OK;
   MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
   int *seq = NULL;
   g->kind = kind;
-  g->comm = MPI_COMM_NULL;
+  g->comm = comm;
   g->rank = -1;
   g->size = 0;
   g->world_ranks = NULL;
   g->nccl = NULL;
   g->nccl_destroy = NULL;
-  if (kind == LOOM_GROUP_WORLD) {
-    LOOM_CHECK_MPI(ctx, MPI_Comm_dup(MPI_COMM_WORLD, &g->comm));
-  } else {
-    LOOM_CHECK_MPI(ctx, MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color, ctx->rank,
-                                       &g->comm));
-  }
+  g->node = node;
+  g->hier = NULL;
+  g->hier_destroy = NULL;
   if (g->comm == MPI_COMM_NULL) {
     return LOOM_OK;
   }
@@ -107,6 +104,25 @@ fail:
   return status;
 }
 
+static loom_status_t build_group(loom_ctx_t *ctx, struct loom_group *g, loom_group_kind_t kind,
+                                 int color) {
+  loom_status_t status = LOOM_OK;
+  MPI_Comm comm = MPI_COMM_NULL;
+  if (kind == LOOM_GROUP_WORLD) {
+    LOOM_CHECK_MPI(ctx, MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+  } else {
+    LOOM_CHECK_MPI(
+        ctx, MPI_Comm_split(MPI_COMM_WORLD, color < 0 ? MPI_UNDEFINED : color, ctx->rank, &comm));
+  }
+  return loom_group_from_comm(ctx, g, kind, comm, ctx->node);
+fail:
+  g->comm = MPI_COMM_NULL;
+  g->world_ranks = NULL;
+  g->nccl = NULL;
+  g->hier = NULL;
+  return status;
+}
+
 loom_status_t loom_groups_build(loom_ctx_t *ctx) {
   loom_status_t status = LOOM_OK;
   struct loom_layout_in in = {ctx->size, ctx->params.ep_size, ctx->params.attn_servers};
@@ -126,6 +142,10 @@ fail:
 void loom_groups_free(loom_ctx_t *ctx) {
   for (int k = 0; k < LOOM_GROUP_COUNT; k++) {
     struct loom_group *g = &ctx->groups[k];
+    if (g->hier && g->hier_destroy) { // sub-communicators of g: freed before g's own
+      g->hier_destroy(g->hier);
+    }
+    g->hier = NULL;
     if (g->comm != MPI_COMM_NULL && g->comm != 0) {
       MPI_Comm_free(&g->comm);
     }

@@ -8,6 +8,7 @@
 #include "loom_tensor.h"
 #include "loom_compute.h"
 #include "loom_comm.h"
+#include "loom_compress.h"
 #include "loom_sched.h"
 
 #endif

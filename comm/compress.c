@@ -1,0 +1,404 @@
+/* compress.c — the compressor registry (spec strings in, loom_compressor_t out), the public
+ * encode/decode wrappers, and the per-name error-feedback table (residuals and side state). */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compress_internal.h"
+#include "error.h"
+#include "loom_tensor.h"
+
+// ---------------------------------------------------------------------------------------------
+// Registry.
+
+#define SPECS "none, fp16, bf16, int8, int8:sr, topk:RATIO, randomk:RATIO, efsign, powersgd:RANK"
+
+static loom_status_t bad_spec(const char *spec, const char *why) {
+  return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                    "compressor '%s': %s; valid compressors: " SPECS
+                    " (RATIO in (0, 1], RANK >= 1), e.g. topk:0.01",
+                    spec ? spec : "(null)", why);
+}
+
+// RATIO after "name:" in (0, 1].
+static int parse_ratio(const char *s, double *out) {
+  char *end = NULL;
+  errno = 0;
+  double r = strtod(s, &end);
+  if (errno || end == s || *end || !(r > 0.0) || r > 1.0) {
+    return 0;
+  }
+  *out = r;
+  return 1;
+}
+
+loom_status_t loom_compressor_create(const char *spec, loom_compressor_t **out) {
+  if (!out) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_compressor_create: out is NULL");
+  }
+  *out = NULL;
+  if (!spec || !*spec) {
+    return bad_spec(spec, "empty");
+  }
+  loom_compressor_t c = {0};
+  const char *colon = strchr(spec, ':');
+  size_t base = colon ? (size_t)(colon - spec) : strlen(spec);
+  const char *arg = colon ? colon + 1 : NULL;
+#define IS(word) (base == strlen(word) && strncmp(spec, word, base) == 0)
+  if (IS("none") && !arg) {
+    c.kind = LOOM_CODEC_NONE;
+    snprintf(c.name, sizeof c.name, "none");
+  } else if (IS("fp16") && !arg) {
+    c.kind = LOOM_CODEC_FP16;
+    snprintf(c.name, sizeof c.name, "fp16");
+  } else if (IS("bf16") && !arg) {
+    c.kind = LOOM_CODEC_BF16;
+    snprintf(c.name, sizeof c.name, "bf16");
+  } else if (IS("int8")) {
+    if (arg && strcmp(arg, "sr") != 0) {
+      return bad_spec(spec, "int8 takes no option or ':sr' (stochastic rounding)");
+    }
+    c.kind = LOOM_CODEC_INT8;
+    c.stochastic = arg != NULL;
+    snprintf(c.name, sizeof c.name, "%s", arg ? "int8:sr" : "int8");
+  } else if (IS("topk") || IS("randomk")) {
+    c.kind = IS("topk") ? LOOM_CODEC_TOPK : LOOM_CODEC_RANDOMK;
+    if (!arg || !parse_ratio(arg, &c.ratio)) {
+      return bad_spec(spec, "topk and randomk need a ratio in (0, 1] after ':'");
+    }
+    snprintf(c.name, sizeof c.name, "%s:%g", c.kind == LOOM_CODEC_TOPK ? "topk" : "randomk",
+             c.ratio);
+  } else if (IS("efsign") && !arg) {
+    c.kind = LOOM_CODEC_EFSIGN;
+    snprintf(c.name, sizeof c.name, "efsign");
+  } else if (IS("powersgd")) {
+    char *end = NULL;
+    long r = arg ? strtol(arg, &end, 10) : 0;
+    if (!arg || end == arg || *end || r < 1 || r > 1024) {
+      return bad_spec(spec, "powersgd needs a rank in 1..1024 after ':'");
+    }
+    c.kind = LOOM_CODEC_POWERSGD;
+    c.rank = (int)r;
+    snprintf(c.name, sizeof c.name, "powersgd:%d", c.rank);
+  } else {
+    return bad_spec(spec, arg ? "unknown name or an option it does not take" : "unknown name");
+  }
+#undef IS
+  loom_compressor_t *p = malloc(sizeof *p);
+  if (!p) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_compressor_create: out of memory");
+  }
+  *p = c;
+  *out = p;
+  return LOOM_OK;
+}
+
+void loom_compressor_destroy(loom_compressor_t *c) {
+  free(c);
+}
+
+const char *loom_compressor_name(const loom_compressor_t *c) {
+  return c ? c->name : "(null)";
+}
+
+int loom_compressor_summable(const loom_compressor_t *c) {
+  return c &&
+         (c->kind == LOOM_CODEC_NONE || c->kind == LOOM_CODEC_FP16 || c->kind == LOOM_CODEC_BF16);
+}
+
+int loom_compressor_lowrank(const loom_compressor_t *c) {
+  return c && c->kind == LOOM_CODEC_POWERSGD;
+}
+
+size_t loom_compressor_max_bytes(const loom_compressor_t *c, int64_t n) {
+  return c && n >= 0 ? loom_codec_max_bytes(c, n) : 0;
+}
+
+static loom_status_t check_codec_args(const char *op, const loom_compressor_t *c, const void *p,
+                                      const float *x, int64_t n) {
+  if (!c || !p || n < 0 || (n > 0 && !x)) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: compressor %s, payload %s, values %s, n = %lld: pass a compressor, "
+                      "buffers and n >= 0",
+                      op, c ? "set" : "NULL", p ? "set" : "NULL", x ? "set" : "NULL", (long long)n);
+  }
+  if (c->kind == LOOM_CODEC_POWERSGD) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: %s is a low-rank scheme, not a payload codec: use "
+                      "loom_compressed_allreduce",
+                      op, c->name);
+  }
+  return LOOM_OK;
+}
+
+loom_status_t loom_compressor_encode(const loom_compressor_t *c, const float *x, int64_t n,
+                                     uint64_t seed, void *payload, size_t cap, size_t *bytes) {
+  size_t ignored;
+  loom_status_t status = check_codec_args("loom_compressor_encode", c, payload, x, n);
+  return status != LOOM_OK
+             ? status
+             : loom_codec_encode(c, x, n, seed, payload, cap, bytes ? bytes : &ignored);
+}
+
+loom_status_t loom_compressor_decode_add(const loom_compressor_t *c, const void *payload,
+                                         size_t bytes, int64_t n, uint64_t seed, float *acc) {
+  loom_status_t status = check_codec_args("loom_compressor_decode_add", c, payload, acc, n);
+  return status != LOOM_OK ? status : loom_codec_decode_add(c, payload, bytes, n, seed, acc);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Error feedback: a table of named float vectors (residuals) plus a side table (PowerSGD's Q),
+// searched linearly (a model has at most a few hundred gradient tensors and lookups are once per
+// tensor and step).
+
+typedef struct ef_entry {
+  char *name;
+  float *data; // (n)
+  int64_t n;
+} ef_entry_t;
+
+typedef struct ef_table {
+  ef_entry_t *e;
+  int count, cap;
+} ef_table_t;
+
+struct loom_ef {
+  ef_table_t residual, side;
+  float *scratch; // (scratch_n) y = x + residual during an encode
+  int64_t scratch_n;
+};
+
+static ef_entry_t *find(ef_table_t *t, const char *name) {
+  for (int i = 0; i < t->count; i++) {
+    if (strcmp(t->e[i].name, name) == 0) {
+      return &t->e[i];
+    }
+  }
+  return NULL;
+}
+
+static loom_status_t add(ef_table_t *t, const char *name, int64_t n, ef_entry_t **out) {
+  if (t->count == t->cap) {
+    int cap = t->cap ? 2 * t->cap : 16;
+    ef_entry_t *e = realloc(t->e, sizeof *e * (size_t)cap);
+    if (!e) {
+      return loom_error(NULL, LOOM_ERR_NOMEM, "error feedback: cannot grow the table");
+    }
+    t->e = e;
+    t->cap = cap;
+  }
+  ef_entry_t x = {strdup(name), calloc((size_t)(n > 0 ? n : 1), sizeof(float)), n};
+  if (!x.name || !x.data) {
+    free(x.name);
+    free(x.data);
+    return loom_error(NULL, LOOM_ERR_NOMEM,
+                      "error feedback: cannot allocate the residual of '%s' (%lld floats)", name,
+                      (long long)n);
+  }
+  t->e[t->count] = x;
+  *out = &t->e[t->count++];
+  return LOOM_OK;
+}
+
+static void free_table(ef_table_t *t) {
+  for (int i = 0; i < t->count; i++) {
+    free(t->e[i].name);
+    free(t->e[i].data);
+  }
+  free(t->e);
+}
+
+loom_status_t loom_ef_create(loom_ef_t **out) {
+  if (!out) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_ef_create: out is NULL");
+  }
+  *out = calloc(1, sizeof **out);
+  return *out ? LOOM_OK : loom_error(NULL, LOOM_ERR_NOMEM, "loom_ef_create: out of memory");
+}
+
+void loom_ef_destroy(loom_ef_t *ef) {
+  if (ef) {
+    free_table(&ef->residual);
+    free_table(&ef->side);
+    free(ef->scratch);
+    free(ef);
+  }
+}
+
+static loom_status_t check_name(const char *op, const loom_ef_t *ef, const char *name, int64_t n) {
+  if (!ef || !name || !*name || n < 0) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: ef %s, name '%s', n = %lld: error feedback needs a table, a tensor "
+                      "name (set loom_tensor_t.name) and n >= 0",
+                      op, ef ? "set" : "NULL", name ? name : "(null)", (long long)n);
+  }
+  return LOOM_OK;
+}
+
+loom_status_t loom_ef_residual(loom_ef_t *ef, const char *name, int64_t n, float **res) {
+  loom_status_t status = check_name("loom_ef_residual", ef, name, n);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  ef_entry_t *e = find(&ef->residual, name);
+  if (e && e->n != n) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "error feedback: tensor '%s' has %lld elements now and %lld before: names "
+                      "must identify one tensor (rename it, or loom_ef_set a new residual)",
+                      name, (long long)n, (long long)e->n);
+  }
+  if (!e && (status = add(&ef->residual, name, n, &e)) != LOOM_OK) {
+    return status;
+  }
+  *res = e->data;
+  return LOOM_OK;
+}
+
+int loom_ef_count(const loom_ef_t *ef) {
+  return ef ? ef->residual.count : 0;
+}
+
+loom_status_t loom_ef_entry(const loom_ef_t *ef, int i, const char **name, const float **data,
+                            int64_t *n) {
+  if (!ef || i < 0 || i >= ef->residual.count) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_ef_entry: entry %d of %d: pass 0 <= i < loom_ef_count", i,
+                      loom_ef_count(ef));
+  }
+  const ef_entry_t *e = &ef->residual.e[i];
+  if (name) {
+    *name = e->name;
+  }
+  if (data) {
+    *data = e->data;
+  }
+  if (n) {
+    *n = e->n;
+  }
+  return LOOM_OK;
+}
+
+loom_status_t loom_ef_set(loom_ef_t *ef, const char *name, const float *data, int64_t n) {
+  loom_status_t status = check_name("loom_ef_set", ef, name, n);
+  if (status == LOOM_OK && n > 0 && !data) {
+    status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_ef_set: data is NULL for %lld values",
+                        (long long)n);
+  }
+  if (status != LOOM_OK) {
+    return status;
+  }
+  ef_entry_t *e = find(&ef->residual, name);
+  if (e && e->n != n) { // replace: the tensor changed size
+    float *d = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    if (!d) {
+      return loom_error(NULL, LOOM_ERR_NOMEM, "loom_ef_set: cannot allocate %lld floats",
+                        (long long)n);
+    }
+    free(e->data);
+    e->data = d;
+    e->n = n;
+  }
+  if (!e && (status = add(&ef->residual, name, n, &e)) != LOOM_OK) {
+    return status;
+  }
+  if (n > 0) {
+    memcpy(e->data, data, (size_t)n * sizeof(float));
+  }
+  return LOOM_OK;
+}
+
+loom_status_t loom_ef_side(loom_ef_t *ef, const char *name, int64_t n, float **out, int *fresh) {
+  ef_entry_t *e = find(&ef->side, name);
+  *fresh = 0;
+  if (e && e->n != n) {
+    float *d = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    if (!d) {
+      return loom_error(NULL, LOOM_ERR_NOMEM, "error feedback: cannot allocate %lld floats",
+                        (long long)n);
+    }
+    free(e->data);
+    e->data = d;
+    e->n = n;
+    *fresh = 1;
+  }
+  if (!e) {
+    loom_status_t status = add(&ef->side, name, n, &e);
+    if (status != LOOM_OK) {
+      return status;
+    }
+    *fresh = 1;
+  }
+  *out = e->data;
+  return LOOM_OK;
+}
+
+loom_status_t loom_compressor_encode_ef(const loom_compressor_t *c, loom_ef_t *ef, const char *name,
+                                        const float *x, int64_t n, uint64_t seed, void *payload,
+                                        size_t cap, size_t *bytes) {
+  if (!ef) {
+    return loom_compressor_encode(c, x, n, seed, payload, cap, bytes);
+  }
+  loom_status_t status = check_codec_args("loom_compressor_encode_ef", c, payload, x, n);
+  float *res = NULL;
+  if (status == LOOM_OK) {
+    status = loom_ef_residual(ef, name, n, &res);
+  }
+  if (status != LOOM_OK) {
+    return status;
+  }
+  if (ef->scratch_n < n) {
+    float *s = malloc((size_t)n * sizeof(float));
+    if (!s) {
+      return loom_error(NULL, LOOM_ERR_NOMEM, "error feedback: cannot allocate %lld floats",
+                        (long long)n);
+    }
+    free(ef->scratch);
+    ef->scratch = s;
+    ef->scratch_n = n;
+  }
+  float *y = ef->scratch;
+  for (int64_t i = 0; i < n; i++) {
+    y[i] = x[i] + res[i];
+  }
+  size_t ignored;
+  status = loom_codec_encode(c, y, n, seed, payload, cap, bytes ? bytes : &ignored);
+  if (status != LOOM_OK) {
+    return status; // the residual is unchanged
+  }
+  // residual = y - decode(payload): decode into the residual, then subtract.
+  memset(res, 0, (size_t)n * sizeof(float));
+  status = loom_codec_decode_add(c, payload, bytes ? *bytes : ignored, n, seed, res);
+  for (int64_t i = 0; i < n && status == LOOM_OK; i++) {
+    res[i] = y[i] - res[i];
+    if (!isfinite(res[i])) { // a non-finite gradient must not poison every later step
+      res[i] = 0.0f;
+    }
+  }
+  return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scheme names.
+
+static const char *const scheme_names[LOOM_SCHEME_COUNT] = {"indivisible", "divisible",
+                                                            "hierarchical"};
+
+const char *loom_scheme_name(loom_scheme_t s) {
+  return (int)s >= 0 && s < LOOM_SCHEME_COUNT ? scheme_names[s] : "invalid";
+}
+
+loom_status_t loom_scheme_parse(const char *name, loom_scheme_t *out) {
+  for (int s = 0; s < LOOM_SCHEME_COUNT && name; s++) {
+    if (strcmp(name, scheme_names[s]) == 0) {
+      *out = (loom_scheme_t)s;
+      return LOOM_OK;
+    }
+  }
+  return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                    "scheme '%s': valid schemes are indivisible, divisible and hierarchical",
+                    name ? name : "(null)");
+}

@@ -1,0 +1,68 @@
+/* compress_internal.h — what the compression files share: the compressor behind
+ * loom_compressor_t, the payload header, and the codec entry points of compress_codecs.c. */
+#ifndef LOOM_COMPRESS_INTERNAL_H
+#define LOOM_COMPRESS_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom_compress.h"
+
+typedef enum loom_codec_kind {
+  LOOM_CODEC_NONE = 1,
+  LOOM_CODEC_FP16,
+  LOOM_CODEC_BF16,
+  LOOM_CODEC_INT8,
+  LOOM_CODEC_TOPK,
+  LOOM_CODEC_RANDOMK,
+  LOOM_CODEC_EFSIGN,
+  LOOM_CODEC_POWERSGD,
+} loom_codec_kind_t;
+
+struct loom_compressor {
+  loom_codec_kind_t kind;
+  double ratio;   // topk, randomk: fraction of values kept, in (0, 1]
+  int rank;       // powersgd: rank of the approximation, >= 1
+  int stochastic; // int8: stochastic rounding
+  char name[32];  // canonical spec
+};
+
+// Every payload opens with this header (host byte order: the ranks of a job share one ABI).
+// flags bit 0: the input held a NaN or an infinity; the payload is the header alone and decodes
+// to NaN everywhere (for codecs with a scale or a selection, which cannot carry them).
+#define LOOM_PAYLOAD_MAGIC     0x4c4du // "ML"
+#define LOOM_PAYLOAD_VERSION   1u
+#define LOOM_PAYLOAD_NONFINITE 1u
+typedef struct loom_payload_header {
+  uint16_t magic;
+  uint8_t kind;    // loom_codec_kind_t
+  uint8_t version; // LOOM_PAYLOAD_VERSION
+  uint32_t flags;
+  uint64_t n; // element count of the encoded vector
+} loom_payload_header_t;
+#define LOOM_PAYLOAD_HEADER ((size_t)sizeof(loom_payload_header_t)) // 16
+
+// Values kept by topk and randomk for n values: ceil(ratio * n), at least 1 when n > 0.
+int64_t loom_codec_keep(const loom_compressor_t *c, int64_t n);
+size_t loom_codec_max_bytes(const loom_compressor_t *c, int64_t n);
+// The codecs; arguments already checked by the public wrappers (c is not powersgd, x/acc hold
+// n values, payload holds cap or bytes bytes).
+loom_status_t loom_codec_encode(const loom_compressor_t *c, const float *x, int64_t n,
+                                uint64_t seed, uint8_t *payload, size_t cap, size_t *bytes);
+loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *payload,
+                                    size_t bytes, int64_t n, uint64_t seed, float *acc);
+
+// A 64-bit mix (splitmix64's finaliser): random streams and per-shard seeds.
+uint64_t loom_mix64(uint64_t x);
+
+// PowerSGD (compress_powersgd.c): t = the sum over ranks of the rank-r approximations, in place
+// on g. The warm-started Q is kept per tensor name in ef's side table, the residual in ef as for
+// the other compressors; ef is required (PowerSGD without error feedback does not converge).
+// *sent grows by the bytes this rank sent.
+loom_status_t loom_powersgd_allreduce(const loom_group_t *g, const loom_compressor_t *c,
+                                      loom_ef_t *ef, loom_tensor_t *t, size_t *sent);
+// Side state of a named tensor kept by the error-feedback table (PowerSGD's Q): n floats,
+// zero when new; a different n reallocates (and zeroes).
+loom_status_t loom_ef_side(loom_ef_t *ef, const char *name, int64_t n, float **out, int *fresh);
+
+#endif

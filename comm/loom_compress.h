@@ -1,0 +1,124 @@
+/* loom_compress.h — gradient compressors (fp16, bf16, int8, top-k, random-k, sign, PowerSGD),
+ * per-tensor error feedback, and compressed allreduce schemes. Include loom.h instead. */
+#ifndef LOOM_COMPRESS_H
+#define LOOM_COMPRESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loom_comm.h"
+#include "loom_core.h"
+#include "loom_tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- compressors --------------------------------------------------------------------------------
+//
+// A compressor is named by a spec string with its parameters in the name:
+//   none            f32 as is (the reference: a payload is the raw values)
+//   fp16, bf16      round to nearest even, 2 bytes a value
+//   int8[:sr]       one f32 scale (max |x| / 127) and one signed byte a value; ":sr" rounds
+//                   stochastically (unbiased; the random stream comes from the seed)
+//   topk:RATIO      the k = ceil(RATIO * n) values of largest magnitude, with their indices
+//                   (ties go to the lower index), RATIO in (0, 1]
+//   randomk:RATIO   k = ceil(RATIO * n) values at indices drawn from the seed: every rank that
+//                   passes the same seed picks the same indices, so only the values travel
+//   efsign          one sign bit a value and one f32 scale (the mean magnitude): decodes to
+//                   +-scale; meant to run with error feedback
+//   powersgd:RANK   rank-RANK approximation M ~ P Q^T of the tensor viewed as a matrix, with a
+//                   warm-started Q; not a payload codec: it runs as its own scheme (two
+//                   allreduces, of P and of Q) inside loom_compressed_allreduce
+//
+// Payloads are self-describing (a 16-byte header names the compressor and the element count)
+// and decoders treat them as untrusted: a truncated or oversized payload, a header for another
+// compressor or another count, an out-of-range or repeated index, or a non-finite scale returns
+// LOOM_ERR_CORRUPT before anything is written to the output.
+typedef struct loom_compressor loom_compressor_t;
+
+// Parse spec; LOOM_ERR_INVALID_ARG names the valid specs when it is not one.
+LOOM_API loom_status_t loom_compressor_create(const char *spec, loom_compressor_t **out);
+LOOM_API void loom_compressor_destroy(loom_compressor_t *c);
+// The canonical spec ("topk:0.01", "int8:sr"), for logs and plans.
+LOOM_API const char *loom_compressor_name(const loom_compressor_t *c);
+// 1 when payloads of different ranks can be summed without decoding (none, fp16, bf16).
+LOOM_API int loom_compressor_summable(const loom_compressor_t *c);
+// 1 for powersgd (no payload codec: loom_compressor_encode/decode_add refuse it).
+LOOM_API int loom_compressor_lowrank(const loom_compressor_t *c);
+// Largest payload, in bytes, for n values (0 for powersgd).
+LOOM_API size_t loom_compressor_max_bytes(const loom_compressor_t *c, int64_t n);
+
+// Encode x[0..n) into payload (cap bytes available); *bytes is the size written. seed selects
+// the random stream of int8:sr and the indices of randomk (pass the same seed on every rank).
+LOOM_API loom_status_t loom_compressor_encode(const loom_compressor_t *c, const float *x, int64_t n,
+                                              uint64_t seed, void *payload, size_t cap,
+                                              size_t *bytes);
+// acc[0..n) += decode(payload). n and seed must be those of the encode. Untrusted payload: see
+// above; on an error acc is unchanged.
+LOOM_API loom_status_t loom_compressor_decode_add(const loom_compressor_t *c, const void *payload,
+                                                  size_t bytes, int64_t n, uint64_t seed,
+                                                  float *acc);
+
+// ---- error feedback -----------------------------------------------------------------------------
+//
+// A residual per tensor name: what compression dropped from the last gradient, added back to
+// the next one before it is compressed. Keyed by name, not by bucket, so it survives a change
+// of buckets or plan. A checkpoint saves every entry (loom_ef_entry) and restores it
+// (loom_ef_set).
+typedef struct loom_ef loom_ef_t;
+
+LOOM_API loom_status_t loom_ef_create(loom_ef_t **out);
+LOOM_API void loom_ef_destroy(loom_ef_t *ef);
+// The residual of name (n floats, zero when new). A name seen before with another n is
+// LOOM_ERR_INVALID_ARG.
+LOOM_API loom_status_t loom_ef_residual(loom_ef_t *ef, const char *name, int64_t n, float **res);
+LOOM_API int loom_ef_count(const loom_ef_t *ef);
+// Entry i (0 <= i < count) in creation order: its name, residual and length.
+LOOM_API loom_status_t loom_ef_entry(const loom_ef_t *ef, int i, const char **name,
+                                     const float **data, int64_t *n);
+// Create or overwrite the residual of name with data[0..n).
+LOOM_API loom_status_t loom_ef_set(loom_ef_t *ef, const char *name, const float *data, int64_t n);
+// Encode with error feedback: y = x + residual(name); payload = encode(y);
+// residual(name) = y - decode(payload). With ef NULL it is loom_compressor_encode.
+LOOM_API loom_status_t loom_compressor_encode_ef(const loom_compressor_t *c, loom_ef_t *ef,
+                                                 const char *name, const float *x, int64_t n,
+                                                 uint64_t seed, void *payload, size_t cap,
+                                                 size_t *bytes);
+
+// ---- compressed allreduce -----------------------------------------------------------------------
+//
+// The communication schemes of ByteComp's decision tree:
+//   indivisible   every rank encodes its whole tensor; allgather of the payloads; every rank
+//                 decodes them and sums in rank order
+//   divisible     the tensor is cut into one shard per rank; alltoall of the encoded shards;
+//                 the owner decodes and sums its shard in rank order and re-encodes the sum;
+//                 allgather of the re-encoded shards; every rank decodes them
+//   hierarchical  uncompressed (ordered) allreduce inside each node, then the node leaders run
+//                 the indivisible scheme among themselves, then a broadcast inside each node
+// powersgd ignores the scheme (it always runs its two allreduces). Every rank ends with the
+// same bits. Only f32 host tensors; op is LOOM_SUM or LOOM_AVG.
+typedef enum loom_scheme {
+  LOOM_SCHEME_INDIVISIBLE = 0,
+  LOOM_SCHEME_DIVISIBLE,
+  LOOM_SCHEME_HIERARCHICAL,
+  LOOM_SCHEME_COUNT
+} loom_scheme_t;
+
+LOOM_API const char *loom_scheme_name(loom_scheme_t s); // "indivisible", ... or "invalid"
+// Parse "indivisible", "divisible" or "hierarchical".
+LOOM_API loom_status_t loom_scheme_parse(const char *name, loom_scheme_t *out);
+
+// Allreduce t in place through compressor c. With ef non-NULL the encoding of this rank's
+// tensor uses error feedback keyed by t's name (the name must be set). seed must be equal on
+// every rank (advance it every step: randomk draws its indices from it). When bytes_sent is
+// non-NULL it receives the bytes this rank sent.
+LOOM_API loom_status_t loom_compressed_allreduce(const loom_group_t *g, const loom_compressor_t *c,
+                                                 loom_scheme_t scheme, loom_ef_t *ef,
+                                                 loom_tensor_t *t, loom_redop_t op, uint64_t seed,
+                                                 size_t *bytes_sent);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,335 @@
+/* test_compress.c — loom_compressed_allreduce under mpirun: every compressor and scheme equals
+ * the decode-and-sum of the payloads computed here, bit for bit, identical on every rank. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check_mpi.h"
+#include "../testutil.h"
+
+// What is checked, at the np of the spec, for sizes 0, 1, 5, 3 np + 1, 1000 and 4099:
+// - indivisible: the result is, bitwise, the rank-order sum of decode(encode(x_r)) where x_r is
+//   rank r's input (each rank regenerates every rank's input), for every payload compressor;
+// - divisible: for the compressors that do not use the seed (none, fp16, bf16, int8, topk,
+//   efsign) the result is, bitwise, decode(encode(sum_r decode(encode(x_r[shard])))) per shard;
+//   for randomk and int8:sr the result is identical on every rank and close to the sum;
+// - hierarchical: the node sums (rank order) compressed among the node leaders, decoded and
+//   summed in node order (LOOM_NODE_SIZE from the spec's environment);
+// - LOOM_AVG is the sum divided by np; bytes_sent is 0 at np 1 and smaller than what the same
+//   scheme sends uncompressed (`none`);
+// - error feedback over three steps: the residual equals y - decode(encode(y)), y = x + the
+//   previous residual (indivisible);
+// - powersgd at full rank reproduces the exact sum, at rank 1 on rank-1 inputs too, and needs ef;
+// - errors: an f16 tensor, an unnamed tensor with ef, a bad op.
+
+static int world_rank, world_size;
+
+#define OK(call)                                                                                   \
+  do {                                                                                             \
+    loom_status_t ok_status_ = (call);                                                             \
+    CHECK(ok_status_ == LOOM_OK, "%s: %s", loom_strerror(ok_status_), loom_last_error(NULL));      \
+  } while (0)
+
+static const char *const specs[] = {"none",    "fp16",     "bf16",         "int8",
+                                    "int8:sr", "topk:0.1", "randomk:0.25", "efsign"};
+#define NSPECS ((int)(sizeof specs / sizeof specs[0]))
+
+// Rank r's input for a call, reproducible on every rank.
+static void input(float *x, int64_t n, int r, int step) {
+  test_rng_t rng = test_rng(1000u + 17u * (uint64_t)r + 131u * (uint64_t)step);
+  test_fill_uniform(&rng, x, n, -2.0, 2.0);
+}
+
+// acc += decode(encode(x)) with the public codec.
+static void roundtrip_add(const loom_compressor_t *c, const float *x, int64_t n, uint64_t seed,
+                          float *acc) {
+  size_t cap = loom_compressor_max_bytes(c, n), bytes = 0;
+  void *p = malloc(cap ? cap : 1);
+  OK(loom_compressor_encode(c, x, n, seed, p, cap, &bytes));
+  OK(loom_compressor_decode_add(c, p, bytes, n, seed, acc));
+  free(p);
+}
+
+// 1 when every rank holds the same n floats.
+static int same_everywhere(const loom_group_t *g, const float *x, int64_t n) {
+  int np = loom_group_size(g);
+  float *all = malloc(sizeof(float) * (size_t)(n * np + 1));
+  MPI_Allgather(x, (int)n, MPI_FLOAT, all, (int)n, MPI_FLOAT, loom_group_comm(g));
+  int same = 1;
+  for (int r = 1; r < np; r++) {
+    same &= memcmp(all, all + (int64_t)r * n, sizeof(float) * (size_t)n) == 0;
+  }
+  free(all);
+  return same;
+}
+
+static void shard_range(int64_t n, int np, int i, int64_t *lo, int64_t *len) {
+  int64_t base = n / np, extra = n % np;
+  *lo = i * base + (i < extra ? i : extra);
+  *len = base + (i < extra);
+}
+
+static int seeded(const char *spec) {
+  return strcmp(spec, "randomk:0.25") == 0 || strcmp(spec, "int8:sr") == 0;
+}
+
+static void test_scheme(const loom_group_t *g, const char *spec, loom_scheme_t scheme, int64_t n,
+                        int node_size) {
+  const int np = loom_group_size(g), me = loom_group_rank(g);
+  loom_compressor_t *c = NULL;
+  OK(loom_compressor_create(spec, &c));
+  const uint64_t seed = 77;
+  loom_tensor_t t = test_tensor_f32(1, &n, "grad");
+  float *x = test_floats(&t);
+  input(x, n, me, 0);
+  float *want = calloc((size_t)n + 1, sizeof(float)), *xr = malloc(sizeof(float) * (size_t)(n + 1));
+  float *sum = calloc((size_t)n + 1, sizeof(float));
+  size_t sent = 123;
+  OK(loom_compressed_allreduce(g, c, scheme, NULL, &t, LOOM_SUM, seed, &sent));
+  for (int r = 0; r < np; r++) { // the exact sum, for tolerance checks
+    input(xr, n, r, 0);
+    for (int64_t i = 0; i < n; i++) {
+      sum[i] += xr[i];
+    }
+  }
+  int exact = 1;
+  if (scheme == LOOM_SCHEME_INDIVISIBLE) {
+    for (int r = 0; r < np; r++) {
+      input(xr, n, r, 0);
+      roundtrip_add(c, xr, n, seed, want);
+    }
+  } else if (scheme == LOOM_SCHEME_DIVISIBLE) {
+    exact = !seeded(spec);
+    for (int i = 0; i < np && exact; i++) {
+      int64_t lo, len;
+      shard_range(n, np, i, &lo, &len);
+      float *acc = calloc((size_t)len + 1, sizeof(float));
+      for (int r = 0; r < np; r++) {
+        input(xr, n, r, 0);
+        roundtrip_add(c, xr + lo, len, 0, acc);
+      }
+      roundtrip_add(c, acc, len, 0, want + lo);
+      free(acc);
+    }
+  } else { // hierarchical: node sums in rank order, then indivisible among the leaders
+    int nodes = node_size > 0 ? (np + node_size - 1) / node_size : 1;
+    int per = node_size > 0 ? node_size : np;
+    for (int k = 0; k < nodes; k++) {
+      float *ns = calloc((size_t)n + 1, sizeof(float));
+      for (int r = k * per; r < np && r < (k + 1) * per; r++) {
+        input(xr, n, r, 0);
+        for (int64_t i = 0; i < n; i++) {
+          ns[i] += xr[i];
+        }
+      }
+      roundtrip_add(c, ns, n, seed, want);
+      free(ns);
+    }
+  }
+  if (exact) {
+    CHECK(test_same_bits(x, want, n), "%s %s n=%lld: result differs from decode-and-sum", spec,
+          loom_scheme_name(scheme), (long long)n);
+  } else {
+    // Lossy but bounded: every element within the input range times np of the sum.
+    double worst = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+      double d = fabs((double)x[i] - sum[i]);
+      worst = d > worst ? d : worst;
+    }
+    CHECK(isfinite(worst) && worst <= 2.0 * 2.0 * np, "%s %s n=%lld: error %g", spec,
+          loom_scheme_name(scheme), (long long)n, worst);
+  }
+  CHECK(same_everywhere(g, x, n), "%s %s n=%lld: ranks differ", spec, loom_scheme_name(scheme),
+        (long long)n);
+  CHECK(np > 1 || scheme == LOOM_SCHEME_HIERARCHICAL || sent == 0, "%s: %zu bytes sent at np 1",
+        spec, sent);
+  if (np > 1 && n >= 1000 && strcmp(spec, "none") != 0) { // fewer bytes than the same scheme
+    loom_compressor_t *none = NULL;                       // uncompressed
+    size_t sent_none = 0;
+    OK(loom_compressor_create("none", &none));
+    input(xr, n, me, 0);
+    loom_tensor_t u = test_tensor_f32(1, &n, "grad");
+    test_copy_floats(test_floats(&u), xr, n);
+    OK(loom_compressed_allreduce(g, none, scheme, NULL, &u, LOOM_SUM, seed, &sent_none));
+    // hierarchical: ranks that lead no node send only uncompressed bytes inside their node
+    CHECK(sent < sent_none || (scheme == LOOM_SCHEME_HIERARCHICAL && sent == sent_none),
+          "%s %s: %zu bytes sent, %zu uncompressed", spec, loom_scheme_name(scheme), sent,
+          sent_none);
+    TEST_FREE(&u);
+    loom_compressor_destroy(none);
+  }
+  free(want);
+  free(xr);
+  free(sum);
+  TEST_FREE(&t);
+  loom_compressor_destroy(c);
+}
+
+static void test_avg(const loom_group_t *g) {
+  const int np = loom_group_size(g), me = loom_group_rank(g);
+  int64_t n = 257;
+  loom_compressor_t *c = NULL;
+  OK(loom_compressor_create("fp16", &c));
+  loom_tensor_t a = test_tensor_f32(1, &n, "a"), b = test_tensor_f32(1, &n, "b");
+  input(test_floats(&a), n, me, 1);
+  input(test_floats(&b), n, me, 1);
+  OK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, NULL, &a, LOOM_SUM, 5, NULL));
+  OK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, NULL, &b, LOOM_AVG, 5, NULL));
+  float *pa = test_floats(&a), *pb = test_floats(&b);
+  int bad = 0;
+  for (int64_t i = 0; i < n; i++) {
+    bad += pb[i] != pa[i] / (float)np;
+  }
+  CHECK(bad == 0, "AVG differs from SUM / np in %d elements", bad);
+  TEST_FREE(&a, &b);
+  loom_compressor_destroy(c);
+}
+
+static void test_error_feedback(const loom_group_t *g) {
+  const int me = loom_group_rank(g);
+  int64_t n = 1001;
+  const char *ef_specs[] = {"topk:0.05", "efsign", "int8"};
+  for (int s = 0; s < 3; s++) {
+    loom_compressor_t *c = NULL;
+    loom_ef_t *ef = NULL;
+    OK(loom_compressor_create(ef_specs[s], &c));
+    OK(loom_ef_create(&ef));
+    float *r_want = calloc((size_t)n, sizeof(float)), *y = malloc(sizeof(float) * (size_t)n);
+    float *d = malloc(sizeof(float) * (size_t)n);
+    loom_tensor_t t = test_tensor_f32(1, &n, "layer0.w");
+    for (int step = 0; step < 3; step++) {
+      input(test_floats(&t), n, me, 10 + step);
+      for (int64_t i = 0; i < n; i++) {
+        y[i] = test_floats(&t)[i] + r_want[i];
+        d[i] = 0.0f;
+      }
+      roundtrip_add(c, y, n, (uint64_t)step, d);
+      for (int64_t i = 0; i < n; i++) {
+        r_want[i] = y[i] - d[i];
+      }
+      OK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, ef, &t, LOOM_SUM, (uint64_t)step,
+                                   NULL));
+      float *res = NULL;
+      OK(loom_ef_residual(ef, "layer0.w", n, &res));
+      CHECK(res && test_same_bits(res, r_want, n), "%s step %d: residual != y - decode(encode(y))",
+            ef_specs[s], step);
+      CHECK(same_everywhere(g, test_floats(&t), n), "%s step %d: ranks differ", ef_specs[s], step);
+    }
+    CHECK(loom_ef_count(ef) == 1, "%d residuals", loom_ef_count(ef));
+    free(r_want);
+    free(y);
+    free(d);
+    TEST_FREE(&t);
+    loom_ef_destroy(ef);
+    loom_compressor_destroy(c);
+  }
+}
+
+static void test_powersgd(const loom_group_t *g) {
+  const int np = loom_group_size(g), me = loom_group_rank(g);
+  // Full rank (4 x 6 at rank 4): P Q^T reproduces the sum exactly up to rounding.
+  int64_t shape[2] = {4, 6}, n = 24;
+  loom_compressor_t *c = NULL;
+  loom_ef_t *ef = NULL;
+  OK(loom_compressor_create("powersgd:4", &c));
+  OK(loom_ef_create(&ef));
+  loom_tensor_t t = test_tensor_f32(2, shape, "w");
+  input(test_floats(&t), n, me, 20);
+  OK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, ef, &t, LOOM_SUM, 1, NULL));
+  float *xr = malloc(sizeof(float) * (size_t)n);
+  double worst = 0.0;
+  double *sum = calloc((size_t)n, sizeof(double));
+  for (int r = 0; r < np; r++) {
+    input(xr, n, r, 20);
+    for (int64_t i = 0; i < n; i++) {
+      sum[i] += xr[i];
+    }
+  }
+  for (int64_t i = 0; i < n; i++) {
+    double d = fabs(test_floats(&t)[i] - sum[i]);
+    worst = d > worst ? d : worst;
+  }
+  CHECK(worst < 1e-4 * np, "powersgd:4 on 4 x 6: error %g", worst);
+  CHECK(same_everywhere(g, test_floats(&t), n), "powersgd: ranks differ");
+  // Without error feedback: refused.
+  CHECK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, NULL, &t, LOOM_SUM, 1, NULL) ==
+            LOOM_ERR_INVALID_ARG,
+        "powersgd without ef accepted");
+  TEST_FREE(&t);
+  loom_compressor_destroy(c);
+  // Rank 1 on rank-1 inputs (rank r holds (r + 1) u v^T) over a 1-D tensor of 30 = 5 x 6.
+  OK(loom_compressor_create("powersgd:1", &c));
+  int64_t m = 30;
+  loom_tensor_t u = test_tensor_f32(1, &m, "u");
+  for (int i = 0; i < 5; i++) {
+    for (int j = 0; j < 6; j++) {
+      test_floats(&u)[i * 6 + j] = (float)((me + 1) * (i + 1) * (j - 2.5));
+    }
+  }
+  OK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, ef, &u, LOOM_SUM, 1, NULL));
+  double tri = np * (np + 1) / 2.0;
+  worst = 0.0;
+  for (int i = 0; i < 5; i++) {
+    for (int j = 0; j < 6; j++) {
+      double d = fabs(test_floats(&u)[i * 6 + j] - tri * (i + 1) * (j - 2.5));
+      worst = d > worst ? d : worst;
+    }
+  }
+  CHECK(worst < 1e-3 * tri * 15, "powersgd:1 on a rank-1 sum: error %g", worst);
+  TEST_FREE(&u);
+  free(xr);
+  free(sum);
+  loom_ef_destroy(ef);
+  loom_compressor_destroy(c);
+}
+
+static void test_errors(const loom_group_t *g) {
+  loom_compressor_t *c = NULL;
+  loom_ef_t *ef = NULL;
+  OK(loom_compressor_create("int8", &c));
+  OK(loom_ef_create(&ef));
+  int64_t n = 8;
+  loom_tensor_t h = test_tensor(LOOM_F16, 1, &n, "h");
+  CHECK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, NULL, &h, LOOM_SUM, 0, NULL) ==
+            LOOM_ERR_UNSUPPORTED,
+        "f16 tensor accepted");
+  loom_tensor_t t = test_tensor_f32(1, &n, NULL);
+  CHECK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, ef, &t, LOOM_SUM, 0, NULL) ==
+            LOOM_ERR_INVALID_ARG,
+        "unnamed tensor with ef accepted");
+  CHECK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, NULL, &t, LOOM_MAX, 0, NULL) ==
+            LOOM_ERR_INVALID_ARG,
+        "LOOM_MAX accepted");
+  TEST_FREE(&h, &t);
+  loom_ef_destroy(ef);
+  loom_compressor_destroy(c);
+}
+
+int main(int argc, char **argv) {
+  loom_ctx_t *ctx = NULL;
+  if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {
+    fprintf(stderr, "loom_init failed: %s\n", loom_last_error(NULL));
+    return 1;
+  }
+  world_rank = loom_rank(ctx);
+  world_size = loom_size(ctx);
+  const loom_group_t *g = loom_group(ctx, LOOM_GROUP_WORLD);
+  const char *ns = getenv("LOOM_NODE_SIZE");
+  int node_size = ns ? atoi(ns) : 0;
+  const int64_t sizes[] = {0, 1, 5, 3 * world_size + 1, 1000, 4099};
+  for (int s = 0; s < NSPECS; s++) {
+    for (int sc = 0; sc < LOOM_SCHEME_COUNT; sc++) {
+      for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        test_scheme(g, specs[s], (loom_scheme_t)sc, sizes[k], node_size);
+      }
+    }
+  }
+  test_avg(g);
+  test_error_feedback(g);
+  test_powersgd(g);
+  test_errors(g);
+  int rc = check_exit_all("test_compress");
+  loom_finalize(ctx);
+  return rc;
+}
