@@ -70,8 +70,16 @@ loom_status_t loom_compressor_create(const char *spec, loom_compressor_t **out) 
     if (!arg || !parse_ratio(arg, &c.ratio)) {
       return bad_spec(spec, "topk and randomk need a ratio in (0, 1] after ':'");
     }
-    snprintf(c.name, sizeof c.name, "%s:%g", c.kind == LOOM_CODEC_TOPK ? "topk" : "randomk",
-             c.ratio);
+    // The shortest decimal that parses back to the same double: "%g" alone would round it,
+    // and another rank parsing the rounded name would keep a different number of values.
+    char num[32] = "";
+    for (int digits = 1; digits <= 17; digits++) {
+      snprintf(num, sizeof num, "%.*g", digits, c.ratio);
+      if (strtod(num, NULL) == c.ratio) {
+        break;
+      }
+    }
+    snprintf(c.name, sizeof c.name, "%s:%s", c.kind == LOOM_CODEC_TOPK ? "topk" : "randomk", num);
   } else if (IS("efsign") && !arg) {
     c.kind = LOOM_CODEC_EFSIGN;
     snprintf(c.name, sizeof c.name, "efsign");

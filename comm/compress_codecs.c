@@ -8,6 +8,7 @@
 
 #include "compress_internal.h"
 #include "error.h"
+#include "cpu/simd.h"
 #include "loom_tensor.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -29,7 +30,9 @@ int64_t loom_codec_keep(const loom_compressor_t *c, int64_t n) {
   if (n <= 0) {
     return 0;
   }
-  double k = ceil(c->ratio * (double)n);
+  // ceil(ratio n), forgiving the rounding of the decimal ratio: 0.07 * 100 is 7.000000000000001
+  // in double, and must keep 7 values, not 8.
+  double k = ceil(c->ratio * (double)n * (1.0 - 1e-12));
   if (k < 1.0) {
     k = 1.0;
   }
@@ -84,51 +87,101 @@ static loom_status_t corrupt(const loom_compressor_t *c, const char *what) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Selection for top-k: the k largest magnitudes, ties to the lower index, returned as sorted
-// indices. Quickselect on (magnitude desc, index asc) keys.
+// Selection for top-k: the k largest magnitudes, ties to the lower index, in index order. A
+// sorting-free three-pass method: a threshold from a strided sample (with a margin) keeps a few
+// more than k candidates in one pass; the k-th largest candidate magnitude T is found by
+// quickselect; a last pass over the candidates keeps every magnitude above T and the first ones
+// equal to T. The result is exact; the sample only decides how much work the middle pass does.
 
-typedef struct mag_idx {
-  float mag;
-  uint32_t idx;
-} mag_idx_t;
-
-static int before(mag_idx_t a, mag_idx_t b) { // a ranks ahead of b
-  return a.mag > b.mag || (a.mag == b.mag && a.idx < b.idx);
-}
-
-static void select_top(mag_idx_t *v, int64_t n, int64_t k) {
-  int64_t lo = 0, hi = n - 1;
-  uint64_t draw = 0x1234567ull;
+// The k-th largest (1-based) of v[0..n), reordering v.
+static float kth_largest(float *v, int64_t n, int64_t k) {
+  int64_t lo = 0, hi = n - 1, want = k - 1;
+  uint64_t draw = 0x5eedull;
   while (lo < hi) {
     draw = loom_mix64(draw);
-    mag_idx_t pivot = v[lo + (int64_t)below(draw, (uint64_t)(hi - lo + 1))];
+    float pivot = v[lo + (int64_t)below(draw, (uint64_t)(hi - lo + 1))];
     int64_t i = lo, j = hi;
     while (i <= j) {
-      while (before(v[i], pivot)) {
+      while (v[i] > pivot) {
         i++;
       }
-      while (before(pivot, v[j])) {
+      while (v[j] < pivot) {
         j--;
       }
       if (i <= j) {
-        mag_idx_t t = v[i];
+        float t = v[i];
         v[i++] = v[j];
         v[j--] = t;
       }
     }
-    if (k - 1 <= j) {
+    if (want <= j) {
       hi = j;
-    } else if (k - 1 >= i) {
+    } else if (want >= i) {
       lo = i;
     } else {
+      return v[want];
+    }
+  }
+  return v[want];
+}
+
+// idx[0..k) = the top-k indices of x in increasing order. scratch holds n floats + n indices
+// worth of room (the candidates).
+static void select_top(const float *x, int64_t n, int64_t k, uint32_t *idx, float *mag,
+                       uint32_t *cand) {
+  enum { SAMPLE = 65536 };
+  float thr = 0.0f;
+  if (n > 4 * (int64_t)SAMPLE) { // a strided sample of SAMPLE magnitudes
+    const int64_t stride = n / SAMPLE;
+    for (int64_t s = 0; s < SAMPLE; s++) {
+      mag[s] = fabsf(x[s * stride]);
+    }
+    int64_t want = (int64_t)((double)k / (double)n * SAMPLE * 1.25) + 64;
+    thr = want < SAMPLE ? kth_largest(mag, SAMPLE, want) : 0.0f;
+  }
+  if (thr == 0.0f) { // sparse input (a summed top-k shard): maybe no more than k non-zeros
+    int64_t nz = 0;
+    for (int64_t i = 0; i < n; i++) {
+      nz += x[i] != 0.0f;
+    }
+    if (nz <= k) { // all of them, and the first zeros (ties go to the lower index)
+      int64_t zeros = k - nz, out = 0;
+      for (int64_t i = 0; i < n && out < k; i++) {
+        if (x[i] != 0.0f || zeros-- > 0) {
+          idx[out++] = (uint32_t)i;
+        }
+      }
       return;
     }
   }
-}
-
-static int by_index(const void *a, const void *b) {
-  uint32_t x = ((const mag_idx_t *)a)->idx, y = ((const mag_idx_t *)b)->idx;
-  return x < y ? -1 : x > y;
+  for (;;) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+      if (fabsf(x[i]) >= thr) {
+        cand[m++] = (uint32_t)i;
+      }
+    }
+    if (m < k) { // the sample overestimated the threshold: take everything
+      thr = 0.0f;
+      continue;
+    }
+    for (int64_t j = 0; j < m; j++) {
+      mag[j] = fabsf(x[cand[j]]);
+    }
+    float t = kth_largest(mag, m, k);
+    int64_t above = 0;
+    for (int64_t j = 0; j < m; j++) {
+      above += fabsf(x[cand[j]]) > t;
+    }
+    int64_t ties = k - above, out = 0;
+    for (int64_t j = 0; j < m && out < k; j++) {
+      float a = fabsf(x[cand[j]]);
+      if (a > t || (a == t && ties-- > 0)) {
+        idx[out++] = cand[j];
+      }
+    }
+    return;
+  }
 }
 
 // The k randomk indices for (n, seed), sorted: Floyd's sampling over a bitmap of n bits.
@@ -158,25 +211,172 @@ static loom_status_t random_indices(int64_t n, int64_t k, uint64_t seed, uint32_
 }
 
 // ---------------------------------------------------------------------------------------------
+// Bulk kernels, branch-free so that they vectorise (with AVX2/AVX-512 copies, LOOM_CPU_CLONES):
+// the scalar conversions of runtime/half.c cost ~4 ns a value, several times the 1 Gbit/s
+// transfer time they are meant to save.
+
+static inline uint32_t bits_of(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  return u;
+}
+
+static inline float float_of(uint32_t u) {
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+// f32 -> f16, round to nearest even, the same bits as loom_f32_to_f16. Normal results rebias the
+// exponent and round the 13 dropped bits with an integer add; subnormal results come from adding
+// 0.5f, which aligns the value so that the FPU's own rounding drops the right bits.
+LOOM_CPU_CLONES
+static void to_f16(const float *restrict x, uint16_t *restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u = bits_of(x[i]), sign = (u >> 16) & 0x8000u, a = u & 0x7FFFFFFFu;
+    uint32_t nan = 0x7E00u | ((a >> 13) & 0x03FFu);
+    uint32_t normal = (a - (112u << 23) + 0x0FFFu + ((a >> 13) & 1u)) >> 13;
+    normal = normal > 0x7C00u ? 0x7C00u : normal;
+    uint32_t sub = bits_of(float_of(a) + 0.5f) - bits_of(0.5f);
+    uint32_t r = a > 0x7F800000u ? nan : (a >= 0x38800000u ? normal : sub);
+    out[i] = (uint16_t)(sign | r);
+  }
+}
+
+// acc += f16 -> f32. Normal and zero/subnormal inputs: shift the bits into place and rescale by
+// 2^112 (exact: the product is representable); Inf/NaN: exponent forced to 255.
+LOOM_CPU_CLONES
+static void add_f16(const uint16_t *restrict h, float *restrict acc, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t v = h[i], sign = (v & 0x8000u) << 16, em = (v & 0x7FFFu) << 13;
+    float finite = float_of(em) * 0x1p112f;
+    uint32_t special = 0x7F800000u | em | ((em & 0x007FFFFFu) ? 0x00400000u : 0u);
+    uint32_t r = (v & 0x7C00u) == 0x7C00u ? special : bits_of(finite);
+    acc[i] += float_of(sign | r);
+  }
+}
+
+LOOM_CPU_CLONES
+static void to_bf16(const float *restrict x, uint16_t *restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u = bits_of(x[i]);
+    uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x0040u;
+    out[i] = (uint16_t)((u & 0x7FFFFFFFu) > 0x7F800000u ? quiet : rounded);
+  }
+}
+
+LOOM_CPU_CLONES
+static void add_bf16(const uint16_t *restrict h, float *restrict acc, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u = (uint32_t)h[i] << 16;
+    u |= (u & 0x7FFFFFFFu) > 0x7F800000u ? 0x00400000u : 0u;
+    acc[i] += float_of(u);
+  }
+}
+
+LOOM_CPU_CLONES
+static float max_abs(const float *restrict x, int64_t n) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; i++) {
+    float a = fabsf(x[i]);
+    m = a > m ? a : m;
+  }
+  return m;
+}
+
+// Round to nearest even without a libm call: |v| <= 127.5 here, far below 2^22.
+static inline float round_even(float v) {
+  return (v + 12582912.0f) - 12582912.0f; // 1.5 * 2^23
+}
+
+LOOM_CPU_CLONES
+static void quantise(const float *restrict x, int8_t *restrict q, int64_t n, float inv) {
+  for (int64_t i = 0; i < n; i++) {
+    float r = round_even(x[i] * inv);
+    r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+    q[i] = (int8_t)r;
+  }
+}
+
+LOOM_CPU_CLONES
+static void add_int8(const int8_t *restrict q, float *restrict acc, int64_t n, float scale) {
+  for (int64_t i = 0; i < n; i++) {
+    acc[i] += (float)q[i] * scale;
+  }
+}
+
+// Mean magnitude, in double with eight partial sums (a fixed order: the same on every rank).
+LOOM_CPU_CLONES
+static double sum_abs(const float *restrict x, int64_t n) {
+  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0}, tail = 0.0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; l++) {
+      part[l] += fabs((double)x[i + l]);
+    }
+  }
+  for (; i < n; i++) {
+    tail += fabs((double)x[i]);
+  }
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])) +
+         tail;
+}
+
+// Sign bits, 8 a byte (bit b of byte j: value 8 j + b is negative), without branches.
+LOOM_CPU_CLONES
+static void pack_signs(const float *restrict x, uint8_t *restrict bits, int64_t n) {
+  for (int64_t j = 0; j < n / 8; j++) {
+    uint32_t byte = 0;
+    for (int b = 0; b < 8; b++) {
+      byte |= (bits_of(x[8 * j + b]) >> 31) << b;
+    }
+    bits[j] = (uint8_t)byte;
+  }
+  if (n % 8) {
+    uint32_t byte = 0;
+    for (int64_t i = n - n % 8; i < n; i++) {
+      byte |= (bits_of(x[i]) >> 31) << (i % 8);
+    }
+    bits[n / 8] = (uint8_t)byte;
+  }
+}
+
+// acc[i] += +-scale by sign bit i, the sign put straight into the float's sign bit.
+LOOM_CPU_CLONES
+static void add_signs(const uint8_t *restrict bits, float *restrict acc, int64_t n, float scale) {
+  const uint32_t s = bits_of(scale);
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t neg = (uint32_t)(bits[i / 8] >> (i % 8)) & 1u;
+    acc[i] += float_of(s | (neg << 31));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Encoders.
 
 static void encode_int8(const loom_compressor_t *c, const float *x, int64_t n, uint64_t seed,
                         uint8_t *body) {
-  float mx = 0.0f;
-  for (int64_t i = 0; i < n; i++) {
-    float a = fabsf(x[i]);
-    mx = a > mx ? a : mx;
+  float mx = max_abs(x, n);
+  float scale = mx / 127.0f;
+  if (isinf(127.0f * scale)) { // near FLT_MAX: 127 * scale must not decode to Inf
+    scale = nextafterf(scale, 0.0f);
   }
-  float scale = mx / 127.0f, inv = mx > 0.0f ? 127.0f / mx : 0.0f;
   memcpy(body, &scale, 4);
   int8_t *q = (int8_t *)(body + 4);
+  // 127 / mx overflows below mx ~ 3.7e-37: then divide by the (subnormal) scale instead.
+  const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+  const int divide = isinf(inv);
+  if (!c->stochastic && !divide) {
+    quantise(x, q, n, inv);
+    return;
+  }
   for (int64_t i = 0; i < n; i++) {
-    float v = x[i] * inv, r;
+    float v = scale > 0.0f ? (divide ? x[i] / scale : x[i] * inv) : 0.0f, r;
     if (c->stochastic) { // floor(v + u), u uniform in [0, 1): unbiased
       float u = (float)(loom_mix64(seed ^ (uint64_t)i) >> 40) * 0x1p-24f;
       r = floorf(v + u);
     } else {
-      r = nearbyintf(v);
+      r = round_even(v);
     }
     r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
     q[i] = (int8_t)r;
@@ -189,22 +389,25 @@ static loom_status_t encode_topk(const loom_compressor_t *c, const float *x, int
   if (k == 0) {
     return LOOM_OK;
   }
-  mag_idx_t *v = malloc(sizeof(mag_idx_t) * (size_t)n);
-  if (!v) {
-    return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %lld selection keys", c->name,
-                      (long long)n);
+  // mag: n floats of magnitudes; cand: n candidate indices; idx: the k chosen.
+  float *mag = malloc(sizeof(float) * (size_t)n);
+  uint32_t *cand = malloc(sizeof(uint32_t) * (size_t)n),
+           *idx = malloc(sizeof(uint32_t) * (size_t)k);
+  if (!mag || !cand || !idx) {
+    free(mag);
+    free(cand);
+    free(idx);
+    return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate selection space for %lld values",
+                      c->name, (long long)n);
   }
-  for (int64_t i = 0; i < n; i++) {
-    v[i] = (mag_idx_t){fabsf(x[i]), (uint32_t)i};
-  }
-  select_top(v, n, k);
-  qsort(v, (size_t)k, sizeof *v, by_index);
+  select_top(x, n, k, idx, mag, cand);
   for (int64_t j = 0; j < k; j++) {
-    float val = x[v[j].idx];
-    memcpy(body + 4 * j, &v[j].idx, 4);
-    memcpy(body + 4 * k + 4 * j, &val, 4);
+    memcpy(body + 4 * j, &idx[j], 4);
+    memcpy(body + 4 * k + 4 * j, &x[idx[j]], 4);
   }
-  free(v);
+  free(mag);
+  free(cand);
+  free(idx);
   return LOOM_OK;
 }
 
@@ -228,19 +431,9 @@ static loom_status_t encode_randomk(const loom_compressor_t *c, const float *x, 
 }
 
 static void encode_efsign(const float *x, int64_t n, uint8_t *body) {
-  double sum = 0.0;
-  for (int64_t i = 0; i < n; i++) {
-    sum += fabs((double)x[i]);
-  }
-  float scale = n > 0 ? (float)(sum / (double)n) : 0.0f;
+  float scale = n > 0 ? (float)(sum_abs(x, n) / (double)n) : 0.0f;
   memcpy(body, &scale, 4);
-  uint8_t *bits = body + 4;
-  memset(bits, 0, ((size_t)n + 7) / 8);
-  for (int64_t i = 0; i < n; i++) {
-    if (signbit(x[i])) { // bit set: negative
-      bits[i / 8] |= (uint8_t)(1u << (i % 8));
-    }
-  }
+  pack_signs(x, body + 4, n);
 }
 
 loom_status_t loom_codec_encode(const loom_compressor_t *c, const float *x, int64_t n,
@@ -276,15 +469,20 @@ loom_status_t loom_codec_encode(const loom_compressor_t *c, const float *x, int6
     }
     break;
   case LOOM_CODEC_FP16:
-    for (int64_t i = 0; i < n; i++) {
-      uint16_t h = loom_f32_to_f16(x[i]);
-      memcpy(body + 2 * i, &h, 2);
-    }
-    break;
   case LOOM_CODEC_BF16:
-    for (int64_t i = 0; i < n; i++) {
-      uint16_t h = loom_f32_to_bf16(x[i]);
-      memcpy(body + 2 * i, &h, 2);
+    if ((uintptr_t)body % 2) { // a payload at an odd address: convert through an aligned copy
+      uint16_t tmp[1024];
+      for (int64_t i0 = 0; i0 < n; i0 += 1024) {
+        int64_t m = n - i0 < 1024 ? n - i0 : 1024;
+        if (c->kind == LOOM_CODEC_FP16) {
+          to_f16(x + i0, tmp, m);
+        } else {
+          to_bf16(x + i0, tmp, m);
+        }
+        memcpy(body + 2 * i0, tmp, (size_t)m * 2);
+      }
+    } else {
+      (c->kind == LOOM_CODEC_FP16 ? to_f16 : to_bf16)(x, (uint16_t *)(void *)body, n);
     }
     break;
   case LOOM_CODEC_INT8:
@@ -378,10 +576,16 @@ loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *p
     break;
   case LOOM_CODEC_FP16:
   case LOOM_CODEC_BF16:
-    for (int64_t i = 0; i < n; i++) {
-      uint16_t h;
-      memcpy(&h, body + 2 * i, 2);
-      acc[i] += c->kind == LOOM_CODEC_FP16 ? loom_f16_to_f32(h) : loom_bf16_to_f32(h);
+    if ((uintptr_t)body % 2) { // a payload at an odd address: decode through an aligned copy
+      uint16_t tmp[1024];
+      for (int64_t i0 = 0; i0 < n; i0 += 1024) {
+        int64_t m = n - i0 < 1024 ? n - i0 : 1024;
+        memcpy(tmp, body + 2 * i0, (size_t)m * 2);
+        (c->kind == LOOM_CODEC_FP16 ? add_f16 : add_bf16)(tmp, acc + i0, m);
+      }
+    } else {
+      (c->kind == LOOM_CODEC_FP16 ? add_f16 : add_bf16)((const uint16_t *)(const void *)body, acc,
+                                                        n);
     }
     break;
   case LOOM_CODEC_INT8: {
@@ -394,9 +598,7 @@ loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *p
         return corrupt(c, "a quantised value of -128 (the encoder emits -127..127)");
       }
     }
-    for (int64_t i = 0; i < n; i++) {
-      acc[i] += (float)q[i] * scale;
-    }
+    add_int8(q, acc, n, scale);
     break;
   }
   case LOOM_CODEC_TOPK: {
@@ -445,9 +647,7 @@ loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *p
     if (n % 8 && bits[n / 8] >> (n % 8)) {
       return corrupt(c, "padding bits after the last sign are set");
     }
-    for (int64_t i = 0; i < n; i++) {
-      acc[i] += (bits[i / 8] >> (i % 8) & 1u) ? -scale : scale;
-    }
+    add_signs(bits, acc, n, scale);
     break;
   }
   case LOOM_CODEC_POWERSGD:

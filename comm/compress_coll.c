@@ -85,6 +85,67 @@ static loom_status_t encode_block(const loom_compressor_t *c, float *res, float 
 }
 
 // ---------------------------------------------------------------------------------------------
+// Per-group state, kept in the group (freed with it): payload buffers reused from call to call
+// (fresh 64 MiB buffers cost more in page faults than the copies they hold) and, for the
+// hierarchical scheme, the node and node-leader sub-groups. Calls on one group are serialised
+// anyway (MPI collectives on one communicator must be issued in one order).
+
+enum { BUF_SEND, BUF_RECV, BUF_MINE, BUF_FLOATS, NBUF };
+
+typedef struct comm_state {
+  void *buf[NBUF];
+  size_t cap[NBUF];
+  int have_hier;
+  struct loom_group node, leaders;
+} comm_state_t;
+
+static void free_group(struct loom_group *g);
+
+static void state_destroy(void *p) {
+  comm_state_t *st = p;
+  for (int i = 0; i < NBUF; i++) {
+    loom_host_free(st->buf[i]);
+  }
+  if (st->have_hier) {
+    free_group(&st->node);
+    free_group(&st->leaders);
+  }
+  free(st);
+}
+
+static void free_group(struct loom_group *g) {
+  if (g->hier && g->hier_destroy) {
+    g->hier_destroy(g->hier);
+  }
+  if (g->comm != MPI_COMM_NULL) {
+    MPI_Comm_free(&g->comm);
+  }
+  free(g->world_ranks);
+}
+
+static comm_state_t *get_state(const loom_group_t *cg) {
+  struct loom_group *g = (struct loom_group *)cg; // the cache lives in the group
+  if (!g->hier) {
+    g->hier = calloc(1, sizeof(comm_state_t));
+    g->hier_destroy = state_destroy;
+  }
+  if (!g->hier) {
+    loom_error(NULL, LOOM_ERR_NOMEM, "compressed allreduce: out of memory");
+  }
+  return g->hier;
+}
+
+// Buffer i of the group's state with at least bytes bytes (contents undefined); NULL on NOMEM.
+static void *scratch(comm_state_t *st, int i, size_t bytes) {
+  if (st->cap[i] < bytes) {
+    loom_host_free(st->buf[i]);
+    st->buf[i] = loom_host_alloc(bytes);
+    st->cap[i] = st->buf[i] ? bytes : 0;
+  }
+  return st->buf[i];
+}
+
+// ---------------------------------------------------------------------------------------------
 // Indivisible: allgather of whole payloads, decode and sum in rank order.
 
 static loom_status_t indivisible(const loom_group_t *g, const loom_compressor_t *c, float *res,
@@ -92,8 +153,12 @@ static loom_status_t indivisible(const loom_group_t *g, const loom_compressor_t 
   loom_status_t status = LOOM_OK;
   const int np = loom_group_size(g);
   const size_t bsize = block_bytes(c, n);
-  uint8_t *send = loom_host_alloc(bsize), *recv = loom_host_alloc(bsize * (size_t)np);
-  float *tmp = loom_host_alloc((size_t)(n > 0 ? n : 1) * sizeof(float) * 2);
+  comm_state_t *st = get_state(g);
+  if (!st) {
+    return LOOM_ERR_NOMEM;
+  }
+  uint8_t *send = scratch(st, BUF_SEND, bsize), *recv = scratch(st, BUF_RECV, bsize * (size_t)np);
+  float *tmp = scratch(st, BUF_FLOATS, (size_t)(n > 0 ? n : 1) * sizeof(float) * 2);
   if (!send || !recv || !tmp) {
     status = loom_error(NULL, LOOM_ERR_NOMEM,
                         "compressed allreduce (%s): cannot allocate %zu bytes of payload buffers",
@@ -112,9 +177,6 @@ static loom_status_t indivisible(const loom_group_t *g, const loom_compressor_t 
   }
   *sent += bsize * (size_t)(np - 1);
 fail:
-  loom_host_free(send);
-  loom_host_free(recv);
-  loom_host_free(tmp);
   return status;
 }
 
@@ -128,11 +190,15 @@ static loom_status_t divisible(const loom_group_t *g, const loom_compressor_t *c
   const int np = loom_group_size(g), me = loom_group_rank(g);
   const int64_t base = n / np, extra = n % np, widest = base + (extra > 0);
   const size_t bsize = block_bytes(c, widest), all = bsize * (size_t)np;
-  uint8_t *send = loom_host_alloc(all), *recv = loom_host_alloc(all),
-          *mine = loom_host_alloc(bsize);
+  comm_state_t *st = get_state(g);
+  if (!st) {
+    return LOOM_ERR_NOMEM;
+  }
+  uint8_t *send = scratch(st, BUF_SEND, all), *recv = scratch(st, BUF_RECV, all),
+          *mine = scratch(st, BUF_MINE, bsize);
   // acc: this rank's summed shard, y: error-feedback scratch, out: the result, written to x
   // only once every block decoded cleanly.
-  float *tmp = loom_host_alloc((size_t)(2 * widest + n + 1) * sizeof(float));
+  float *tmp = scratch(st, BUF_FLOATS, (size_t)(2 * widest + n + 1) * sizeof(float));
   int64_t *off = malloc(sizeof(int64_t) * (size_t)(np + 1));
   if (!send || !recv || !mine || !tmp || !off) {
     status = loom_error(NULL, LOOM_ERR_NOMEM,
@@ -167,10 +233,6 @@ static loom_status_t divisible(const loom_group_t *g, const loom_compressor_t *c
   }
   *sent += 2 * bsize * (size_t)(np - 1);
 fail:
-  loom_host_free(send);
-  loom_host_free(recv);
-  loom_host_free(mine);
-  loom_host_free(tmp);
   free(off);
   return status;
 }
@@ -178,57 +240,41 @@ fail:
 // ---------------------------------------------------------------------------------------------
 // Hierarchical: the node and node-leader sub-groups of g, created on first use.
 
-typedef struct hier {
-  struct loom_group node, leaders;
-} hier_t;
-
-static void hier_destroy(void *p) {
-  hier_t *h = p;
-  struct loom_group *gs[2] = {&h->node, &h->leaders};
-  for (int i = 0; i < 2; i++) {
-    if (gs[i]->comm != MPI_COMM_NULL) {
-      MPI_Comm_free(&gs[i]->comm);
-    }
-    free(gs[i]->world_ranks);
-  }
-  free(h);
-}
-
-static loom_status_t get_hier(const loom_group_t *cg, hier_t **out) {
-  struct loom_group *g = (struct loom_group *)cg; // the cache lives in the group
+static loom_status_t get_hier(const loom_group_t *cg, comm_state_t **out) {
+  const struct loom_group *g = cg;
   loom_status_t status = LOOM_OK;
-  if (g->hier) {
-    *out = g->hier;
+  comm_state_t *st = get_state(g);
+  MPI_Comm node = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
+  if (!st) {
+    return LOOM_ERR_NOMEM;
+  }
+  if (st->have_hier) {
+    *out = st;
     return LOOM_OK;
   }
-  hier_t *h = calloc(1, sizeof *h);
-  MPI_Comm node = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
-  if (!h) {
-    return loom_error(NULL, LOOM_ERR_NOMEM, "hierarchical scheme: out of memory");
-  }
-  h->node.comm = h->leaders.comm = MPI_COMM_NULL;
+  st->node.comm = st->leaders.comm = MPI_COMM_NULL;
   LOOM_CHECK_MPI(NULL, MPI_Comm_split(g->comm, g->node, g->rank, &node));
-  LOOM_CHECK(loom_group_from_comm(NULL, &h->node, g->kind, node, g->node));
+  LOOM_CHECK(loom_group_from_comm(NULL, &st->node, g->kind, node, g->node));
   node = MPI_COMM_NULL;
-  LOOM_CHECK_MPI(NULL,
-                 MPI_Comm_split(g->comm, h->node.rank == 0 ? 0 : MPI_UNDEFINED, g->rank, &leaders));
-  LOOM_CHECK(loom_group_from_comm(NULL, &h->leaders, g->kind, leaders, g->node));
-  g->hier = h;
-  g->hier_destroy = hier_destroy;
-  *out = h;
+  LOOM_CHECK_MPI(
+      NULL, MPI_Comm_split(g->comm, st->node.rank == 0 ? 0 : MPI_UNDEFINED, g->rank, &leaders));
+  LOOM_CHECK(loom_group_from_comm(NULL, &st->leaders, g->kind, leaders, g->node));
+  st->have_hier = 1;
+  *out = st;
   return LOOM_OK;
 fail:
   if (node != MPI_COMM_NULL) {
     MPI_Comm_free(&node);
   }
-  hier_destroy(h);
+  free_group(&st->node);
+  st->node = (struct loom_group){.comm = MPI_COMM_NULL};
   return status;
 }
 
 static loom_status_t hierarchical(const loom_group_t *g, const loom_compressor_t *c, float *res,
                                   loom_tensor_t *t, int64_t n, uint64_t seed, size_t *sent) {
   loom_status_t status = LOOM_OK;
-  hier_t *h = NULL;
+  comm_state_t *h = NULL;
   LOOM_CHECK(get_hier(g, &h));
   if (h->node.size > 1) {
     LOOM_CHECK(loom_allreduce(&h->node, t, t, LOOM_SUM));

@@ -96,8 +96,11 @@ LOOM_API loom_status_t loom_compressor_encode_ef(const loom_compressor_t *c, loo
 //                 allgather of the re-encoded shards; every rank decodes them
 //   hierarchical  uncompressed (ordered) allreduce inside each node, then the node leaders run
 //                 the indivisible scheme among themselves, then a broadcast inside each node
-// powersgd ignores the scheme (it always runs its two allreduces). Every rank ends with the
-// same bits. Only f32 host tensors; op is LOOM_SUM or LOOM_AVG.
+// powersgd ignores the scheme (it always runs its two allreduces) and needs ef (its warm-started
+// Q is kept there too). The divisible scheme re-encodes each summed shard without error
+// feedback (the owner's re-encoding error is not carried). Every rank ends with the same bits.
+// Only f32 host tensors; op is LOOM_SUM or LOOM_AVG. Calls on one group are serialised by the
+// caller (as for every collective); payload buffers are kept with the group and reused.
 typedef enum loom_scheme {
   LOOM_SCHEME_INDIVISIBLE = 0,
   LOOM_SCHEME_DIVISIBLE,

@@ -40,6 +40,9 @@ struct opts {
   int fusion; // --fusion-test
   loom_group_kind_t group;
   const char *json;
+  const char *compress;     // --compress NAME: loom_compressed_allreduce (allreduce, f32)
+  loom_scheme_t scheme;     // --scheme
+  loom_compressor_t *codec; // created from compress after parsing
 };
 
 struct row {
@@ -51,6 +54,9 @@ struct row {
 };
 
 static int rank0;
+static uint64_t compress_seed; // advanced every compressed call, as a trainer advances it per step
+static size_t compress_sent;   // bytes the last compressed call sent from this rank
+static loom_ef_t *compress_ef; // error feedback for powersgd (it needs one)
 
 // ---- options ------------------------------------------------------------------------------------
 
@@ -105,13 +111,18 @@ static int parse_in(const char *s, const char *const *names, int n) {
 }
 
 static void usage(FILE *out) {
-  fprintf(out,
-          "usage: coll_perf [-b minbytes] [-e maxbytes] [-f stepfactor] [-n iters] [-w warmup]\n"
-          "                 [-c 0|1] [-d float|half|bfloat16|int8|uint8|int32|int64|all]\n"
-          "                 [-o sum|avg|max|min|all]\n"
-          "                 [--op allreduce|reduce_scatter|allgather|broadcast|alltoall|all]\n"
-          "                 [--raw-mpi] [--group world|node|dp|ep] [--json FILE] "
-          "[--fusion-test]\n");
+  fprintf(
+      out,
+      "usage: coll_perf [-b minbytes] [-e maxbytes] [-f stepfactor] [-n iters] [-w warmup]\n"
+      "                 [-c 0|1] [-d float|half|bfloat16|int8|uint8|int32|int64|all]\n"
+      "                 [-o sum|avg|max|min|all]\n"
+      "                 [--op allreduce|reduce_scatter|allgather|broadcast|alltoall|all]\n"
+      "                 [--raw-mpi] [--group world|node|dp|ep] [--json FILE] "
+      "[--fusion-test]\n"
+      "                 [--compress NAME [--scheme indivisible|divisible|hierarchical]]\n"
+      "--compress times loom_compressed_allreduce (f32 allreduce of a fresh copy, in place) with\n"
+      "NAME (none, fp16, bf16, int8, int8:sr, topk:RATIO, randomk:RATIO, efsign,\n"
+      "powersgd:RANK); --scheme defaults to divisible. busbw counts the uncompressed bytes.\n");
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o) {
@@ -120,13 +131,17 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
                                         {"group", required_argument, NULL, 'G'},
                                         {"json", required_argument, NULL, 'J'},
                                         {"fusion-test", no_argument, NULL, 'F'},
+                                        {"compress", required_argument, NULL, 'C'},
+                                        {"scheme", required_argument, NULL, 'S'},
                                         {"help", no_argument, NULL, 'h'},
                                         {NULL, 0, NULL, 0}};
   static const char *const groups[] = {"world", "node", "dp", "ep"};
   static const loom_group_kind_t group_kinds[] = {LOOM_GROUP_WORLD, LOOM_GROUP_NODE, LOOM_GROUP_DP,
                                                   LOOM_GROUP_EP};
-  *o = (struct opts){8, 64u << 20,        2.0, 20, 5, 1, LOOM_F32, LOOM_SUM, ALLREDUCE, 0,
-                     0, LOOM_GROUP_WORLD, NULL};
+  *o = (struct opts){8,   64u << 20,        2.0,      20,        5,
+                     1,   LOOM_F32,         LOOM_SUM, ALLREDUCE, 0,
+                     0,   LOOM_GROUP_WORLD, NULL,     NULL,      LOOM_SCHEME_DIVISIBLE,
+                     NULL};
   int c, g;
   while ((c = getopt_long(argc, argv, "b:e:f:n:w:c:d:o:h", longs, NULL)) != -1) {
     switch (c) {
@@ -182,6 +197,16 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     case 'F':
       o->fusion = 1;
       break;
+    case 'C':
+      o->compress = optarg;
+      break;
+    case 'S':
+      if (loom_scheme_parse(optarg, &o->scheme) != LOOM_OK) {
+        fprintf(stderr, "coll_perf: --scheme %s: expected indivisible, divisible or hierarchical\n",
+                optarg);
+        return 2;
+      }
+      break;
     case 'h':
       usage(stdout);
       return 1;
@@ -194,6 +219,23 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     fprintf(stderr, "coll_perf: need -f >= 2, -n >= 1, -w >= 0 and -b <= -e\n");
     return 2;
   }
+  if (o->compress) {
+    if (loom_compressor_create(o->compress, &o->codec) != LOOM_OK) {
+      fprintf(stderr, "coll_perf: --compress: %s\n", loom_last_error(NULL));
+      return 2;
+    }
+    if (o->raw || o->coll != ALLREDUCE || o->dtype != LOOM_F32) {
+      fprintf(stderr, "coll_perf: --compress times the f32 allreduce of loom only: drop --raw-mpi, "
+                      "--op and -d\n");
+      return 2;
+    }
+    if (loom_compressor_lowrank(o->codec) && loom_ef_create(&compress_ef) != LOOM_OK) {
+      fprintf(stderr, "coll_perf: %s\n", loom_last_error(NULL));
+      return 2;
+    }
+    o->redop = LOOM_AVG; // in place on a fresh copy of the send values each call
+    o->check = 0;        // lossy: tests/mpi/test_compress checks the results
+  }
   return 0;
 }
 
@@ -203,6 +245,18 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
 static double value(loom_dtype_t dt, int r, int64_t i) {
   int64_t base = ((int64_t)r * 7 + i * 3) % 17;
   return dt == LOOM_U8 ? (double)base : (double)(base - 8);
+}
+
+// Gradient-like values for --compress (a compressor's cost and error depend on the values; the
+// integer pattern of fill() is all ties): uniform in [-1, 1) from a hash of (rank, index).
+static void fill_gradient(float *p, int64_t count, int r) {
+  for (int64_t i = 0; i < count; i++) {
+    uint64_t z = ((uint64_t)r << 40) + (uint64_t)i + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    p[i] = (float)((double)(z >> 40) * 0x1p-23 - 1.0);
+  }
 }
 
 static void fill(loom_dtype_t dt, void *p, int64_t count, int r) {
@@ -310,6 +364,12 @@ static loom_status_t run_once(const struct opts *o, const loom_group_t *g, enum 
   }
   loom_tensor_t s, r;
   int64_t scount = c == ALLGATHER ? block : count, rcount = c == REDUCE_SCATTER ? block : count;
+  if (o->codec) { // in place on recv: the average keeps the values in range call after call
+    (void)send;
+    loom_tensor_wrap(&r, recv, dt, LOOM_DEVICE_HOST, 1, &rcount, "recv");
+    return loom_compressed_allreduce(g, o->codec, o->scheme, compress_ef, &r, op, compress_seed++,
+                                     &compress_sent);
+  }
   loom_tensor_wrap(&s, send, dt, LOOM_DEVICE_HOST, 1, &scount, "send");
   loom_tensor_wrap(&r, recv, dt, LOOM_DEVICE_HOST, 1, &rcount, "recv");
   switch (c) {
@@ -348,16 +408,33 @@ static int run_coll(const struct opts *o, const loom_group_t *g, enum coll c, lo
     size_t bytes = (size_t)count * es;
     loom_status_t status = LOOM_OK;
     fill(dt, send, c == ALLGATHER ? count / n : count, me);
+    if (o->codec) {
+      fill_gradient(send, count, me);
+    }
     fill(dt, recv, count, me + 1000);
     for (int i = 0; i < o->warmup && status == LOOM_OK; i++) {
+      if (o->codec) {
+        memcpy(recv, send, bytes);
+      }
       status = run_once(o, g, c, dt, op, send, recv, count);
     }
     MPI_Barrier(loom_group_comm(g));
-    double t0 = MPI_Wtime();
-    for (int i = 0; i < o->iters && status == LOOM_OK; i++) {
-      status = run_once(o, g, c, dt, op, send, recv, count);
+    double t0 = MPI_Wtime(), sec = 0, sum = 0;
+    if (o->codec) { // every call gets fresh values (a compressor's cost depends on them)
+      for (int i = 0; i < o->iters && status == LOOM_OK; i++) {
+        memcpy(recv, send, bytes);
+        MPI_Barrier(loom_group_comm(g));
+        double t1 = MPI_Wtime();
+        status = run_once(o, g, c, dt, op, send, recv, count);
+        sec += MPI_Wtime() - t1;
+      }
+      sec /= o->iters;
+    } else {
+      for (int i = 0; i < o->iters && status == LOOM_OK; i++) {
+        status = run_once(o, g, c, dt, op, send, recv, count);
+      }
+      sec = (MPI_Wtime() - t0) / o->iters;
     }
-    double sec = (MPI_Wtime() - t0) / o->iters, sum = 0;
     MPI_Allreduce(&sec, &sum, 1, MPI_DOUBLE, MPI_SUM, loom_group_comm(g));
     sec = sum / n;
     long long wrong = -1;
@@ -392,6 +469,12 @@ static int run_coll(const struct opts *o, const loom_group_t *g, enum coll c, lo
       snprintf(w, sizeof w, wrong < 0 ? "N/A" : "%lld", wrong);
       printf("%12zu  %12lld  %8s  %6s  %9.2f  %6.2f  %6.2f  %6s\n", bytes, (long long)count,
              rw->type, rw->redop, rw->us, rw->algbw, rw->busbw, w);
+      if (o->codec) {
+        double ring = 2.0 * (n - 1) / n * (double)bytes;
+        printf("#   %s (%s): %zu bytes sent by rank 0, %.4f of a ring allreduce's %.0f\n",
+               loom_compressor_name(o->codec), loom_scheme_name(o->scheme), compress_sent,
+               ring > 0 ? (double)compress_sent / ring : 0.0, ring);
+      }
       fflush(stdout);
     }
     if (wrong > 0) {
@@ -512,7 +595,9 @@ int main(int argc, char **argv) {
   if (rank0) {
     printf("# coll_perf (loom %s): %s on group %s of %d ranks, %s\n", loom_version(),
            o.coll < 0 ? "all collectives" : coll_names[o.coll], loom_group_kind_name(o.group), n,
-           o.raw ? "raw MPI calls" : "loom collectives (MPI for host tensors)");
+           o.raw     ? "raw MPI calls"
+           : o.codec ? "loom compressed allreduce (values averaged in place)"
+                     : "loom collectives (MPI for host tensors)");
     printf("# minBytes %zu maxBytes %zu step: %g(factor) warmup iters: %d iters: %d "
            "validation: %d\n#\n",
            o.min_bytes, o.max_bytes, o.factor, o.warmup, o.iters, o.check);
@@ -592,6 +677,8 @@ int main(int argc, char **argv) {
   loom_host_free(send);
   loom_host_free(recv);
   free(rows);
+  loom_ef_destroy(compress_ef);
+  loom_compressor_destroy(o.codec);
   int any = 0;
   MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   loom_finalize(ctx);
