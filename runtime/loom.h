@@ -10,5 +10,6 @@
 #include "loom_comm.h"
 #include "loom_compress.h"
 #include "loom_sched.h"
+#include "loom_plan.h"
 
 #endif

@@ -1,0 +1,98 @@
+/* loom_plan.h — the ByteComp compression planner as pure functions: a step-timeline simulator
+ * (compute, comm and worker lanes) and the greedy per-tensor choice, plus brute force. */
+#ifndef LOOM_PLAN_H
+#define LOOM_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "loom_compress.h"
+#include "loom_core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// What the planner knows, all times in microseconds. Nothing here calls MPI: profiles and
+// models are measured elsewhere (or made up by a test) and passed in.
+
+// A link class: a message of b bytes takes alpha_us + b / (gbps * 125) microseconds
+// (gbps in Gbit/s; 125 bytes per microsecond per Gbit/s).
+typedef struct loom_link {
+  double alpha_us;
+  double gbps;
+} loom_link_t;
+
+// Cost of one compressor on one lane: encoding n values takes enc_us + enc_ns * n / 1000
+// microseconds, decoding (and adding) one payload of n values dec_us + dec_ns * n / 1000;
+// a payload of n values is bytes_per_value * n + fixed_bytes bytes.
+typedef struct loom_codec_cost {
+  const char *compressor; // a spec for loom_compressor_create ("fp16", "topk:0.01")
+  double enc_us, enc_ns, dec_us, dec_ns;
+  double bytes_per_value, fixed_bytes;
+} loom_codec_cost_t;
+
+// One gradient tensor as profiled without compression: n f32 values, ready ready_us after the
+// start of the step (the backward pass produces them in this order).
+typedef struct loom_plan_tensor {
+  const char *name;
+  int64_t n;
+  double ready_us;
+} loom_plan_tensor_t;
+
+typedef struct loom_plan_problem {
+  int ntensors;
+  const loom_plan_tensor_t *tensors; // (ntensors), in ready order
+  double compute_us;                 // the step's compute time (the backward ends before it)
+  int ranks, nodes;                  // the data-parallel group: ranks over nodes (>= 1 each)
+  loom_link_t intra, inter;          // inside a node, between nodes
+  int ncodecs;
+  const loom_codec_cost_t *codecs; // (ncodecs): the compressors to consider, besides none
+  int workers;                     // worker-lane threads for offloaded encoding (0: none)
+} loom_plan_problem_t;
+
+// The strategy for one tensor: codec -1 is no compression (an ordered allreduce; scheme and
+// lane ignored), else an index into problem.codecs with a scheme and the lane that encodes and
+// decodes (LOOM_LANE_COMPUTE delays the compute after it; LOOM_LANE_WORKER runs beside it).
+typedef struct loom_plan_choice {
+  int codec;
+  loom_scheme_t scheme;
+  int lane; // 0: compute, 2: worker (the loom_lane_t values)
+} loom_plan_choice_t;
+
+// The simulated step under a strategy (choice[i] for tensor i).
+typedef struct loom_plan_result {
+  double step_us;        // the simulated step: compute (delayed by encodes on it) and comm end
+  double exposed_us;     // step_us - compute_us
+  double comm_us;        // comm lane busy time
+  double bytes_per_rank; // sent by a rank per step
+} loom_plan_result_t;
+
+// Simulate one step. LOOM_ERR_INVALID_ARG names a bad problem or choice.
+LOOM_API loom_status_t loom_plan_simulate(const loom_plan_problem_t *p,
+                                          const loom_plan_choice_t *choice,
+                                          loom_plan_result_t *out);
+
+// ByteComp's greedy selection: tensors by size, largest first; a tensor whose uncompressed
+// communication already hides in the compute keeps none; otherwise every option (none, and each
+// codec x scheme x lane that applies) is simulated with the choices made so far and the best
+// kept. Then encodings on the compute lane are moved to the worker lane, farthest from the
+// output first, while that shortens the step. choice receives ntensors entries.
+LOOM_API loom_status_t loom_plan_greedy(const loom_plan_problem_t *p, loom_plan_choice_t *choice,
+                                        loom_plan_result_t *out);
+
+// Exhaustive search over every option of every tensor (options^ntensors simulations): for
+// tests and small cases; LOOM_ERR_INVALID_ARG beyond 2e6 combinations.
+LOOM_API loom_status_t loom_plan_brute_force(const loom_plan_problem_t *p,
+                                             loom_plan_choice_t *choice, loom_plan_result_t *out);
+
+// Print the plan as a table (tensor, bytes, ready, scheme, compressor, lane, predicted comm
+// end) and the predicted step to out.
+LOOM_API void loom_plan_print(const loom_plan_problem_t *p, const loom_plan_choice_t *choice,
+                              const loom_plan_result_t *r, FILE *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

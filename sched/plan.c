@@ -1,0 +1,416 @@
+/* plan.c — the ByteComp compression planner: a one-step timeline simulator over the compute,
+ * comm and worker lanes with alpha-beta links and per-codec costs, greedy choice, brute force. */
+#include "config.h"
+#include "loom_plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+// ---------------------------------------------------------------------------------------------
+// Cost models.
+
+enum { LANE_COMPUTE = 0, LANE_WORKER = 2 };
+
+static double link_us(const loom_link_t *l, double bytes) {
+  return l->alpha_us + bytes / (l->gbps * 125.0);
+}
+
+static int is_lowrank(const loom_codec_cost_t *c) {
+  return strncmp(c->compressor, "powersgd", 8) == 0;
+}
+
+static double payload(const loom_codec_cost_t *c, double n) {
+  return c->bytes_per_value * n + c->fixed_bytes;
+}
+
+static double enc_us(const loom_codec_cost_t *c, double n) {
+  return c->enc_us + c->enc_ns * n / 1000.0;
+}
+
+static double dec_us(const loom_codec_cost_t *c, double n) {
+  return c->dec_us + c->dec_ns * n / 1000.0;
+}
+
+// The link every message of the group crosses at its slowest: between nodes when there are
+// several.
+static const loom_link_t *slow_link(const loom_plan_problem_t *p) {
+  return p->nodes > 1 ? &p->inter : &p->intra;
+}
+
+// Uncompressed ordered allreduce (reduce-scatter + allgather): 2 (np - 1) messages of b / np.
+static double allreduce_us(double bytes, int np, const loom_link_t *l) {
+  if (np <= 1) {
+    return 0.0;
+  }
+  return 2.0 * (np - 1) * link_us(l, bytes / np);
+}
+
+// How a compressed tensor moves: the encode before, the comm phases and the codec work between
+// them (on the tensor's lane), the decode after.
+typedef struct stages {
+  double enc, comm1, mid, comm2, dec, bytes;
+} stages_t;
+
+static stages_t compressed(const loom_plan_problem_t *p, const loom_codec_cost_t *c,
+                           loom_scheme_t scheme, double n) {
+  const int np = p->ranks;
+  const loom_link_t *l = slow_link(p);
+  stages_t s = {0};
+  if (is_lowrank(c)) { // two allreduces of the factors; payload() gives their size
+    s.enc = enc_us(c, n);
+    s.comm1 = 2.0 * allreduce_us(payload(c, n) / 2.0, np, l);
+    s.dec = dec_us(c, n);
+    s.bytes = 2.0 * (np - 1) / np * payload(c, n);
+    return s;
+  }
+  if (scheme == LOOM_SCHEME_DIVISIBLE) {
+    double shard = n / np, ps = payload(c, shard);
+    s.enc = np * c->enc_us + c->enc_ns * n / 1000.0;
+    s.comm1 = (np - 1) * link_us(l, ps);
+    s.mid = np * dec_us(c, shard) + enc_us(c, shard);
+    s.comm2 = (np - 1) * link_us(l, ps);
+    s.dec = np * dec_us(c, shard);
+    s.bytes = 2.0 * (np - 1) * ps;
+  } else if (scheme == LOOM_SCHEME_HIERARCHICAL && p->nodes > 1) {
+    int per = p->ranks / p->nodes;
+    double bytes = 4.0 * n, pl = payload(c, n);
+    s.comm1 = allreduce_us(bytes, per, &p->intra);
+    s.enc = enc_us(c, n);
+    s.mid = 0.0;
+    s.comm2 = (p->nodes - 1) * link_us(&p->inter, pl) + (per > 1 ? link_us(&p->intra, bytes) : 0);
+    s.dec = p->nodes * dec_us(c, n);
+    s.bytes = (per > 1 ? 2.0 * (per - 1) / per * bytes : 0) + (p->nodes - 1) * pl;
+  } else { // indivisible (and hierarchical on one node: the same messages)
+    double pl = payload(c, n);
+    s.enc = enc_us(c, n);
+    s.comm1 = (np - 1) * link_us(l, pl);
+    s.dec = np * dec_us(c, n);
+    s.bytes = (np - 1) * pl;
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Simulation. Tensors are taken in ready order. The compute lane runs the step's compute, and
+// every encode, decode or codec step placed on it pushes the rest of the compute later (while
+// compute remains) or queues after it. The comm lane moves one tensor at a time, in order. The
+// worker lane is one queue (the pool's first thread; more threads are not modelled).
+
+static loom_status_t check_problem(const loom_plan_problem_t *p, const void *choice,
+                                   const void *out) {
+  if (!p || !out || (p->ntensors > 0 && (!p->tensors || !choice)) || p->ntensors < 0 ||
+      p->ranks < 1 || p->nodes < 1 || p->nodes > p->ranks || p->ncodecs < 0 ||
+      (p->ncodecs > 0 && !p->codecs) || p->workers < 0 || !(p->intra.gbps > 0) ||
+      (p->nodes > 1 && !(p->inter.gbps > 0)) || p->compute_us < 0 || p->intra.alpha_us < 0 ||
+      p->inter.alpha_us < 0) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "compression planner: bad problem: need ntensors >= 0 with tensors and a "
+                      "choice array, 1 <= nodes <= ranks, ncodecs >= 0 with codecs, workers >= 0, "
+                      "links with gbps > 0 and alpha >= 0, compute_us >= 0, and an output");
+  }
+  for (int i = 0; i < p->ntensors; i++) {
+    if (p->tensors[i].n < 0 || !(p->tensors[i].ready_us >= 0)) {
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "compression planner: tensor %d ('%s') has n = %lld, ready %g us: need "
+                        "n >= 0 and ready >= 0",
+                        i, p->tensors[i].name ? p->tensors[i].name : "", (long long)p->tensors[i].n,
+                        p->tensors[i].ready_us);
+    }
+  }
+  for (int c = 0; c < p->ncodecs; c++) {
+    const loom_codec_cost_t *k = &p->codecs[c];
+    if (!k->compressor || !(k->bytes_per_value >= 0) || k->enc_ns < 0 || k->dec_ns < 0 ||
+        k->enc_us < 0 || k->dec_us < 0 || k->fixed_bytes < 0) {
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "compression planner: codec %d has a missing name or a negative cost", c);
+    }
+  }
+  return LOOM_OK;
+}
+
+static loom_status_t check_choice(const loom_plan_problem_t *p, const loom_plan_choice_t *ch) {
+  for (int i = 0; i < p->ntensors; i++) {
+    const loom_plan_choice_t *c = &ch[i];
+    if (c->codec < -1 || c->codec >= p->ncodecs ||
+        (c->codec >= 0 && ((int)c->scheme < 0 || c->scheme >= LOOM_SCHEME_COUNT ||
+                           (c->lane != LANE_COMPUTE && c->lane != LANE_WORKER) ||
+                           (c->lane == LANE_WORKER && p->workers < 1)))) {
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "compression planner: choice %d: codec %d (of %d), scheme %d, lane %d: "
+                        "need -1 <= codec < ncodecs, a loom_scheme_t, lane 0 or 2 (2 only with "
+                        "workers)",
+                        i, c->codec, p->ncodecs, (int)c->scheme, c->lane);
+    }
+  }
+  return LOOM_OK;
+}
+
+// The simulation proper (arguments checked). end_us, when non-NULL, receives each tensor's
+// completion time.
+static loom_plan_result_t simulate(const loom_plan_problem_t *p, const loom_plan_choice_t *ch,
+                                   double *end_us) {
+  double shift = 0.0; // compute pushed later by work placed on the compute lane
+  double after = 0.0; // compute-lane work queued after the compute ends
+  double comm_free = 0.0, worker_free = 0.0, comm_busy = 0.0, bytes = 0.0, last = 0.0;
+  for (int i = 0; i < p->ntensors; i++) {
+    const double n = (double)p->tensors[i].n, ready = p->tensors[i].ready_us + shift;
+    const loom_plan_choice_t *c = &ch[i];
+    double done;
+    if (c->codec < 0) {
+      double t = allreduce_us(4.0 * n, p->ranks, slow_link(p));
+      double start = ready > comm_free ? ready : comm_free;
+      comm_free = start + t;
+      comm_busy += t;
+      bytes += p->ranks > 1 ? 2.0 * (p->ranks - 1) / p->ranks * 4.0 * n : 0.0;
+      done = comm_free;
+    } else {
+      stages_t s = compressed(p, &p->codecs[c->codec], c->scheme, n);
+      // Lane work: on the compute lane it delays the compute (or waits behind it once the
+      // compute is over); on the worker lane it queues there.
+      double t = ready;
+      double *lane_free = c->lane == LANE_WORKER ? &worker_free : NULL;
+#define ON_LANE(at, dur)                                                                           \
+  do {                                                                                             \
+    double at_ = (at), d_ = (dur);                                                                 \
+    if (lane_free) {                                                                               \
+      t = (at_ > *lane_free ? at_ : *lane_free) + d_;                                              \
+      *lane_free = t;                                                                              \
+    } else if (at_ < p->compute_us + shift) {                                                      \
+      shift += d_;                                                                                 \
+      t = at_ + d_;                                                                                \
+    } else {                                                                                       \
+      double q_ = p->compute_us + shift + after;                                                   \
+      t = (at_ > q_ ? at_ : q_) + d_;                                                              \
+      after = t - (p->compute_us + shift);                                                         \
+    }                                                                                              \
+  } while (0)
+      ON_LANE(t, s.enc);
+      double start = t > comm_free ? t : comm_free;
+      comm_free = start + s.comm1;
+      comm_busy += s.comm1;
+      if (s.mid > 0.0 || s.comm2 > 0.0) {
+        ON_LANE(comm_free, s.mid);
+        start = t > comm_free ? t : comm_free;
+        comm_free = start + s.comm2;
+        comm_busy += s.comm2;
+      }
+      ON_LANE(comm_free, s.dec);
+#undef ON_LANE
+      bytes += s.bytes;
+      done = t;
+    }
+    if (end_us) {
+      end_us[i] = done;
+    }
+    last = done > last ? done : last;
+  }
+  double compute_end = p->compute_us + shift + after;
+  loom_plan_result_t r;
+  r.step_us = compute_end > last ? compute_end : last;
+  r.exposed_us = r.step_us - p->compute_us;
+  r.comm_us = comm_busy;
+  r.bytes_per_rank = bytes;
+  return r;
+}
+
+loom_status_t loom_plan_simulate(const loom_plan_problem_t *p, const loom_plan_choice_t *choice,
+                                 loom_plan_result_t *out) {
+  loom_status_t status = check_problem(p, choice, out);
+  if (status == LOOM_OK) {
+    status = check_choice(p, choice);
+  }
+  if (status == LOOM_OK) {
+    *out = simulate(p, choice, NULL);
+  }
+  return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Options: none, then every codec x scheme (hierarchical only with several nodes; low-rank
+// codecs have one scheme) on the compute lane, and the same on the worker lane when there is one.
+
+static int options(const loom_plan_problem_t *p, int with_worker, loom_plan_choice_t *opt) {
+  int k = 0;
+  opt[k++] = (loom_plan_choice_t){-1, LOOM_SCHEME_INDIVISIBLE, LANE_COMPUTE};
+  for (int lane = 0; lane < (with_worker && p->workers > 0 ? 2 : 1); lane++) {
+    for (int c = 0; c < p->ncodecs; c++) {
+      for (int s = 0; s < LOOM_SCHEME_COUNT; s++) {
+        if ((s == LOOM_SCHEME_HIERARCHICAL && p->nodes < 2) ||
+            (is_lowrank(&p->codecs[c]) && s != LOOM_SCHEME_INDIVISIBLE)) {
+          continue;
+        }
+        opt[k++] = (loom_plan_choice_t){c, (loom_scheme_t)s, lane ? LANE_WORKER : LANE_COMPUTE};
+      }
+    }
+  }
+  return k;
+}
+
+static int max_options(const loom_plan_problem_t *p) {
+  return 1 + 2 * p->ncodecs * LOOM_SCHEME_COUNT;
+}
+
+static int by_size_desc(const void *a, const void *b, void *ctx) {
+  const loom_plan_tensor_t *t = ctx;
+  int i = *(const int *)a, j = *(const int *)b;
+  if (t[i].n != t[j].n) {
+    return t[i].n > t[j].n ? -1 : 1;
+  }
+  return i - j;
+}
+
+// qsort_r is a GNU extension; an insertion sort keeps this portable (ntensors is a few hundred).
+static void sort_by_size(int *idx, int n, const loom_plan_tensor_t *t) {
+  for (int i = 1; i < n; i++) {
+    int v = idx[i], j = i - 1;
+    while (j >= 0 && by_size_desc(&idx[j], &v, (void *)t) > 0) {
+      idx[j + 1] = idx[j];
+      j--;
+    }
+    idx[j + 1] = v;
+  }
+}
+
+loom_status_t loom_plan_greedy(const loom_plan_problem_t *p, loom_plan_choice_t *choice,
+                               loom_plan_result_t *out) {
+  loom_status_t status = check_problem(p, choice, out);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  const int nt = p->ntensors;
+  int *order = malloc(sizeof(int) * (size_t)(nt + 1));
+  loom_plan_choice_t *opt = malloc(sizeof *opt * (size_t)max_options(p));
+  if (!order || !opt) {
+    free(order);
+    free(opt);
+    return loom_error(NULL, LOOM_ERR_NOMEM, "compression planner: out of memory");
+  }
+  for (int i = 0; i < nt; i++) {
+    choice[i] = (loom_plan_choice_t){-1, LOOM_SCHEME_INDIVISIBLE, LANE_COMPUTE};
+    order[i] = i;
+  }
+  loom_plan_result_t best = simulate(p, choice, NULL);
+  // Pass 1: compressor and scheme, encoding on the compute lane, largest tensors first.
+  const int nopt = options(p, 0, opt);
+  sort_by_size(order, nt, p->tensors);
+  for (int k = 0; k < nt && best.exposed_us > 0.0; k++) { // nothing exposed: nothing to gain
+    const int i = order[k];
+    loom_plan_choice_t keep = choice[i];
+    for (int o = 0; o < nopt; o++) {
+      choice[i] = opt[o];
+      loom_plan_result_t r = simulate(p, choice, NULL);
+      if (r.step_us < best.step_us * (1.0 - 1e-9)) {
+        best = r;
+        keep = opt[o];
+      }
+    }
+    choice[i] = keep;
+  }
+  // Pass 2: offload encodings to the worker lane, farthest from the output first (the
+  // gradients the backward produces last), while that shortens the step.
+  for (int i = nt - 1; i >= 0 && p->workers > 0; i--) {
+    if (choice[i].codec < 0) {
+      continue;
+    }
+    choice[i].lane = LANE_WORKER;
+    loom_plan_result_t r = simulate(p, choice, NULL);
+    if (r.step_us < best.step_us * (1.0 - 1e-9)) {
+      best = r;
+    } else {
+      choice[i].lane = LANE_COMPUTE;
+    }
+  }
+  *out = best;
+  free(order);
+  free(opt);
+  return LOOM_OK;
+}
+
+loom_status_t loom_plan_brute_force(const loom_plan_problem_t *p, loom_plan_choice_t *choice,
+                                    loom_plan_result_t *out) {
+  loom_status_t status = check_problem(p, choice, out);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  const int nt = p->ntensors;
+  loom_plan_choice_t *opt = malloc(sizeof *opt * (size_t)max_options(p));
+  if (!opt) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "compression planner: out of memory");
+  }
+  const int nopt = options(p, 1, opt);
+  double combos = pow((double)nopt, (double)nt);
+  if (combos > 2e6) {
+    free(opt);
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "compression planner: brute force over %d tensors x %d options is %.3g "
+                      "combinations (at most 2e6): use loom_plan_greedy",
+                      nt, nopt, combos);
+  }
+  int *digit = calloc((size_t)nt + 1, sizeof(int));
+  loom_plan_choice_t *cur = malloc(sizeof *cur * (size_t)(nt + 1));
+  if (!digit || !cur) {
+    free(opt);
+    free(digit);
+    free(cur);
+    return loom_error(NULL, LOOM_ERR_NOMEM, "compression planner: out of memory");
+  }
+  loom_plan_result_t best = {INFINITY, INFINITY, 0, 0};
+  for (;;) {
+    for (int i = 0; i < nt; i++) {
+      cur[i] = opt[digit[i]];
+    }
+    loom_plan_result_t r = simulate(p, cur, NULL);
+    if (r.step_us < best.step_us) {
+      best = r;
+      memcpy(choice, cur, sizeof *cur * (size_t)nt);
+    }
+    int i = 0;
+    while (i < nt && ++digit[i] == nopt) {
+      digit[i++] = 0;
+    }
+    if (i == nt) {
+      break;
+    }
+  }
+  if (nt == 0) {
+    best = simulate(p, cur, NULL);
+  }
+  *out = best;
+  free(opt);
+  free(digit);
+  free(cur);
+  return LOOM_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void loom_plan_print(const loom_plan_problem_t *p, const loom_plan_choice_t *choice,
+                     const loom_plan_result_t *r, FILE *out) {
+  if (!p || !choice || !r || !out || check_problem(p, choice, r) != LOOM_OK ||
+      check_choice(p, choice) != LOOM_OK) {
+    return;
+  }
+  double *end = malloc(sizeof(double) * (size_t)(p->ntensors + 1));
+  if (!end) {
+    return;
+  }
+  simulate(p, choice, end);
+  fprintf(out, "%-32s %12s %10s %-12s %-16s %-8s %12s\n", "tensor", "bytes", "ready_us", "scheme",
+          "compressor", "lane", "done_us");
+  for (int i = 0; i < p->ntensors; i++) {
+    const loom_plan_choice_t *c = &choice[i];
+    fprintf(out, "%-32s %12lld %10.1f %-12s %-16s %-8s %12.1f\n",
+            p->tensors[i].name ? p->tensors[i].name : "?", (long long)p->tensors[i].n * 4,
+            p->tensors[i].ready_us, c->codec < 0 ? "allreduce" : loom_scheme_name(c->scheme),
+            c->codec < 0 ? "none" : p->codecs[c->codec].compressor,
+            c->codec < 0 ? "-" : (c->lane == LANE_WORKER ? "worker" : "compute"), end[i]);
+  }
+  fprintf(out,
+          "predicted step %.1f us: compute %.1f us, exposed %.1f us, comm busy %.1f us, %.0f "
+          "bytes sent per rank\n",
+          r->step_us, p->compute_us, r->exposed_us, r->comm_us, r->bytes_per_rank);
+  free(end);
+}
