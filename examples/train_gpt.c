@@ -36,6 +36,8 @@ typedef struct opts {
   const char *cmp[2];
   double rtol;
   sync_mode_t sync;
+  const char *compress; // a compressor spec, or NULL: plain allreduce
+  loom_scheme_t scheme; // of the compressed allreduce
   int help;
 } opts_t;
 
@@ -89,6 +91,10 @@ static void usage(FILE *out) {
       "                      replicas diverge); comm-only: only the allreduces, no compute\n"
       "                      (timing the communication alone)\n"
       "  --no-overlap        the same as --sync fused\n"
+      "  --compress SPEC     compress every gradient with SPEC (none, fp16, bf16, int8,\n"
+      "                      int8:sr, topk:RATIO, randomk:RATIO, efsign, powersgd:RANK) and\n"
+      "                      error feedback; with --sync overlap only (default: no compression)\n"
+      "  --compress-scheme S indivisible, divisible or hierarchical (default divisible)\n"
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n"
       "Tokens/s counts training tokens of all ranks, validation excluded. MFU = achieved\n"
@@ -117,7 +123,8 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
                 .log_every = 10,
                 .sample = 200,
                 .temperature = 0.8,
-                .rtol = 1e-5};
+                .rtol = 1e-5,
+                .scheme = LOOM_SCHEME_DIVISIBLE};
   static const char *const switches[] = {"--help", "--no-overlap", "--compare", NULL};
   for (int i = 1; i < argc; i++) {
     char flag[64];
@@ -191,6 +198,14 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       o->dump = v;
     } else if (!strcmp(flag, "--rtol")) {
       rc = ex_parse_double(flag, v, 0.0, 1.0, &o->rtol, err, errlen);
+    } else if (!strcmp(flag, "--compress")) {
+      o->compress = v;
+    } else if (!strcmp(flag, "--compress-scheme")) {
+      if (loom_scheme_parse(v, &o->scheme) != LOOM_OK) {
+        snprintf(err, errlen,
+                 "--compress-scheme wants indivisible, divisible or hierarchical, got '%s'", v);
+        rc = -1;
+      }
     } else if (!strcmp(flag, "--sync")) {
       int k = 0;
       while (k < 4 && strcmp(v, sync_names[k])) {
@@ -206,6 +221,18 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       rc = -1;
     }
     if (rc) {
+      return -1;
+    }
+  }
+  if (o->compress) {
+    loom_compressor_t *c = NULL;
+    if (loom_compressor_create(o->compress, &c) != LOOM_OK) {
+      snprintf(err, errlen, "--compress: %s", loom_last_error(NULL));
+      return -1;
+    }
+    loom_compressor_destroy(c);
+    if (o->sync != SYNC_OVERLAP && o->sync != SYNC_COMM_ONLY) {
+      snprintf(err, errlen, "--compress works with --sync overlap (the default) or comm-only");
       return -1;
     }
   }
@@ -240,6 +267,10 @@ typedef struct step {
   loom_tensor_t **grads; // (nunits) every unit's gradient, for the norm
   float norm;            // of the averaged gradient (measured when clip is 0 too)
   loom_adamw_t hp;
+  loom_compressor_t *codec; // --compress, or NULL
+  loom_ef_t *ef;            // its error feedback, keyed by gradient name
+  uint64_t seed;            // of the step's compressed allreduces (the step number)
+  size_t sent;              // bytes the step's compressed allreduces sent from this rank
 } step_t;
 
 typedef struct unit_arg {
@@ -267,6 +298,14 @@ static loom_status_t task_backward(void *arg) {
 static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   const unit_arg_t *ua = arg;
   loom_tensor_t *g = &ua->st->m->part_grad[2 * ua->u + ua->p];
+  if (ua->st->codec) { // blocking: the compressed schemes have no non-blocking form yet
+    size_t sent = 0;
+    *req = NULL;
+    loom_status_t status = loom_compressed_allreduce(ua->st->dp, ua->st->codec, ua->st->o->scheme,
+                                                     ua->st->ef, g, LOOM_AVG, ua->st->seed, &sent);
+    ua->st->sent += sent;
+    return status;
+  }
   return loom_iallreduce(ua->st->dp, g, g, LOOM_AVG, req);
 }
 
@@ -576,6 +615,11 @@ int main(int argc, char **argv) {
   }
   reduce[m.nunits] = &st.loss_t;
   st.grads = reduce;
+  if (o.compress) {
+    EX_CHECK(loom_compressor_create(o.compress, &st.codec));
+    EX_CHECK(loom_ef_create(&st.ef));
+  }
+  double sent_sum = 0.0; // bytes the compressed allreduces sent from this rank, all steps
   loom_fusion_t *fusion = NULL;
   loom_sched_t *sched = NULL;
   if (o.sync == SYNC_FUSED) {
@@ -600,6 +644,10 @@ int main(int argc, char **argv) {
            "warmup %ld cosine to %g, wd %g, clip %g; gradient sync: %s\n",
            o.batch, o.cfg.ctx, tokens_per_step, o.steps, o.lr, o.warmup, o.lr * o.min_lr_frac, o.wd,
            o.clip, sync_names[o.sync]);
+    if (st.codec) {
+      printf("compression: %s, %s scheme, error feedback per gradient (--compress)\n",
+             loom_compressor_name(st.codec), loom_scheme_name(o.scheme));
+    }
     printf("sgemm (1024^3, %d BLAS thread(s) per rank): %.1f GFLOP/s per rank\n",
            loom_blas_threads(ctx), sgemm / 1e9);
     fflush(stdout);
@@ -617,6 +665,8 @@ int main(int argc, char **argv) {
   loom_step_stats_t sum_stats = {0};
   for (long step = 0; step < o.steps; step++) {
     st.first_row = (step * np + rank) * (int64_t)o.batch;
+    st.seed = (uint64_t)step;
+    st.sent = 0;
     st.hp = (loom_adamw_t){.lr = lr_at(&o, step),
                            .beta1 = (float)o.beta1,
                            .beta2 = (float)o.beta2,
@@ -638,6 +688,7 @@ int main(int argc, char **argv) {
     }
     double t1 = MPI_Wtime();
     train_time += t1 - t0;
+    sent_sum += (double)st.sent;
     pairs_sum += (double)batch.attn_pairs;
     log_loss += st.loss;
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
@@ -698,6 +749,12 @@ int main(int argc, char **argv) {
            "(with attention %.3f), val_loss %.4f\n",
            o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps, mfu, mfu_attn, val_loss);
   }
+  if (rank == 0 && st.codec) {
+    printf("compression: %s (%s): %.0f bytes sent per rank per step (uncompressed ring "
+           "allreduce: %.0f)\n",
+           loom_compressor_name(st.codec), loom_scheme_name(o.scheme), sent_sum / n_steps,
+           np > 1 ? 2.0 * (np - 1) / np * 4.0 * (double)m.total : 0.0);
+  }
   if (rank == 0) {
     if (sched) {
       printf("sched: mean per step: wall %.2f ms  compute %.2f ms  comm in flight %.2f ms  exposed "
@@ -731,12 +788,13 @@ int main(int argc, char **argv) {
              "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
              "\"sgemm_gflops\": %.2f, \"blas_threads\": %d, \"train_time_s\": %.3f, "
              "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
-             "\"sched_step_mean\": %s}\n",
+             "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s}\n",
              o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
              (long long)m.total, (long long)m.matmul_params, tokens_per_s,
              1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
              corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, loom_blas_threads(ctx), train_time,
-             MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed, sched_json);
+             MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
+             o.compress ? loom_compressor_name(st.codec) : "none", sent_sum / n_steps, sched_json);
     rc |= ex_write_text(o.json, text) != 0;
   }
   if (loom_sched_destroy(sched) != LOOM_OK) { // writes the rest of the timeline
@@ -744,6 +802,8 @@ int main(int argc, char **argv) {
     rc = 1;
   }
   loom_fusion_destroy(fusion);
+  loom_compressor_destroy(st.codec);
+  loom_ef_destroy(st.ef);
   free(ua);
   free(reduce);
   gpt_batch_free(&batch);

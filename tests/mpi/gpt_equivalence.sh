@@ -1,6 +1,7 @@
 #!/bin/sh
 # gpt_equivalence.sh — train_gpt in data parallel equals one process with the summed batch (np 2,
-# 3 and 4), every replica is bitwise identical, the fused path equals the overlapped one bitwise.
+# 3 and 4), every replica is bitwise identical, the fused path equals the overlapped one bitwise,
+# and compressed runs (--compress) keep the replicas identical.
 set -u
 b=${LOOM_BUILDDIR:-.}
 src=${srcdir:-.}
@@ -72,6 +73,24 @@ same "np 2: --sync fused equals --sync overlap bitwise" "$tmp/np2_0.bin" "$tmp/n
 close "np 1 --batch 4 equals np 2 --batch 2" "$tmp/np1_b4.bin" "$tmp/np2_0.bin"
 close "np 1 --batch 4 equals np 4 --batch 1" "$tmp/np1_b4.bin" "$tmp/np4_0.bin"
 close "np 1 --batch 6 equals np 3 --batch 2" "$tmp/np1_b6.bin" "$tmp/np3_0.bin"
+# Compressed gradients (int8, divisible scheme, error feedback): the replicas stay bitwise
+# identical, and compression changed the result (it is not silently skipped); none through the
+# compressed path equals the plain allreduce up to the order of the sum.
+run np3_int8 3 --batch 2 --compress int8 --dump-params "$tmp/np3i_%r.bin"
+run np3_none 3 --batch 2 --compress none --compress-scheme indivisible --dump-params "$tmp/np3n_%r.bin"
+same "np 3 --compress int8: ranks 0 and 2 bitwise identical" "$tmp/np3i_0.bin" "$tmp/np3i_2.bin"
+same "np 3 --compress none: ranks 0 and 1 bitwise identical" "$tmp/np3n_0.bin" "$tmp/np3n_1.bin"
+close "np 3 --compress none equals np 3 uncompressed" "$tmp/np3_0.bin" "$tmp/np3n_0.bin"
+if cmp -s "$tmp/np3_0.bin" "$tmp/np3i_0.bin"; then
+  echo "FAIL: --compress int8 gave the uncompressed parameters bit for bit"
+  fail=1
+else
+  echo "ok: --compress int8 changed the parameters"
+fi
+grep -q 'bytes sent per rank per step' "$tmp/np3_int8.log" || {
+  echo "FAIL: --compress int8 printed no bytes-sent line"
+  fail=1
+}
 # Training moved the parameters: the comparison is not between two initialisations.
 run np1_b4_0 1 --batch 4 --lr 0 --dump-params "$tmp/np1_lr0.bin"
 if "$exe" --compare "$tmp/np1_b4.bin" "$tmp/np1_lr0.bin" --rtol 1e-3 >/dev/null 2>&1; then
