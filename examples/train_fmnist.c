@@ -12,24 +12,26 @@
 // ---- options ---------------------------------------------------------------------------------
 
 typedef struct opts {
-  int epochs;         // epochs to train
-  long steps;         // stop after this many optimizer steps in total (0: no limit)
-  int batch;          // samples per rank per step; the global batch is batch * ranks
-  double lr;          // peak learning rate
-  double momentum;    // SGD momentum
-  double wd;          // L2 weight decay
-  int cosine;         // 1: cosine decay to 0 over the run; 0: constant
-  long warmup;        // linear warmup steps
-  int hidden;         // width of both hidden layers
-  double clip;        // clip the global gradient norm to this (0: off)
-  long seed;          // weight init and shuffle
-  const char *data;   // directory of the .gz files
-  long log_every;     // progress line every N steps (0: per epoch only)
-  const char *json;   // final numbers as JSON (rank 0)
-  const char *dump;   // raw f32 parameters at the end (%r: every rank, else rank 0)
-  const char *cmp[2]; // --compare A B
-  double rtol;        // --compare tolerance
-  int no_overlap;     // 1: the old path, one fused allreduce after the whole backward
+  int epochs;           // epochs to train
+  long steps;           // stop after this many optimizer steps in total (0: no limit)
+  int batch;            // samples per rank per step; the global batch is batch * ranks
+  double lr;            // peak learning rate
+  double momentum;      // SGD momentum
+  double wd;            // L2 weight decay
+  int cosine;           // 1: cosine decay to 0 over the run; 0: constant
+  long warmup;          // linear warmup steps
+  int hidden;           // width of both hidden layers
+  double clip;          // clip the global gradient norm to this (0: off)
+  long seed;            // weight init and shuffle
+  const char *data;     // directory of the .gz files
+  long log_every;       // progress line every N steps (0: per epoch only)
+  const char *json;     // final numbers as JSON (rank 0)
+  const char *dump;     // raw f32 parameters at the end (%r: every rank, else rank 0)
+  const char *cmp[2];   // --compare A B
+  double rtol;          // --compare tolerance
+  int no_overlap;       // 1: the old path, one fused allreduce after the whole backward
+  const char *compress; // --compress: a compressor spec, or NULL
+  loom_scheme_t scheme; // --compress-scheme
   int help;
 } opts_t;
 
@@ -68,6 +70,10 @@ static void usage(FILE *out) {
       "                      a task graph starts each layer's allreduce as soon as its backward\n"
       "                      is done (layer 3 first) and updates each layer once its own\n"
       "                      average has arrived\n"
+      "  --compress SPEC     compress each layer's gradient with SPEC (none, fp16, bf16, int8,\n"
+      "                      int8:sr, topk:RATIO, randomk:RATIO, efsign, powersgd:RANK) and\n"
+      "                      error feedback; not with --no-overlap (default: no compression)\n"
+      "  --compress-scheme S indivisible, divisible or hierarchical (default divisible)\n"
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n",
       FMNIST_DEFAULT_DIR);
@@ -83,7 +89,8 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
                 .hidden = 1024,
                 .seed = 42,
                 .data = FMNIST_DEFAULT_DIR,
-                .rtol = 1e-5};
+                .rtol = 1e-5,
+                .scheme = LOOM_SCHEME_DIVISIBLE};
   static const char *const switches[] = {"--help", "--no-overlap", "--compare", NULL};
   for (int i = 1; i < argc; i++) {
     char flag[64];
@@ -150,6 +157,20 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       o->dump = v;
     } else if (!strcmp(flag, "--rtol")) {
       rc = ex_parse_double(flag, v, 0.0, 1.0, &o->rtol, err, errlen);
+    } else if (!strcmp(flag, "--compress")) {
+      loom_compressor_t *c = NULL;
+      if (loom_compressor_create(v, &c) != LOOM_OK) {
+        snprintf(err, errlen, "--compress: %s", loom_last_error(NULL));
+        rc = -1;
+      }
+      loom_compressor_destroy(c);
+      o->compress = v;
+    } else if (!strcmp(flag, "--compress-scheme")) {
+      if (loom_scheme_parse(v, &o->scheme) != LOOM_OK) {
+        snprintf(err, errlen,
+                 "--compress-scheme wants indivisible, divisible or hierarchical, got '%s'", v);
+        rc = -1;
+      }
     } else {
       snprintf(err, errlen, "unknown flag '%s' (see --help)", flag);
       rc = -1;
@@ -157,6 +178,10 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
     if (rc) {
       return -1;
     }
+  }
+  if (o->compress && o->no_overlap) {
+    snprintf(err, errlen, "--compress works with the overlapped step: drop --no-overlap");
+    return -1;
   }
   return 0;
 }
@@ -413,6 +438,11 @@ typedef struct step {
   float norm;           // of the averaged gradient (measured even when clip is 0)
   loom_sgd_t hp;
   int momentum;
+  loom_compressor_t *codec; // --compress, or NULL
+  loom_ef_t *ef;            // its error feedback, keyed by gradient name
+  loom_scheme_t scheme;
+  uint64_t seed; // of the step's compressed allreduces (the step number)
+  size_t sent;   // bytes the step's compressed allreduces sent from this rank
 } step_t;
 
 typedef struct layer_arg {
@@ -440,6 +470,14 @@ static loom_status_t task_backward(void *arg) {
 static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   const layer_arg_t *la = arg;
   loom_tensor_t *g = &la->st->m->gbuf[la->layer - 1]; // weight and bias gradients of the layer
+  if (la->st->codec) { // blocking: the compressed schemes have no non-blocking form yet
+    size_t sent = 0;
+    *req = NULL;
+    loom_status_t status = loom_compressed_allreduce(la->st->dp, la->st->codec, la->st->scheme,
+                                                     la->st->ef, g, LOOM_AVG, la->st->seed, &sent);
+    la->st->sent += sent;
+    return status;
+  }
   return loom_iallreduce(la->st->dp, g, g, LOOM_AVG, req);
 }
 
@@ -645,6 +683,12 @@ int main(int argc, char **argv) {
                .clip = (float)o.clip,
                .momentum = o.momentum > 0};
   EX_CHECK(loom_tensor_wrap(&st.loss_t, &st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
+  if (o.compress) {
+    EX_CHECK(loom_compressor_create(o.compress, &st.codec));
+    EX_CHECK(loom_ef_create(&st.ef));
+    st.scheme = o.scheme;
+  }
+  double sent_sum = 0.0; // bytes the compressed allreduces sent from this rank, all steps
   layer_arg_t layer_args[3];
   loom_sched_t *sched = NULL;
   if (!o.no_overlap) {
@@ -662,6 +706,10 @@ int main(int argc, char **argv) {
     printf("gradient sync: %s\n", o.no_overlap
                                       ? "one fused allreduce after the backward (--no-overlap)"
                                       : "per-layer allreduce overlapped with the backward");
+    if (st.codec) {
+      printf("compression: %s, %s scheme, error feedback per gradient (--compress)\n",
+             loom_compressor_name(st.codec), loom_scheme_name(o.scheme));
+    }
     printf("data: %s: %lld train, %lld test, pixel mean %.4f std %.4f\n", o.data,
            (long long)train.n, (long long)test.n, mean, std);
     fflush(stdout);
@@ -684,7 +732,10 @@ int main(int argc, char **argv) {
       if (sched) {
         st.idx = idx;
         st.hp = hp;
+        st.seed = (uint64_t)step;
+        st.sent = 0;
         EX_CHECK(loom_sched_run(sched));
+        sent_sum += (double)st.sent;
         loom_step_stats_t ss;
         EX_CHECK(loom_sched_step_stats(sched, &ss));
         sum_stats.wall_ms += ss.wall_ms;
@@ -731,6 +782,16 @@ int main(int argc, char **argv) {
     }
   }
   double samples_per_s = (double)step * o.batch * np / train_time;
+  if (st.codec && rank == 0 && step > 0) {
+    double full = 0.0;
+    for (int l = 0; l < NPARAM / 2; l++) {
+      full += (double)loom_tensor_bytes(&m.gbuf[l]);
+    }
+    printf("compression: %s (%s): %.0f bytes sent per rank per step (uncompressed ring "
+           "allreduce: %.0f)\n",
+           loom_compressor_name(st.codec), loom_scheme_name(o.scheme), sent_sum / (double)step,
+           np > 1 ? 2.0 * (np - 1) / np * full : 0.0);
+  }
   char sched_json[256] = "null";
   if (sched && step > 0) {
     double n = (double)step;
@@ -755,14 +816,17 @@ int main(int argc, char **argv) {
   }
   if (o.json && rank == 0) {
     FILE *f = fopen(o.json, "w");
-    if (!f || fprintf(f,
-                      "{\"epochs\": %d, \"steps\": %ld, \"train_loss\": %.6f, \"test_loss\": "
-                      "%.6f, \"test_acc\": %.6f, \"samples_per_s\": %.1f, \"train_time_s\": "
-                      "%.3f, \"np\": %d, \"batch\": %d, \"global_batch\": %d, \"hidden\": %d, "
-                      "\"lr\": %g, \"seed\": %ld, \"overlap\": %s, \"sched_step_mean\": %s}\n",
-                      epoch, step, epoch_loss, test_loss, acc, samples_per_s, train_time, np,
-                      o.batch, o.batch * np, o.hidden, o.lr, o.seed,
-                      o.no_overlap ? "false" : "true", sched_json) < 0) {
+    if (!f ||
+        fprintf(f,
+                "{\"epochs\": %d, \"steps\": %ld, \"train_loss\": %.6f, \"test_loss\": "
+                "%.6f, \"test_acc\": %.6f, \"samples_per_s\": %.1f, \"train_time_s\": "
+                "%.3f, \"np\": %d, \"batch\": %d, \"global_batch\": %d, \"hidden\": %d, "
+                "\"lr\": %g, \"seed\": %ld, \"overlap\": %s, \"compress\": \"%s\", "
+                "\"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s}\n",
+                epoch, step, epoch_loss, test_loss, acc, samples_per_s, train_time, np, o.batch,
+                o.batch * np, o.hidden, o.lr, o.seed, o.no_overlap ? "false" : "true",
+                st.codec ? loom_compressor_name(st.codec) : "none",
+                step > 0 ? sent_sum / (double)step : 0.0, sched_json) < 0) {
       perror(o.json);
       rc = 1;
     }
@@ -776,6 +840,8 @@ int main(int argc, char **argv) {
     rc = 1;
   }
   loom_fusion_destroy(fusion);
+  loom_compressor_destroy(st.codec);
+  loom_ef_destroy(st.ef);
   acts_free(&a);
   mlp_free(&m);
   free(perm);

@@ -1,6 +1,7 @@
 #!/bin/sh
 # dp_equivalence.sh — data-parallel training equals one process with the summed batch: train_fmnist
-# at np 1 --batch 64 and np 2 --batch 32 end with the same parameters, both np 2 ranks bitwise equal.
+# at np 1 --batch 64 and np 2 --batch 32 end with the same parameters, both np 2 ranks bitwise equal;
+# with --compress topk:0.1 at np 3 the replicas stay bitwise equal.
 set -u
 b=${LOOM_BUILDDIR:-.}
 data=${LOOM_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
@@ -30,8 +31,13 @@ np=2
 prog=examples/train_fmnist
 args='$common --batch 32 --dump-params $tmp/p2_%r.bin'
 EOF
+cat >"$tmp/np3c.mpi" <<EOF
+np=3
+prog=examples/train_fmnist
+args='$common --batch 32 --compress topk:0.1 --dump-params $tmp/p3c_%r.bin'
+EOF
 
-for spec in np1 np2; do
+for spec in np1 np2 np3c; do
   "$sh" "$b/tests/mpirun.sh" "$tmp/$spec.mpi"
   rc=$?
   [ "$rc" -eq 0 ] || { echo "FAIL: the $spec run exited with $rc"; exit "$rc"; }
@@ -43,6 +49,13 @@ if cmp "$tmp/p2_0.bin" "$tmp/p2_1.bin"; then
   echo "ok: np 2 ranks hold bitwise identical parameters"
 else
   echo "FAIL: np 2 ranks 0 and 1 hold different parameters"
+  fail=1
+fi
+# Compressed gradients (top-k with error feedback, divisible scheme): still one model.
+if cmp "$tmp/p3c_0.bin" "$tmp/p3c_2.bin"; then
+  echo "ok: np 3 --compress topk:0.1 ranks hold bitwise identical parameters"
+else
+  echo "FAIL: np 3 --compress topk:0.1 ranks 0 and 2 hold different parameters"
   fail=1
 fi
 # np 1 with the whole global batch and np 2 with half each: equal up to summation order.
