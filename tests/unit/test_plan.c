@@ -1,0 +1,870 @@
+/* test_plan.c — the ByteComp compression planner of loom_plan.h without MPI: the step simulator on
+ * hand-computed cases and bad input, and greedy against all-none, uniform plans and brute force. */
+#include "config.h"
+#include "loom.h"
+#include "loom_plan.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../check.h"
+
+// ---- helpers ---------------------------------------------------------------------------------
+
+// splitmix64: a small seeded generator of our own, so that every run draws the same instances.
+static uint64_t rng_state = 0x6c6f6f6d706c616eull;
+
+static uint64_t rng_next(void) {
+  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static double rng_unit(void) { // [0, 1)
+  return (double)(rng_next() >> 11) * 0x1.0p-53;
+}
+
+static double rng_range(double lo, double hi) {
+  return lo + (hi - lo) * rng_unit();
+}
+
+static double rng_log(double lo, double hi) { // log-uniform in [lo, hi)
+  return exp(rng_range(log(lo), log(hi)));
+}
+
+static int rng_int(int lo, int hi) { // [lo, hi]
+  return lo + (int)(rng_next() % (uint64_t)(hi - lo + 1));
+}
+
+static double now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+// Calls expected to fail log a WARN line each: stderr goes to /dev/null around them (set
+// TEST_VERBOSE=1 to keep it). CHECK reports after the call, with stderr back.
+static int quiet_saved_fd = -1;
+
+static void quiet_begin(void) {
+  if (getenv("TEST_VERBOSE") != NULL || quiet_saved_fd >= 0) {
+    return;
+  }
+  fflush(stderr);
+  int devnull = open("/dev/null", O_WRONLY);
+  if (devnull < 0) {
+    return;
+  }
+  quiet_saved_fd = dup(STDERR_FILENO);
+  if (quiet_saved_fd >= 0) {
+    dup2(devnull, STDERR_FILENO);
+  }
+  close(devnull);
+}
+
+static void quiet_end(void) {
+  if (quiet_saved_fd >= 0) {
+    fflush(stderr);
+    dup2(quiet_saved_fd, STDERR_FILENO);
+    close(quiet_saved_fd);
+    quiet_saved_fd = -1;
+  }
+}
+
+static loom_status_t quiet_simulate(const loom_plan_problem_t *p, const loom_plan_choice_t *c,
+                                    loom_plan_result_t *r) {
+  quiet_begin();
+  loom_status_t st = loom_plan_simulate(p, c, r);
+  quiet_end();
+  return st;
+}
+
+static loom_status_t quiet_greedy(const loom_plan_problem_t *p, loom_plan_choice_t *c,
+                                  loom_plan_result_t *r) {
+  quiet_begin();
+  loom_status_t st = loom_plan_greedy(p, c, r);
+  quiet_end();
+  return st;
+}
+
+static loom_status_t quiet_brute(const loom_plan_problem_t *p, loom_plan_choice_t *c,
+                                 loom_plan_result_t *r) {
+  quiet_begin();
+  loom_status_t st = loom_plan_brute_force(p, c, r);
+  quiet_end();
+  return st;
+}
+
+// a and b agree to rel (relative to the larger magnitude, at least 1).
+static int close_to(double a, double b, double rel) {
+  return fabs(a - b) <= rel * fmax(1.0, fmax(fabs(a), fabs(b)));
+}
+
+#define REL 1e-9 // the slack for "equal" and "not worse" between two simulated steps
+
+static loom_plan_problem_t problem(const loom_plan_tensor_t *t, int nt, double compute_us,
+                                   int ranks, int nodes, double alpha_us, double gbps,
+                                   const loom_codec_cost_t *codecs, int nc, int workers) {
+  loom_plan_problem_t p;
+  memset(&p, 0, sizeof p);
+  p.ntensors = nt;
+  p.tensors = t;
+  p.compute_us = compute_us;
+  p.ranks = ranks;
+  p.nodes = nodes;
+  p.intra.alpha_us = alpha_us;
+  p.intra.gbps = gbps;
+  p.inter = p.intra;
+  p.ncodecs = nc;
+  p.codecs = codecs;
+  p.workers = workers;
+  return p;
+}
+
+static loom_plan_choice_t none_choice(void) {
+  loom_plan_choice_t c = {-1, LOOM_SCHEME_INDIVISIBLE, LOOM_LANE_COMPUTE};
+  return c;
+}
+
+static loom_plan_choice_t codec_choice(int codec, loom_scheme_t scheme, int lane) {
+  loom_plan_choice_t c = {codec, scheme, lane};
+  return c;
+}
+
+static void fill(loom_plan_choice_t *c, int n, loom_plan_choice_t v) {
+  for (int i = 0; i < n; i++) {
+    c[i] = v;
+  }
+}
+
+// Simulate and check the invariants every result must satisfy; a failed call gives NaNs.
+static loom_plan_result_t sim(const loom_plan_problem_t *p, const loom_plan_choice_t *c,
+                              const char *what) {
+  loom_plan_result_t r = {NAN, NAN, NAN, NAN};
+  loom_status_t st = loom_plan_simulate(p, c, &r);
+  CHECK(st == LOOM_OK, "%s: loom_plan_simulate returned %d", what, (int)st);
+  if (st != LOOM_OK) {
+    loom_plan_result_t bad = {NAN, NAN, NAN, NAN};
+    return bad;
+  }
+  CHECK(isfinite(r.step_us) && r.step_us >= p->compute_us * (1 - 1e-12),
+        "%s: step %.3f us, compute %.3f us", what, r.step_us, p->compute_us);
+  CHECK(close_to(r.exposed_us, r.step_us - p->compute_us, REL),
+        "%s: exposed %.6f != step %.6f - compute %.6f", what, r.exposed_us, r.step_us,
+        p->compute_us);
+  CHECK(r.comm_us >= 0 && r.comm_us <= r.step_us * (1 + REL),
+        "%s: comm lane busy %.3f us in a step of %.3f us", what, r.comm_us, r.step_us);
+  CHECK(r.bytes_per_rank >= 0, "%s: bytes_per_rank %.1f", what, r.bytes_per_rank);
+  return r;
+}
+
+// Every entry names none or a codec of the problem with a real scheme and lane; the worker lane
+// only when there are workers.
+static int choices_valid(const loom_plan_problem_t *p, const loom_plan_choice_t *c, char *why,
+                         size_t cap) {
+  for (int i = 0; i < p->ntensors; i++) {
+    if (c[i].codec == -1) {
+      continue;
+    }
+    if (c[i].codec < -1 || c[i].codec >= p->ncodecs) {
+      snprintf(why, cap, "tensor %d: codec %d of %d", i, c[i].codec, p->ncodecs);
+      return 0;
+    }
+    if ((int)c[i].scheme < 0 || c[i].scheme >= LOOM_SCHEME_COUNT) {
+      snprintf(why, cap, "tensor %d: scheme %d", i, (int)c[i].scheme);
+      return 0;
+    }
+    if (c[i].lane != LOOM_LANE_COMPUTE && c[i].lane != LOOM_LANE_WORKER) {
+      snprintf(why, cap, "tensor %d: lane %d", i, c[i].lane);
+      return 0;
+    }
+    if (c[i].lane == LOOM_LANE_WORKER && p->workers < 1) {
+      snprintf(why, cap, "tensor %d: worker lane with %d workers", i, p->workers);
+      return 0;
+    }
+  }
+  return 1;
+}
+
+// A planner's answer: valid choices, and a result equal to simulating them.
+static void check_plan(const loom_plan_problem_t *p, const loom_plan_choice_t *c,
+                       const loom_plan_result_t *r, const char *what) {
+  char why[128] = "";
+  CHECK(choices_valid(p, c, why, sizeof why), "%s: %s", what, why);
+  if (!choices_valid(p, c, why, sizeof why)) {
+    return;
+  }
+  loom_plan_result_t s = sim(p, c, what);
+  CHECK(close_to(s.step_us, r->step_us, REL) && close_to(s.bytes_per_rank, r->bytes_per_rank, REL),
+        "%s: reported step %.6f us / %.1f B, simulating its choices gives %.6f us / %.1f B", what,
+        r->step_us, r->bytes_per_rank, s.step_us, s.bytes_per_rank);
+}
+
+// Hand-made codecs: "tiny" costs are negligible next to any transfer below.
+static const loom_codec_cost_t FP16_CHEAP = {"fp16", 0.0, 0.01, 0.0, 0.01, 2.0, 0.0};
+static const loom_codec_cost_t INT8_CHEAP = {"int8", 0.0, 0.01, 0.0, 0.01, 1.0, 4.0};
+
+// ---- 1. the simulator on hand-computed cases ---------------------------------------------------
+
+static void test_simulator_basics(void) {
+  // One small tensor ready early, no compression, 400 Gbit/s: the comm hides in the compute.
+  loom_plan_tensor_t one[1] = {{"fc.weight", 1000, 10.0}};
+  loom_plan_problem_t p = problem(one, 1, 10000.0, 2, 1, 1.0, 400.0, NULL, 0, 0);
+  loom_plan_choice_t none = none_choice();
+  loom_plan_result_t r = sim(&p, &none, "hidden comm");
+  CHECK(close_to(r.step_us, 10000.0, 1e-12), "hidden comm: step %.6f us, want compute 10000",
+        r.step_us);
+  CHECK(fabs(r.exposed_us) < 1e-6, "hidden comm: exposed %.6f us, want 0", r.exposed_us);
+  CHECK(r.comm_us > 0 && r.comm_us < 10000.0, "hidden comm: comm lane busy %.3f us", r.comm_us);
+  // The ordered allreduce (direct reduce-scatter + allgather) sends 2 (r-1)/r of the tensor.
+  CHECK(close_to(r.bytes_per_rank, 2.0 * 1 / 2 * 4 * 1000, 0.02),
+        "hidden comm: none at 2 ranks sends %.1f B per rank, want about 4000", r.bytes_per_rank);
+  // The inter-node link is not used inside one node.
+  p.inter.gbps = 0.001;
+  p.inter.alpha_us = 1e6;
+  loom_plan_result_t r_inter = sim(&p, &none, "one node, slow inter link");
+  CHECK(close_to(r_inter.step_us, r.step_us, REL) && close_to(r_inter.comm_us, r.comm_us, REL),
+        "one node: the inter link changed the step %.3f -> %.3f us (comm %.3f -> %.3f)", r.step_us,
+        r_inter.step_us, r.comm_us, r_inter.comm_us);
+  p.inter = p.intra;
+
+  // One rank: nothing to send.
+  p.ranks = 1;
+  r = sim(&p, &none, "one rank");
+  CHECK(r.bytes_per_rank == 0.0, "one rank: %.1f bytes per rank, want 0", r.bytes_per_rank);
+  CHECK(close_to(r.step_us, 10000.0, 1e-12), "one rank: step %.6f us, want 10000", r.step_us);
+
+  // Four ranks over two nodes, fast links: hides too; the allreduce sends 2 (4-1)/4 x 4000 B.
+  p.ranks = 4;
+  p.nodes = 2;
+  r = sim(&p, &none, "4 ranks, 2 nodes, fast");
+  CHECK(close_to(r.step_us, 10000.0, 1e-12), "4 ranks, 2 nodes: step %.6f us, want 10000",
+        r.step_us);
+  CHECK(close_to(r.bytes_per_rank, 2.0 * 3 / 4 * 4 * 1000, 0.02),
+        "4 ranks, 2 nodes: none sends %.1f B per rank, want about 6000", r.bytes_per_rank);
+
+  // A big tensor over a very slow link: exposed, and twice as exposed at half the bandwidth
+  // (alpha is negligible: a message of b bytes takes alpha + b / (gbps * 125) us).
+  loom_plan_tensor_t big[1] = {{"embed.wte", 10000000, 10.0}};
+  p = problem(big, 1, 10000.0, 2, 1, 1.0, 1.0, NULL, 0, 0);
+  loom_plan_result_t slow = sim(&p, &none, "slow link");
+  CHECK(slow.exposed_us > 0, "slow link: exposed %.3f us, want > 0", slow.exposed_us);
+  double wire = slow.bytes_per_rank / (p.intra.gbps * 125.0);
+  CHECK(slow.comm_us >= wire * (1 - 1e-9),
+        "slow link: comm lane busy %.3f us, but %.1f B at 1 Gbit/s take %.3f us", slow.comm_us,
+        slow.bytes_per_rank, wire);
+  CHECK(slow.step_us >= 10.0 + wire * (1 - 1e-9),
+        "slow link: step %.3f us < ready 10 + wire time %.3f us", slow.step_us, wire);
+  p.intra.gbps = 0.5;
+  loom_plan_result_t slower = sim(&p, &none, "slower link");
+  CHECK(slower.exposed_us > slow.exposed_us, "halving gbps: exposed %.3f -> %.3f us, want more",
+        slow.exposed_us, slower.exposed_us);
+  double grow = slower.exposed_us / slow.exposed_us;
+  CHECK(grow > 1.8 && grow < 2.3, "halving gbps: exposed grows %.3fx (%.1f -> %.1f us), want ~2x",
+        grow, slow.exposed_us, slower.exposed_us);
+
+  // Two ranks on two nodes: all traffic crosses the inter link; the intra link does not matter.
+  p = problem(big, 1, 10000.0, 2, 2, 1.0, 100.0, NULL, 0, 0);
+  p.inter.gbps = 1.0;
+  slow = sim(&p, &none, "slow inter link");
+  CHECK(slow.exposed_us > 0, "slow inter link: exposed %.3f us, want > 0", slow.exposed_us);
+  p.inter.gbps = 0.5;
+  slower = sim(&p, &none, "slower inter link");
+  CHECK(slower.exposed_us > slow.exposed_us,
+        "halving inter gbps: exposed %.3f -> %.3f us, want more", slow.exposed_us,
+        slower.exposed_us);
+  p.intra.gbps = 1.0; // inter still 0.5
+  loom_plan_result_t intra_slow = sim(&p, &none, "one rank per node, slow intra link");
+  CHECK(close_to(intra_slow.step_us, slower.step_us, REL),
+        "one rank per node: the intra link changed the step %.3f -> %.3f us", slower.step_us,
+        intra_slow.step_us);
+
+  // Bytes: fp16 (2 bytes a value) in the divisible scheme sends half of none at 2 ranks
+  // (2 (r-1)/r payloads of the tensor, README); the indivisible scheme at 4 ranks sends
+  // (r-1) payloads, as many bytes as the uncompressed allreduce.
+  loom_plan_tensor_t mid[1] = {{"block0.mlp.fc1", 1000000, 10.0}};
+  loom_codec_cost_t fp16[1] = {FP16_CHEAP};
+  p = problem(mid, 1, 100000.0, 2, 1, 1.0, 100.0, fp16, 1, 0);
+  loom_plan_result_t b_none = sim(&p, &none, "bytes: none, 2 ranks");
+  loom_plan_choice_t c = codec_choice(0, LOOM_SCHEME_DIVISIBLE, LOOM_LANE_COMPUTE);
+  loom_plan_result_t b_fp16 = sim(&p, &c, "bytes: fp16 divisible, 2 ranks");
+  double ratio = b_fp16.bytes_per_rank / b_none.bytes_per_rank;
+  CHECK(ratio > 0.45 && ratio < 0.55, "fp16 divisible / none at 2 ranks: %.1f / %.1f B = %.3f",
+        b_fp16.bytes_per_rank, b_none.bytes_per_rank, ratio);
+  CHECK(close_to(b_fp16.bytes_per_rank, 2.0 * 1 / 2 * 2 * 1e6, 0.02),
+        "fp16 divisible at 2 ranks: %.1f B per rank, want about 2e6", b_fp16.bytes_per_rank);
+  p.ranks = 4;
+  b_none = sim(&p, &none, "bytes: none, 4 ranks");
+  c = codec_choice(0, LOOM_SCHEME_INDIVISIBLE, LOOM_LANE_COMPUTE);
+  b_fp16 = sim(&p, &c, "bytes: fp16 indivisible, 4 ranks");
+  CHECK(close_to(b_none.bytes_per_rank, 6e6, 0.02), "none at 4 ranks: %.1f B, want about 6e6",
+        b_none.bytes_per_rank);
+  CHECK(close_to(b_fp16.bytes_per_rank, 6e6, 0.02),
+        "fp16 indivisible at 4 ranks: %.1f B, want about 3 x 2e6", b_fp16.bytes_per_rank);
+
+  // A codec with a huge encode cost (1 us a value) on the compute lane delays the compute: the
+  // step grows past none's by at least the encode. On the worker lane it runs beside the compute:
+  // never longer, here strictly shorter, and the send still waits for the encode.
+  loom_codec_cost_t slowenc[1] = {{"int8", 0.0, 1000.0, 0.0, 0.1, 1.0, 4.0}};
+  p = problem(mid, 1, 100000.0, 2, 1, 1.0, 400.0, slowenc, 1, 1);
+  b_none = sim(&p, &none, "slow encode: none");
+  CHECK(close_to(b_none.step_us, 100000.0, 1e-12), "slow encode: none's step %.3f, want 100000",
+        b_none.step_us);
+  const double enc = 1000.0 * 1e6 / 1000.0; // enc_ns * n / 1000
+  const loom_scheme_t schemes[2] = {LOOM_SCHEME_INDIVISIBLE, LOOM_SCHEME_DIVISIBLE};
+  for (int s = 0; s < 2; s++) {
+    const char *name = loom_scheme_name(schemes[s]);
+    c = codec_choice(0, schemes[s], LOOM_LANE_COMPUTE);
+    loom_plan_result_t on_compute = sim(&p, &c, "slow encode on the compute lane");
+    CHECK(on_compute.step_us > b_none.step_us,
+          "%s: slow encode on the compute lane: step %.3f us, none %.3f us", name,
+          on_compute.step_us, b_none.step_us);
+    CHECK(on_compute.step_us >= (100000.0 + enc) * (1 - 1e-9),
+          "%s: slow encode on the compute lane: step %.3f us < compute + encode %.3f us", name,
+          on_compute.step_us, 100000.0 + enc);
+    c = codec_choice(0, schemes[s], LOOM_LANE_WORKER);
+    loom_plan_result_t on_worker = sim(&p, &c, "slow encode on the worker lane");
+    CHECK(on_worker.step_us <= on_compute.step_us * (1 + REL),
+          "%s: slow encode: worker lane step %.3f us > compute lane %.3f us", name,
+          on_worker.step_us, on_compute.step_us);
+    CHECK(on_worker.step_us < on_compute.step_us,
+          "%s: slow encode: the worker lane (%.3f us) does not hide the compute (%.3f us)", name,
+          on_worker.step_us, on_compute.step_us);
+    CHECK(on_worker.step_us >= (10.0 + enc) * (1 - 1e-9),
+          "%s: slow encode on the worker lane: step %.3f us < ready + encode %.3f us", name,
+          on_worker.step_us, 10.0 + enc);
+  }
+
+  // Codec -1 ignores scheme and lane.
+  loom_plan_choice_t odd = {-1, (loom_scheme_t)99, 7};
+  p.workers = 0;
+  loom_plan_result_t r_odd;
+  loom_status_t st = loom_plan_simulate(&p, &odd, &r_odd);
+  CHECK(st == LOOM_OK, "codec -1 with scheme 99 lane 7 (ignored): status %d", (int)st);
+  CHECK(st != LOOM_OK || close_to(r_odd.step_us, b_none.step_us, REL),
+        "codec -1 with scheme 99 lane 7: step %.3f us, none %.3f us", r_odd.step_us,
+        b_none.step_us);
+
+  // No tensors: the step is the compute.
+  p.ntensors = 0;
+  r = sim(&p, &none, "no tensors");
+  CHECK(close_to(r.step_us, 100000.0, 1e-12) && r.bytes_per_rank == 0.0,
+        "no tensors: step %.3f us, %.1f B", r.step_us, r.bytes_per_rank);
+}
+
+// ---- 2. bad problems and choices -------------------------------------------------------------
+
+static void expect_invalid_problem(const loom_plan_problem_t *p, const loom_plan_choice_t *c,
+                                   const char *what) {
+  loom_plan_result_t r;
+  loom_plan_choice_t out[4];
+  loom_status_t st = quiet_simulate(p, c, &r);
+  CHECK(st == LOOM_ERR_INVALID_ARG, "simulate, %s: status %d, want LOOM_ERR_INVALID_ARG", what,
+        (int)st);
+  st = quiet_greedy(p, out, &r);
+  CHECK(st == LOOM_ERR_INVALID_ARG, "greedy, %s: status %d, want LOOM_ERR_INVALID_ARG", what,
+        (int)st);
+  st = quiet_brute(p, out, &r);
+  CHECK(st == LOOM_ERR_INVALID_ARG, "brute force, %s: status %d, want LOOM_ERR_INVALID_ARG", what,
+        (int)st);
+}
+
+static void expect_invalid_choice(const loom_plan_problem_t *p, const loom_plan_choice_t *c,
+                                  const char *what) {
+  loom_plan_result_t r;
+  loom_status_t st = quiet_simulate(p, c, &r);
+  CHECK(st == LOOM_ERR_INVALID_ARG, "simulate, %s: status %d, want LOOM_ERR_INVALID_ARG", what,
+        (int)st);
+}
+
+static void test_invalid(void) {
+  loom_plan_tensor_t t[2] = {{"a", 1000, 10.0}, {"b", 2000, 20.0}};
+  loom_codec_cost_t codecs[1] = {FP16_CHEAP};
+  const loom_plan_problem_t base = problem(t, 2, 1000.0, 4, 2, 5.0, 100.0, codecs, 1, 1);
+  loom_plan_choice_t ok[2] = {none_choice(),
+                              codec_choice(0, LOOM_SCHEME_DIVISIBLE, LOOM_LANE_WORKER)};
+  loom_plan_result_t r;
+  loom_plan_choice_t out[2];
+  CHECK(quiet_simulate(&base, ok, &r) == LOOM_OK, "the valid base problem is refused");
+  CHECK(quiet_greedy(&base, out, &r) == LOOM_OK, "greedy refuses the valid base problem");
+  CHECK(quiet_brute(&base, out, &r) == LOOM_OK, "brute force refuses the valid base problem");
+
+  // NULL arguments.
+  CHECK(quiet_simulate(NULL, ok, &r) == LOOM_ERR_INVALID_ARG, "simulate(NULL problem)");
+  CHECK(quiet_simulate(&base, NULL, &r) == LOOM_ERR_INVALID_ARG, "simulate(NULL choice)");
+  CHECK(quiet_simulate(&base, ok, NULL) == LOOM_ERR_INVALID_ARG, "simulate(NULL out)");
+  CHECK(quiet_greedy(NULL, out, &r) == LOOM_ERR_INVALID_ARG, "greedy(NULL problem)");
+  CHECK(quiet_greedy(&base, NULL, &r) == LOOM_ERR_INVALID_ARG, "greedy(NULL choice)");
+  CHECK(quiet_brute(NULL, out, &r) == LOOM_ERR_INVALID_ARG, "brute(NULL problem)");
+  CHECK(quiet_brute(&base, NULL, &r) == LOOM_ERR_INVALID_ARG, "brute(NULL choice)");
+
+  loom_plan_problem_t p = base;
+  p.ntensors = -1;
+  expect_invalid_problem(&p, ok, "ntensors -1");
+  p = base;
+  p.ranks = 0;
+  p.nodes = 0;
+  expect_invalid_problem(&p, ok, "ranks 0");
+  p = base;
+  p.ranks = -2;
+  expect_invalid_problem(&p, ok, "ranks -2");
+  p = base;
+  p.nodes = 0;
+  expect_invalid_problem(&p, ok, "nodes 0");
+  p = base;
+  p.nodes = 5;
+  expect_invalid_problem(&p, ok, "nodes 5 > ranks 4");
+  loom_plan_tensor_t neg[2] = {{"a", 1000, 10.0}, {"b", -5, 20.0}};
+  p = base;
+  p.tensors = neg;
+  expect_invalid_problem(&p, ok, "tensor n -5");
+  p = base;
+  p.intra.gbps = 0.0;
+  expect_invalid_problem(&p, ok, "intra gbps 0");
+  p = base;
+  p.intra.gbps = -1.0;
+  expect_invalid_problem(&p, ok, "intra gbps -1");
+  p = base;
+  p.inter.gbps = 0.0;
+  expect_invalid_problem(&p, ok, "inter gbps 0 with 2 nodes");
+  p = base;
+  p.nodes = 1;
+  p.intra.gbps = 0.0;
+  expect_invalid_problem(&p, ok, "intra gbps 0 with 1 node");
+  // Beyond the list in the header's words ("a bad problem"): plainly meaningless fields.
+  p = base;
+  p.compute_us = -1.0;
+  expect_invalid_problem(&p, ok, "compute_us -1");
+  p = base;
+  p.intra.alpha_us = -1.0;
+  expect_invalid_problem(&p, ok, "intra alpha -1 us");
+  loom_plan_tensor_t early[2] = {{"a", 1000, -10.0}, {"b", 2000, 20.0}};
+  p = base;
+  p.tensors = early;
+  expect_invalid_problem(&p, ok, "ready_us -10");
+  p = base;
+  p.ncodecs = -1;
+  expect_invalid_problem(&p, ok, "ncodecs -1");
+  p = base;
+  p.workers = -1;
+  expect_invalid_problem(&p, ok, "workers -1");
+  p = base;
+  p.tensors = NULL;
+  expect_invalid_problem(&p, ok, "tensors NULL with ntensors 2");
+  p = base;
+  p.codecs = NULL;
+  expect_invalid_problem(&p, ok, "codecs NULL with ncodecs 1");
+
+  // Bad choices.
+  loom_plan_choice_t bad[2] = {ok[0], ok[1]};
+  bad[1].codec = 1;
+  expect_invalid_choice(&base, bad, "codec 1 of 1");
+  bad[1].codec = -2;
+  expect_invalid_choice(&base, bad, "codec -2");
+  bad[1] = ok[1];
+  p = base;
+  p.workers = 0;
+  expect_invalid_choice(&p, bad, "worker lane with 0 workers");
+  bad[1].lane = LOOM_LANE_COMPUTE;
+  CHECK(quiet_simulate(&p, bad, &r) == LOOM_OK, "compute lane with 0 workers is refused");
+  bad[1] = ok[1];
+  bad[1].scheme = LOOM_SCHEME_COUNT;
+  expect_invalid_choice(&base, bad, "scheme LOOM_SCHEME_COUNT");
+  bad[1] = ok[1];
+  bad[1].lane = LOOM_LANE_COMM;
+  expect_invalid_choice(&base, bad, "lane 1 (comm)");
+  bad[1].lane = 3;
+  expect_invalid_choice(&base, bad, "lane 3");
+}
+
+// ---- random instances ------------------------------------------------------------------------
+
+#define MAXT 320
+
+typedef struct inst {
+  loom_plan_tensor_t t[MAXT];
+  char names[MAXT][32];
+  loom_codec_cost_t c[8];
+  loom_plan_problem_t p;
+} inst_t;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+// nt tensors of nmin..nmax values (log-uniform), ready in increasing order within the compute;
+// ranks in {2, 4, 8} over 1 or 2 nodes; random links; nc codecs among fp16-, int8- and
+// topk-like with random costs; 0 or 1 worker.
+static void random_instance(inst_t *in, int nt, double nmin, double nmax, int nc) {
+  memset(in, 0, sizeof *in);
+  double compute = rng_log(1e3, 5e5);
+  double ready[MAXT] = {0};
+  for (int i = 0; i < nt; i++) {
+    ready[i] = rng_range(0.0, compute);
+  }
+  qsort(ready, (size_t)nt, sizeof ready[0], cmp_double);
+  for (int i = 0; i < nt; i++) {
+    snprintf(in->names[i], sizeof in->names[i], "layer%d.grad", nt - 1 - i);
+    in->t[i].name = in->names[i];
+    in->t[i].n = (int64_t)llround(rng_log(nmin, nmax));
+    in->t[i].ready_us = ready[i];
+  }
+  static const char *const specs[3] = {"fp16", "int8", "topk:0.01"};
+  static const double bpv[3] = {2.0, 1.0, 0.08};
+  for (int k = 0; k < nc; k++) {
+    int kind = rng_int(0, 2);
+    loom_codec_cost_t *c = &in->c[k];
+    c->compressor = specs[kind];
+    c->bytes_per_value = bpv[kind];
+    c->fixed_bytes = kind == 1 ? 4.0 : rng_range(0.0, 16.0);
+    c->enc_us = rng_range(0.0, 20.0);
+    c->enc_ns = rng_range(0.1, 5.0);
+    c->dec_us = rng_range(0.0, 20.0);
+    c->dec_ns = rng_range(0.1, 5.0);
+  }
+  static const int ranks[3] = {2, 4, 8};
+  loom_plan_problem_t *p = &in->p;
+  p->ntensors = nt;
+  p->tensors = in->t;
+  p->compute_us = compute;
+  p->ranks = ranks[rng_int(0, 2)];
+  p->nodes = rng_int(1, 2); // every rank count above is even
+  p->intra.alpha_us = rng_range(1.0, 50.0);
+  p->intra.gbps = rng_range(50.0, 400.0);
+  p->inter.alpha_us = rng_range(1.0, 50.0);
+  p->inter.gbps = rng_range(1.0, 100.0);
+  p->ncodecs = nc;
+  p->codecs = in->c;
+  p->workers = rng_int(0, 1);
+}
+
+static double step_of(const loom_plan_problem_t *p, const loom_plan_choice_t *c, const char *w) {
+  return sim(p, c, w).step_us;
+}
+
+// Greedy against the all-none plan (never worse) and every uniform plan (every tensor the same
+// codec, scheme and lane; at most 5% worse). Returns greedy's step.
+static double greedy_vs_uniform(const loom_plan_problem_t *p, loom_plan_choice_t *g, int instance,
+                                double *worst_uniform) {
+  loom_plan_result_t gr;
+  loom_status_t st = loom_plan_greedy(p, g, &gr);
+  CHECK(st == LOOM_OK, "instance %d: greedy returned %d", instance, (int)st);
+  if (st != LOOM_OK) {
+    return NAN;
+  }
+  check_plan(p, g, &gr, "greedy");
+  loom_plan_choice_t u[MAXT];
+  fill(u, p->ntensors, none_choice());
+  double none_step = step_of(p, u, "all none");
+  CHECK(gr.step_us <= none_step * (1 + REL),
+        "instance %d: greedy %.3f us is slower than all-none %.3f us", instance, gr.step_us,
+        none_step);
+  for (int k = 0; k < p->ncodecs; k++) {
+    for (int s = 0; s < LOOM_SCHEME_COUNT; s++) {
+      if (s == LOOM_SCHEME_HIERARCHICAL && p->nodes < 2) {
+        continue;
+      }
+      for (int lane = LOOM_LANE_COMPUTE; lane <= LOOM_LANE_WORKER; lane += 2) {
+        if (lane == LOOM_LANE_WORKER && p->workers < 1) {
+          continue;
+        }
+        fill(u, p->ntensors, codec_choice(k, (loom_scheme_t)s, lane));
+        double us = step_of(p, u, "uniform plan");
+        double ratio = gr.step_us / us;
+        if (ratio > *worst_uniform) {
+          *worst_uniform = ratio;
+        }
+        CHECK(gr.step_us <= 1.05 * us,
+              "instance %d: greedy %.3f us > 1.05 x uniform %s/%s/lane %d %.3f us (ratio %.4f)",
+              instance, gr.step_us, p->codecs[k].compressor, loom_scheme_name((loom_scheme_t)s),
+              lane, us, ratio);
+      }
+    }
+  }
+  return gr.step_us;
+}
+
+// ---- 3. greedy against known optima ----------------------------------------------------------
+
+static void test_greedy_known(void) {
+  loom_codec_cost_t codecs[2] = {FP16_CHEAP, INT8_CHEAP};
+  loom_plan_choice_t g[8], all_none[8];
+  loom_plan_result_t gr;
+
+  // (a) 400 Gbit/s, alpha 1 us, compute 100 ms, every gradient ready in the first 6 ms: every
+  // uncompressed allreduce hides, so compression could only slow the step.
+  loom_plan_tensor_t fast[6] = {{"l5", 2000000, 1000.0}, {"l4", 1000000, 2000.0},
+                                {"l3", 500000, 3000.0},  {"l2", 100000, 4000.0},
+                                {"l1", 10000, 5000.0},   {"l0", 1000, 6000.0}};
+  for (int ranks = 2; ranks <= 8; ranks *= 2) {
+    loom_plan_problem_t p = problem(fast, 6, 100000.0, ranks, 2, 1.0, 400.0, codecs, 2, 1);
+    fill(all_none, 6, none_choice());
+    double none_step = step_of(&p, all_none, "fast: all none");
+    CHECK(loom_plan_greedy(&p, g, &gr) == LOOM_OK, "fast network: greedy failed");
+    check_plan(&p, g, &gr, "fast network greedy");
+    for (int i = 0; i < 6; i++) {
+      CHECK(g[i].codec == -1, "fast network, %d ranks: greedy compresses %s (codec %d, %s)", ranks,
+            fast[i].name, g[i].codec, loom_scheme_name(g[i].scheme));
+    }
+    CHECK(close_to(gr.step_us, none_step, REL),
+          "fast network, %d ranks: greedy step %.3f us, all-none %.3f us", ranks, gr.step_us,
+          none_step);
+    CHECK(close_to(none_step, 100000.0, 1e-12), "fast network: all-none step %.3f, want 100000",
+          none_step);
+  }
+
+  // (b) 1 Gbit/s: the two big gradients dominate the step uncompressed; with negligible codec
+  // costs the int8-like codec (1 byte a value) beats the fp16-like one (2 bytes) for them.
+  loom_plan_tensor_t slow[4] = {{"embed.wte", 20000000, 5000.0},
+                                {"block0.mlp", 10000000, 10000.0},
+                                {"block0.ln", 10000, 20000.0},
+                                {"lm_head.bias", 1000, 30000.0}};
+  for (int nodes = 1; nodes <= 2; nodes++) {
+    loom_plan_problem_t p = problem(slow, 4, 100000.0, 4, nodes, 1.0, 1.0, codecs, 2, 1);
+    fill(all_none, 4, none_choice());
+    double none_step = step_of(&p, all_none, "slow: all none");
+    CHECK(loom_plan_greedy(&p, g, &gr) == LOOM_OK, "slow network: greedy failed");
+    check_plan(&p, g, &gr, "slow network greedy");
+    for (int i = 0; i < 2; i++) {
+      CHECK(g[i].codec == 1, "slow network, %d node(s): greedy gives %s codec %d (%s), want int8",
+            nodes, slow[i].name, g[i].codec,
+            g[i].codec >= 0 ? codecs[g[i].codec].compressor : "none");
+    }
+    CHECK(gr.step_us <= none_step * (1 + REL),
+          "slow network: greedy step %.3f us > all-none %.3f us", gr.step_us, none_step);
+    CHECK(gr.step_us < 0.5 * none_step,
+          "slow network: greedy step %.3f us is not well below all-none %.3f us", gr.step_us,
+          none_step);
+    loom_plan_choice_t b[4];
+    loom_plan_result_t br;
+    CHECK(loom_plan_brute_force(&p, b, &br) == LOOM_OK, "slow network: brute force failed");
+    check_plan(&p, b, &br, "slow network brute force");
+    CHECK(br.step_us <= gr.step_us * (1 + REL) && gr.step_us <= 1.05 * br.step_us,
+          "slow network, %d node(s): greedy %.3f us, brute force %.3f us", nodes, gr.step_us,
+          br.step_us);
+  }
+
+  // (c) random instances, 1 to 40 tensors: never worse than all-none, within 5% of every uniform
+  // plan.
+  static inst_t in;
+  static loom_plan_choice_t gbig[MAXT];
+  double worst = 0;
+  for (int i = 0; i < 200; i++) {
+    random_instance(&in, rng_int(1, 40), 1e3, 1e7, rng_int(2, 3));
+    greedy_vs_uniform(&in.p, gbig, i, &worst);
+  }
+  printf("greedy vs uniform plans: 200 instances, worst greedy/uniform %.4f\n", worst);
+}
+
+// ---- 4. greedy against brute force -----------------------------------------------------------
+
+static void test_greedy_vs_brute(void) {
+  static inst_t in;
+  static loom_plan_choice_t g[MAXT], b[MAXT];
+  double worst = 0, sum = 0, worst_uniform = 0;
+  int done = 0, optimal = 0, trimmed = 0, tensors = 0, hist[9] = {0};
+  double t0 = now_us();
+  for (int i = 0; i < 100; i++) {
+    int nc = rng_int(2, 3);
+    random_instance(&in, rng_int(1, 8), 1e3, 1e7, nc);
+    loom_plan_problem_t *p = &in.p;
+    // Options per tensor: none, and each codec x scheme x lane that applies: at least the
+    // indivisible and divisible schemes on the compute lane, at most 3 schemes x 2 lanes. Where
+    // brute force refuses (beyond 2e6 combinations), drop the last tensor and try again.
+    double lo_opts = 1 + 2.0 * nc, hi_opts = 1 + 3.0 * nc * (p->workers > 0 ? 2 : 1);
+    loom_plan_result_t br;
+    loom_status_t st;
+    for (;;) {
+      st = quiet_brute(p, b, &br);
+      if (st != LOOM_ERR_INVALID_ARG || p->ntensors <= 1) {
+        break;
+      }
+      CHECK(pow(hi_opts, p->ntensors) > 2e6,
+            "instance %d: brute force refuses %d tensors x %d codecs (%d workers, %d nodes): at "
+            "most %.0f combinations",
+            i, p->ntensors, nc, p->workers, p->nodes, pow(hi_opts, p->ntensors));
+      p->ntensors--;
+      trimmed++;
+    }
+    CHECK(st == LOOM_OK, "instance %d: brute force returned %d for %d tensors", i, (int)st,
+          p->ntensors);
+    if (st != LOOM_OK) {
+      continue;
+    }
+    CHECK(pow(lo_opts, p->ntensors) <= 2e6,
+          "instance %d: brute force accepted %d tensors x %d codecs: at least %.0f combinations", i,
+          p->ntensors, nc, pow(lo_opts, p->ntensors));
+    check_plan(p, b, &br, "brute force");
+    double gs = greedy_vs_uniform(p, g, 1000 + i, &worst_uniform);
+    if (!isfinite(gs)) {
+      continue;
+    }
+    CHECK(br.step_us <= gs * (1 + REL),
+          "instance %d: brute force %.6f us is slower than greedy %.6f us (not optimal)", i,
+          br.step_us, gs);
+    double ratio = gs / br.step_us;
+    CHECK(ratio <= 1.05,
+          "instance %d (%d tensors, %d codecs, %d ranks, %d nodes, %d workers): greedy %.3f us "
+          "> 1.05 x brute force %.3f us (ratio %.4f)",
+          i, p->ntensors, nc, p->ranks, p->nodes, p->workers, gs, br.step_us, ratio);
+    worst = ratio > worst ? ratio : worst;
+    sum += ratio;
+    optimal += ratio <= 1 + 1e-9;
+    done++;
+    tensors += p->ntensors;
+    hist[p->ntensors]++;
+  }
+  double secs = (now_us() - t0) / 1e6;
+  printf("greedy vs brute force: %d instances (%.1f tensors on average, %d tensors dropped to fit "
+         "2e6 combinations; by tensor count 1..8: %d %d %d %d %d %d %d %d), greedy optimal on %d, "
+         "worst greedy/brute %.4f, mean %.4f, %.1f s\n",
+         done, done ? (double)tensors / done : 0.0, trimmed, hist[1], hist[2], hist[3], hist[4],
+         hist[5], hist[6], hist[7], hist[8], optimal, worst, done ? sum / done : 0.0, secs);
+}
+
+// ---- 5. speed of the greedy selection --------------------------------------------------------
+
+static void test_greedy_speed(void) {
+  static inst_t in;
+  static loom_plan_choice_t g[MAXT], first[MAXT], all_none[MAXT];
+  random_instance(&in, 300, 1e3, 4e6, 3);
+  loom_plan_problem_t *p = &in.p;
+  double scale = 200000.0 / p->compute_us;
+  for (int i = 0; i < 300; i++) {
+    in.t[i].ready_us *= scale;
+  }
+  p->compute_us = 200000.0;
+  p->ranks = 8;
+  p->nodes = 2;
+  p->workers = 1;
+  p->intra.alpha_us = 5.0;
+  p->intra.gbps = 100.0;
+  p->inter.alpha_us = 20.0;
+  p->inter.gbps = 10.0;
+  double best = INFINITY;
+  loom_plan_result_t gr;
+  for (int run = 0; run < 5; run++) {
+    double t0 = now_us();
+    loom_status_t st = loom_plan_greedy(p, g, &gr);
+    double us = now_us() - t0;
+    CHECK(st == LOOM_OK, "300 tensors: greedy returned %d", (int)st);
+    if (st != LOOM_OK) {
+      return;
+    }
+    best = us < best ? us : best;
+    if (run == 0) {
+      memcpy(first, g, sizeof first);
+    } else {
+      CHECK(memcmp(first, g, 300 * sizeof g[0]) == 0, "300 tensors: greedy run %d differs", run);
+    }
+  }
+  check_plan(p, g, &gr, "300 tensors greedy");
+  fill(all_none, 300, none_choice());
+  double none_step = step_of(p, all_none, "300 tensors all none");
+  CHECK(gr.step_us <= none_step * (1 + REL), "300 tensors: greedy %.3f us > all-none %.3f us",
+        gr.step_us, none_step);
+  int compressed = 0, on_worker = 0;
+  for (int i = 0; i < 300; i++) {
+    compressed += g[i].codec >= 0;
+    on_worker += g[i].codec >= 0 && g[i].lane == LOOM_LANE_WORKER;
+  }
+  printf("greedy on 300 tensors (8 ranks, 2 nodes, 3 codecs, 1 worker): best of 5 %.3f ms; "
+         "%d compressed (%d on the worker lane), step %.1f us vs all-none %.1f us\n",
+         best / 1e3, compressed, on_worker, gr.step_us, none_step);
+  CHECK(best < 10000.0, "300 tensors: greedy took %.3f ms, want < 10 ms", best / 1e3);
+}
+
+// ---- 6. the brute-force limit ----------------------------------------------------------------
+
+static void test_brute_limit(void) {
+  static inst_t in;
+  static loom_plan_choice_t b[MAXT], g[MAXT];
+  loom_plan_result_t br, gr;
+  // 12 tensors x 5 codecs: at least 11^12 combinations.
+  random_instance(&in, 12, 1e3, 1e6, 5);
+  double t0 = now_us();
+  loom_status_t st = quiet_brute(&in.p, b, &br);
+  double us = now_us() - t0;
+  CHECK(st == LOOM_ERR_INVALID_ARG, "12 tensors x 5 codecs: brute force returned %d after %.0f us",
+        (int)st, us);
+  // 9 tensors x 1 codec on one node without workers: at most 4^9 = 262144 combinations.
+  random_instance(&in, 9, 1e3, 1e7, 1);
+  in.p.nodes = 1;
+  in.p.workers = 0;
+  st = loom_plan_brute_force(&in.p, b, &br);
+  CHECK(st == LOOM_OK, "9 tensors x 1 codec (<= 262144 combinations): brute force returned %d",
+        (int)st);
+  if (st == LOOM_OK && loom_plan_greedy(&in.p, g, &gr) == LOOM_OK) {
+    check_plan(&in.p, b, &br, "9 tensors brute force");
+    CHECK(br.step_us <= gr.step_us * (1 + REL), "9 tensors: brute force %.3f us > greedy %.3f us",
+          br.step_us, gr.step_us);
+  }
+}
+
+// ---- 7. the printed plan ---------------------------------------------------------------------
+
+static void test_print(void) {
+  loom_plan_tensor_t t[3] = {{"lm_head.bias", 1000, 1000.0},
+                             {"block0.attn.qkv", 300000, 2000.0},
+                             {"embed.wte", 2000000, 3000.0}};
+  loom_codec_cost_t codecs[2] = {{"fp16", 0, 0, 0, 0, 2.0, 0.0}, {"int8", 0, 0, 0, 0, 1.0, 4.0}};
+  loom_plan_problem_t p = problem(t, 3, 123456.0, 4, 2, 1.0, 400.0, codecs, 2, 1);
+  loom_plan_choice_t c[3] = {none_choice(),
+                             codec_choice(0, LOOM_SCHEME_DIVISIBLE, LOOM_LANE_COMPUTE),
+                             codec_choice(1, LOOM_SCHEME_INDIVISIBLE, LOOM_LANE_WORKER)};
+  loom_plan_result_t r = sim(&p, c, "print");
+  CHECK(close_to(r.step_us, 123456.0, 1e-12), "print: step %.3f us, want 123456", r.step_us);
+  FILE *f = tmpfile();
+  CHECK(f != NULL, "tmpfile failed");
+  if (f == NULL) {
+    return;
+  }
+  loom_plan_print(&p, c, &r, f);
+  fflush(f);
+  long len = ftell(f);
+  rewind(f);
+  char *text = calloc((size_t)(len > 0 ? len : 0) + 1, 1);
+  size_t got = text && len > 0 ? fread(text, 1, (size_t)len, f) : 0;
+  fclose(f);
+  if (text == NULL) {
+    CHECK(0, "out of memory");
+    return;
+  }
+  text[got] = '\0';
+  CHECK(got > 0, "loom_plan_print wrote nothing");
+  for (int i = 0; i < 3; i++) {
+    CHECK(strstr(text, t[i].name) != NULL, "the printed plan lacks tensor %s:\n%s", t[i].name,
+          text);
+  }
+  const char *words[4] = {"fp16", "int8", "divisible", "indivisible"};
+  for (int i = 0; i < 4; i++) {
+    CHECK(strstr(text, words[i]) != NULL, "the printed plan lacks \"%s\":\n%s", words[i], text);
+  }
+  // The predicted step, in microseconds or milliseconds, at whatever precision.
+  CHECK(strstr(text, "123456") || strstr(text, "123.456") || strstr(text, "123.46") ||
+            strstr(text, "123.5"),
+        "the printed plan lacks the predicted step (123456 us):\n%s", text);
+  if (getenv("TEST_VERBOSE") != NULL) {
+    fputs(text, stdout);
+  }
+  free(text);
+}
+
+int main(void) {
+  test_simulator_basics();
+  test_invalid();
+  test_greedy_known();
+  test_greedy_vs_brute();
+  test_greedy_speed();
+  test_brute_limit();
+  test_print();
+  return check_exit("test_plan");
+}
