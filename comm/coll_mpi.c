@@ -126,6 +126,10 @@ static loom_status_t collective_tags(const loom_group_t *g, MPI_Comm *comm, int 
   return group_state(g, comm, tag, NULL);
 }
 
+loom_status_t loom_mpi_collective_tags(const loom_group_t *g, MPI_Comm *comm, int *tag) {
+  return collective_tags(g, comm, tag);
+}
+
 // A full-size pipeline scratch buffer of the group (bytes: the same for every call on the
 // group): a spare one, or a new one; NULL when out of memory.
 static void *scratch_take(struct comm_state *cs, size_t bytes) {
@@ -152,8 +156,8 @@ static void scratch_give(struct comm_state *cs, void *p) {
 // ---- message helpers ----------------------------------------------------------------------------
 
 // Post a send (is_send) or a receive of count elements in messages of at most LOOM_MPI_CHUNK.
-static loom_status_t post_p2p(loom_request_t *r, int is_send, const void *buf, int64_t count,
-                              loom_dtype_t dtype, int peer, int tag, MPI_Comm comm) {
+loom_status_t loom_mpi_post_p2p(loom_request_t *r, int is_send, const void *buf, int64_t count,
+                                loom_dtype_t dtype, int peer, int tag, MPI_Comm comm) {
   loom_status_t status = LOOM_OK;
   size_t es = loom_dtype_size(dtype);
   MPI_Datatype type = loom_mpi_datatype(dtype);
@@ -253,11 +257,11 @@ static loom_status_t post_scatter(loom_request_t *r, const struct ordered *s, in
   size_t ws = loom_dtype_size(s->wire);
   for (int k = 1; k < s->n && status == LOOM_OK; k++) {
     int to = (s->me + k) % s->n, from = (s->me - k + s->n) % s->n;
-    status = post_p2p(r, 0, contribution(s, from, c), chunk_len(s, s->me, c), s->wire, from, s->tag,
-                      s->comm);
+    status = loom_mpi_post_p2p(r, 0, contribution(s, from, c), chunk_len(s, s->me, c), s->wire,
+                               from, s->tag, s->comm);
     if (status == LOOM_OK) {
-      status = post_p2p(r, 1, elem(s->src, s->displs[to] + c * s->chunk, ws), chunk_len(s, to, c),
-                        s->wire, to, s->tag, s->comm);
+      status = loom_mpi_post_p2p(r, 1, elem(s->src, s->displs[to] + c * s->chunk, ws),
+                                 chunk_len(s, to, c), s->wire, to, s->tag, s->comm);
     }
   }
   return status;
@@ -269,11 +273,11 @@ static loom_status_t post_gather(loom_request_t *r, const struct ordered *s, int
   size_t es = loom_dtype_size(s->dtype);
   for (int k = 1; k < s->n && status == LOOM_OK; k++) {
     int to = (s->me + k) % s->n, from = (s->me - k + s->n) % s->n;
-    status = post_p2p(r, 1, elem(s->out, c * s->chunk, es), chunk_len(s, s->me, c), s->dtype, to,
-                      s->tag + 1, s->comm);
+    status = loom_mpi_post_p2p(r, 1, elem(s->out, c * s->chunk, es), chunk_len(s, s->me, c),
+                               s->dtype, to, s->tag + 1, s->comm);
     if (status == LOOM_OK) {
-      status = post_p2p(r, 0, elem(s->gather, s->displs[from] + c * s->chunk, es),
-                        chunk_len(s, from, c), s->dtype, from, s->tag + 1, s->comm);
+      status = loom_mpi_post_p2p(r, 0, elem(s->gather, s->displs[from] + c * s->chunk, es),
+                                 chunk_len(s, from, c), s->dtype, from, s->tag + 1, s->comm);
     }
   }
   return status;
@@ -535,8 +539,9 @@ loom_status_t loom_mpi_iallgatherv(const loom_group_t *g, const void *send, void
     }
     for (int k = 1; k < n; k++) {
       int to = (me + k) % n, from = (me - k + n) % n;
-      LOOM_CHECK(post_p2p(r, 0, elem(recv, d64[from], es), c64[from], dtype, from, tag, p2p));
-      LOOM_CHECK(post_p2p(r, 1, send, c64[me], dtype, to, tag, p2p));
+      LOOM_CHECK(
+          loom_mpi_post_p2p(r, 0, elem(recv, d64[from], es), c64[from], dtype, from, tag, p2p));
+      LOOM_CHECK(loom_mpi_post_p2p(r, 1, send, c64[me], dtype, to, tag, p2p));
     }
   }
 fail:
@@ -603,8 +608,9 @@ loom_status_t loom_mpi_ialltoallv(const loom_group_t *g, const void *send, void 
     }
     for (int k = 1; k < n; k++) {
       int to = (me + k) % n, from = (me - k + n) % n;
-      LOOM_CHECK(post_p2p(r, 0, elem(recv, rd[from], es), rc[from], dtype, from, tag, p2p));
-      LOOM_CHECK(post_p2p(r, 1, elem(send, sd[to], es), sc[to], dtype, to, tag, p2p));
+      LOOM_CHECK(
+          loom_mpi_post_p2p(r, 0, elem(recv, rd[from], es), rc[from], dtype, from, tag, p2p));
+      LOOM_CHECK(loom_mpi_post_p2p(r, 1, elem(send, sd[to], es), sc[to], dtype, to, tag, p2p));
     }
   }
 fail:
@@ -616,10 +622,10 @@ fail:
 
 loom_status_t loom_mpi_isend(const loom_group_t *g, const void *buf, int64_t count,
                              loom_dtype_t dtype, int peer, int tag, loom_request_t *r) {
-  return post_p2p(r, 1, buf, count, dtype, peer, tag, g->comm);
+  return loom_mpi_post_p2p(r, 1, buf, count, dtype, peer, tag, g->comm);
 }
 
 loom_status_t loom_mpi_irecv(const loom_group_t *g, void *buf, int64_t count, loom_dtype_t dtype,
                              int peer, int tag, loom_request_t *r) {
-  return post_p2p(r, 0, buf, count, dtype, peer, tag, g->comm);
+  return loom_mpi_post_p2p(r, 0, buf, count, dtype, peer, tag, g->comm);
 }

@@ -112,6 +112,14 @@ loom_status_t loom_mpi_ialltoallv(const loom_group_t *g, const void *send, void 
                                   int64_t block, const int64_t *send_counts,
                                   const int64_t *recv_counts, loom_dtype_t dtype,
                                   loom_request_t *r);
+// The group's private point-to-point communicator and the first of two tags reserved for one
+// operation: every member calls it once per operation, in the same order, so that stages posted
+// later (from a step hook, in whatever order requests are advanced) still match by tag.
+loom_status_t loom_mpi_collective_tags(const loom_group_t *g, MPI_Comm *comm, int *tag);
+// Post a send (is_send) or a receive of count elements to or from peer on (comm, tag), in
+// messages of at most LOOM_MPI_CHUNK elements, as stages of r.
+loom_status_t loom_mpi_post_p2p(loom_request_t *r, int is_send, const void *buf, int64_t count,
+                                loom_dtype_t dtype, int peer, int tag, MPI_Comm comm);
 loom_status_t loom_mpi_isend(const loom_group_t *g, const void *buf, int64_t count,
                              loom_dtype_t dtype, int peer, int tag, loom_request_t *r);
 loom_status_t loom_mpi_irecv(const loom_group_t *g, void *buf, int64_t count, loom_dtype_t dtype,

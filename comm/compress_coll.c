@@ -27,18 +27,6 @@ static uint64_t shard_seed(uint64_t seed, int i) {
   return loom_mix64(seed ^ ((uint64_t)(i + 1) << 32));
 }
 
-static loom_status_t exchange(const loom_group_t *g, int gather, uint8_t *send, size_t send_bytes,
-                              uint8_t *recv, size_t recv_bytes) {
-  loom_status_t status = LOOM_OK;
-  loom_tensor_t s, r;
-  int64_t ns = (int64_t)send_bytes, nr = (int64_t)recv_bytes;
-  LOOM_CHECK(loom_tensor_wrap(&s, send, LOOM_U8, LOOM_DEVICE_HOST, 1, &ns, "compressed payloads"));
-  LOOM_CHECK(loom_tensor_wrap(&r, recv, LOOM_U8, LOOM_DEVICE_HOST, 1, &nr, "compressed payloads"));
-  LOOM_CHECK(gather ? loom_allgather(g, &s, &r) : loom_alltoall(g, &s, &r));
-fail:
-  return status;
-}
-
 // Decode the payload in a block (its length checked against the block) into acc.
 static loom_status_t decode_block(const loom_compressor_t *c, const uint8_t *block, size_t bsize,
                                   int64_t n, uint64_t seed, float *acc) {
@@ -146,95 +134,213 @@ static void *scratch(comm_state_t *st, int i, size_t bytes) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Indivisible: allgather of whole payloads, decode and sum in rank order.
+// The flat schemes as a staged request (comm_internal.h): the encode runs when the call starts,
+// then each stage's MPI requests complete and the step hook does the codec work between them
+// and posts the next stage. The hooks run on whichever thread advances the request (the caller
+// of loom_wait/loom_test, or the scheduler's progress thread).
+//
+// Indivisible: allgather of whole payloads, then every rank decodes and sums in rank order.
+// Divisible: shard i goes to rank i (alltoall), rank i decodes and sums its shard in rank order
+// and re-encodes the sum, and an allgather brings every summed shard to every rank.
 
-static loom_status_t indivisible(const loom_group_t *g, const loom_compressor_t *c, float *res,
-                                 float *x, int64_t n, uint64_t seed, size_t *sent) {
+typedef struct flat {
+  const loom_group_t *g;
+  const loom_compressor_t *c;
+  float *x; // (n) the tensor, written at the end
+  int64_t n;
+  uint64_t seed;
+  int divisible, avg;
+  size_t bsize;     // one block: the length word, a payload, padding
+  int64_t *off;     // (np + 1) shard offsets (divisible)
+  uint8_t *send;    // (np blocks) encoded shards, or one block (indivisible)
+  uint8_t *recv;    // (np blocks)
+  uint8_t *mine;    // (1 block) the re-encoded summed shard (divisible)
+  float *acc, *out; // (widest) the summed shard, (n) the result before it is copied to x
+  MPI_Comm p2p;     // the group's point-to-point communicator
+  int tag;          // tag (first stage) and tag + 1 (second), reserved when the call starts
+} flat_t;
+
+// Exchange blocks of bsize bytes with every other rank by point-to-point messages on the tags
+// reserved at the start (collectives posted from a step hook could be posted in a different
+// order on different ranks, and MPI would match them wrongly). all_to_all: block i of send goes
+// to rank i; else the one block of send goes to everyone. Block j of recv comes from rank j.
+static loom_status_t flat_exchange(loom_request_t *r, const flat_t *f, const uint8_t *send,
+                                   int all_to_all, int tag) {
+  const int np = loom_group_size(f->g), me = loom_group_rank(f->g);
   loom_status_t status = LOOM_OK;
-  const int np = loom_group_size(g);
-  const size_t bsize = block_bytes(c, n);
-  comm_state_t *st = get_state(g);
-  if (!st) {
-    return LOOM_ERR_NOMEM;
+  const int64_t b = (int64_t)f->bsize;
+  memcpy(f->recv + (size_t)me * f->bsize, all_to_all ? send + (size_t)me * f->bsize : send,
+         f->bsize);
+  for (int k = 1; k < np && status == LOOM_OK; k++) {
+    int to = (me + k) % np, from = (me - k + np) % np;
+    status =
+        loom_mpi_post_p2p(r, 0, f->recv + (size_t)from * f->bsize, b, LOOM_U8, from, tag, f->p2p);
+    if (status == LOOM_OK) {
+      status = loom_mpi_post_p2p(r, 1, all_to_all ? send + (size_t)to * f->bsize : send, b, LOOM_U8,
+                                 to, tag, f->p2p);
+    }
   }
-  uint8_t *send = scratch(st, BUF_SEND, bsize), *recv = scratch(st, BUF_RECV, bsize * (size_t)np);
-  float *tmp = scratch(st, BUF_FLOATS, (size_t)(n > 0 ? n : 1) * sizeof(float) * 2);
-  if (!send || !recv || !tmp) {
-    status = loom_error(NULL, LOOM_ERR_NOMEM,
+  return status;
+}
+
+static void flat_release(loom_request_t *r) {
+  flat_t *f = r->state;
+  if (f) {
+    free(f->off);
+    free(f);
+  }
+  r->state = NULL;
+}
+
+// Decode every block of recv (np payloads of the same n values, or the np shards) into out, then
+// copy to x: a corrupt block leaves x as it was.
+static loom_status_t flat_finish(loom_request_t *r) {
+  flat_t *f = r->state;
+  const int np = loom_group_size(f->g);
+  loom_status_t status = LOOM_OK;
+  memset(f->out, 0, (size_t)f->n * sizeof(float));
+  for (int i = 0; i < np && status == LOOM_OK; i++) {
+    if (f->divisible) {
+      status = decode_block(f->c, f->recv + (size_t)i * f->bsize, f->bsize,
+                            f->off[i + 1] - f->off[i], shard_seed(f->seed, i), f->out + f->off[i]);
+    } else {
+      status = decode_block(f->c, f->recv + (size_t)i * f->bsize, f->bsize, f->n, f->seed, f->out);
+    }
+  }
+  if (status == LOOM_OK && f->n > 0) {
+    for (int64_t i = 0; i < f->n; i++) {
+      f->x[i] = f->avg ? f->out[i] / (float)np : f->out[i];
+    }
+  }
+  return status;
+}
+
+// Divisible, after the alltoall: sum this rank's shard in rank order, re-encode it, allgather.
+static loom_status_t flat_middle(loom_request_t *r) {
+  flat_t *f = r->state;
+  const int np = loom_group_size(f->g), me = loom_group_rank(f->g);
+  const int64_t my_n = f->off[me + 1] - f->off[me];
+  loom_status_t status = LOOM_OK;
+  memset(f->acc, 0, (size_t)my_n * sizeof(float));
+  for (int i = 0; i < np && status == LOOM_OK; i++) {
+    status = decode_block(f->c, f->recv + (size_t)i * f->bsize, f->bsize, my_n,
+                          shard_seed(f->seed, me), f->acc);
+  }
+  if (status == LOOM_OK) {
+    status =
+        encode_block(f->c, NULL, NULL, f->acc, my_n, shard_seed(f->seed, me), f->mine, f->bsize);
+  }
+  if (status == LOOM_OK) {
+    status = flat_exchange(r, f, f->mine, 0, f->tag + 1);
+    r->step = flat_finish;
+  }
+  return status;
+}
+
+// Buffers of a flat scheme for n values on np ranks: from the group's state (blocking calls) or
+// owned by the request (non-blocking ones: several may be in flight on one group).
+static loom_status_t flat_buffers(loom_request_t *r, flat_t *f, int own) {
+  const int np = loom_group_size(f->g);
+  const int64_t widest = f->divisible ? f->n / np + (f->n % np > 0) : 0;
+  const size_t all = f->bsize * (size_t)np, sb = f->divisible ? all : f->bsize;
+  const size_t fb = (size_t)(f->n + widest + 1) * sizeof(float);
+  void *p[4] = {NULL, NULL, NULL, NULL};
+  if (own) {
+    for (int i = 0; i < 4; i++) {
+      size_t want = i == 0 ? sb : i == 1 ? all : i == 2 ? f->bsize : fb;
+      loom_status_t status = loom_request_tmp(r, want, &p[i]);
+      if (status != LOOM_OK) {
+        return status;
+      }
+    }
+  } else {
+    comm_state_t *st = get_state(f->g);
+    if (!st) {
+      return LOOM_ERR_NOMEM;
+    }
+    p[0] = scratch(st, BUF_SEND, sb);
+    p[1] = scratch(st, BUF_RECV, all);
+    p[2] = scratch(st, BUF_MINE, f->bsize);
+    p[3] = scratch(st, BUF_FLOATS, fb);
+    if (!p[0] || !p[1] || !p[2] || !p[3]) {
+      return loom_error(NULL, LOOM_ERR_NOMEM,
                         "compressed allreduce (%s): cannot allocate %zu bytes of payload buffers",
-                        c->name, bsize * (size_t)(np + 1));
-    goto fail;
+                        f->c->name, sb + all + f->bsize + fb);
+    }
   }
-  float *acc = tmp, *y = tmp + (n > 0 ? n : 1);
-  LOOM_CHECK(encode_block(c, res, y, x, n, seed, send, bsize));
-  LOOM_CHECK(exchange(g, 1, send, bsize, recv, bsize * (size_t)np));
-  memset(acc, 0, (size_t)n * sizeof(float));
-  for (int r = 0; r < np; r++) {
-    LOOM_CHECK(decode_block(c, recv + (size_t)r * bsize, bsize, n, seed, acc));
+  f->send = p[0];
+  f->recv = p[1];
+  f->mine = p[2];
+  f->out = p[3];
+  f->acc = f->out + f->n;
+  return LOOM_OK;
+}
+
+// Encode this rank's tensor (with error feedback on res when non-NULL) and post the first
+// exchange on r. *sent grows by the bytes this rank will send.
+static loom_status_t flat_start(loom_request_t *r, const loom_group_t *g,
+                                const loom_compressor_t *c, float *res, float *x, int64_t n,
+                                uint64_t seed, int divisible, int avg, int own, size_t *sent) {
+  const int np = loom_group_size(g);
+  flat_t *f = calloc(1, sizeof *f);
+  if (!f) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "compressed allreduce: out of memory");
   }
-  if (n > 0) {
-    memcpy(x, acc, (size_t)n * sizeof(float));
+  *f = (flat_t){.g = g, .c = c, .x = x, .n = n, .seed = seed, .divisible = divisible, .avg = avg};
+  r->state = f;
+  r->release = flat_release;
+  loom_status_t status = LOOM_OK;
+  float *y = NULL; // error-feedback scratch: the widest shard, or the tensor
+  if (divisible) {
+    const int64_t base = n / np, extra = n % np;
+    f->bsize = block_bytes(c, base + (extra > 0));
+    f->off = malloc(sizeof(int64_t) * (size_t)(np + 1));
+    if (!f->off) {
+      return loom_error(NULL, LOOM_ERR_NOMEM, "compressed allreduce: out of memory");
+    }
+    f->off[0] = 0;
+    for (int i = 0; i < np; i++) {
+      f->off[i + 1] = f->off[i] + base + (i < extra);
+    }
+  } else {
+    f->bsize = block_bytes(c, n);
   }
-  *sent += bsize * (size_t)(np - 1);
+  LOOM_CHECK(loom_mpi_collective_tags(g, &f->p2p, &f->tag));
+  LOOM_CHECK(flat_buffers(r, f, own));
+  y = f->out; // free until the end: holds x + residual while encoding
+  if (divisible) {
+    for (int i = 0; i < np; i++) {
+      LOOM_CHECK(encode_block(c, res ? res + f->off[i] : NULL, y, x + f->off[i],
+                              f->off[i + 1] - f->off[i], shard_seed(seed, i),
+                              f->send + (size_t)i * f->bsize, f->bsize));
+    }
+    LOOM_CHECK(flat_exchange(r, f, f->send, 1, f->tag));
+    r->step = flat_middle;
+    *sent += 2 * f->bsize * (size_t)(np - 1);
+  } else {
+    LOOM_CHECK(encode_block(c, res, y, x, n, seed, f->send, f->bsize));
+    LOOM_CHECK(flat_exchange(r, f, f->send, 0, f->tag));
+    r->step = flat_finish;
+    *sent += f->bsize * (size_t)(np - 1);
+  }
 fail:
   return status;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Divisible: shard i goes to rank i (alltoall), rank i decodes and sums its shard in rank order
-// and re-encodes the sum, and an allgather brings every summed shard to every rank.
-
-static loom_status_t divisible(const loom_group_t *g, const loom_compressor_t *c, float *res,
-                               float *x, int64_t n, uint64_t seed, size_t *sent) {
-  loom_status_t status = LOOM_OK;
-  const int np = loom_group_size(g), me = loom_group_rank(g);
-  const int64_t base = n / np, extra = n % np, widest = base + (extra > 0);
-  const size_t bsize = block_bytes(c, widest), all = bsize * (size_t)np;
-  comm_state_t *st = get_state(g);
-  if (!st) {
+// Blocking flat scheme with the group's buffers.
+static loom_status_t flat(const loom_group_t *g, const loom_compressor_t *c, float *res, float *x,
+                          int64_t n, uint64_t seed, int divisible, int avg, size_t *sent) {
+  loom_request_t *r = loom_request_new("loom_compressed_allreduce");
+  if (!r) {
     return LOOM_ERR_NOMEM;
   }
-  uint8_t *send = scratch(st, BUF_SEND, all), *recv = scratch(st, BUF_RECV, all),
-          *mine = scratch(st, BUF_MINE, bsize);
-  // acc: this rank's summed shard, y: error-feedback scratch, out: the result, written to x
-  // only once every block decoded cleanly.
-  float *tmp = scratch(st, BUF_FLOATS, (size_t)(2 * widest + n + 1) * sizeof(float));
-  int64_t *off = malloc(sizeof(int64_t) * (size_t)(np + 1));
-  if (!send || !recv || !mine || !tmp || !off) {
-    status = loom_error(NULL, LOOM_ERR_NOMEM,
-                        "compressed allreduce (%s): cannot allocate %zu bytes of payload buffers",
-                        c->name, 2 * all + bsize);
-    goto fail;
+  loom_status_t status = flat_start(r, g, c, res, x, n, seed, divisible, avg, 0, sent);
+  if (status != LOOM_OK) {
+    loom_request_free(r);
+    return status;
   }
-  float *acc = tmp, *y = tmp + widest, *out = tmp + 2 * widest;
-  off[0] = 0;
-  for (int i = 0; i < np; i++) {
-    off[i + 1] = off[i] + base + (i < extra);
-  }
-  for (int i = 0; i < np; i++) {
-    LOOM_CHECK(encode_block(c, res ? res + off[i] : NULL, y, x + off[i], off[i + 1] - off[i],
-                            shard_seed(seed, i), send + (size_t)i * bsize, bsize));
-  }
-  LOOM_CHECK(exchange(g, 0, send, all, recv, all));
-  const int64_t my_n = off[me + 1] - off[me];
-  memset(acc, 0, (size_t)my_n * sizeof(float));
-  for (int r = 0; r < np; r++) {
-    LOOM_CHECK(decode_block(c, recv + (size_t)r * bsize, bsize, my_n, shard_seed(seed, me), acc));
-  }
-  LOOM_CHECK(encode_block(c, NULL, NULL, acc, my_n, shard_seed(seed, me), mine, bsize));
-  LOOM_CHECK(exchange(g, 1, mine, bsize, recv, all));
-  memset(out, 0, (size_t)n * sizeof(float));
-  for (int i = 0; i < np; i++) {
-    LOOM_CHECK(decode_block(c, recv + (size_t)i * bsize, bsize, off[i + 1] - off[i],
-                            shard_seed(seed, i), out + off[i]));
-  }
-  if (n > 0) {
-    memcpy(x, out, (size_t)n * sizeof(float));
-  }
-  *sent += 2 * bsize * (size_t)(np - 1);
-fail:
-  free(off);
-  return status;
+  loom_request_started(r);
+  return loom_wait(&r);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -281,7 +387,7 @@ static loom_status_t hierarchical(const loom_group_t *g, const loom_compressor_t
     *sent += (size_t)n * sizeof(float) * 2 * (size_t)(h->node.size - 1) / (size_t)h->node.size;
   }
   if (h->node.rank == 0) {
-    LOOM_CHECK(indivisible(&h->leaders, c, res, t->data, n, seed, sent));
+    LOOM_CHECK(flat(&h->leaders, c, res, t->data, n, seed, 0, 0, sent));
   }
   if (h->node.size > 1) {
     LOOM_CHECK(loom_broadcast(&h->node, t, 0));
@@ -292,52 +398,51 @@ fail:
 
 // ---------------------------------------------------------------------------------------------
 
-loom_status_t loom_compressed_allreduce(const loom_group_t *g, const loom_compressor_t *c,
-                                        loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
-                                        loom_redop_t op, uint64_t seed, size_t *bytes_sent) {
-  static const char name[] = "loom_compressed_allreduce";
+// Checks shared by the blocking and non-blocking entry points; *res is the residual of t (or
+// NULL without error feedback).
+static loom_status_t prepare(const char *name, const loom_group_t *g, const loom_compressor_t *c,
+                             loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t, loom_redop_t op,
+                             float **res) {
   loom_status_t status = LOOM_OK;
-  size_t sent = 0;
-  float *res = NULL;
-  if (bytes_sent) {
-    *bytes_sent = 0;
-  }
+  *res = NULL;
   LOOM_CHECK(loom_comm_check_group(name, g));
   if (!c || !t || (int)scheme < 0 || scheme >= LOOM_SCHEME_COUNT ||
       (op != LOOM_SUM && op != LOOM_AVG)) {
-    status =
-        loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                   "%s: compressor %s, tensor %s, scheme %d, op %s: pass a compressor, a "
-                   "tensor, a loom_scheme_t and LOOM_SUM or LOOM_AVG",
-                   name, c ? "set" : "NULL", t ? "set" : "NULL", (int)scheme, loom_redop_name(op));
-    goto fail;
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: compressor %s, tensor %s, scheme %d, op %s: pass a compressor, a "
+                      "tensor, a loom_scheme_t and LOOM_SUM or LOOM_AVG",
+                      name, c ? "set" : "NULL", t ? "set" : "NULL", (int)scheme,
+                      loom_redop_name(op));
   }
   if (t->dtype != LOOM_F32 || t->device != LOOM_DEVICE_HOST) {
-    status = loom_error(NULL, LOOM_ERR_UNSUPPORTED,
-                        "%s: tensor '%s' is %s on device %d: compressed collectives take f32 host "
-                        "tensors (allreduce others with loom_allreduce)",
-                        name, t->name, loom_dtype_name(t->dtype), t->device);
-    goto fail;
+    return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                      "%s: tensor '%s' is %s on device %d: compressed collectives take f32 host "
+                      "tensors (allreduce others with loom_allreduce)",
+                      name, t->name, loom_dtype_name(t->dtype), t->device);
   }
+  if (ef && !t->name[0]) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: error feedback is keyed by tensor name: set the tensor's name", name);
+  }
+  if (ef && c->kind != LOOM_CODEC_POWERSGD) {
+    LOOM_CHECK(loom_ef_residual(ef, t->name, loom_tensor_numel(t), res));
+  }
+fail:
+  return status;
+}
+
+// The schemes that run to completion inside the call: hierarchical and PowerSGD.
+static loom_status_t run_blocking(const loom_group_t *g, const loom_compressor_t *c,
+                                  loom_scheme_t scheme, loom_ef_t *ef, float *res, loom_tensor_t *t,
+                                  loom_redop_t op, uint64_t seed, size_t *sent) {
+  loom_status_t status = LOOM_OK;
   const int64_t n = loom_tensor_numel(t);
-  if (ef && (!t->name[0])) {
-    status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                        "%s: error feedback is keyed by tensor name: set the tensor's name", name);
-    goto fail;
-  }
   if (c->kind == LOOM_CODEC_POWERSGD) {
-    LOOM_CHECK(loom_powersgd_allreduce(g, c, ef, t, &sent));
-  } else if (ef) {
-    LOOM_CHECK(loom_ef_residual(ef, t->name, n, &res));
-  }
-  if (c->kind == LOOM_CODEC_POWERSGD) {
-    // done above
-  } else if (scheme == LOOM_SCHEME_INDIVISIBLE) {
-    LOOM_CHECK(indivisible(g, c, res, t->data, n, seed, &sent));
-  } else if (scheme == LOOM_SCHEME_DIVISIBLE) {
-    LOOM_CHECK(divisible(g, c, res, t->data, n, seed, &sent));
+    LOOM_CHECK(loom_powersgd_allreduce(g, c, ef, t, sent));
+  } else if (scheme == LOOM_SCHEME_HIERARCHICAL) {
+    LOOM_CHECK(hierarchical(g, c, res, t, n, seed, sent));
   } else {
-    LOOM_CHECK(hierarchical(g, c, res, t, n, seed, &sent));
+    LOOM_CHECK(flat(g, c, res, t->data, n, seed, scheme == LOOM_SCHEME_DIVISIBLE, 0, sent));
   }
   if (op == LOOM_AVG) {
     float *x = t->data;
@@ -346,9 +451,55 @@ loom_status_t loom_compressed_allreduce(const loom_group_t *g, const loom_compre
       x[i] /= np;
     }
   }
-  if (bytes_sent) {
-    *bytes_sent = sent;
-  }
 fail:
+  return status;
+}
+
+loom_status_t loom_compressed_allreduce(const loom_group_t *g, const loom_compressor_t *c,
+                                        loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
+                                        loom_redop_t op, uint64_t seed, size_t *bytes_sent) {
+  static const char name[] = "loom_compressed_allreduce";
+  size_t sent = 0;
+  float *res = NULL;
+  loom_status_t status = prepare(name, g, c, scheme, ef, t, op, &res);
+  if (status == LOOM_OK) {
+    status = run_blocking(g, c, scheme, ef, res, t, op, seed, &sent);
+  }
+  if (bytes_sent) {
+    *bytes_sent = status == LOOM_OK ? sent : 0;
+  }
+  return status;
+}
+
+loom_status_t loom_icompressed_allreduce(const loom_group_t *g, const loom_compressor_t *c,
+                                         loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
+                                         loom_redop_t op, uint64_t seed, size_t *bytes_sent,
+                                         loom_request_t **req) {
+  static const char name[] = "loom_icompressed_allreduce";
+  size_t sent = 0;
+  float *res = NULL;
+  loom_request_t *r = NULL;
+  if (!req) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: req is NULL", name);
+  }
+  *req = NULL;
+  loom_status_t status = prepare(name, g, c, scheme, ef, t, op, &res);
+  if (status == LOOM_OK && (c->kind == LOOM_CODEC_POWERSGD || scheme == LOOM_SCHEME_HIERARCHICAL)) {
+    status = run_blocking(g, c, scheme, ef, res, t, op, seed, &sent);
+  } else if (status == LOOM_OK) {
+    r = loom_request_new(name);
+    status = r ? flat_start(r, g, c, res, t->data, loom_tensor_numel(t), seed,
+                            scheme == LOOM_SCHEME_DIVISIBLE, op == LOOM_AVG, 1, &sent)
+               : LOOM_ERR_NOMEM;
+    if (status == LOOM_OK) {
+      loom_request_started(r);
+      *req = r;
+    } else {
+      loom_request_free(r);
+    }
+  }
+  if (bytes_sent) {
+    *bytes_sent = status == LOOM_OK ? sent : 0;
+  }
   return status;
 }

@@ -121,6 +121,17 @@ LOOM_API loom_status_t loom_compressed_allreduce(const loom_group_t *g, const lo
                                                  loom_tensor_t *t, loom_redop_t op, uint64_t seed,
                                                  size_t *bytes_sent);
 
+// Non-blocking form: encodes this rank's tensor now (error feedback included), posts the first
+// exchange and returns; the codec work between the exchanges and the final decode run as the
+// request is advanced (loom_test, loom_wait, or the scheduler's progress thread). t must stay
+// untouched until the request completes. Several may be in flight on one group, started in the
+// same order on every rank. The hierarchical scheme and powersgd complete inside the call
+// (*req = NULL), as the blocking form.
+LOOM_API loom_status_t loom_icompressed_allreduce(const loom_group_t *g, const loom_compressor_t *c,
+                                                  loom_scheme_t scheme, loom_ef_t *ef,
+                                                  loom_tensor_t *t, loom_redop_t op, uint64_t seed,
+                                                  size_t *bytes_sent, loom_request_t **req);
+
 #ifdef __cplusplus
 }
 #endif

@@ -470,11 +470,11 @@ static loom_status_t task_backward(void *arg) {
 static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   const layer_arg_t *la = arg;
   loom_tensor_t *g = &la->st->m->gbuf[la->layer - 1]; // weight and bias gradients of the layer
-  if (la->st->codec) { // blocking: the compressed schemes have no non-blocking form yet
+  if (la->st->codec) { // encoded now; the rest runs as the request is advanced
     size_t sent = 0;
-    *req = NULL;
-    loom_status_t status = loom_compressed_allreduce(la->st->dp, la->st->codec, la->st->scheme,
-                                                     la->st->ef, g, LOOM_AVG, la->st->seed, &sent);
+    loom_status_t status =
+        loom_icompressed_allreduce(la->st->dp, la->st->codec, la->st->scheme, la->st->ef, g,
+                                   LOOM_AVG, la->st->seed, &sent, req);
     la->st->sent += sent;
     return status;
   }

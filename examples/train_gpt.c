@@ -298,11 +298,11 @@ static loom_status_t task_backward(void *arg) {
 static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   const unit_arg_t *ua = arg;
   loom_tensor_t *g = &ua->st->m->part_grad[2 * ua->u + ua->p];
-  if (ua->st->codec) { // blocking: the compressed schemes have no non-blocking form yet
+  if (ua->st->codec) { // encoded now; the rest runs as the request is advanced
     size_t sent = 0;
-    *req = NULL;
-    loom_status_t status = loom_compressed_allreduce(ua->st->dp, ua->st->codec, ua->st->o->scheme,
-                                                     ua->st->ef, g, LOOM_AVG, ua->st->seed, &sent);
+    loom_status_t status =
+        loom_icompressed_allreduce(ua->st->dp, ua->st->codec, ua->st->o->scheme, ua->st->ef, g,
+                                   LOOM_AVG, ua->st->seed, &sent, req);
     ua->st->sent += sent;
     return status;
   }
