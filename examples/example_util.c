@@ -83,6 +83,29 @@ int ex_parse_double(const char *flag, const char *v, double lo, double hi, doubl
   return 0;
 }
 
+int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_scheme_t *scheme,
+                      char *err, size_t errlen) {
+  if (!strcmp(flag, "--compress")) {
+    loom_compressor_t *c = NULL;
+    if (loom_compressor_create(v, &c) != LOOM_OK) {
+      snprintf(err, errlen, "--compress: %s", loom_last_error(NULL));
+      return -1;
+    }
+    loom_compressor_destroy(c);
+    *spec = v;
+    return 1;
+  }
+  if (!strcmp(flag, "--compress-scheme")) {
+    if (loom_scheme_parse(v, scheme) != LOOM_OK) {
+      snprintf(err, errlen,
+               "--compress-scheme wants indivisible, divisible or hierarchical, got '%s'", v);
+      return -1;
+    }
+    return 1;
+  }
+  return 0;
+}
+
 // ---- random numbers ---------------------------------------------------------------------------
 
 uint64_t ex_splitmix64(uint64_t *state) {

@@ -198,14 +198,8 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       o->dump = v;
     } else if (!strcmp(flag, "--rtol")) {
       rc = ex_parse_double(flag, v, 0.0, 1.0, &o->rtol, err, errlen);
-    } else if (!strcmp(flag, "--compress")) {
-      o->compress = v;
-    } else if (!strcmp(flag, "--compress-scheme")) {
-      if (loom_scheme_parse(v, &o->scheme) != LOOM_OK) {
-        snprintf(err, errlen,
-                 "--compress-scheme wants indivisible, divisible or hierarchical, got '%s'", v);
-        rc = -1;
-      }
+    } else if ((rc = ex_parse_compress(flag, v, &o->compress, &o->scheme, err, errlen)) != 0) {
+      rc = rc < 0 ? -1 : 0;
     } else if (!strcmp(flag, "--sync")) {
       int k = 0;
       while (k < 4 && strcmp(v, sync_names[k])) {
@@ -225,12 +219,6 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
     }
   }
   if (o->compress) {
-    loom_compressor_t *c = NULL;
-    if (loom_compressor_create(o->compress, &c) != LOOM_OK) {
-      snprintf(err, errlen, "--compress: %s", loom_last_error(NULL));
-      return -1;
-    }
-    loom_compressor_destroy(c);
     if (o->sync != SYNC_OVERLAP && o->sync != SYNC_COMM_ONLY) {
       snprintf(err, errlen, "--compress works with --sync overlap (the default) or comm-only");
       return -1;

@@ -2,6 +2,7 @@
  * trips and their error bounds, untrusted payloads, error feedback, and the scheme names. */
 #include "config.h"
 #include "loom.h"
+#include "../quiet.h"
 
 #include <fcntl.h>
 #include <float.h>
@@ -43,33 +44,6 @@ static void check_failed(const char *file, int line, const char *expr, const cha
       check_failed(__FILE__, __LINE__, #cond, __VA_ARGS__);                                        \
     }                                                                                              \
   } while (0)
-
-static int quiet_saved_fd = -1;
-
-static void quiet_begin(void) {
-  if (getenv("TEST_VERBOSE") != NULL || quiet_saved_fd >= 0) {
-    return;
-  }
-  fflush(stderr);
-  int devnull = open("/dev/null", O_WRONLY);
-  if (devnull < 0) {
-    return;
-  }
-  quiet_saved_fd = dup(STDERR_FILENO);
-  if (quiet_saved_fd >= 0) {
-    dup2(devnull, STDERR_FILENO);
-  }
-  close(devnull);
-}
-
-static void quiet_end(void) {
-  if (quiet_saved_fd >= 0) {
-    fflush(stderr);
-    dup2(quiet_saved_fd, STDERR_FILENO);
-    close(quiet_saved_fd);
-    quiet_saved_fd = -1;
-  }
-}
 
 static void *xmalloc(size_t bytes) {
   void *p = malloc(bytes ? bytes : 1);

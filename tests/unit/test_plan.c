@@ -2,6 +2,7 @@
  * hand-computed cases and bad input, and greedy against all-none, uniform plans and brute force. */
 #include "config.h"
 #include "loom.h"
+#include "../quiet.h"
 #include "loom_plan.h"
 
 #include <fcntl.h>
@@ -51,32 +52,6 @@ static double now_us(void) {
 
 // Calls expected to fail log a WARN line each: stderr goes to /dev/null around them (set
 // TEST_VERBOSE=1 to keep it). CHECK reports after the call, with stderr back.
-static int quiet_saved_fd = -1;
-
-static void quiet_begin(void) {
-  if (getenv("TEST_VERBOSE") != NULL || quiet_saved_fd >= 0) {
-    return;
-  }
-  fflush(stderr);
-  int devnull = open("/dev/null", O_WRONLY);
-  if (devnull < 0) {
-    return;
-  }
-  quiet_saved_fd = dup(STDERR_FILENO);
-  if (quiet_saved_fd >= 0) {
-    dup2(devnull, STDERR_FILENO);
-  }
-  close(devnull);
-}
-
-static void quiet_end(void) {
-  if (quiet_saved_fd >= 0) {
-    fflush(stderr);
-    dup2(quiet_saved_fd, STDERR_FILENO);
-    close(quiet_saved_fd);
-    quiet_saved_fd = -1;
-  }
-}
 
 static loom_status_t quiet_simulate(const loom_plan_problem_t *p, const loom_plan_choice_t *c,
                                     loom_plan_result_t *r) {
