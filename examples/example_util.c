@@ -87,7 +87,7 @@ int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_s
                       char *err, size_t errlen) {
   if (!strcmp(flag, "--compress")) {
     loom_compressor_t *c = NULL;
-    if (loom_compressor_create(v, &c) != LOOM_OK) {
+    if (strcmp(v, "auto") != 0 && loom_compressor_create(v, &c) != LOOM_OK) {
       snprintf(err, errlen, "--compress: %s", loom_last_error(NULL));
       return -1;
     }

@@ -38,8 +38,9 @@ int ex_parse_int(const char *flag, const char *v, int lo, int hi, int *out, char
                  size_t errlen);
 int ex_parse_double(const char *flag, const char *v, double lo, double hi, double *out, char *err,
                     size_t errlen);
-// --compress SPEC (checked with loom_compressor_create) and --compress-scheme S: returns 1 when
-// flag is one of them (value parsed into *spec or *scheme, or -1 with a message in err), else 0.
+// --compress auto|SPEC (SPEC checked with loom_compressor_create) and --compress-scheme S: returns
+// 1 when flag is one of them (value parsed into *spec or *scheme, or -1 with a message in err),
+// else 0.
 int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_scheme_t *scheme,
                       char *err, size_t errlen);
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress_auto.h"
 #include "example_util.h"
 #include "gpt_data.h"
 #include "gpt_model.h"
@@ -93,7 +94,8 @@ static void usage(FILE *out) {
       "  --no-overlap        the same as --sync fused\n"
       "  --compress SPEC     compress every gradient with SPEC (none, fp16, bf16, int8,\n"
       "                      int8:sr, topk:RATIO, randomk:RATIO, efsign, powersgd:RANK) and\n"
-      "                      error feedback; with --sync overlap only (default: no compression)\n"
+      "                      error feedback, or auto: profile the first steps, then a plan per\n"
+      "                      gradient; with --sync overlap only (default: LOOM_COMPRESS, none)\n"
       "  --compress-scheme S indivisible, divisible or hierarchical (default divisible)\n"
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n"
@@ -218,7 +220,7 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       return -1;
     }
   }
-  if (o->compress) {
+  if (o->compress && strcmp(o->compress, "none") != 0) {
     if (o->sync != SYNC_OVERLAP && o->sync != SYNC_COMM_ONLY) {
       snprintf(err, errlen, "--compress works with --sync overlap (the default) or comm-only");
       return -1;
@@ -255,10 +257,15 @@ typedef struct step {
   loom_tensor_t **grads; // (nunits) every unit's gradient, for the norm
   float norm;            // of the averaged gradient (measured when clip is 0 too)
   loom_adamw_t hp;
-  loom_compressor_t *codec; // --compress, or NULL
-  loom_ef_t *ef;            // its error feedback, keyed by gradient name
-  uint64_t seed;            // of the step's compressed allreduces (the step number)
-  size_t sent;              // bytes the step's compressed allreduces sent from this rank
+  loom_compressor_t *codec;       // --compress SPEC (every part), or NULL
+  loom_compressor_t **part_codec; // (2 nunits) [2u + p]: the compressor of part p of unit u, or
+                                  // NULL for a plain allreduce (--compress auto decides per part)
+  loom_scheme_t *part_scheme;     // (2 nunits)
+  double *ready;                  // (2 nunits) ms after the step start when the allreduce began
+  double t_step;                  // MPI_Wtime at the step start
+  loom_ef_t *ef;                  // error feedback, keyed by gradient name
+  uint64_t seed;                  // of the step's compressed allreduces (the step number)
+  size_t sent;                    // bytes the step's compressed allreduces sent from this rank
 } step_t;
 
 typedef struct unit_arg {
@@ -285,13 +292,17 @@ static loom_status_t task_backward(void *arg) {
 
 static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   const unit_arg_t *ua = arg;
-  loom_tensor_t *g = &ua->st->m->part_grad[2 * ua->u + ua->p];
-  if (ua->st->codec) { // encoded now; the rest runs as the request is advanced
+  step_t *st = ua->st;
+  const int i = 2 * ua->u + ua->p;
+  loom_tensor_t *g = &st->m->part_grad[i];
+  if (st->ready) { // the profile of --compress auto: when this gradient was ready
+    st->ready[i] = 1e3 * (MPI_Wtime() - st->t_step);
+  }
+  if (st->part_codec && st->part_codec[i]) { // encoded now; the rest moves as it is advanced
     size_t sent = 0;
-    loom_status_t status =
-        loom_icompressed_allreduce(ua->st->dp, ua->st->codec, ua->st->o->scheme, ua->st->ef, g,
-                                   LOOM_AVG, ua->st->seed, &sent, req);
-    ua->st->sent += sent;
+    loom_status_t status = loom_icompressed_allreduce(st->dp, st->part_codec[i], st->part_scheme[i],
+                                                      st->ef, g, LOOM_AVG, st->seed, &sent, req);
+    st->sent += sent;
     return status;
   }
   return loom_iallreduce(ua->st->dp, g, g, LOOM_AVG, req);
@@ -603,10 +614,48 @@ int main(int argc, char **argv) {
   }
   reduce[m.nunits] = &st.loss_t;
   st.grads = reduce;
-  if (o.compress) {
-    EX_CHECK(loom_compressor_create(o.compress, &st.codec));
-    EX_CHECK(loom_ef_create(&st.ef));
+  // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
+  const char *spec = o.compress ? o.compress : loom_tunable(ctx, "LOOM_COMPRESS");
+  const int use_auto = spec && !strcmp(spec, "auto");
+  ex_auto_t plan_auto;
+  int nslots = 0, *slot = calloc(2 * (size_t)m.nunits, sizeof(int)); // the parts that exist
+  const loom_tensor_t **slot_t = calloc(2 * (size_t)m.nunits, sizeof *slot_t);
+  double *slot_ready = calloc(2 * (size_t)m.nunits, sizeof(double));
+  st.part_codec = calloc(2 * (size_t)m.nunits, sizeof *st.part_codec);
+  st.part_scheme = calloc(2 * (size_t)m.nunits, sizeof *st.part_scheme);
+  if (!slot || !slot_t || !slot_ready || !st.part_codec || !st.part_scheme) {
+    fprintf(stderr, "train_gpt: out of memory\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
   }
+  for (int u = 0; u < m.nunits; u++) {
+    for (int p = 0; p < gpt_unit_parts(&m, u); p++) {
+      slot[nslots] = 2 * u + p;
+      slot_t[nslots++] = &m.part_grad[2 * u + p];
+    }
+  }
+  if (spec && strcmp(spec, "none") != 0 && o.sync != SYNC_OVERLAP && o.sync != SYNC_COMM_ONLY) {
+    if (rank == 0) {
+      fprintf(stderr, "train_gpt: compression (%s) works with --sync overlap or comm-only\n", spec);
+    }
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  if (use_auto) {
+    if (ex_auto_init(&plan_auto, nslots, slot_t) != 0) {
+      fprintf(stderr, "train_gpt: --compress auto: %s\n", loom_last_error(NULL));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    st.ready = calloc(2 * (size_t)m.nunits, sizeof(double));
+    EX_CHECK(loom_ef_create(&st.ef));
+  } else if (spec && strcmp(spec, "none") != 0) {
+    EX_CHECK(loom_compressor_create(spec, &st.codec));
+    EX_CHECK(loom_ef_create(&st.ef));
+    for (int i = 0; i < 2 * m.nunits; i++) {
+      st.part_codec[i] = st.codec;
+      st.part_scheme[i] = o.scheme;
+    }
+  }
+  double planned_wall = 0.0; // ms of the steps after the plan was applied
+  long planned_steps = 0;
   double sent_sum = 0.0; // bytes the compressed allreduces sent from this rank, all steps
   loom_fusion_t *fusion = NULL;
   loom_sched_t *sched = NULL;
@@ -633,8 +682,12 @@ int main(int argc, char **argv) {
            o.batch, o.cfg.ctx, tokens_per_step, o.steps, o.lr, o.warmup, o.lr * o.min_lr_frac, o.wd,
            o.clip, sync_names[o.sync]);
     if (st.codec) {
-      printf("compression: %s, %s scheme, error feedback per gradient (--compress)\n",
+      printf("compression: %s, %s scheme, error feedback per gradient\n",
              loom_compressor_name(st.codec), loom_scheme_name(o.scheme));
+    } else if (use_auto) {
+      printf("compression: auto: %d uncompressed steps profiled, then a plan per gradient "
+             "(candidates fp16, int8)\n",
+             EX_AUTO_PROFILE_STEPS);
     }
     printf("sgemm (1024^3, %d BLAS thread(s) per rank): %.1f GFLOP/s per rank\n",
            loom_blas_threads(ctx), sgemm / 1e9);
@@ -662,10 +715,28 @@ int main(int argc, char **argv) {
                            .weight_decay = (float)o.wd,
                            .step = (int)step + 1};
     double t0 = MPI_Wtime();
+    st.t_step = t0;
     if (sched) {
       EX_CHECK(loom_sched_run(sched));
       loom_step_stats_t ss;
       EX_CHECK(loom_sched_step_stats(sched, &ss));
+      if (use_auto && step < EX_AUTO_PROFILE_STEPS) {
+        for (int k = 0; k < nslots; k++) {
+          slot_ready[k] = st.ready[slot[k]];
+        }
+        ex_auto_record(&plan_auto, step, slot_ready, ss.compute_ms);
+        if (step == EX_AUTO_PROFILE_STEPS - 1) {
+          EX_CHECK(ex_auto_plan(&plan_auto, ctx, dp, loom_num_nodes(ctx)));
+          for (int k = 0; k < nslots; k++) {
+            int c = plan_auto.codec[k];
+            st.part_codec[slot[k]] = c >= 0 ? plan_auto.cand[c] : NULL;
+            st.part_scheme[slot[k]] = plan_auto.scheme[k];
+          }
+        }
+      } else if (use_auto) {
+        planned_wall += ss.wall_ms;
+        planned_steps++;
+      }
       sum_stats.wall_ms += ss.wall_ms;
       sum_stats.compute_ms += ss.compute_ms;
       sum_stats.comm_ms += ss.comm_ms;
@@ -737,11 +808,20 @@ int main(int argc, char **argv) {
            "(with attention %.3f), val_loss %.4f\n",
            o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps, mfu, mfu_attn, val_loss);
   }
-  if (rank == 0 && st.codec) {
-    printf("compression: %s (%s): %.0f bytes sent per rank per step (uncompressed ring "
-           "allreduce: %.0f)\n",
-           loom_compressor_name(st.codec), loom_scheme_name(o.scheme), sent_sum / n_steps,
+  if (rank == 0 && (st.codec || use_auto)) {
+    printf("compression: %s (%s): %.0f bytes sent per rank per step by the compressed "
+           "allreduces (uncompressed ring allreduce of everything: %.0f)\n",
+           st.codec ? loom_compressor_name(st.codec) : "auto",
+           st.codec ? loom_scheme_name(o.scheme) : "per gradient", sent_sum / n_steps,
            np > 1 ? 2.0 * (np - 1) / np * 4.0 * (double)m.total : 0.0);
+  }
+  if (rank == 0 && use_auto && planned_steps > 0) {
+    printf("compression plan: predicted %.1f ms/step (uncompressed %.1f), measured %.1f ms/step "
+           "over the %ld steps after planning (%+.1f%%)\n",
+           plan_auto.predicted_ms, plan_auto.none_ms, planned_wall / (double)planned_steps,
+           planned_steps,
+           100.0 * (planned_wall / (double)planned_steps - plan_auto.predicted_ms) /
+               plan_auto.predicted_ms);
   }
   if (rank == 0) {
     if (sched) {
@@ -782,7 +862,8 @@ int main(int argc, char **argv) {
              1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
              corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, loom_blas_threads(ctx), train_time,
              MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
-             o.compress ? loom_compressor_name(st.codec) : "none", sent_sum / n_steps, sched_json);
+             st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
+             sent_sum / n_steps, sched_json);
     rc |= ex_write_text(o.json, text) != 0;
   }
   if (loom_sched_destroy(sched) != LOOM_OK) { // writes the rest of the timeline
@@ -792,6 +873,15 @@ int main(int argc, char **argv) {
   loom_fusion_destroy(fusion);
   loom_compressor_destroy(st.codec);
   loom_ef_destroy(st.ef);
+  if (use_auto) {
+    ex_auto_free(&plan_auto);
+  }
+  free(st.ready);
+  free(st.part_codec);
+  free(st.part_scheme);
+  free(slot);
+  free(slot_t);
+  free(slot_ready);
   free(ua);
   free(reduce);
   gpt_batch_free(&batch);

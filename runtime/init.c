@@ -256,6 +256,15 @@ int loom_owns_mpi(const loom_ctx_t *ctx) {
 int loom_role(const loom_ctx_t *ctx) {
   return ctx ? ctx->role : 0;
 }
+const char *loom_tunable(const loom_ctx_t *ctx, const char *env_name) {
+  for (int i = 0; ctx && env_name && i < LOOM_P_COUNT; i++) {
+    if (strcmp(loom_param_table[i].env, env_name) == 0) {
+      return ctx->params.text[i];
+    }
+  }
+  return NULL;
+}
+
 int loom_blas_threads(const loom_ctx_t *ctx) {
   return ctx ? ctx->blas_threads : 0;
 }

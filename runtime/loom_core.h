@@ -65,7 +65,14 @@ typedef struct loom_config {
   const char *timeline;     // LOOM_TIMELINE: Chrome trace path per rank, %r = rank
   int sched_spin_us;        // LOOM_SCHED_SPIN_US: scheduler polls without sleeping this long
   int sched_progress_us;    // LOOM_SCHED_PROGRESS_US: progress thread interval, 0 = no thread
+  const char *compress;     // LOOM_COMPRESS: none | auto | a compressor spec (loom_compress.h)
+  const char *net_alpha_us; // LOOM_NET_ALPHA_US: link latency for the planner, "0" = measure
+  const char *net_gbps;     // LOOM_NET_GBPS: link bandwidth for the planner, "0" = measure
 } loom_config_t;
+
+// The value of a tunable as resolved at loom_init (environment, config or default), by its
+// environment name ("LOOM_COMPRESS"); NULL for an unknown name or a NULL ctx.
+LOOM_API const char *loom_tunable(const loom_ctx_t *ctx, const char *env_name);
 
 // Set every field to unset. Call before filling in the fields you want.
 LOOM_API void loom_config_init(loom_config_t *cfg);

@@ -31,6 +31,9 @@ enum loom_param_id {
   LOOM_P_TIMELINE,
   LOOM_P_SCHED_SPIN_US,
   LOOM_P_SCHED_PROGRESS_US,
+  LOOM_P_COMPRESS,
+  LOOM_P_NET_ALPHA_US,
+  LOOM_P_NET_GBPS,
   LOOM_P_COUNT
 };
 
@@ -53,6 +56,9 @@ struct loom_params {
   int fusion_threshold;                 // bytes per fusion bucket (0: every tensor travels alone)
   int sched_spin_us;                    // scheduler: poll without sleeping this long (us)
   int sched_progress_us;                // scheduler: progress thread interval (us), 0 = none
+  char compress[LOOM_PARAM_TEXT_MAX];   // auto, none or a compressor spec
+  double net_alpha_us;                  // 0 = measure at planning time
+  double net_gbps;                      // 0 = measure at planning time
   char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
   int source[LOOM_P_COUNT];                     // enum loom_param_source
 };

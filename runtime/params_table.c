@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <stddef.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -115,6 +116,42 @@ static int parse_progress(const struct loom_param_desc *d, const char *text,
   return parse_int_field(d, text, &out->sched_progress_us, err, errlen);
 }
 
+static int parse_compress(const struct loom_param_desc *d, const char *text,
+                          struct loom_params *out, char *err, size_t errlen) {
+  (void)d;
+  // The compressor registry lives in comm/, above runtime/: only the form is checked here
+  // (the trainers create the compressor and report an unknown name with the valid ones).
+  if (!*text || strlen(text) >= sizeof out->compress || strchr(text, ' ')) {
+    snprintf(err, errlen, "not none, auto or a compressor spec such as fp16 or topk:0.01");
+    return -1;
+  }
+  snprintf(out->compress, sizeof out->compress, "%s", text);
+  return 0;
+}
+
+static int parse_nonneg(const char *text, double hi, double *out, char *err, size_t errlen) {
+  char *end = NULL;
+  double x = strtod(text, &end);
+  if (!*text || *end || !(x >= 0.0) || x > hi) {
+    snprintf(err, errlen, "not a number in 0..%g", hi);
+    return -1;
+  }
+  *out = x;
+  return 0;
+}
+
+static int parse_alpha(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                       char *err, size_t errlen) {
+  (void)d;
+  return parse_nonneg(text, 1e7, &out->net_alpha_us, err, errlen);
+}
+
+static int parse_gbps(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                      char *err, size_t errlen) {
+  (void)d;
+  return parse_nonneg(text, 1e6, &out->net_gbps, err, errlen);
+}
+
 static int parse_timeline(const struct loom_param_desc *d, const char *text,
                           struct loom_params *out, char *err, size_t errlen) {
   (void)d;
@@ -206,4 +243,17 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                                   0, 1000000, parse_progress,
                                   "microseconds between the scheduler's progress-thread polls "
                                   "while communication is in flight (0 = no progress thread)"},
+    [LOOM_P_COMPRESS] = {"LOOM_COMPRESS", "compress", STR_FIELD(compress), "none",
+                         "none|auto|a compressor spec (fp16, int8, topk:0.01, ...)", 0, 0,
+                         parse_compress,
+                         "gradient compression of the example trainers: none, planned per "
+                         "tensor (auto), or one compressor for every tensor"},
+    [LOOM_P_NET_ALPHA_US] = {"LOOM_NET_ALPHA_US", "net_alpha_us", STR_FIELD(net_alpha_us), "0",
+                             "0..1e7", 0, 0, parse_alpha,
+                             "link latency in microseconds for the compression planner (0 = "
+                             "measure at planning time)"},
+    [LOOM_P_NET_GBPS] = {"LOOM_NET_GBPS", "net_gbps", STR_FIELD(net_gbps), "0", "0..1e6", 0, 0,
+                         parse_gbps,
+                         "link bandwidth in Gbit/s for the compression planner (0 = measure at "
+                         "planning time)"},
 };

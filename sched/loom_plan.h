@@ -92,6 +92,19 @@ LOOM_API loom_status_t loom_plan_brute_force(const loom_plan_problem_t *p,
 LOOM_API void loom_plan_print(const loom_plan_problem_t *p, const loom_plan_choice_t *choice,
                               const loom_plan_result_t *r, FILE *out);
 
+// ---- measurements for the planner (plan_measure.c) -------------------------------------------
+
+// The link of group g as an allreduce loads it: alpha from 8-byte and the bandwidth from 4 MiB
+// exchanges both ways between group ranks 0 and 1 (well under a second even at 1 Gbit/s), given
+// to every rank. LOOM_NET_ALPHA_US and LOOM_NET_GBPS, when above 0, replace the measured value.
+// Collective over g (a single rank gets the tunables, or an unlimited link).
+LOOM_API loom_status_t loom_plan_measure_link(const loom_ctx_t *ctx, const loom_group_t *g,
+                                              loom_link_t *out);
+// spec's encode and decode cost on this core and its payload size, from runs at 2^14 and 2^20
+// values (a fraction of a second). out->compressor points at spec. powersgd is
+// LOOM_ERR_UNSUPPORTED (no payload codec to time).
+LOOM_API loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost_t *out);
+
 #ifdef __cplusplus
 }
 #endif

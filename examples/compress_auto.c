@@ -1,0 +1,142 @@
+/* compress_auto.c — --compress auto: profile, measure, plan (ByteComp greedy) and broadcast
+ * the per-tensor choice; the trainer applies it to its gradient allreduce tasks. */
+#include "compress_auto.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const candidates[] = {"fp16", "int8"};
+
+int ex_auto_init(ex_auto_t *a, int nt, const loom_tensor_t **t) {
+  memset(a, 0, sizeof *a);
+  a->nt = nt;
+  a->t = t;
+  a->ready_sum = calloc((size_t)nt + 1, sizeof(double));
+  a->codec = malloc(sizeof(int) * ((size_t)nt + 1));
+  a->scheme = malloc(sizeof(loom_scheme_t) * ((size_t)nt + 1));
+  if (!a->ready_sum || !a->codec || !a->scheme) {
+    return -1;
+  }
+  for (int i = 0; i < nt; i++) {
+    a->codec[i] = -1;
+    a->scheme[i] = LOOM_SCHEME_DIVISIBLE;
+  }
+  for (size_t k = 0; k < sizeof candidates / sizeof candidates[0]; k++) {
+    if (loom_compressor_create(candidates[k], &a->cand[a->ncand]) != LOOM_OK) {
+      return -1;
+    }
+    a->ncand++;
+  }
+  return 0;
+}
+
+void ex_auto_free(ex_auto_t *a) {
+  free(a->ready_sum);
+  free(a->codec);
+  free(a->scheme);
+  for (int k = 0; k < a->ncand; k++) {
+    loom_compressor_destroy(a->cand[k]);
+  }
+  memset(a, 0, sizeof *a);
+}
+
+void ex_auto_record(ex_auto_t *a, long step, const double *ready, double compute_ms) {
+  if (step == 0) {
+    return;
+  }
+  for (int i = 0; i < a->nt; i++) {
+    a->ready_sum[i] += ready[i];
+  }
+  a->compute_sum += compute_ms;
+  a->samples++;
+}
+
+loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group_t *dp, int nodes) {
+  loom_status_t status = LOOM_OK;
+  const int rank = loom_group_rank(dp), np = loom_group_size(dp);
+  loom_link_t link;
+  status = loom_plan_measure_link(ctx, dp, &link);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  // Plan on rank 0 (its profile and its core's codec costs), then everyone applies the same.
+  int *msg = calloc(2 * (size_t)a->nt + 2, sizeof(int));
+  loom_plan_tensor_t *pt = calloc((size_t)a->nt + 1, sizeof *pt);
+  loom_plan_choice_t *ch = calloc((size_t)a->nt + 1, sizeof *ch);
+  int *order = calloc((size_t)a->nt + 1, sizeof(int));
+  double pred[2] = {0.0, 0.0};
+  if (!msg || !pt || !ch || !order) {
+    status = LOOM_ERR_NOMEM;
+    goto done;
+  }
+  if (rank == 0) {
+    loom_codec_cost_t cost[4];
+    for (int k = 0; k < a->ncand && status == LOOM_OK; k++) {
+      status = loom_plan_measure_codec(loom_compressor_name(a->cand[k]), &cost[k]);
+    }
+    const double s = a->samples > 0 ? (double)a->samples : 1.0;
+    // The planner takes the tensors in ready order: order[j] is the j-th ready tensor
+    // (insertion sort: a trainer has tens of gradient tensors).
+    for (int i = 0; i < a->nt; i++) {
+      int j = i;
+      while (j > 0 && a->ready_sum[order[j - 1]] > a->ready_sum[i]) {
+        order[j] = order[j - 1];
+        j--;
+      }
+      order[j] = i;
+    }
+    for (int j = 0; j < a->nt; j++) {
+      const loom_tensor_t *t = a->t[order[j]];
+      pt[j] = (loom_plan_tensor_t){t->name, loom_tensor_numel(t), 1e3 * a->ready_sum[order[j]] / s};
+    }
+    loom_plan_problem_t p = {.ntensors = a->nt,
+                             .tensors = pt,
+                             .compute_us = 1e3 * a->compute_sum / s,
+                             .ranks = np,
+                             .nodes = nodes >= 1 && nodes <= np ? nodes : 1,
+                             .intra = link,
+                             .inter = link,
+                             .ncodecs = status == LOOM_OK ? a->ncand : 0,
+                             .codecs = cost,
+                             .workers = 0};
+    loom_plan_result_t r, rn;
+    status = loom_plan_greedy(&p, ch, &r);
+    if (status == LOOM_OK) {
+      loom_plan_choice_t *none = calloc((size_t)a->nt + 1, sizeof *none);
+      for (int i = 0; none && i < a->nt; i++) {
+        none[i].codec = -1;
+      }
+      if (none && loom_plan_simulate(&p, none, &rn) == LOOM_OK) {
+        pred[1] = rn.step_us / 1e3;
+      }
+      free(none);
+      pred[0] = r.step_us / 1e3;
+      printf("compression plan (auto): link %.1f us + %.2f Gbit/s measured between ranks 0 and "
+             "1; %d profiled steps\n",
+             link.alpha_us, link.gbps, a->samples);
+      loom_plan_print(&p, ch, &r, stdout);
+      fflush(stdout);
+      for (int i = 0; i < a->nt; i++) {
+        msg[2 * order[i]] = ch[i].codec;
+        msg[2 * order[i] + 1] = (int)ch[i].scheme;
+      }
+    }
+    msg[2 * a->nt] = (int)status;
+  }
+  MPI_Bcast(msg, 2 * a->nt + 1, MPI_INT, 0, loom_group_comm(dp));
+  MPI_Bcast(pred, 2, MPI_DOUBLE, 0, loom_group_comm(dp));
+  status = (loom_status_t)msg[2 * a->nt];
+  for (int i = 0; i < a->nt && status == LOOM_OK; i++) {
+    a->codec[i] = msg[2 * i];
+    a->scheme[i] = (loom_scheme_t)msg[2 * i + 1];
+  }
+  a->predicted_ms = pred[0];
+  a->none_ms = pred[1];
+done:
+  free(msg);
+  free(pt);
+  free(ch);
+  free(order);
+  return status;
+}

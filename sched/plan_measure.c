@@ -1,0 +1,142 @@
+/* plan_measure.c — what the compression planner needs measured on the running job: the link's
+ * alpha and bandwidth between two ranks, and each compressor's encode/decode cost per value. */
+#include "config.h"
+#include "loom_plan.h"
+
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+// ---------------------------------------------------------------------------------------------
+// Link: group ranks 0 and 1 exchange messages both ways at once (MPI_Sendrecv), as the two
+// halves of an allreduce load the link; the median of a few rounds at 8 bytes gives alpha, at
+// 4 MiB the bandwidth. Every rank gets rank 0's figures.
+
+#define LINK_BIG    (4u << 20)
+#define LINK_ROUNDS 5
+
+static int by_value(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double exchange_us(MPI_Comm comm, int peer, char *buf, int bytes) {
+  double t[LINK_ROUNDS];
+  for (int k = 0; k < LINK_ROUNDS; k++) {
+    double t0 = MPI_Wtime();
+    MPI_Sendrecv(buf, bytes, MPI_BYTE, peer, 77, buf + bytes, bytes, MPI_BYTE, peer, 77, comm,
+                 MPI_STATUS_IGNORE);
+    t[k] = (MPI_Wtime() - t0) * 1e6;
+  }
+  qsort(t, LINK_ROUNDS, sizeof t[0], by_value);
+  return t[LINK_ROUNDS / 2];
+}
+
+loom_status_t loom_plan_measure_link(const loom_ctx_t *ctx, const loom_group_t *g,
+                                     loom_link_t *out) {
+  const int me = loom_group_rank(g), np = loom_group_size(g);
+  if (!out || me < 0) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_plan_measure_link: %s: call it on every member of the group",
+                      out ? "this rank is not a member" : "out is NULL");
+  }
+  double fig[2] = {0.0, 0.0}; // alpha_us, gbps
+  const char *a = loom_tunable(ctx, "LOOM_NET_ALPHA_US"), *b = loom_tunable(ctx, "LOOM_NET_GBPS");
+  const double set_alpha = a ? atof(a) : 0.0, set_gbps = b ? atof(b) : 0.0;
+  if (np >= 2 && (set_alpha <= 0.0 || set_gbps <= 0.0)) {
+    MPI_Comm comm = loom_group_comm(g);
+    char *buf = malloc(2 * (size_t)LINK_BIG);
+    int ok = buf != NULL, all = 0;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
+    if (!all) {
+      free(buf);
+      return loom_error(NULL, LOOM_ERR_NOMEM, "loom_plan_measure_link: cannot allocate 8 MiB");
+    }
+    memset(buf, 1, 2 * (size_t)LINK_BIG);
+    if (me <= 1) {
+      exchange_us(comm, 1 - me, buf, 8); // warm-up: connection set-up is not latency
+      double small = exchange_us(comm, 1 - me, buf, 8);
+      double big = exchange_us(comm, 1 - me, buf, (int)LINK_BIG);
+      fig[0] = small;
+      fig[1] = big > small ? (double)LINK_BIG / ((big - small) * 125.0) : 1e6;
+    }
+    MPI_Bcast(fig, 2, MPI_DOUBLE, 0, comm);
+    free(buf);
+  }
+  out->alpha_us = set_alpha > 0.0 ? set_alpha : fig[0];
+  out->gbps = set_gbps > 0.0 ? set_gbps : (fig[1] > 0.0 ? fig[1] : 1e6);
+  return LOOM_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Codec: encode and decode at two sizes (the median of a few runs each) and fit time = a + b n.
+
+static double median_us(const loom_compressor_t *c, int decode, const float *x, int64_t n,
+                        void *payload, size_t cap, float *acc) {
+  double t[LINK_ROUNDS];
+  size_t bytes = 0;
+  loom_compressor_encode(c, x, n, 1, payload, cap, &bytes);
+  for (int k = 0; k < LINK_ROUNDS; k++) {
+    double t0 = MPI_Wtime();
+    if (decode) {
+      loom_compressor_decode_add(c, payload, bytes, n, 1, acc);
+    } else {
+      loom_compressor_encode(c, x, n, 1, payload, cap, &bytes);
+    }
+    t[k] = (MPI_Wtime() - t0) * 1e6;
+  }
+  qsort(t, LINK_ROUNDS, sizeof t[0], by_value);
+  return t[LINK_ROUNDS / 2];
+}
+
+loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost_t *out) {
+  enum { SMALL = 1 << 14, BIG = 1 << 20 };
+  loom_compressor_t *c = NULL;
+  loom_status_t status = loom_compressor_create(spec, &c);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  if (loom_compressor_lowrank(c)) {
+    loom_compressor_destroy(c);
+    return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                      "loom_plan_measure_codec: %s has no payload codec to time; give its costs "
+                      "by hand",
+                      spec);
+  }
+  size_t cap = loom_compressor_max_bytes(c, BIG);
+  float *x = malloc(sizeof(float) * BIG), *acc = calloc(BIG, sizeof(float));
+  void *payload = malloc(cap);
+  if (!x || !acc || !payload) {
+    status = loom_error(NULL, LOOM_ERR_NOMEM, "loom_plan_measure_codec: out of memory");
+    goto done;
+  }
+  uint64_t s = 12345;
+  for (int i = 0; i < BIG; i++) { // gradient-like values: uniform in [-1, 1)
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = (float)((double)(s >> 40) * 0x1p-23 - 1.0);
+  }
+  double e1 = median_us(c, 0, x, SMALL, payload, cap, acc);
+  double e2 = median_us(c, 0, x, BIG, payload, cap, acc);
+  double d1 = median_us(c, 1, x, SMALL, payload, cap, acc);
+  double d2 = median_us(c, 1, x, BIG, payload, cap, acc);
+  double per_e = (e2 - e1) / (double)(BIG - SMALL), per_d = (d2 - d1) / (double)(BIG - SMALL);
+  per_e = per_e > 0 ? per_e : e2 / BIG;
+  per_d = per_d > 0 ? per_d : d2 / BIG;
+  out->compressor = spec;
+  out->enc_ns = per_e * 1000.0;
+  out->dec_ns = per_d * 1000.0;
+  out->enc_us = e1 - per_e * SMALL > 0 ? e1 - per_e * SMALL : 0.0;
+  out->dec_us = d1 - per_d * SMALL > 0 ? d1 - per_d * SMALL : 0.0;
+  double pb = (double)loom_compressor_max_bytes(c, BIG),
+         ps = (double)loom_compressor_max_bytes(c, SMALL);
+  out->bytes_per_value = (pb - ps) / (double)(BIG - SMALL);
+  out->fixed_bytes = ps - out->bytes_per_value * SMALL;
+done:
+  free(x);
+  free(acc);
+  free(payload);
+  loom_compressor_destroy(c);
+  return status;
+}
