@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "compress_auto.h"
 #include "example_util.h"
 #include "fmnist_data.h"
 #include "loom.h"
@@ -72,7 +73,8 @@ static void usage(FILE *out) {
       "                      average has arrived\n"
       "  --compress SPEC     compress each layer's gradient with SPEC (none, fp16, bf16, int8,\n"
       "                      int8:sr, topk:RATIO, randomk:RATIO, efsign, powersgd:RANK) and\n"
-      "                      error feedback; not with --no-overlap (default: no compression)\n"
+      "                      error feedback, or auto: profile the first steps, then a plan per\n"
+      "                      layer; not with --no-overlap (default: LOOM_COMPRESS, none)\n"
       "  --compress-scheme S indivisible, divisible or hierarchical (default divisible)\n"
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n",
@@ -167,7 +169,7 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       return -1;
     }
   }
-  if (o->compress && o->no_overlap) {
+  if (o->compress && strcmp(o->compress, "none") != 0 && o->no_overlap) {
     snprintf(err, errlen, "--compress works with the overlapped step: drop --no-overlap");
     return -1;
   }
@@ -426,8 +428,12 @@ typedef struct step {
   float norm;           // of the averaged gradient (measured even when clip is 0)
   loom_sgd_t hp;
   int momentum;
-  loom_compressor_t *codec; // --compress, or NULL
-  loom_ef_t *ef;            // its error feedback, keyed by gradient name
+  loom_compressor_t *codec;          // --compress SPEC (every layer), or NULL
+  loom_compressor_t *layer_codec[3]; // per layer (auto decides), NULL: plain allreduce
+  loom_scheme_t layer_scheme[3];
+  double ready[3]; // ms after the step start when each layer's allreduce began (auto's profile)
+  double t_step;   // MPI_Wtime at the step start
+  loom_ef_t *ef;   // its error feedback, keyed by gradient name
   loom_scheme_t scheme;
   uint64_t seed; // of the step's compressed allreduces (the step number)
   size_t sent;   // bytes the step's compressed allreduces sent from this rank
@@ -457,13 +463,15 @@ static loom_status_t task_backward(void *arg) {
 
 static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   const layer_arg_t *la = arg;
-  loom_tensor_t *g = &la->st->m->gbuf[la->layer - 1]; // weight and bias gradients of the layer
-  if (la->st->codec) { // encoded now; the rest runs as the request is advanced
+  step_t *st = la->st;
+  const int l = la->layer - 1;
+  loom_tensor_t *g = &st->m->gbuf[l]; // weight and bias gradients of the layer
+  st->ready[l] = 1e3 * (MPI_Wtime() - st->t_step);
+  if (st->layer_codec[l]) { // encoded now; the rest moves as the request is advanced
     size_t sent = 0;
-    loom_status_t status =
-        loom_icompressed_allreduce(la->st->dp, la->st->codec, la->st->scheme, la->st->ef, g,
-                                   LOOM_AVG, la->st->seed, &sent, req);
-    la->st->sent += sent;
+    loom_status_t status = loom_icompressed_allreduce(
+        st->dp, st->layer_codec[l], st->layer_scheme[l], st->ef, g, LOOM_AVG, st->seed, &sent, req);
+    st->sent += sent;
     return status;
   }
   return loom_iallreduce(la->st->dp, g, g, LOOM_AVG, req);
@@ -671,11 +679,36 @@ int main(int argc, char **argv) {
                .clip = (float)o.clip,
                .momentum = o.momentum > 0};
   EX_CHECK(loom_tensor_wrap(&st.loss_t, &st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
-  if (o.compress) {
-    EX_CHECK(loom_compressor_create(o.compress, &st.codec));
-    EX_CHECK(loom_ef_create(&st.ef));
-    st.scheme = o.scheme;
+  // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
+  const char *spec = o.compress ? o.compress : loom_tunable(ctx, "LOOM_COMPRESS");
+  const int use_auto = spec && !strcmp(spec, "auto");
+  const loom_tensor_t *layer_t[3] = {&m.gbuf[0], &m.gbuf[1], &m.gbuf[2]};
+  ex_auto_t plan_auto;
+  if (spec && strcmp(spec, "none") != 0 && o.no_overlap) {
+    if (rank == 0) {
+      fprintf(stderr,
+              "train_fmnist: compression (%s) needs the overlapped step: drop "
+              "--no-overlap\n",
+              spec);
+    }
+    MPI_Abort(MPI_COMM_WORLD, 2);
   }
+  if (use_auto) {
+    if (ex_auto_init(&plan_auto, 3, layer_t) != 0) {
+      fprintf(stderr, "train_fmnist: --compress auto: %s\n", loom_last_error(NULL));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    EX_CHECK(loom_ef_create(&st.ef));
+  } else if (spec && strcmp(spec, "none") != 0) {
+    EX_CHECK(loom_compressor_create(spec, &st.codec));
+    EX_CHECK(loom_ef_create(&st.ef));
+    for (int l = 0; l < 3; l++) {
+      st.layer_codec[l] = st.codec;
+      st.layer_scheme[l] = o.scheme;
+    }
+  }
+  double plan_time = 0.0, planned_wall = 0.0; // s planning; ms of the steps after planning
+  long planned_steps = 0;
   double sent_sum = 0.0; // bytes the compressed allreduces sent from this rank, all steps
   layer_arg_t layer_args[3];
   loom_sched_t *sched = NULL;
@@ -695,8 +728,12 @@ int main(int argc, char **argv) {
                                       ? "one fused allreduce after the backward (--no-overlap)"
                                       : "per-layer allreduce overlapped with the backward");
     if (st.codec) {
-      printf("compression: %s, %s scheme, error feedback per gradient (--compress)\n",
+      printf("compression: %s, %s scheme, error feedback per gradient\n",
              loom_compressor_name(st.codec), loom_scheme_name(o.scheme));
+    } else if (use_auto) {
+      printf("compression: auto: %d uncompressed steps profiled, then a plan per layer "
+             "(candidates fp16, int8)\n",
+             EX_AUTO_PROFILE_STEPS);
     }
     printf("data: %s: %lld train, %lld test, pixel mean %.4f std %.4f\n", o.data,
            (long long)train.n, (long long)test.n, mean, std);
@@ -722,10 +759,27 @@ int main(int argc, char **argv) {
         st.hp = hp;
         st.seed = (uint64_t)step;
         st.sent = 0;
+        st.t_step = MPI_Wtime();
         EX_CHECK(loom_sched_run(sched));
         sent_sum += (double)st.sent;
         loom_step_stats_t ss;
         EX_CHECK(loom_sched_step_stats(sched, &ss));
+        if (use_auto && step < EX_AUTO_PROFILE_STEPS) {
+          ex_auto_record(&plan_auto, step, st.ready, ss.compute_ms);
+          if (step == EX_AUTO_PROFILE_STEPS - 1) {
+            double p0 = MPI_Wtime();
+            EX_CHECK(ex_auto_plan(&plan_auto, ctx, dp, loom_num_nodes(ctx)));
+            for (int l = 0; l < 3; l++) {
+              int c = plan_auto.codec[l];
+              st.layer_codec[l] = c >= 0 ? plan_auto.cand[c] : NULL;
+              st.layer_scheme[l] = plan_auto.scheme[l];
+            }
+            plan_time += MPI_Wtime() - p0; // set-up, not training
+          }
+        } else if (use_auto) {
+          planned_wall += ss.wall_ms;
+          planned_steps++;
+        }
         sum_stats.wall_ms += ss.wall_ms;
         sum_stats.compute_ms += ss.compute_ms;
         sum_stats.comm_ms += ss.comm_ms;
@@ -757,7 +811,8 @@ int main(int argc, char **argv) {
         log_from = step + 1;
       }
     }
-    double dt = MPI_Wtime() - t0;
+    double dt = MPI_Wtime() - t0 - plan_time;
+    plan_time = 0.0;
     train_time += dt;
     epoch_loss = (float)(loss_sum / (double)s);
     evaluate(&m, &a, &test, dp, &acc, &test_loss);
@@ -770,14 +825,23 @@ int main(int argc, char **argv) {
     }
   }
   double samples_per_s = (double)step * o.batch * np / train_time;
-  if (st.codec && rank == 0 && step > 0) {
+  if (use_auto && rank == 0 && planned_steps > 0) {
+    printf("compression plan: predicted %.2f ms/step (uncompressed %.2f), measured %.2f ms/step "
+           "over the %ld steps after planning (%+.1f%%)\n",
+           plan_auto.predicted_ms, plan_auto.none_ms, planned_wall / (double)planned_steps,
+           planned_steps,
+           100.0 * (planned_wall / (double)planned_steps - plan_auto.predicted_ms) /
+               plan_auto.predicted_ms);
+  }
+  if ((st.codec || use_auto) && rank == 0 && step > 0) {
     double full = 0.0;
     for (int l = 0; l < NPARAM / 2; l++) {
       full += (double)loom_tensor_bytes(&m.gbuf[l]);
     }
     printf("compression: %s (%s): %.0f bytes sent per rank per step (uncompressed ring "
            "allreduce: %.0f)\n",
-           loom_compressor_name(st.codec), loom_scheme_name(o.scheme), sent_sum / (double)step,
+           st.codec ? loom_compressor_name(st.codec) : "auto",
+           st.codec ? loom_scheme_name(o.scheme) : "per layer", sent_sum / (double)step,
            np > 1 ? 2.0 * (np - 1) / np * full : 0.0);
   }
   char sched_json[256] = "null";
@@ -829,6 +893,9 @@ int main(int argc, char **argv) {
   }
   loom_fusion_destroy(fusion);
   loom_compressor_destroy(st.codec);
+  if (use_auto) {
+    ex_auto_free(&plan_auto);
+  }
   loom_ef_destroy(st.ef);
   acts_free(&a);
   mlp_free(&m);
