@@ -102,7 +102,10 @@ LOOM_API loom_status_t loom_plan_measure_link(const loom_ctx_t *ctx, const loom_
                                               loom_link_t *out);
 // spec's encode and decode cost on this core and its payload size, from runs at 2^14 and 2^20
 // values (a fraction of a second). out->compressor points at spec. powersgd is
-// LOOM_ERR_UNSUPPORTED (no payload codec to time).
+// LOOM_ERR_UNSUPPORTED (no payload codec to time). The figures are cached in a file per host
+// and build, codec-costs-HOST-BUILD.txt under $LOOM_CACHE_DIR, else $XDG_CACHE_HOME/loom, else
+// ~/.cache/loom; a damaged line is ignored and measured again; LOOM_CODEC_REMEASURE=1 skips
+// the cache.
 LOOM_API loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost_t *out);
 
 #ifdef __cplusplus

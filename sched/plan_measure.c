@@ -3,11 +3,17 @@
 #include "config.h"
 #include "loom_plan.h"
 
+#include <errno.h>
+#include <math.h>
 #include <mpi.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "error.h"
+#include "loom_version.h"
 
 // ---------------------------------------------------------------------------------------------
 // Link: group ranks 0 and 1 exchange messages both ways at once (MPI_Sendrecv), as the two
@@ -91,7 +97,107 @@ static double median_us(const loom_compressor_t *c, int decode, const float *x, 
   return t[LINK_ROUNDS / 2];
 }
 
+static loom_status_t measure_codec(const char *spec, loom_codec_cost_t *out);
+
+// ---------------------------------------------------------------------------------------------
+// Cache: one file per host and build, a line per compressor ("spec enc_us enc_ns dec_us dec_ns
+// bytes_per_value fixed_bytes"). The file is untrusted: a line that does not parse into finite,
+// non-negative numbers is ignored (and the compressor measured again).
+
+#define BUILD_ID LOOM_VERSION_STRING "-" __DATE__ "-" __TIME__
+
+static int cache_path(char *path, size_t cap) {
+  const char *dir = getenv("LOOM_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"),
+             *home = getenv("HOME");
+  char base[512], host[128] = "host";
+  if (dir && *dir) {
+    snprintf(base, sizeof base, "%s", dir);
+  } else if (xdg && *xdg) {
+    snprintf(base, sizeof base, "%s/loom", xdg);
+  } else if (home && *home) {
+    snprintf(base, sizeof base, "%s/.cache/loom", home);
+  } else {
+    return -1;
+  }
+  gethostname(host, sizeof host - 1);
+  for (char *c = host; *c; c++) { // a host name is a file name component here
+    *c = (*c == '/' || *c == ' ') ? '_' : *c;
+  }
+  int n = snprintf(path, cap, "%s/codec-costs-%s-%s.txt", base, host, BUILD_ID);
+  for (char *c = path + strlen(base) + 1; *c; c++) { // __DATE__ and __TIME__ hold ' ' and ':'
+    *c = (*c == ' ' || *c == ':') ? '_' : *c;
+  }
+  return n > 0 && (size_t)n < cap ? 0 : -1;
+}
+
+static int cache_read(const char *spec, loom_codec_cost_t *out) {
+  char path[1024], line[512], name[128];
+  if (cache_path(path, sizeof path) != 0) {
+    return 0;
+  }
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    return 0;
+  }
+  int found = 0;
+  while (!found && fgets(line, sizeof line, f)) {
+    double v[6];
+    if (sscanf(line, "%127s %lf %lf %lf %lf %lf %lf", name, &v[0], &v[1], &v[2], &v[3], &v[4],
+               &v[5]) != 7 ||
+        strcmp(name, spec) != 0) {
+      continue;
+    }
+    int ok = 1;
+    for (int i = 0; i < 6; i++) {
+      ok &= isfinite(v[i]) && v[i] >= 0.0 && v[i] < 1e12;
+    }
+    if (ok) {
+      *out = (loom_codec_cost_t){spec, v[0], v[1], v[2], v[3], v[4], v[5]};
+      found = 1;
+    }
+  }
+  fclose(f);
+  return found;
+}
+
+static void cache_write(const loom_codec_cost_t *c) {
+  char path[1024];
+  if (cache_path(path, sizeof path) != 0) {
+    return;
+  }
+  char *slash = strrchr(path, '/');
+  *slash = 0; // create the directory (and its parent ~/.cache) if missing; failures are harmless
+  char *up = strrchr(path, '/');
+  if (up) {
+    *up = 0;
+    mkdir(path, 0755);
+    *up = '/';
+  }
+  mkdir(path, 0755);
+  *slash = '/';
+  FILE *f = fopen(path, "a");
+  if (f) {
+    fprintf(f, "%s %.17g %.17g %.17g %.17g %.17g %.17g\n", c->compressor, c->enc_us, c->enc_ns,
+            c->dec_us, c->dec_ns, c->bytes_per_value, c->fixed_bytes);
+    fclose(f);
+  }
+}
+
 loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost_t *out) {
+  if (!spec || !out) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_plan_measure_codec: spec or out is NULL");
+  }
+  if (!getenv("LOOM_CODEC_REMEASURE") && cache_read(spec, out)) {
+    return LOOM_OK;
+  }
+  loom_status_t status = measure_codec(spec, out);
+  if (status == LOOM_OK) {
+    cache_write(out);
+  }
+  return status;
+}
+
+static loom_status_t measure_codec(const char *spec, loom_codec_cost_t *out) {
   enum { SMALL = 1 << 14, BIG = 1 << 20 };
   loom_compressor_t *c = NULL;
   loom_status_t status = loom_compressor_create(spec, &c);

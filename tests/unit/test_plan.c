@@ -836,7 +836,47 @@ static void test_print(void) {
   free(text);
 }
 
+// loom_plan_measure_codec keeps its figures in a per-host, per-build file under LOOM_CACHE_DIR:
+// the second call returns them unchanged; a damaged file (garbage, NaN, negative numbers) is
+// ignored line by line and the compressor measured again; powersgd is unsupported.
+static void test_codec_cache(void) {
+  char dir[] = "/tmp/loom-plan-cache-XXXXXX";
+  if (!mkdtemp(dir)) {
+    CHECK(0, "mkdtemp failed");
+    return;
+  }
+  setenv("LOOM_CACHE_DIR", dir, 1);
+  loom_codec_cost_t a, b, c;
+  CHECK(loom_plan_measure_codec("fp16", &a) == LOOM_OK, "measure fp16: %s", loom_last_error(NULL));
+  CHECK(a.bytes_per_value == 2.0 && a.enc_ns >= 0 && a.dec_ns >= 0 && a.fixed_bytes > 0,
+        "fp16 costs: %g bytes/value, enc %g ns, dec %g ns, fixed %g", a.bytes_per_value, a.enc_ns,
+        a.dec_ns, a.fixed_bytes);
+  CHECK(loom_plan_measure_codec("fp16", &b) == LOOM_OK && b.enc_ns == a.enc_ns &&
+            b.dec_ns == a.dec_ns && !strcmp(b.compressor, "fp16"),
+        "second measure of fp16 did not come from the cache");
+  // Damage the cache: every line becomes garbage or out of range.
+  char cmd[256];
+  snprintf(cmd, sizeof cmd,
+           "for f in %s/*; do printf 'fp16 nan 1 1 1 2 16\nfp16 -1 1 1 1 2 16\n\377\001junk\n' "
+           "> \"$f\"; done",
+           dir);
+  CHECK(system(cmd) == 0, "could not rewrite the cache");
+  CHECK(loom_plan_measure_codec("fp16", &c) == LOOM_OK && isfinite(c.enc_ns) && c.enc_ns >= 0 &&
+            c.enc_us >= 0 && c.bytes_per_value == 2.0,
+        "fp16 after a damaged cache: enc %g us + %g ns", c.enc_us, c.enc_ns);
+  quiet_begin();
+  loom_status_t st = loom_plan_measure_codec("powersgd:2", &c);
+  loom_status_t bad = loom_plan_measure_codec("fp32", &c);
+  quiet_end();
+  CHECK(st == LOOM_ERR_UNSUPPORTED, "powersgd: %s", loom_strerror(st));
+  CHECK(bad == LOOM_ERR_INVALID_ARG, "fp32: %s", loom_strerror(bad));
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  CHECK(system(cmd) == 0, "could not remove %s", dir);
+  unsetenv("LOOM_CACHE_DIR");
+}
+
 int main(void) {
+  test_codec_cache();
   test_simulator_basics();
   test_invalid();
   test_greedy_known();
