@@ -274,11 +274,14 @@ static void add_bf16(const uint16_t *restrict h, float *restrict acc, int64_t n)
   }
 }
 
+// The largest magnitude's bits (sign cleared): an unsigned max over the bit patterns, which
+// orders finite floats by magnitude, puts Inf above them and NaN above Inf, and vectorises
+// (a float max with NaN in play does not). >= 0x7F800000 means a NaN or an infinity.
 LOOM_CPU_CLONES
-static float max_abs(const float *restrict x, int64_t n) {
-  float m = 0.0f;
+static uint32_t max_abs_bits(const float *restrict x, int64_t n) {
+  uint32_t m = 0;
   for (int64_t i = 0; i < n; i++) {
-    float a = fabsf(x[i]);
+    uint32_t a = bits_of(x[i]) & 0x7FFFFFFFu;
     m = a > m ? a : m;
   }
   return m;
@@ -354,9 +357,10 @@ static void add_signs(const uint8_t *restrict bits, float *restrict acc, int64_t
 // ---------------------------------------------------------------------------------------------
 // Encoders.
 
+// max_bits: max_abs_bits(x, n), finite (the caller checked it).
 static void encode_int8(const loom_compressor_t *c, const float *x, int64_t n, uint64_t seed,
-                        uint8_t *body) {
-  float mx = max_abs(x, n);
+                        uint8_t *body, uint32_t max_bits) {
+  float mx = float_of(max_bits);
   float scale = mx / 127.0f;
   if (isinf(127.0f * scale)) { // near FLT_MAX: 127 * scale must not decode to Inf
     scale = nextafterf(scale, 0.0f);
@@ -448,7 +452,12 @@ loom_status_t loom_codec_encode(const loom_compressor_t *c, const float *x, int6
   size_t need = loom_codec_max_bytes(c, n);
   int scaled =
       c->kind == LOOM_CODEC_INT8 || c->kind == LOOM_CODEC_EFSIGN || c->kind == LOOM_CODEC_TOPK;
-  if (scaled && !all_finite(x, n)) { // NaN/Inf cannot be scaled or ranked: flag and send nothing
+  // NaN/Inf cannot be scaled or ranked: flag and send nothing. int8 learns it from the same
+  // max pass it needs for its scale (one pass over the values instead of two).
+  const uint32_t max_bits = c->kind == LOOM_CODEC_INT8 ? max_abs_bits(x, n) : 0;
+  const int nonfinite =
+      c->kind == LOOM_CODEC_INT8 ? max_bits >= 0x7F800000u : scaled && !all_finite(x, n);
+  if (nonfinite) {
     if (cap < LOOM_PAYLOAD_HEADER) {
       goto small;
     }
@@ -486,7 +495,7 @@ loom_status_t loom_codec_encode(const loom_compressor_t *c, const float *x, int6
     }
     break;
   case LOOM_CODEC_INT8:
-    encode_int8(c, x, n, seed, body);
+    encode_int8(c, x, n, seed, body, max_bits);
     break;
   case LOOM_CODEC_TOPK:
     status = encode_topk(c, x, n, body);
