@@ -212,6 +212,32 @@ static loom_status_t add(ef_table_t *t, const char *name, int64_t n, ef_entry_t 
   return LOOM_OK;
 }
 
+// The entry of name with n floats: found, created (zeroed), or reallocated and zeroed when it
+// had another length; *fresh = 1 in the last two cases.
+static loom_status_t entry_sized(ef_table_t *t, const char *name, int64_t n, ef_entry_t **out,
+                                 int *fresh) {
+  ef_entry_t *e = find(t, name);
+  *fresh = !e || e->n != n;
+  if (e && e->n != n) {
+    float *d = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    if (!d) {
+      return loom_error(NULL, LOOM_ERR_NOMEM,
+                        "error feedback: cannot allocate %lld floats for '%s'", (long long)n, name);
+    }
+    free(e->data);
+    e->data = d;
+    e->n = n;
+  }
+  if (!e) {
+    loom_status_t status = add(t, name, n, &e);
+    if (status != LOOM_OK) {
+      return status;
+    }
+  }
+  *out = e;
+  return LOOM_OK;
+}
+
 static void free_table(ef_table_t *t) {
   for (int i = 0; i < t->count; i++) {
     free(t->e[i].name);
@@ -299,18 +325,9 @@ loom_status_t loom_ef_set(loom_ef_t *ef, const char *name, const float *data, in
   if (status != LOOM_OK) {
     return status;
   }
-  ef_entry_t *e = find(&ef->residual, name);
-  if (e && e->n != n) { // replace: the tensor changed size
-    float *d = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
-    if (!d) {
-      return loom_error(NULL, LOOM_ERR_NOMEM, "loom_ef_set: cannot allocate %lld floats",
-                        (long long)n);
-    }
-    free(e->data);
-    e->data = d;
-    e->n = n;
-  }
-  if (!e && (status = add(&ef->residual, name, n, &e)) != LOOM_OK) {
+  ef_entry_t *e = NULL;
+  int fresh = 0;
+  if ((status = entry_sized(&ef->residual, name, n, &e, &fresh)) != LOOM_OK) {
     return status;
   }
   if (n > 0) {
@@ -320,28 +337,12 @@ loom_status_t loom_ef_set(loom_ef_t *ef, const char *name, const float *data, in
 }
 
 loom_status_t loom_ef_side(loom_ef_t *ef, const char *name, int64_t n, float **out, int *fresh) {
-  ef_entry_t *e = find(&ef->side, name);
-  *fresh = 0;
-  if (e && e->n != n) {
-    float *d = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
-    if (!d) {
-      return loom_error(NULL, LOOM_ERR_NOMEM, "error feedback: cannot allocate %lld floats",
-                        (long long)n);
-    }
-    free(e->data);
-    e->data = d;
-    e->n = n;
-    *fresh = 1;
+  ef_entry_t *e = NULL;
+  loom_status_t status = entry_sized(&ef->side, name, n, &e, fresh);
+  if (status == LOOM_OK) {
+    *out = e->data;
   }
-  if (!e) {
-    loom_status_t status = add(&ef->side, name, n, &e);
-    if (status != LOOM_OK) {
-      return status;
-    }
-    *fresh = 1;
-  }
-  *out = e->data;
-  return LOOM_OK;
+  return status;
 }
 
 loom_status_t loom_compressor_encode_ef(const loom_compressor_t *c, loom_ef_t *ef, const char *name,
@@ -368,23 +369,31 @@ loom_status_t loom_compressor_encode_ef(const loom_compressor_t *c, loom_ef_t *e
     ef->scratch = s;
     ef->scratch_n = n;
   }
-  float *y = ef->scratch;
+  size_t ignored;
+  return loom_ef_encode(c, res, ef->scratch, x, n, seed, payload, cap, bytes ? bytes : &ignored);
+}
+
+loom_status_t loom_ef_encode(const loom_compressor_t *c, float *res, float *y, const float *x,
+                             int64_t n, uint64_t seed, uint8_t *payload, size_t cap,
+                             size_t *bytes) {
+  if (!res) {
+    return loom_codec_encode(c, x, n, seed, payload, cap, bytes);
+  }
   for (int64_t i = 0; i < n; i++) {
     y[i] = x[i] + res[i];
   }
-  size_t ignored;
-  status = loom_codec_encode(c, y, n, seed, payload, cap, bytes ? bytes : &ignored);
+  loom_status_t status = loom_codec_encode(c, y, n, seed, payload, cap, bytes);
   if (status != LOOM_OK) {
     return status; // the residual is unchanged
   }
   // residual = y - decode(payload): decode into the residual, then subtract.
-  memset(res, 0, (size_t)n * sizeof(float));
-  status = loom_codec_decode_add(c, payload, bytes ? *bytes : ignored, n, seed, res);
+  if (n > 0) {
+    memset(res, 0, (size_t)n * sizeof(float));
+  }
+  status = loom_codec_decode_add(c, payload, *bytes, n, seed, res);
   for (int64_t i = 0; i < n && status == LOOM_OK; i++) {
-    res[i] = y[i] - res[i];
-    if (!isfinite(res[i])) { // a non-finite gradient must not poison every later step
-      res[i] = 0.0f;
-    }
+    float r = y[i] - res[i];
+    res[i] = isfinite(r) ? r : 0.0f; // a non-finite gradient must not poison every later step
   }
   return status;
 }

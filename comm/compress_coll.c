@@ -46,28 +46,12 @@ static loom_status_t decode_block(const loom_compressor_t *c, const uint8_t *blo
 static loom_status_t encode_block(const loom_compressor_t *c, float *res, float *y, const float *x,
                                   int64_t n, uint64_t seed, uint8_t *block, size_t bsize) {
   size_t len = 0;
-  loom_status_t status;
-  const float *src = x;
-  if (res) {
-    for (int64_t i = 0; i < n; i++) {
-      y[i] = x[i] + res[i];
-    }
-    src = y;
-  }
-  status = loom_codec_encode(c, src, n, seed, block + LEN_BYTES, bsize - LEN_BYTES, &len);
-  if (status != LOOM_OK) {
-    return status;
-  }
-  uint64_t len64 = len;
-  memcpy(block, &len64, LEN_BYTES);
-  memset(block + LEN_BYTES + len, 0, bsize - LEN_BYTES - len);
-  if (res) {
-    memset(res, 0, (size_t)n * sizeof(float));
-    status = loom_codec_decode_add(c, block + LEN_BYTES, len, n, seed, res);
-    for (int64_t i = 0; i < n && status == LOOM_OK; i++) {
-      float r = y[i] - res[i];
-      res[i] = isfinite(r) ? r : 0.0f; // non-finite: drop it, do not carry it forward
-    }
+  loom_status_t status =
+      loom_ef_encode(c, res, y, x, n, seed, block + LEN_BYTES, bsize - LEN_BYTES, &len);
+  if (status == LOOM_OK) {
+    uint64_t len64 = len;
+    memcpy(block, &len64, LEN_BYTES);
+    memset(block + LEN_BYTES + len, 0, bsize - LEN_BYTES - len);
   }
   return status;
 }

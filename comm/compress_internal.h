@@ -52,6 +52,11 @@ loom_status_t loom_codec_encode(const loom_compressor_t *c, const float *x, int6
 loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *payload,
                                     size_t bytes, int64_t n, uint64_t seed, float *acc);
 
+// Encode with error feedback on res (n floats; NULL: plain encode): y = x + res (y is n floats
+// of scratch); payload = encode(y); res = y - decode(payload), non-finite entries dropped.
+loom_status_t loom_ef_encode(const loom_compressor_t *c, float *res, float *y, const float *x,
+                             int64_t n, uint64_t seed, uint8_t *payload, size_t cap, size_t *bytes);
+
 // A 64-bit mix (splitmix64's finaliser): random streams and per-shard seeds.
 uint64_t loom_mix64(uint64_t x);
 
