@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,8 +15,10 @@
 #include "memory.h"
 
 // Every payload travels in a fixed-size block (so that one allgather or alltoall carries them):
-// an 8-byte length, then the payload, then padding up to the block size.
-#define LEN_BYTES 8
+// an 8-byte length, then the payload, then padding up to the block size. A block whose length
+// is all ones marks a chunk its sender could not encode: its receivers fail with CORRUPT.
+#define LEN_BYTES  8
+#define LEN_FAILED UINT64_MAX
 
 static size_t block_bytes(const loom_compressor_t *c, int64_t n) {
   size_t b = LEN_BYTES + loom_codec_max_bytes(c, n);
@@ -27,11 +30,24 @@ static uint64_t shard_seed(uint64_t seed, int i) {
   return loom_mix64(seed ^ ((uint64_t)(i + 1) << 32));
 }
 
+// Shard i of len values cut into np nearly equal parts: [*lo, *lo + *cnt).
+static void shard_range(int64_t len, int np, int i, int64_t *lo, int64_t *cnt) {
+  const int64_t base = len / np, extra = len % np;
+  *lo = i * base + (i < extra ? i : extra);
+  *cnt = base + (i < extra);
+}
+
 // Decode the payload in a block (its length checked against the block) into acc.
 static loom_status_t decode_block(const loom_compressor_t *c, const uint8_t *block, size_t bsize,
                                   int64_t n, uint64_t seed, float *acc) {
   uint64_t len;
   memcpy(&len, block, LEN_BYTES);
+  if (len == LEN_FAILED) {
+    return loom_error(NULL, LOOM_ERR_CORRUPT,
+                      "%s: a peer could not encode its part of this allreduce (its own error "
+                      "message says why)",
+                      c->name);
+  }
   if (len > bsize - LEN_BYTES) {
     return loom_error(NULL, LOOM_ERR_CORRUPT,
                       "%s: a block claims a %llu-byte payload in %zu bytes: the payload was "
@@ -41,16 +57,16 @@ static loom_status_t decode_block(const loom_compressor_t *c, const uint8_t *blo
   return loom_codec_decode_add(c, block + LEN_BYTES, (size_t)len, n, seed, acc);
 }
 
-// Encode x[lo, lo + n) of a tensor into a block, with error feedback on the same range of the
-// residual of name (y = x + r; r = y - decode) when res is non-NULL.
+// Encode x[0, n) into a block, with error feedback on the same range of the residual (y = x + r;
+// r = y - decode) when res is non-NULL. On failure the block is marked failed.
 static loom_status_t encode_block(const loom_compressor_t *c, float *res, float *y, const float *x,
                                   int64_t n, uint64_t seed, uint8_t *block, size_t bsize) {
   size_t len = 0;
   loom_status_t status =
       loom_ef_encode(c, res, y, x, n, seed, block + LEN_BYTES, bsize - LEN_BYTES, &len);
+  uint64_t len64 = status == LOOM_OK ? len : LEN_FAILED;
+  memcpy(block, &len64, LEN_BYTES);
   if (status == LOOM_OK) {
-    uint64_t len64 = len;
-    memcpy(block, &len64, LEN_BYTES);
     memset(block + LEN_BYTES + len, 0, bsize - LEN_BYTES - len);
   }
   return status;
@@ -62,7 +78,7 @@ static loom_status_t encode_block(const loom_compressor_t *c, float *res, float 
 // hierarchical scheme, the node and node-leader sub-groups. Calls on one group are serialised
 // anyway (MPI collectives on one communicator must be issued in one order).
 
-enum { BUF_SEND, BUF_RECV, BUF_MINE, BUF_FLOATS, NBUF };
+enum { BUF_BLOCKS, BUF_FLOATS, NBUF };
 
 typedef struct comm_state {
   void *buf[NBUF];
@@ -118,47 +134,68 @@ static void *scratch(comm_state_t *st, int i, size_t bytes) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The flat schemes as a staged request (comm_internal.h): the encode runs when the call starts,
-// then each stage's MPI requests complete and the step hook does the codec work between them
-// and posts the next stage. The hooks run on whichever thread advances the request (the caller
-// of loom_wait/loom_test, or the scheduler's progress thread).
+// The flat schemes as a staged request (comm_internal.h). The tensor is cut into chunks of
+// LOOM_COMPRESS_CHUNK bytes (chunk k encoded with seed + k, each chunk its own scheme), and the
+// chunks pipeline: while chunk k + 1 is on the wire, this rank decodes chunk k and encodes
+// chunk k + 2. The step hook runs each time a stage's MPI requests completed, on whichever thread
+// advances the request (the caller of loom_wait/loom_test, or the scheduler's progress thread).
 //
-// Indivisible: allgather of whole payloads, then every rank decodes and sums in rank order.
-// Divisible: shard i goes to rank i (alltoall), rank i decodes and sums its shard in rank order
-// and re-encodes the sum, and an allgather brings every summed shard to every rank.
+// Indivisible: exchange A sends the chunk's payload to every rank; every rank decodes and sums
+// the np payloads in rank order. Divisible: exchange A sends shard i of the chunk to rank i; rank
+// i decodes and sums its shard in rank order and re-encodes the sum; exchange B brings every
+// summed shard to every rank. Stage k (k = 0 .. nchunks) is: A(k) and, divisible, B(k - 1).
+//
+// A rank that meets an error (a corrupt payload, a failed encode) keeps running the exchanges,
+// so that its peers never wait for a message that will not come, skips the codec work, sends
+// failed blocks, and reports the first error at the end with x untouched.
 
 typedef struct flat {
   const loom_group_t *g;
   const loom_compressor_t *c;
-  float *x; // (n) the tensor, written at the end
-  int64_t n;
+  float *x;         // (n) the tensor, written at the end
+  float *res;       // (n) its error-feedback residual, or NULL
+  int64_t n, chunk; // values; values per chunk (the last one may be shorter)
+  int nchunks, k;   // chunks; the chunk whose exchange A completed when the step runs
   uint64_t seed;
   int divisible, avg;
-  size_t bsize;     // one block: the length word, a payload, padding
-  int64_t *off;     // (np + 1) shard offsets (divisible)
-  uint8_t *send;    // (np blocks) encoded shards, or one block (indivisible)
-  uint8_t *recv;    // (np blocks)
-  uint8_t *mine;    // (1 block) the re-encoded summed shard (divisible)
-  float *acc, *out; // (widest) the summed shard, (n) the result before it is copied to x
-  MPI_Comm p2p;     // the group's point-to-point communicator
-  int tag;          // tag (first stage) and tag + 1 (second), reserved when the call starts
+  size_t bsize;               // one block: the length word, a payload, padding
+  uint8_t *send[2], *recv[2]; // exchange A, by chunk parity: np blocks (one to send when
+                              // indivisible)
+  uint8_t *mine[2], *gath[2]; // exchange B (divisible): one block, np blocks
+  float *acc, *out;           // (widest shard) summed shard, (n) the result before x
+  MPI_Comm p2p;               // the group's point-to-point communicator
+  int tag;                    // A on tag, B on tag + 1, reserved when the call starts
+  loom_status_t status;       // the first error
+  char errmsg[256];
 } flat_t;
 
-// Exchange blocks of bsize bytes with every other rank by point-to-point messages on the tags
-// reserved at the start (collectives posted from a step hook could be posted in a different
-// order on different ranks, and MPI would match them wrongly). all_to_all: block i of send goes
-// to rank i; else the one block of send goes to everyone. Block j of recv comes from rank j.
+static void chunk_range(const flat_t *f, int k, int64_t *lo, int64_t *len) {
+  *lo = (int64_t)k * f->chunk;
+  *len = f->n - *lo < f->chunk ? f->n - *lo : f->chunk;
+}
+
+// Keep the first error and its message.
+static void flat_fail(flat_t *f, loom_status_t status) {
+  if (status != LOOM_OK && f->status == LOOM_OK) {
+    f->status = status;
+    snprintf(f->errmsg, sizeof f->errmsg, "%s", loom_last_error(NULL));
+  }
+}
+
+// Exchange blocks of bsize bytes with every other rank by point-to-point messages on a reserved
+// tag (collectives posted from a step hook could be posted in a different order on different
+// ranks, and MPI would match them wrongly; messages of one pair and tag match in order, so every
+// chunk uses the same tag). all_to_all: block i of send goes to rank i; else the one block of
+// send goes to everyone. Block j of recv comes from rank j.
 static loom_status_t flat_exchange(loom_request_t *r, const flat_t *f, const uint8_t *send,
-                                   int all_to_all, int tag) {
+                                   uint8_t *recv, int all_to_all, int tag) {
   const int np = loom_group_size(f->g), me = loom_group_rank(f->g);
   loom_status_t status = LOOM_OK;
   const int64_t b = (int64_t)f->bsize;
-  memcpy(f->recv + (size_t)me * f->bsize, all_to_all ? send + (size_t)me * f->bsize : send,
-         f->bsize);
+  memcpy(recv + (size_t)me * f->bsize, all_to_all ? send + (size_t)me * f->bsize : send, f->bsize);
   for (int k = 1; k < np && status == LOOM_OK; k++) {
     int to = (me + k) % np, from = (me - k + np) % np;
-    status =
-        loom_mpi_post_p2p(r, 0, f->recv + (size_t)from * f->bsize, b, LOOM_U8, from, tag, f->p2p);
+    status = loom_mpi_post_p2p(r, 0, recv + (size_t)from * f->bsize, b, LOOM_U8, from, tag, f->p2p);
     if (status == LOOM_OK) {
       status = loom_mpi_post_p2p(r, 1, all_to_all ? send + (size_t)to * f->bsize : send, b, LOOM_U8,
                                  to, tag, f->p2p);
@@ -168,100 +205,171 @@ static loom_status_t flat_exchange(loom_request_t *r, const flat_t *f, const uin
 }
 
 static void flat_release(loom_request_t *r) {
-  flat_t *f = r->state;
-  if (f) {
-    free(f->off);
-    free(f);
-  }
+  free(r->state);
   r->state = NULL;
 }
 
-// Decode every block of recv (np payloads of the same n values, or the np shards) into out, then
-// copy to x: a corrupt block leaves x as it was.
-static loom_status_t flat_finish(loom_request_t *r) {
-  flat_t *f = r->state;
+// Encode chunk k of x into dst (np shard blocks, or one block).
+static void encode_chunk(flat_t *f, int k, uint8_t *dst) {
   const int np = loom_group_size(f->g);
-  loom_status_t status = LOOM_OK;
-  memset(f->out, 0, (size_t)f->n * sizeof(float));
-  for (int i = 0; i < np && status == LOOM_OK; i++) {
+  int64_t lo, len;
+  chunk_range(f, k, &lo, &len);
+  const uint64_t seed = f->seed + (uint64_t)k;
+  float *y = f->out + lo; // free until chunk k is decoded: holds x + residual while encoding
+  if (!f->divisible) {
+    flat_fail(
+        f, encode_block(f->c, f->res ? f->res + lo : NULL, y, f->x + lo, len, seed, dst, f->bsize));
+    return;
+  }
+  for (int i = 0; i < np; i++) {
+    int64_t slo, cnt;
+    shard_range(len, np, i, &slo, &cnt);
+    flat_fail(f, encode_block(f->c, f->res ? f->res + lo + slo : NULL, y, f->x + lo + slo, cnt,
+                              shard_seed(seed, i), dst + (size_t)i * f->bsize, f->bsize));
+  }
+}
+
+// Decode the np blocks of chunk k (whole payloads, or the np summed shards) into out.
+static void decode_chunk(flat_t *f, int k, const uint8_t *blocks) {
+  const int np = loom_group_size(f->g);
+  int64_t lo, len;
+  chunk_range(f, k, &lo, &len);
+  const uint64_t seed = f->seed + (uint64_t)k;
+  memset(f->out + lo, 0, (size_t)len * sizeof(float));
+  for (int i = 0; i < np && f->status == LOOM_OK; i++) {
+    const uint8_t *b = blocks + (size_t)i * f->bsize;
     if (f->divisible) {
-      status = decode_block(f->c, f->recv + (size_t)i * f->bsize, f->bsize,
-                            f->off[i + 1] - f->off[i], shard_seed(f->seed, i), f->out + f->off[i]);
+      int64_t slo, cnt;
+      shard_range(len, np, i, &slo, &cnt);
+      flat_fail(f, decode_block(f->c, b, f->bsize, cnt, shard_seed(seed, i), f->out + lo + slo));
     } else {
-      status = decode_block(f->c, f->recv + (size_t)i * f->bsize, f->bsize, f->n, f->seed, f->out);
+      flat_fail(f, decode_block(f->c, b, f->bsize, len, seed, f->out + lo));
     }
   }
-  if (status == LOOM_OK && f->n > 0) {
-    for (int64_t i = 0; i < f->n; i++) {
-      f->x[i] = f->avg ? f->out[i] / (float)np : f->out[i];
-    }
-  }
-  return status;
 }
 
-// Divisible, after the alltoall: sum this rank's shard in rank order, re-encode it, allgather.
-static loom_status_t flat_middle(loom_request_t *r) {
-  flat_t *f = r->state;
+// Divisible, after A(k): sum this rank's shard of chunk k in rank order and re-encode it.
+static void sum_shard(flat_t *f, int k) {
   const int np = loom_group_size(f->g), me = loom_group_rank(f->g);
-  const int64_t my_n = f->off[me + 1] - f->off[me];
+  int64_t lo, len, slo, cnt;
+  chunk_range(f, k, &lo, &len);
+  shard_range(len, np, me, &slo, &cnt);
+  const uint64_t seed = shard_seed(f->seed + (uint64_t)k, me);
+  uint8_t *mine = f->mine[k & 1];
+  memset(f->acc, 0, (size_t)cnt * sizeof(float));
+  for (int i = 0; i < np && f->status == LOOM_OK; i++) {
+    flat_fail(
+        f, decode_block(f->c, f->recv[k & 1] + (size_t)i * f->bsize, f->bsize, cnt, seed, f->acc));
+  }
+  if (f->status == LOOM_OK) {
+    flat_fail(f, encode_block(f->c, NULL, NULL, f->acc, cnt, seed, mine, f->bsize));
+  } else {
+    const uint64_t failed = LEN_FAILED;
+    memcpy(mine, &failed, LEN_BYTES);
+  }
+}
+
+// The result (or the first error) once every chunk is decoded.
+static loom_status_t flat_result(flat_t *f) {
+  if (f->status != LOOM_OK) {
+    return loom_error(NULL, f->status, "%s", f->errmsg);
+  }
+  const float np = (float)loom_group_size(f->g);
+  for (int64_t i = 0; i < f->n; i++) {
+    f->x[i] = f->avg ? f->out[i] / np : f->out[i];
+  }
+  return LOOM_OK;
+}
+
+// Stage k completed: A(k) and, divisible, B(k - 1). Post A(k + 1), then B(k) (divisible) or
+// decode chunk k; decode chunk k - 1 (divisible); encode chunk k + 2 into the freed send buffer.
+static loom_status_t flat_step(loom_request_t *r) {
+  flat_t *f = r->state;
+  const int k = f->k, last = f->nchunks - 1;
   loom_status_t status = LOOM_OK;
-  memset(f->acc, 0, (size_t)my_n * sizeof(float));
-  for (int i = 0; i < np && status == LOOM_OK; i++) {
-    status = decode_block(f->c, f->recv + (size_t)i * f->bsize, f->bsize, my_n,
-                          shard_seed(f->seed, me), f->acc);
+  if (k + 1 <= last) {
+    LOOM_CHECK(
+        flat_exchange(r, f, f->send[(k + 1) & 1], f->recv[(k + 1) & 1], f->divisible, f->tag));
   }
-  if (status == LOOM_OK) {
-    status =
-        encode_block(f->c, NULL, NULL, f->acc, my_n, shard_seed(f->seed, me), f->mine, f->bsize);
+  if (k <= last && f->divisible) {
+    if (f->status == LOOM_OK) {
+      sum_shard(f, k);
+    }
+    LOOM_CHECK(flat_exchange(r, f, f->mine[k & 1], f->gath[k & 1], 0, f->tag + 1));
+  } else if (k <= last) {
+    decode_chunk(f, k, f->recv[k & 1]);
   }
-  if (status == LOOM_OK) {
-    status = flat_exchange(r, f, f->mine, 0, f->tag + 1);
-    r->step = flat_finish;
+  if (f->divisible && k >= 1) {
+    decode_chunk(f, k - 1, f->gath[(k - 1) & 1]);
   }
+  if (k + 2 <= last) {
+    encode_chunk(f, k + 2, f->send[k & 1]);
+  }
+  f->k = k + 1;
+  if (f->k <= last || (f->divisible && f->k == last + 1)) {
+    r->step = flat_step;
+    return LOOM_OK;
+  }
+  status = flat_result(f);
+fail:
   return status;
 }
 
-// Buffers of a flat scheme for n values on np ranks: from the group's state (blocking calls) or
-// owned by the request (non-blocking ones: several may be in flight on one group).
+// Buffers of a flat scheme: from the group's state (blocking calls) or owned by the request
+// (non-blocking ones: several may be in flight on one group).
 static loom_status_t flat_buffers(loom_request_t *r, flat_t *f, int own) {
   const int np = loom_group_size(f->g);
-  const int64_t widest = f->divisible ? f->n / np + (f->n % np > 0) : 0;
+  const int64_t widest = f->divisible ? f->chunk / np + (f->chunk % np > 0) : 0;
   const size_t all = f->bsize * (size_t)np, sb = f->divisible ? all : f->bsize;
+  const size_t per = sb + all + (f->divisible ? f->bsize + all : 0); // one parity's blocks
   const size_t fb = (size_t)(f->n + widest + 1) * sizeof(float);
-  void *p[4] = {NULL, NULL, NULL, NULL};
+  void *blocks = NULL, *floats = NULL;
   if (own) {
-    for (int i = 0; i < 4; i++) {
-      size_t want = i == 0 ? sb : i == 1 ? all : i == 2 ? f->bsize : fb;
-      loom_status_t status = loom_request_tmp(r, want, &p[i]);
-      if (status != LOOM_OK) {
-        return status;
-      }
+    loom_status_t status = loom_request_tmp(r, 2 * per, &blocks);
+    if (status == LOOM_OK) {
+      status = loom_request_tmp(r, fb, &floats);
+    }
+    if (status != LOOM_OK) {
+      return status;
     }
   } else {
     comm_state_t *st = get_state(f->g);
     if (!st) {
       return LOOM_ERR_NOMEM;
     }
-    p[0] = scratch(st, BUF_SEND, sb);
-    p[1] = scratch(st, BUF_RECV, all);
-    p[2] = scratch(st, BUF_MINE, f->bsize);
-    p[3] = scratch(st, BUF_FLOATS, fb);
-    if (!p[0] || !p[1] || !p[2] || !p[3]) {
-      return loom_error(NULL, LOOM_ERR_NOMEM,
-                        "compressed allreduce (%s): cannot allocate %zu bytes of payload buffers",
-                        f->c->name, sb + all + f->bsize + fb);
-    }
+    blocks = scratch(st, BUF_BLOCKS, 2 * per);
+    floats = scratch(st, BUF_FLOATS, fb);
   }
-  f->send = p[0];
-  f->recv = p[1];
-  f->mine = p[2];
-  f->out = p[3];
+  if (!blocks || !floats) {
+    return loom_error(NULL, LOOM_ERR_NOMEM,
+                      "compressed allreduce (%s): cannot allocate %zu bytes of payload buffers",
+                      f->c->name, 2 * per + fb);
+  }
+  for (int p = 0; p < 2; p++) {
+    uint8_t *b = (uint8_t *)blocks + (size_t)p * per;
+    f->send[p] = b;
+    f->recv[p] = b + sb;
+    f->mine[p] = f->divisible ? b + sb + all : NULL;
+    f->gath[p] = f->divisible ? b + sb + all + f->bsize : NULL;
+  }
+  f->out = floats;
   f->acc = f->out + f->n;
   return LOOM_OK;
 }
 
-// Encode this rank's tensor (with error feedback on res when non-NULL) and post the first
-// exchange on r. *sent grows by the bytes this rank will send.
+// Values per chunk: LOOM_COMPRESS_CHUNK bytes of f32 (the group's copy), or the whole tensor
+// when 0 and for top-k, whose selection is over the whole tensor (cut into chunks it would keep
+// the largest of each chunk; and at 1% it sends too little for a pipeline to pay).
+static int64_t chunk_values(const loom_group_t *g, const loom_compressor_t *c, int64_t n) {
+  int64_t v = n;
+  if (g->compress_chunk > 0 && c->kind != LOOM_CODEC_TOPK) {
+    v = g->compress_chunk / (int64_t)sizeof(float);
+  }
+  return v < n ? v : (n > 0 ? n : 1);
+}
+
+// Encode the first chunks of this rank's tensor (with error feedback on res when non-NULL) and
+// post the first exchange on r. *sent grows by the bytes this rank will send.
 static loom_status_t flat_start(loom_request_t *r, const loom_group_t *g,
                                 const loom_compressor_t *c, float *res, float *x, int64_t n,
                                 uint64_t seed, int divisible, int avg, int own, size_t *sent) {
@@ -270,43 +378,30 @@ static loom_status_t flat_start(loom_request_t *r, const loom_group_t *g,
   if (!f) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "compressed allreduce: out of memory");
   }
-  *f = (flat_t){.g = g, .c = c, .x = x, .n = n, .seed = seed, .divisible = divisible, .avg = avg};
+  *f = (flat_t){.g = g,
+                .c = c,
+                .x = x,
+                .res = res,
+                .n = n,
+                .seed = seed,
+                .divisible = divisible,
+                .avg = avg,
+                .chunk = chunk_values(g, c, n)};
   r->state = f;
   r->release = flat_release;
   loom_status_t status = LOOM_OK;
-  float *y = NULL; // error-feedback scratch: the widest shard, or the tensor
-  if (divisible) {
-    const int64_t base = n / np, extra = n % np;
-    f->bsize = block_bytes(c, base + (extra > 0));
-    f->off = malloc(sizeof(int64_t) * (size_t)(np + 1));
-    if (!f->off) {
-      return loom_error(NULL, LOOM_ERR_NOMEM, "compressed allreduce: out of memory");
-    }
-    f->off[0] = 0;
-    for (int i = 0; i < np; i++) {
-      f->off[i + 1] = f->off[i] + base + (i < extra);
-    }
-  } else {
-    f->bsize = block_bytes(c, n);
-  }
+  f->nchunks = n > 0 ? (int)((n + f->chunk - 1) / f->chunk) : 1;
+  f->bsize = block_bytes(c, divisible ? f->chunk / np + (f->chunk % np > 0) : f->chunk);
   LOOM_CHECK(loom_mpi_collective_tags(g, &f->p2p, &f->tag));
   LOOM_CHECK(flat_buffers(r, f, own));
-  y = f->out; // free until the end: holds x + residual while encoding
-  if (divisible) {
-    for (int i = 0; i < np; i++) {
-      LOOM_CHECK(encode_block(c, res ? res + f->off[i] : NULL, y, x + f->off[i],
-                              f->off[i + 1] - f->off[i], shard_seed(seed, i),
-                              f->send + (size_t)i * f->bsize, f->bsize));
-    }
-    LOOM_CHECK(flat_exchange(r, f, f->send, 1, f->tag));
-    r->step = flat_middle;
-    *sent += 2 * f->bsize * (size_t)(np - 1);
-  } else {
-    LOOM_CHECK(encode_block(c, res, y, x, n, seed, f->send, f->bsize));
-    LOOM_CHECK(flat_exchange(r, f, f->send, 0, f->tag));
-    r->step = flat_finish;
-    *sent += f->bsize * (size_t)(np - 1);
+  encode_chunk(f, 0, f->send[0]);
+  LOOM_CHECK(flat_exchange(r, f, f->send[0], f->recv[0], divisible, f->tag));
+  if (f->nchunks > 1) {
+    encode_chunk(f, 1, f->send[1]);
   }
+  r->step = flat_step;
+  const size_t per_chunk = f->bsize * (size_t)(np - 1) * (divisible ? 2 : 1);
+  *sent += per_chunk * (size_t)f->nchunks;
 fail:
   return status;
 }
@@ -349,6 +444,7 @@ static loom_status_t get_hier(const loom_group_t *cg, comm_state_t **out) {
   LOOM_CHECK_MPI(
       NULL, MPI_Comm_split(g->comm, st->node.rank == 0 ? 0 : MPI_UNDEFINED, g->rank, &leaders));
   LOOM_CHECK(loom_group_from_comm(NULL, &st->leaders, g->kind, leaders, g->node));
+  st->node.compress_chunk = st->leaders.compress_chunk = g->compress_chunk;
   st->have_hier = 1;
   *out = st;
   return LOOM_OK;

@@ -101,6 +101,11 @@ LOOM_API loom_status_t loom_compressor_encode_ef(const loom_compressor_t *c, loo
 // feedback (the owner's re-encoding error is not carried). Every rank ends with the same bits.
 // Only f32 host tensors; op is LOOM_SUM or LOOM_AVG. Calls on one group are serialised by the
 // caller (as for every collective); payload buffers are kept with the group and reused.
+// Pipelining: the flat schemes (and the leaders' part of hierarchical) cut a tensor into chunks
+// of LOOM_COMPRESS_CHUNK / 4 values (default 4 MiB of f32; 0 = whole tensors), so that the
+// encoding, the transfer and the decoding of successive chunks overlap. Chunk k is compressed on
+// its own with seed + k (a scale per chunk), exactly as if it were a tensor of its own. top-k is
+// never cut: its selection is over the whole tensor.
 typedef enum loom_scheme {
   LOOM_SCHEME_INDIVISIBLE = 0,
   LOOM_SCHEME_DIVISIBLE,
@@ -121,8 +126,8 @@ LOOM_API loom_status_t loom_compressed_allreduce(const loom_group_t *g, const lo
                                                  loom_tensor_t *t, loom_redop_t op, uint64_t seed,
                                                  size_t *bytes_sent);
 
-// Non-blocking form: encodes this rank's tensor now (error feedback included), posts the first
-// exchange and returns; the codec work between the exchanges and the final decode run as the
+// Non-blocking form: encodes this rank's first chunks now (error feedback included), posts the
+// first exchange and returns; the codec work between the exchanges and the final decode run as the
 // request is advanced (loom_test, loom_wait, or the scheduler's progress thread). t must stay
 // untouched until the request completes. Several may be in flight on one group, started in the
 // same order on every rank. The hierarchical scheme and powersgd complete inside the call

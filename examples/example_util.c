@@ -106,6 +106,20 @@ int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_s
   return 0;
 }
 
+const char *ex_compress_spec(const char *prog, const char *flag, const loom_ctx_t *ctx, int dp_size,
+                             int overlap_ok, int rank) {
+  const char *spec = flag ? flag : loom_tunable(ctx, "LOOM_COMPRESS");
+  if (!spec || strcmp(spec, "auto") != 0 || (dp_size > 1 && overlap_ok)) {
+    return spec;
+  }
+  if (flag && rank == 0) {
+    printf("%s: --compress auto: %s, so gradients travel uncompressed\n", prog,
+           dp_size <= 1 ? "one data-parallel rank sends nothing"
+                        : "only the overlapped gradient sync is planned");
+  }
+  return "none";
+}
+
 // ---- random numbers ---------------------------------------------------------------------------
 
 uint64_t ex_splitmix64(uint64_t *state) {

@@ -43,6 +43,12 @@ int ex_parse_double(const char *flag, const char *v, double lo, double hi, doubl
 // else 0.
 int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_scheme_t *scheme,
                       char *err, size_t errlen);
+// The compression a trainer applies: flag (--compress) when given, else LOOM_COMPRESS (default
+// auto). auto becomes none when there is nothing to plan for: one data-parallel rank, or a step
+// without the overlapped gradient sync (overlap_ok 0); rank 0 says so when auto was asked for
+// with --compress. Any other spec is returned as it is (the trainer rejects what it cannot run).
+const char *ex_compress_spec(const char *prog, const char *flag, const loom_ctx_t *ctx, int dp_size,
+                             int overlap_ok, int rank);
 
 // ---- seeded random numbers (the same on every rank for the same seed)
 

@@ -74,7 +74,7 @@ static void usage(FILE *out) {
       "  --compress SPEC     compress each layer's gradient with SPEC (none, fp16, bf16, int8,\n"
       "                      int8:sr, topk:RATIO, randomk:RATIO, efsign, powersgd:RANK) and\n"
       "                      error feedback, or auto: profile the first steps, then a plan per\n"
-      "                      layer; not with --no-overlap (default: LOOM_COMPRESS, none)\n"
+      "                      layer; not with --no-overlap (default: LOOM_COMPRESS, auto)\n"
       "  --compress-scheme S indivisible, divisible or hierarchical (default divisible)\n"
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n",
@@ -680,7 +680,8 @@ int main(int argc, char **argv) {
                .momentum = o.momentum > 0};
   EX_CHECK(loom_tensor_wrap(&st.loss_t, &st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
   // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
-  const char *spec = o.compress ? o.compress : loom_tunable(ctx, "LOOM_COMPRESS");
+  const char *spec =
+      ex_compress_spec("train_fmnist", o.compress, ctx, loom_group_size(dp), !o.no_overlap, rank);
   const int use_auto = spec && !strcmp(spec, "auto");
   const loom_tensor_t *layer_t[3] = {&m.gbuf[0], &m.gbuf[1], &m.gbuf[2]};
   ex_auto_t plan_auto;

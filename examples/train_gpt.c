@@ -95,7 +95,7 @@ static void usage(FILE *out) {
       "  --compress SPEC     compress every gradient with SPEC (none, fp16, bf16, int8,\n"
       "                      int8:sr, topk:RATIO, randomk:RATIO, efsign, powersgd:RANK) and\n"
       "                      error feedback, or auto: profile the first steps, then a plan per\n"
-      "                      gradient; with --sync overlap only (default: LOOM_COMPRESS, none)\n"
+      "                      gradient; with --sync overlap only (default: LOOM_COMPRESS, auto)\n"
       "  --compress-scheme S indivisible, divisible or hierarchical (default divisible)\n"
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n"
@@ -615,7 +615,8 @@ int main(int argc, char **argv) {
   reduce[m.nunits] = &st.loss_t;
   st.grads = reduce;
   // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
-  const char *spec = o.compress ? o.compress : loom_tunable(ctx, "LOOM_COMPRESS");
+  const char *spec = ex_compress_spec("train_gpt", o.compress, ctx, loom_group_size(dp),
+                                      o.sync == SYNC_OVERLAP || o.sync == SYNC_COMM_ONLY, rank);
   const int use_auto = spec && !strcmp(spec, "auto");
   ex_auto_t plan_auto;
   int nslots = 0, *slot = calloc(2 * (size_t)m.nunits, sizeof(int)); // the parts that exist

@@ -22,6 +22,7 @@ struct loom_group {
   int node;   // this rank's (emulated) node
   void *hier; // node and node-leader sub-groups, created by comm/ on first hierarchical use
   void (*hier_destroy)(void *hier);
+  int64_t compress_chunk; // LOOM_COMPRESS_CHUNK: f32 bytes per chunk of a compressed call
 };
 
 struct loom_ctx {

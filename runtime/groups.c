@@ -75,6 +75,8 @@ loom_status_t loom_group_from_comm(loom_ctx_t *ctx, struct loom_group *g, loom_g
   g->node = node;
   g->hier = NULL;
   g->hier_destroy = NULL;
+  // Sub-groups made by comm/ (ctx NULL) take their parent's value afterwards.
+  g->compress_chunk = ctx ? ctx->params.compress_chunk : 0;
   if (g->comm == MPI_COMM_NULL) {
     return LOOM_OK;
   }

@@ -34,6 +34,7 @@ enum loom_param_id {
   LOOM_P_COMPRESS,
   LOOM_P_NET_ALPHA_US,
   LOOM_P_NET_GBPS,
+  LOOM_P_COMPRESS_CHUNK,
   LOOM_P_COUNT
 };
 
@@ -59,6 +60,7 @@ struct loom_params {
   char compress[LOOM_PARAM_TEXT_MAX];   // auto, none or a compressor spec
   double net_alpha_us;                  // 0 = measure at planning time
   double net_gbps;                      // 0 = measure at planning time
+  int compress_chunk;                   // f32 bytes per pipelined chunk (0: whole tensors)
   char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
   int source[LOOM_P_COUNT];                     // enum loom_param_source
 };

@@ -152,6 +152,18 @@ static int parse_gbps(const struct loom_param_desc *d, const char *text, struct 
   return parse_nonneg(text, 1e6, &out->net_gbps, err, errlen);
 }
 
+static int parse_compress_chunk(const struct loom_param_desc *d, const char *text,
+                                struct loom_params *out, char *err, size_t errlen) {
+  if (parse_int_field(d, text, &out->compress_chunk, err, errlen) != 0) {
+    return -1;
+  }
+  if (out->compress_chunk > 0 && out->compress_chunk < 1024) {
+    snprintf(err, errlen, "not 0 (whole tensors) or at least 1024 bytes");
+    return -1;
+  }
+  return 0;
+}
+
 static int parse_timeline(const struct loom_param_desc *d, const char *text,
                           struct loom_params *out, char *err, size_t errlen) {
   (void)d;
@@ -243,7 +255,7 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                                   0, 1000000, parse_progress,
                                   "microseconds between the scheduler's progress-thread polls "
                                   "while communication is in flight (0 = no progress thread)"},
-    [LOOM_P_COMPRESS] = {"LOOM_COMPRESS", "compress", STR_FIELD(compress), "none",
+    [LOOM_P_COMPRESS] = {"LOOM_COMPRESS", "compress", STR_FIELD(compress), "auto",
                          "none|auto|a compressor spec (fp16, int8, topk:0.01, ...)", 0, 0,
                          parse_compress,
                          "gradient compression of the example trainers: none, planned per "
@@ -256,4 +268,10 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                          parse_gbps,
                          "link bandwidth in Gbit/s for the compression planner (0 = measure at "
                          "planning time)"},
+    [LOOM_P_COMPRESS_CHUNK] = {"LOOM_COMPRESS_CHUNK", "compress_chunk", INT_FIELD(compress_chunk),
+                               "4194304", "0 or 1024..2147483647", 0, 2147483647,
+                               parse_compress_chunk,
+                               "compressed allreduce: bytes of f32 gradient per pipelined chunk "
+                               "(encoding, transfer and decoding of successive chunks overlap; "
+                               "0 = whole tensors; top-k is never cut)"},
 };

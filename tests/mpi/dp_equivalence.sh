@@ -3,6 +3,8 @@
 # at np 1 --batch 64 and np 2 --batch 32 end with the same parameters, both np 2 ranks bitwise equal;
 # with --compress topk:0.1 at np 3 the replicas stay bitwise equal.
 set -u
+# Uncompressed unless a run asks: LOOM_COMPRESS defaults to auto, whose plan depends on timing.
+export LOOM_COMPRESS=none
 b=${LOOM_BUILDDIR:-.}
 data=${LOOM_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 sh=${SHELL:-/bin/sh}

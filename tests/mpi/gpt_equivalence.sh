@@ -3,6 +3,8 @@
 # 3 and 4), every replica is bitwise identical, the fused path equals the overlapped one bitwise,
 # and compressed runs (--compress) keep the replicas identical.
 set -u
+# Uncompressed unless a run asks: LOOM_COMPRESS defaults to auto, whose plan depends on timing.
+export LOOM_COMPRESS=none
 b=${LOOM_BUILDDIR:-.}
 src=${srcdir:-.}
 sh=${SHELL:-/bin/sh}

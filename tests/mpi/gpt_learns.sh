@@ -1,7 +1,10 @@
 #!/bin/sh
 # gpt_learns.sh — train_gpt at np 2 on the fortunes corpus (Debian package fortunes) brings the
-# validation loss well below the unigram entropy of the bytes, and writes its JSON.
+# validation loss well below the unigram entropy of the bytes, and writes its JSON; it runs with
+# the default gradient compression (auto), so the planned path trains too.
 set -u
+# With the defaults, compression included (LOOM_COMPRESS unset: auto profiles, plans, applies).
+unset LOOM_COMPRESS
 b=${LOOM_BUILDDIR:-.}
 sh=${SHELL:-/bin/sh}
 data=${LOOM_GPT_DATA:-/usr/share/games/fortunes}

@@ -23,6 +23,8 @@
 // - loom_icompressed_allreduce with two calls in flight equals the blocking calls bitwise;
 // - powersgd at full rank reproduces the exact sum, at rank 1 on rank-1 inputs too, and needs ef;
 // - errors: an f16 tensor, an unnamed tensor with ef, a bad op.
+// With LOOM_COMPRESS_CHUNK set small in the spec, the flat schemes cut tensors into pipelined
+// chunks, chunk k encoded on its own with seed + k: the expected values are computed so too.
 
 static int world_rank, world_size;
 
@@ -50,6 +52,25 @@ static void roundtrip_add(const loom_compressor_t *c, const float *x, int64_t n,
   OK(loom_compressor_encode(c, x, n, seed, p, cap, &bytes));
   OK(loom_compressor_decode_add(c, p, bytes, n, seed, acc));
   free(p);
+}
+
+// Values per pipelined chunk of c by the rule of loom_compress.h: LOOM_COMPRESS_CHUNK bytes of
+// f32 (default 4 MiB; 0: the whole tensor), top-k never cut.
+static int64_t chunk_values(const loom_compressor_t *c, int64_t n) {
+  const char *e = getenv("LOOM_COMPRESS_CHUNK");
+  long long bytes = e ? atoll(e) : 4LL << 20;
+  int64_t v = bytes > 0 && strncmp(loom_compressor_name(c), "topk", 4) != 0 ? bytes / 4 : n;
+  return v < n ? v : (n > 0 ? n : 1);
+}
+
+// acc += decode(encode(x)) chunk by chunk, as the flat schemes cut x (chunk k with seed + k).
+static void roundtrip_chunks(const loom_compressor_t *c, const float *x, int64_t n, uint64_t seed,
+                             float *acc) {
+  const int64_t chunk = chunk_values(c, n);
+  for (int64_t lo = 0, k = 0; lo < n || (n == 0 && k == 0); lo += chunk, k++) {
+    int64_t len = n - lo < chunk ? n - lo : chunk;
+    roundtrip_add(c, x + lo, len, seed + (uint64_t)k, acc + lo);
+  }
 }
 
 // 1 when every rank holds the same n floats.
@@ -98,20 +119,25 @@ static void test_scheme(const loom_group_t *g, const char *spec, loom_scheme_t s
   if (scheme == LOOM_SCHEME_INDIVISIBLE) {
     for (int r = 0; r < np; r++) {
       input(xr, n, r, 0);
-      roundtrip_add(c, xr, n, seed, want);
+      roundtrip_chunks(c, xr, n, seed, want);
     }
   } else if (scheme == LOOM_SCHEME_DIVISIBLE) {
-    exact = !seeded(spec);
-    for (int i = 0; i < np && exact; i++) {
-      int64_t lo, len;
-      shard_range(n, np, i, &lo, &len);
-      float *acc = calloc((size_t)len + 1, sizeof(float));
-      for (int r = 0; r < np; r++) {
-        input(xr, n, r, 0);
-        roundtrip_add(c, xr + lo, len, 0, acc);
+    exact = !seeded(spec); // these ignore the seed: the shards' seeds need not be rebuilt
+    const int64_t chunk = chunk_values(c, n);
+    for (int64_t clo = 0; clo < n && exact; clo += chunk) {
+      int64_t clen = n - clo < chunk ? n - clo : chunk;
+      for (int i = 0; i < np; i++) {
+        int64_t lo, len;
+        shard_range(clen, np, i, &lo, &len);
+        lo += clo;
+        float *acc = calloc((size_t)len + 1, sizeof(float));
+        for (int r = 0; r < np; r++) {
+          input(xr, n, r, 0);
+          roundtrip_add(c, xr + lo, len, 0, acc);
+        }
+        roundtrip_add(c, acc, len, 0, want + lo);
+        free(acc);
       }
-      roundtrip_add(c, acc, len, 0, want + lo);
-      free(acc);
     }
   } else { // hierarchical: node sums in rank order, then indivisible among the leaders
     int nodes = node_size > 0 ? (np + node_size - 1) / node_size : 1;
@@ -124,7 +150,7 @@ static void test_scheme(const loom_group_t *g, const char *spec, loom_scheme_t s
           ns[i] += xr[i];
         }
       }
-      roundtrip_add(c, ns, n, seed, want);
+      roundtrip_chunks(c, ns, n, seed, want);
       free(ns);
     }
   }
@@ -243,7 +269,7 @@ static void test_error_feedback(const loom_group_t *g) {
         y[i] = test_floats(&t)[i] + r_want[i];
         d[i] = 0.0f;
       }
-      roundtrip_add(c, y, n, (uint64_t)step, d);
+      roundtrip_chunks(c, y, n, (uint64_t)step, d);
       for (int64_t i = 0; i < n; i++) {
         r_want[i] = y[i] - d[i];
       }
