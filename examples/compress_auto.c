@@ -52,11 +52,11 @@ void ex_auto_record(ex_auto_t *a, long step, const double *ready, double compute
   a->samples++;
 }
 
-loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group_t *dp, int nodes) {
+loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group_t *dp) {
   loom_status_t status = LOOM_OK;
   const int rank = loom_group_rank(dp), np = loom_group_size(dp);
-  loom_link_t link;
-  status = loom_plan_measure_link(ctx, dp, &link);
+  loom_plan_links_t link;
+  status = loom_plan_measure_links(ctx, dp, &link);
   if (status != LOOM_OK) {
     return status;
   }
@@ -94,9 +94,9 @@ loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group
                              .tensors = pt,
                              .compute_us = 1e3 * a->compute_sum / s,
                              .ranks = np,
-                             .nodes = nodes >= 1 && nodes <= np ? nodes : 1,
-                             .intra = link,
-                             .inter = link,
+                             .nodes = link.nodes >= 1 && link.nodes <= np ? link.nodes : 1,
+                             .intra = link.intra,
+                             .inter = link.inter,
                              .ncodecs = status == LOOM_OK ? a->ncand : 0,
                              .codecs = cost,
                              .workers = 0};
@@ -112,9 +112,16 @@ loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group
       }
       free(none);
       pred[0] = r.step_us / 1e3;
-      printf("compression plan (auto): link %.1f us + %.2f Gbit/s measured between ranks 0 and "
-             "1; %d profiled steps\n",
-             link.alpha_us, link.gbps, a->samples);
+      if (link.nodes > 1) {
+        printf("compression plan (auto): %d nodes; links inside a node %.1f us + %.2f Gbit/s, "
+               "between nodes %.1f us + %.2f Gbit/s; %d profiled steps\n",
+               link.nodes, link.intra.alpha_us, link.intra.gbps, link.inter.alpha_us,
+               link.inter.gbps, a->samples);
+      } else {
+        printf("compression plan (auto): link %.1f us + %.2f Gbit/s between ranks 0 and 1 "
+               "(one node); %d profiled steps\n",
+               link.intra.alpha_us, link.intra.gbps, a->samples);
+      }
       loom_plan_print(&p, ch, &r, stdout);
       fflush(stdout);
       for (int i = 0; i < a->nt; i++) {

@@ -28,6 +28,6 @@ void ex_auto_free(ex_auto_t *a);
 // began), compute_ms the step's compute. Step 0 is ignored (warm-up).
 void ex_auto_record(ex_auto_t *a, long step, const double *ready, double compute_ms);
 // Measure (collective over dp), plan on rank 0, broadcast; rank 0 prints the plan.
-loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group_t *dp, int nodes);
+loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group_t *dp);
 
 #endif

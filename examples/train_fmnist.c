@@ -769,7 +769,7 @@ int main(int argc, char **argv) {
           ex_auto_record(&plan_auto, step, st.ready, ss.compute_ms);
           if (step == EX_AUTO_PROFILE_STEPS - 1) {
             double p0 = MPI_Wtime();
-            EX_CHECK(ex_auto_plan(&plan_auto, ctx, dp, loom_num_nodes(ctx)));
+            EX_CHECK(ex_auto_plan(&plan_auto, ctx, dp));
             for (int l = 0; l < 3; l++) {
               int c = plan_auto.codec[l];
               st.layer_codec[l] = c >= 0 ? plan_auto.cand[c] : NULL;

@@ -729,7 +729,7 @@ int main(int argc, char **argv) {
         ex_auto_record(&plan_auto, step, slot_ready, ss.compute_ms);
         if (step == EX_AUTO_PROFILE_STEPS - 1) {
           double p0 = MPI_Wtime();
-          EX_CHECK(ex_auto_plan(&plan_auto, ctx, dp, loom_num_nodes(ctx)));
+          EX_CHECK(ex_auto_plan(&plan_auto, ctx, dp));
           plan_time = MPI_Wtime() - p0; // measuring and planning is set-up, not training
           for (int k = 0; k < nslots; k++) {
             int c = plan_auto.codec[k];

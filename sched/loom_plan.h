@@ -94,12 +94,19 @@ LOOM_API void loom_plan_print(const loom_plan_problem_t *p, const loom_plan_choi
 
 // ---- measurements for the planner (plan_measure.c) -------------------------------------------
 
-// The link of group g as an allreduce loads it: alpha from 8-byte and the bandwidth from 4 MiB
-// exchanges both ways between group ranks 0 and 1 (well under a second even at 1 Gbit/s), given
-// to every rank. LOOM_NET_ALPHA_US and LOOM_NET_GBPS, when above 0, replace the measured value.
-// Collective over g (a single rank gets the tunables, or an unlimited link).
-LOOM_API loom_status_t loom_plan_measure_link(const loom_ctx_t *ctx, const loom_group_t *g,
-                                              loom_link_t *out);
+// The links of group g by class, as an allreduce loads them: alpha from 8-byte and the
+// bandwidth from 4 MiB exchanges both ways (well under a second even at 1 Gbit/s) between group
+// rank 0 and the first other rank on its node (intra) and the first rank on another node
+// (inter), given to every rank with the number of nodes g spans. A class without a pair takes
+// the other's figures. LOOM_NET_ALPHA_US and LOOM_NET_GBPS, when above 0, replace the network's
+// measured value: the inter-node link, or on one node its only link. Collective over g (a
+// single rank gets the tunables, or an unlimited link).
+typedef struct loom_plan_links {
+  loom_link_t intra, inter;
+  int nodes;
+} loom_plan_links_t;
+LOOM_API loom_status_t loom_plan_measure_links(const loom_ctx_t *ctx, const loom_group_t *g,
+                                               loom_plan_links_t *out);
 // spec's encode and decode cost on this core and its payload size, from runs at 2^14 and 2^20
 // values (a fraction of a second). out->compressor points at spec. powersgd is
 // LOOM_ERR_UNSUPPORTED (no payload codec to time). The figures are cached in a file per host

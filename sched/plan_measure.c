@@ -12,12 +12,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ctx.h"
 #include "error.h"
 #include "loom_version.h"
 
 // ---------------------------------------------------------------------------------------------
-// Link: group ranks 0 and 1 exchange messages both ways at once (MPI_Sendrecv), as the two
-// halves of an allreduce load the link; the median of a few rounds at 8 bytes gives alpha, at
+// Links: group rank 0 exchanges messages both ways at once (MPI_Sendrecv), as the two halves of
+// an allreduce load a link, with the first other rank on its node (intra) and then with the
+// first rank on another node (inter); the median of a few rounds at 8 bytes gives alpha, at
 // 4 MiB the bandwidth. Every rank gets rank 0's figures.
 
 #define LINK_BIG    (4u << 20)
@@ -40,39 +42,78 @@ static double exchange_us(MPI_Comm comm, int peer, char *buf, int bytes) {
   return t[LINK_ROUNDS / 2];
 }
 
-loom_status_t loom_plan_measure_link(const loom_ctx_t *ctx, const loom_group_t *g,
-                                     loom_link_t *out) {
+// Rank 0 and peer measure their link into fig[0..1] (alpha_us, gbps); the others wait.
+static void measure_pair(MPI_Comm comm, int me, int peer, char *buf, double *fig) {
+  if (me != 0 && me != peer) {
+    return;
+  }
+  const int other = me == 0 ? peer : 0;
+  exchange_us(comm, other, buf, 8); // warm-up: connection set-up is not latency
+  double small = exchange_us(comm, other, buf, 8);
+  double big = exchange_us(comm, other, buf, (int)LINK_BIG);
+  fig[0] = small;
+  fig[1] = big > small ? (double)LINK_BIG / ((big - small) * 125.0) : 1e6;
+}
+
+loom_status_t loom_plan_measure_links(const loom_ctx_t *ctx, const loom_group_t *g,
+                                      loom_plan_links_t *out) {
   const int me = loom_group_rank(g), np = loom_group_size(g);
   if (!out || me < 0) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "loom_plan_measure_link: %s: call it on every member of the group",
+                      "loom_plan_measure_links: %s: call it on every member of the group",
                       out ? "this rank is not a member" : "out is NULL");
   }
-  double fig[2] = {0.0, 0.0}; // alpha_us, gbps
   const char *a = loom_tunable(ctx, "LOOM_NET_ALPHA_US"), *b = loom_tunable(ctx, "LOOM_NET_GBPS");
   const double set_alpha = a ? atof(a) : 0.0, set_gbps = b ? atof(b) : 0.0;
-  if (np >= 2 && (set_alpha <= 0.0 || set_gbps <= 0.0)) {
-    MPI_Comm comm = loom_group_comm(g);
-    char *buf = malloc(2 * (size_t)LINK_BIG);
-    int ok = buf != NULL, all = 0;
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
-    if (!all) {
-      free(buf);
-      return loom_error(NULL, LOOM_ERR_NOMEM, "loom_plan_measure_link: cannot allocate 8 MiB");
-    }
-    memset(buf, 1, 2 * (size_t)LINK_BIG);
-    if (me <= 1) {
-      exchange_us(comm, 1 - me, buf, 8); // warm-up: connection set-up is not latency
-      double small = exchange_us(comm, 1 - me, buf, 8);
-      double big = exchange_us(comm, 1 - me, buf, (int)LINK_BIG);
-      fig[0] = small;
-      fig[1] = big > small ? (double)LINK_BIG / ((big - small) * 125.0) : 1e6;
-    }
-    MPI_Bcast(fig, 2, MPI_DOUBLE, 0, comm);
+  MPI_Comm comm = loom_group_comm(g);
+  int *node = calloc((size_t)np, sizeof(int)), mine = g->node, ok = 0, all = 0;
+  char *buf = malloc(2 * (size_t)LINK_BIG);
+  ok = node && buf;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
+  if (!all) {
+    free(node);
     free(buf);
+    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_plan_measure_links: cannot allocate 8 MiB");
   }
-  out->alpha_us = set_alpha > 0.0 ? set_alpha : fig[0];
-  out->gbps = set_gbps > 0.0 ? set_gbps : (fig[1] > 0.0 ? fig[1] : 1e6);
+  MPI_Allgather(&mine, 1, MPI_INT, node, 1, MPI_INT, comm);
+  int intra_peer = -1, inter_peer = -1;
+  out->nodes = 0;
+  for (int r = 0; r < np; r++) {
+    int first = 1; // the first rank of its node counts the node
+    for (int q = 0; q < r && first; q++) {
+      first = node[q] != node[r];
+    }
+    out->nodes += first;
+    if (r > 0 && node[r] == node[0] && intra_peer < 0) {
+      intra_peer = r;
+    }
+    if (node[r] != node[0] && inter_peer < 0) {
+      inter_peer = r;
+    }
+  }
+  double fig[4] = {0.0, 1e6, 0.0, 1e6}; // intra alpha, gbps; inter alpha, gbps
+  memset(buf, 1, 2 * (size_t)LINK_BIG);
+  if (intra_peer > 0) {
+    measure_pair(comm, me, intra_peer, buf, fig);
+  }
+  if (inter_peer > 0 && (set_alpha <= 0.0 || set_gbps <= 0.0)) {
+    measure_pair(comm, me, inter_peer, buf, fig + 2);
+  }
+  MPI_Bcast(fig, 4, MPI_DOUBLE, 0, comm);
+  free(buf);
+  free(node);
+  out->intra = (loom_link_t){fig[0], fig[1]};
+  out->inter = inter_peer > 0 ? (loom_link_t){fig[2], fig[3]} : out->intra;
+  if (intra_peer < 0) {
+    out->intra = out->inter;
+  }
+  // The tunables describe the network: the inter-node link, or the only link of one node.
+  loom_link_t *net = inter_peer > 0 ? &out->inter : &out->intra;
+  net->alpha_us = set_alpha > 0.0 ? set_alpha : net->alpha_us;
+  net->gbps = set_gbps > 0.0 ? set_gbps : net->gbps;
+  if (inter_peer < 0) {
+    out->inter = out->intra;
+  }
   return LOOM_OK;
 }
 
