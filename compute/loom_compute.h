@@ -93,6 +93,33 @@ LOOM_API loom_status_t loom_residual_forward(loom_tensor_t *out, const loom_tens
 LOOM_API loom_status_t loom_residual_backward(loom_tensor_t *da, loom_tensor_t *db,
                                               const loom_tensor_t *dout);
 
+// ---- mixture of experts: the router ------------------------------------------------------------
+
+// Router forward for T tokens over E experts, keeping K per token. logits (T, E) f32 in;
+// probs (T, E) f32 = softmax(logits) per row; idx (T, K) LOOM_I32 = the K experts of largest
+// probability per row, in descending order of probability (ties: the lower expert index first);
+// weight (T, K) f32 = probs at idx renormalised to sum to 1 per row. 1 <= K <= E. T may be 0.
+// No output may overlap logits or another output.
+LOOM_API loom_status_t loom_moe_router_forward(loom_tensor_t *probs, loom_tensor_t *idx,
+                                               loom_tensor_t *weight, const loom_tensor_t *logits);
+// The load-balancing loss of Switch Transformer: *aux = coef * E * sum_e f_e * P_e, where f_e is
+// the fraction of the T*K assignments in idx that go to expert e and P_e the mean over the T rows
+// of probs[:, e] (0 when T is 0). dprobs (T, E), when non-NULL, += the gradient of *aux with
+// respect to probs with f held constant (coef * E * f_e / T in column e). Every idx in 0..E-1;
+// coef finite; sums in double.
+LOOM_API loom_status_t loom_moe_aux_loss(float *aux, loom_tensor_t *dprobs,
+                                         const loom_tensor_t *probs, const loom_tensor_t *idx,
+                                         float coef);
+// Router backward. dweight (T, K): the loss gradient with respect to weight; dprobs_extra (T, E)
+// or NULL: a further gradient on probs (the aux loss's, from loom_moe_aux_loss). dlogits (T, E)
+// is overwritten with the gradient through the renormalisation (weight_k = p_k / S, S the sum of
+// the K kept probabilities: dp_j = (dweight_j - sum_k dweight_k weight_k) / S for the kept j, 0
+// for the others), plus dprobs_extra, then through the softmax (dlogits = p * (dp - sum(dp * p))).
+// dlogits may be dprobs_extra itself (in place) but must not overlap any other input.
+LOOM_API loom_status_t loom_moe_router_backward(
+    loom_tensor_t *dlogits, const loom_tensor_t *dweight, const loom_tensor_t *probs,
+    const loom_tensor_t *idx, const loom_tensor_t *weight, const loom_tensor_t *dprobs_extra);
+
 // ---- utilities ----------------------------------------------------------------------------------
 
 // x *= alpha.

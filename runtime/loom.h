@@ -9,6 +9,7 @@
 #include "loom_compute.h"
 #include "loom_comm.h"
 #include "loom_compress.h"
+#include "loom_moe.h"
 #include "loom_sched.h"
 #include "loom_plan.h"
 

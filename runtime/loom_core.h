@@ -69,6 +69,7 @@ typedef struct loom_config {
   const char *net_alpha_us; // LOOM_NET_ALPHA_US: link latency for the planner, "0" = measure
   const char *net_gbps;     // LOOM_NET_GBPS: link bandwidth for the planner, "0" = measure
   int compress_chunk;       // LOOM_COMPRESS_CHUNK: f32 bytes per pipelined chunk (0 = whole)
+  const char *moe_overlap;  // LOOM_MOE_OVERLAP: none | coarse | fine
 } loom_config_t;
 
 // The value of a tunable as resolved at loom_init (environment, config or default), by its

@@ -35,6 +35,7 @@ enum loom_param_id {
   LOOM_P_NET_ALPHA_US,
   LOOM_P_NET_GBPS,
   LOOM_P_COMPRESS_CHUNK,
+  LOOM_P_MOE_OVERLAP,
   LOOM_P_COUNT
 };
 
@@ -61,6 +62,7 @@ struct loom_params {
   double net_alpha_us;                  // 0 = measure at planning time
   double net_gbps;                      // 0 = measure at planning time
   int compress_chunk;                   // f32 bytes per pipelined chunk (0: whole tensors)
+  int moe_overlap;                      // loom_moe_overlap_t: 0 none, 1 coarse, 2 fine
   char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
   int source[LOOM_P_COUNT];                     // enum loom_param_source
 };

@@ -164,6 +164,20 @@ static int parse_compress_chunk(const struct loom_param_desc *d, const char *tex
   return 0;
 }
 
+static int parse_moe_overlap(const struct loom_param_desc *d, const char *text,
+                             struct loom_params *out, char *err, size_t errlen) {
+  (void)d;
+  static const char *const names[] = {"none", "coarse", "fine"};
+  for (int i = 0; i < 3; i++) {
+    if (strcasecmp(text, names[i]) == 0) {
+      out->moe_overlap = i;
+      return 0;
+    }
+  }
+  snprintf(err, errlen, "not none, coarse or fine");
+  return -1;
+}
+
 static int parse_timeline(const struct loom_param_desc *d, const char *text,
                           struct loom_params *out, char *err, size_t errlen) {
   (void)d;
@@ -274,4 +288,8 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                                "compressed allreduce: bytes of f32 gradient per pipelined chunk "
                                "(encoding, transfer and decoding of successive chunks overlap; "
                                "0 = whole tensors; top-k is never cut)"},
+    [LOOM_P_MOE_OVERLAP] = {"LOOM_MOE_OVERLAP", "moe_overlap", STR_FIELD(moe_overlap), "fine",
+                            "none|coarse|fine", 0, 0, parse_moe_overlap,
+                            "MoE layers: how the dispatch and combine all-to-alls overlap the "
+                            "expert GEMMs (blocking, pipelined chunks, or COMET's fine split)"},
 };

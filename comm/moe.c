@@ -1,0 +1,614 @@
+/* moe.c — the MoE layer's source side: creation and the config check across the expert-parallel
+ * group, parameters, routing with capacity, permute by destination, unpermute, router gradients. */
+#include "config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "compress_internal.h" // loom_mix64
+#include "cpu/linear_cpu.h"
+#include "ctx.h"
+#include "error.h"
+#include "loom_compute.h"
+#include "moe_internal.h"
+
+#define DEFAULT_CHUNKS 4
+#define DEFAULT_SLICES 4
+#define MAX_SPLIT      64
+
+static const char *const overlap_names[] = {"none", "coarse", "fine"};
+
+const char *loom_moe_overlap_name(int overlap) {
+  return overlap >= 0 && overlap < LOOM_MOE_OVERLAP_COUNT ? overlap_names[overlap] : "invalid";
+}
+
+loom_status_t loom_moe_overlap_parse(const char *name, int *out) {
+  for (int i = 0; name && out && i < LOOM_MOE_OVERLAP_COUNT; i++) {
+    if (strcmp(name, overlap_names[i]) == 0) {
+      *out = i;
+      return LOOM_OK;
+    }
+  }
+  return loom_error(NULL, LOOM_ERR_INVALID_ARG, "MoE overlap '%s': use none, coarse or fine",
+                    name ? name : "(null)");
+}
+
+void loom_moe_config_init(loom_moe_config_t *cfg) {
+  if (cfg) {
+    *cfg = (loom_moe_config_t){.aux_coef = 0.01f, .overlap = LOOM_MOE_OVERLAP_DEFAULT, .seed = 1};
+  }
+}
+
+loom_status_t loom_moe_reserve(moe_buf_t *b, size_t n, const char *what) {
+  if (b->cap >= n) {
+    return LOOM_OK;
+  }
+  loom_host_free(b->p);
+  b->p = loom_host_alloc(sizeof(float) * (n ? n : 1));
+  b->cap = b->p ? n : 0;
+  return b->p ? LOOM_OK
+              : loom_error(NULL, LOOM_ERR_NOMEM, "MoE: cannot allocate %zu floats for %s", n, what);
+}
+
+// ---- creation -----------------------------------------------------------------------------------
+
+// The config checks one rank can make alone; a message in err when one fails.
+static int config_ok(const loom_moe_config_t *c, int np, char *err, size_t len) {
+  if (c->num_experts < 1 || c->num_experts % np != 0) {
+    snprintf(err, len, "num_experts %d: use a positive multiple of the expert-parallel size %d",
+             c->num_experts, np);
+  } else if (c->top_k < 1 || c->top_k > c->num_experts) {
+    snprintf(err, len, "top_k %d: use 1..num_experts (%d)", c->top_k, c->num_experts);
+  } else if (c->hidden < 1 || c->ffn < 1 || c->hidden > (1 << 24) || c->ffn > (1 << 24)) {
+    snprintf(err, len, "hidden %lld, ffn %lld: use 1..16777216 each", (long long)c->hidden,
+             (long long)c->ffn);
+  } else if (!(c->capacity_factor >= 0.0) || c->capacity_factor > 1e6) {
+    snprintf(err, len, "capacity_factor %g: use 0 (dropless) or a positive factor",
+             c->capacity_factor);
+  } else if (c->drop != LOOM_MOE_DROP_LATE && c->drop != LOOM_MOE_DROP_LOW_WEIGHT) {
+    snprintf(err, len, "drop %d: use LOOM_MOE_DROP_LATE or LOOM_MOE_DROP_LOW_WEIGHT", (int)c->drop);
+  } else if (c->overlap < 0 || c->overlap >= LOOM_MOE_OVERLAP_COUNT) {
+    snprintf(err, len, "overlap %d: use a loom_moe_overlap_t", c->overlap);
+  } else if (c->chunks < 0 || c->chunks > MAX_SPLIT || c->col_slices < 0 ||
+             c->col_slices > MAX_SPLIT) {
+    snprintf(err, len, "chunks %d, col_slices %d: use 0 (tuned) or 1..%d", c->chunks, c->col_slices,
+             MAX_SPLIT);
+  } else if (!isfinite(c->aux_coef) || c->aux_coef < 0) {
+    snprintf(err, len, "aux_coef %g: use 0 or a positive weight", (double)c->aux_coef);
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+// Every rank of the group must pass the same config: compare the fields across the group (two
+// allreduces every rank reaches, so a mismatch is an error everywhere, never a hang).
+static loom_status_t config_agree(MPI_Comm comm, const loom_moe_config_t *c, int ok) {
+  static const char *const names[] = {"valid config",
+                                      "num_experts",
+                                      "top_k",
+                                      "hidden",
+                                      "ffn",
+                                      "capacity_factor (x 1e6)",
+                                      "drop",
+                                      "overlap",
+                                      "chunks",
+                                      "col_slices",
+                                      "aux_coef (x 1e6)"};
+  enum { NF = sizeof names / sizeof names[0] };
+  long long v[NF] = {ok,
+                     c->num_experts,
+                     c->top_k,
+                     c->hidden,
+                     c->ffn,
+                     llround(c->capacity_factor * 1e6),
+                     c->drop,
+                     c->overlap,
+                     c->chunks,
+                     c->col_slices,
+                     llround((double)c->aux_coef * 1e6)};
+  long long lo[NF], hi[NF];
+  if (MPI_Allreduce(v, lo, NF, MPI_LONG_LONG, MPI_MIN, comm) != MPI_SUCCESS ||
+      MPI_Allreduce(v, hi, NF, MPI_LONG_LONG, MPI_MAX, comm) != MPI_SUCCESS) {
+    return loom_error(NULL, LOOM_ERR_MPI, "loom_moe_create: comparing the configs failed");
+  }
+  if (lo[0] == 0) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_moe_create: another rank of the expert-parallel group was given an "
+                      "invalid config (its own error says which field)");
+  }
+  for (int i = 1; i < NF; i++) {
+    if (lo[i] != hi[i]) {
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "loom_moe_create: the ranks of the expert-parallel group disagree on %s "
+                        "(%lld on one rank, %lld on another): pass the same config everywhere",
+                        names[i], lo[i], hi[i]);
+    }
+  }
+  return LOOM_OK;
+}
+
+// Uniform in [-a, a) from (seed, what, index): the same on every rank for the same expert.
+static float init_value(uint64_t seed, uint64_t what, uint64_t i, float a) {
+  uint64_t r = loom_mix64(seed ^ loom_mix64(what * 0x9E3779B97F4A7C15ull + i));
+  return a * (2.0f * (float)((double)(r >> 11) * 0x1.0p-53) - 1.0f);
+}
+
+static loom_status_t make_params(loom_moe_t *m) {
+  const int64_t H = m->cfg.hidden, F = m->cfg.ffn, E = m->cfg.num_experts, El = m->el;
+  const int64_t shapes[LOOM_MOE_PARAM_COUNT][3] = {
+      {H, E, 0}, {El, H, F}, {El, F, 0}, {El, F, H}, {El, H, 0}};
+  const int ndim[LOOM_MOE_PARAM_COUNT] = {2, 3, 2, 3, 2};
+  static const char *const names[LOOM_MOE_PARAM_COUNT][2] = {{"moe.router", "moe.router.grad"},
+                                                             {"moe.w1", "moe.w1.grad"},
+                                                             {"moe.b1", "moe.b1.grad"},
+                                                             {"moe.w2", "moe.w2.grad"},
+                                                             {"moe.b2", "moe.b2.grad"}};
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    loom_status_t status = loom_tensor_alloc(&m->param[p], LOOM_F32, LOOM_DEVICE_HOST, ndim[p],
+                                             shapes[p], names[p][0]);
+    if (status == LOOM_OK) {
+      status = loom_tensor_alloc(&m->grad[p], LOOM_F32, LOOM_DEVICE_HOST, ndim[p], shapes[p],
+                                 names[p][1]);
+    }
+    if (status != LOOM_OK) {
+      return status;
+    }
+    loom_tensor_fill(&m->grad[p], 0.0);
+    loom_tensor_fill(&m->param[p], 0.0);
+  }
+  const uint64_t seed = m->cfg.seed;
+  const int first = m->me * m->el;
+  float *router = m->param[LOOM_MOE_ROUTER].data;
+  for (int64_t i = 0; i < H * E; i++) {
+    router[i] = init_value(seed, 1, (uint64_t)i, 1.0f / sqrtf((float)H));
+  }
+  float *w1 = m->param[LOOM_MOE_W1].data, *w2 = m->param[LOOM_MOE_W2].data;
+  for (int e = 0; e < m->el; e++) { // expert first + e: its values whichever rank holds it
+    const uint64_t g = (uint64_t)(first + e);
+    for (int64_t i = 0; i < H * F; i++) {
+      w1[e * H * F + i] = init_value(seed, 2 + 4 * g, (uint64_t)i, 1.0f / sqrtf((float)H));
+      w2[e * F * H + i] = init_value(seed, 3 + 4 * g, (uint64_t)i, 1.0f / sqrtf((float)F));
+    }
+  }
+  return LOOM_OK;
+}
+
+loom_status_t loom_moe_create(loom_ctx_t *ctx, const loom_group_t *ep, const loom_moe_config_t *cfg,
+                              loom_moe_t **out) {
+  loom_status_t status = LOOM_OK;
+  loom_moe_t *m = NULL;
+  char err[256] = "";
+  if (!cfg || !out) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_moe_create: cfg and out must be set");
+  }
+  *out = NULL;
+  if (ep && loom_group_rank(ep) < 0) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_moe_create: this rank is not a member of the expert-parallel group");
+  }
+  m = calloc(1, sizeof *m);
+  if (!m) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_moe_create: out of memory");
+  }
+  m->cfg = *cfg;
+  m->comm = MPI_COMM_NULL;
+  m->np = ep ? loom_group_size(ep) : 1;
+  m->me = ep ? loom_group_rank(ep) : 0;
+  if (m->cfg.overlap == LOOM_MOE_OVERLAP_DEFAULT) {
+    m->cfg.overlap = ctx ? ctx->params.moe_overlap : LOOM_MOE_OVERLAP_FINE;
+  }
+  int ok = config_ok(&m->cfg, m->np, err, sizeof err);
+  if (ep) {
+    LOOM_CHECK_MPI(NULL, MPI_Comm_dup(loom_group_comm(ep), &m->comm));
+    if (!ok) { // this rank's own problem first; the others learn that a peer failed
+      MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, m->comm);
+      status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_moe_create: %s", err);
+      goto fail;
+    }
+    int all = ok;
+    MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, m->comm);
+    LOOM_CHECK(config_agree(m->comm, &m->cfg, all));
+  } else if (!ok) {
+    status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_moe_create: %s", err);
+    goto fail;
+  }
+  m->el = m->cfg.num_experts / m->np;
+  m->chunks = m->cfg.chunks > 0 ? m->cfg.chunks : DEFAULT_CHUNKS;
+  m->slices = m->cfg.col_slices > 0 ? m->cfg.col_slices : DEFAULT_SLICES;
+  if (m->slices > m->cfg.hidden) {
+    m->slices = (int)m->cfg.hidden;
+  }
+  m->cnt_send = calloc((size_t)m->np * (size_t)m->el, sizeof(int64_t));
+  m->cnt_recv = calloc((size_t)m->np * (size_t)m->el, sizeof(int64_t));
+  m->off_send = calloc((size_t)m->np + 1, sizeof(int64_t));
+  m->off_recv = calloc((size_t)m->np + 1, sizeof(int64_t));
+  m->sent = calloc((size_t)m->cfg.num_experts, sizeof(int64_t));
+  m->received = calloc((size_t)m->el, sizeof(int64_t));
+  if (!m->cnt_send || !m->cnt_recv || !m->off_send || !m->off_recv || !m->sent || !m->received) {
+    status = loom_error(NULL, LOOM_ERR_NOMEM, "loom_moe_create: out of memory");
+    goto fail;
+  }
+  LOOM_CHECK(make_params(m));
+  *out = m;
+  return LOOM_OK;
+fail:
+  loom_moe_destroy(m);
+  return status;
+}
+
+static void buf_free(moe_buf_t *b) {
+  loom_host_free(b->p);
+  b->p = NULL;
+  b->cap = 0;
+}
+
+void loom_moe_destroy(loom_moe_t *m) {
+  if (!m) {
+    return;
+  }
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    loom_tensor_free(&m->param[p]);
+    loom_tensor_free(&m->grad[p]);
+  }
+  moe_buf_t *bufs[] = {&m->x,      &m->logits, &m->probs, &m->weight,  &m->dprobs_aux, &m->send_x,
+                       &m->recv_x, &m->pre,    &m->h,     &m->out_exp, &m->comb,       &m->dw,
+                       &m->d_send, &m->d_recv, &m->dpre,  &m->dx_exp,  &m->dx_comb,    &m->dlogits};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+    buf_free(bufs[i]);
+  }
+  free(m->idx);
+  free(m->pos);
+  free(m->cnt_send);
+  free(m->cnt_recv);
+  free(m->off_send);
+  free(m->off_recv);
+  free(m->sent);
+  free(m->received);
+  if (m->comm != MPI_COMM_NULL) {
+    MPI_Comm_free(&m->comm);
+  }
+  free(m);
+}
+
+loom_tensor_t *loom_moe_param(loom_moe_t *m, loom_moe_param_t which) {
+  return m && (int)which >= 0 && which < LOOM_MOE_PARAM_COUNT ? &m->param[which] : NULL;
+}
+
+loom_tensor_t *loom_moe_grad(loom_moe_t *m, loom_moe_param_t which) {
+  return m && (int)which >= 0 && which < LOOM_MOE_PARAM_COUNT ? &m->grad[which] : NULL;
+}
+
+void loom_moe_stats(const loom_moe_t *m, loom_moe_stats_t *out) {
+  if (!m || !out) {
+    return;
+  }
+  *out = (loom_moe_stats_t){.num_experts = m->cfg.num_experts,
+                            .local_experts = m->el,
+                            .first_expert = m->me * m->el,
+                            .sent = m->sent,
+                            .received = m->received,
+                            .dropped = m->dropped,
+                            .aux = m->aux,
+                            .comm_ms = m->comm_ms,
+                            .compute_ms = m->compute_ms,
+                            .wall_ms = m->wall_ms};
+}
+
+// ---- routing ------------------------------------------------------------------------------------
+
+static loom_status_t check_rows(const char *op, const char *name, const loom_tensor_t *t, int64_t H,
+                                int64_t *rows) {
+  if (!t || t->dtype != LOOM_F32 || t->device != LOOM_DEVICE_HOST || t->ndim < 1 ||
+      t->shape[t->ndim - 1] != H || (!t->data && loom_tensor_numel(t) > 0)) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: %s must be an f32 host tensor of rows of hidden = %lld values", op, name,
+                      (long long)H);
+  }
+  *rows = loom_tensor_numel(t) / H;
+  return LOOM_OK;
+}
+
+// Which assignments a full expert keeps: mark pos[i] = -2 for the dropped ones of expert g.
+typedef struct cand {
+  float w;
+  int64_t i; // t * K + k
+} cand_t;
+
+static int by_weight(const void *a, const void *b) {
+  const cand_t *x = a, *y = b;
+  if (x->w != y->w) {
+    return x->w > y->w ? -1 : 1;
+  }
+  return x->i < y->i ? -1 : x->i > y->i;
+}
+
+static loom_status_t apply_capacity(loom_moe_t *m, int64_t T) {
+  const int K = m->cfg.top_k, E = m->cfg.num_experts;
+  const int64_t n = T * K;
+  m->dropped = 0;
+  if (m->cfg.capacity_factor <= 0.0 || n == 0) {
+    return LOOM_OK;
+  }
+  const int64_t cap = (int64_t)ceil(m->cfg.capacity_factor * (double)n / (double)E);
+  cand_t *c = malloc(sizeof *c * (size_t)n);
+  if (!c) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "MoE: out of memory for the capacity");
+  }
+  for (int g = 0; g < E; g++) {
+    int64_t nc = 0;
+    for (int64_t i = 0; i < n; i++) {
+      if (m->idx[i] == g) {
+        c[nc++] = (cand_t){m->weight.p[i], i};
+      }
+    }
+    if (nc <= cap) {
+      continue;
+    }
+    if (m->cfg.drop == LOOM_MOE_DROP_LOW_WEIGHT) {
+      qsort(c, (size_t)nc, sizeof *c, by_weight);
+    }
+    for (int64_t r = cap; r < nc; r++) { // DROP_LATE: c is in token order already
+      m->pos[c[r].i] = -2;
+      m->dropped++;
+    }
+  }
+  free(c);
+  return LOOM_OK;
+}
+
+// Counts, offsets and the send position of every kept assignment; exchange the counts.
+static loom_status_t permute_plan(loom_moe_t *m, int64_t T) {
+  const int K = m->cfg.top_k, El = m->el, np = m->np;
+  int64_t *seen = calloc((size_t)m->cfg.num_experts, sizeof(int64_t));
+  if (!seen) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "MoE: out of memory");
+  }
+  memset(m->cnt_send, 0, sizeof(int64_t) * (size_t)np * (size_t)El);
+  for (int64_t i = 0; i < T * K; i++) {
+    if (m->pos[i] != -2) {
+      m->cnt_send[m->idx[i]]++; // expert g = d * El + e is entry (d, e)
+    }
+  }
+  for (int g = 0; g < m->cfg.num_experts; g++) {
+    m->sent[g] = m->cnt_send[g];
+  }
+  m->off_send[0] = 0;
+  for (int d = 0; d < np; d++) {
+    m->off_send[d + 1] = m->off_send[d];
+    for (int e = 0; e < El; e++) {
+      m->off_send[d + 1] += m->cnt_send[d * El + e];
+    }
+  }
+  m->n_send = m->off_send[np];
+  for (int64_t i = 0; i < T * K; i++) {
+    if (m->pos[i] == -2) {
+      m->pos[i] = -1;
+      continue;
+    }
+    const int g = m->idx[i], d = g / El, e = g % El;
+    const int64_t *cnt = m->cnt_send + (size_t)d * (size_t)El, r = seen[g]++;
+    int c = 0;
+    while (moe_part_lo(cnt[e], m->chunks, c + 1) <= r) {
+      c++;
+    }
+    m->pos[i] = m->off_send[d] + loom_moe_tile_offset(m, cnt, c, e) +
+                (r - moe_part_lo(cnt[e], m->chunks, c));
+  }
+  free(seen);
+  if (np > 1) {
+    if (MPI_Alltoall(m->cnt_send, El, MPI_INT64_T, m->cnt_recv, El, MPI_INT64_T, m->comm) !=
+        MPI_SUCCESS) {
+      return loom_error(NULL, LOOM_ERR_MPI, "MoE: exchanging the token counts failed");
+    }
+  } else {
+    memcpy(m->cnt_recv, m->cnt_send, sizeof(int64_t) * (size_t)El);
+  }
+  m->off_recv[0] = 0;
+  memset(m->received, 0, sizeof(int64_t) * (size_t)El);
+  for (int s = 0; s < np; s++) {
+    m->off_recv[s + 1] = m->off_recv[s];
+    for (int e = 0; e < El; e++) {
+      m->off_recv[s + 1] += m->cnt_recv[s * El + e];
+      m->received[e] += m->cnt_recv[s * El + e];
+    }
+  }
+  m->n_recv = m->off_recv[np];
+  return LOOM_OK;
+}
+
+// Row p of the send order, read back from a by-slice buffer (comb or dx_comb): acc += w * row.
+static void add_back(const loom_moe_t *m, const float *buf, int g, int64_t p, float w, float *acc) {
+  const int d = g / m->el;
+  const int64_t H = m->cfg.hidden, n_d = m->off_send[d + 1] - m->off_send[d];
+  const int64_t i = p - m->off_send[d];
+  const float *block = buf + m->off_send[d] * H;
+  for (int j = 0; j < m->slices; j++) {
+    const int64_t j0 = moe_part_lo(H, m->slices, j), hj = moe_part_lo(H, m->slices, j + 1) - j0;
+    const float *row = block + n_d * j0 + i * hj;
+    for (int64_t c = 0; c < hj; c++) {
+      acc[j0 + c] += w * row[c];
+    }
+  }
+}
+
+// dot(dy, row p) of a by-slice buffer.
+static float dot_back(const loom_moe_t *m, const float *buf, int g, int64_t p, const float *dy) {
+  const int d = g / m->el;
+  const int64_t H = m->cfg.hidden, n_d = m->off_send[d + 1] - m->off_send[d];
+  const int64_t i = p - m->off_send[d];
+  const float *block = buf + m->off_send[d] * H;
+  double s = 0.0;
+  for (int j = 0; j < m->slices; j++) {
+    const int64_t j0 = moe_part_lo(H, m->slices, j), hj = moe_part_lo(H, m->slices, j + 1) - j0;
+    const float *row = block + n_d * j0 + i * hj;
+    for (int64_t c = 0; c < hj; c++) {
+      s += (double)dy[j0 + c] * row[c];
+    }
+  }
+  return (float)s;
+}
+
+static loom_status_t wrap(loom_tensor_t *t, void *p, loom_dtype_t dt, int64_t a, int64_t b) {
+  const int64_t shape[2] = {a, b};
+  return loom_tensor_wrap(t, p, dt, LOOM_DEVICE_HOST, 2, shape, "");
+}
+
+loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tensor_t *y,
+                               float *aux) {
+  static const char op[] = "loom_moe_forward";
+  loom_status_t status = LOOM_OK;
+  int64_t T = 0, Ty = 0;
+  if (!m) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: moe is NULL", op);
+  }
+  const int64_t H = m->cfg.hidden, F = m->cfg.ffn, E = m->cfg.num_experts;
+  const int K = m->cfg.top_k;
+  LOOM_CHECK(check_rows(op, "x", x, H, &T));
+  LOOM_CHECK(check_rows(op, "y", y, H, &Ty));
+  if (Ty != T) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: y holds %lld rows, x %lld", op,
+                      (long long)Ty, (long long)T);
+  }
+  const double t0 = MPI_Wtime();
+  m->comm_ms = m->compute_ms = 0.0;
+  m->t = T;
+  LOOM_CHECK(loom_moe_reserve(&m->x, (size_t)(T * H), "the input"));
+  LOOM_CHECK(loom_moe_reserve(&m->logits, (size_t)(T * E), "the router logits"));
+  LOOM_CHECK(loom_moe_reserve(&m->probs, (size_t)(T * E), "the router probabilities"));
+  LOOM_CHECK(loom_moe_reserve(&m->dprobs_aux, (size_t)(T * E), "the aux gradient"));
+  LOOM_CHECK(loom_moe_reserve(&m->weight, (size_t)(T * K), "the routing weights"));
+  if (m->idx_cap < (size_t)(T * K) || !m->idx) {
+    free(m->idx);
+    free(m->pos);
+    m->idx = malloc(sizeof(int32_t) * (size_t)(T * K + 1));
+    m->pos = malloc(sizeof(int64_t) * (size_t)(T * K + 1));
+    m->idx_cap = m->idx && m->pos ? (size_t)(T * K) : 0;
+    if (!m->idx || !m->pos) {
+      return loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory for the routing", op);
+    }
+  }
+  if (T > 0) {
+    memcpy(m->x.p, x->data, sizeof(float) * (size_t)(T * H));
+  }
+  // Router: logits = x Wr, softmax, top-k, renormalised weights, aux loss.
+  loom_cpu_gemm(0, 0, T, E, H, 1.0f, m->x.p, m->param[LOOM_MOE_ROUTER].data, NULL, 0.0f,
+                m->logits.p);
+  loom_tensor_t tl, tp, ti, tw, td;
+  LOOM_CHECK(wrap(&tl, m->logits.p, LOOM_F32, T, E));
+  LOOM_CHECK(wrap(&tp, m->probs.p, LOOM_F32, T, E));
+  LOOM_CHECK(wrap(&ti, m->idx, LOOM_I32, T, K));
+  LOOM_CHECK(wrap(&tw, m->weight.p, LOOM_F32, T, K));
+  LOOM_CHECK(wrap(&td, m->dprobs_aux.p, LOOM_F32, T, E));
+  LOOM_CHECK(loom_moe_router_forward(&tp, &ti, &tw, &tl));
+  memset(m->dprobs_aux.p, 0, sizeof(float) * (size_t)(T * E));
+  m->aux = 0.0f;
+  if (m->cfg.aux_coef > 0.0f) {
+    LOOM_CHECK(loom_moe_aux_loss(&m->aux, &td, &tp, &ti, m->cfg.aux_coef));
+  }
+  // Capacity, counts, the send order; the counts travel to the experts' ranks.
+  for (int64_t i = 0; i < T * K; i++) {
+    m->pos[i] = 0;
+  }
+  LOOM_CHECK(apply_capacity(m, T));
+  LOOM_CHECK(permute_plan(m, T));
+  LOOM_CHECK(loom_moe_reserve(&m->send_x, (size_t)(m->n_send * H), "the dispatched rows"));
+  LOOM_CHECK(loom_moe_reserve(&m->comb, (size_t)(m->n_send * H), "the combined rows"));
+  LOOM_CHECK(loom_moe_reserve(&m->recv_x, (size_t)(m->n_recv * H), "the received rows"));
+  LOOM_CHECK(loom_moe_reserve(&m->out_exp, (size_t)(m->n_recv * H), "the expert outputs"));
+  LOOM_CHECK(loom_moe_reserve(&m->pre, (size_t)(m->n_recv * F), "the expert activations"));
+  LOOM_CHECK(loom_moe_reserve(&m->h, (size_t)(m->n_recv * F), "the expert activations"));
+  for (int64_t i = 0; i < T * K; i++) {
+    if (m->pos[i] >= 0) {
+      memcpy(m->send_x.p + m->pos[i] * H, m->x.p + (i / K) * H, sizeof(float) * (size_t)H);
+    }
+  }
+  LOOM_CHECK(loom_moe_expert_forward(m));
+  // Unpermute: y[t] = sum over k (in order) of weight[t, k] * expert output.
+  float *yp = y->data;
+  for (int64_t t = 0; t < T; t++) {
+    float *row = yp + t * H;
+    memset(row, 0, sizeof(float) * (size_t)H);
+    for (int k = 0; k < K; k++) {
+      const int64_t i = t * K + k;
+      if (m->pos[i] >= 0) {
+        add_back(m, m->comb.p, m->idx[i], m->pos[i], m->weight.p[i], row);
+      }
+    }
+  }
+  if (aux) {
+    *aux = m->aux;
+  }
+  m->wall_ms = 1e3 * (MPI_Wtime() - t0);
+fail:
+  return status;
+}
+
+loom_status_t loom_moe_backward(loom_moe_t *m, const loom_tensor_t *dy, loom_tensor_t *dx) {
+  static const char op[] = "loom_moe_backward";
+  loom_status_t status = LOOM_OK;
+  int64_t T = 0, Tx = 0;
+  if (!m) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: moe is NULL", op);
+  }
+  const int64_t H = m->cfg.hidden, F = m->cfg.ffn, E = m->cfg.num_experts;
+  const int K = m->cfg.top_k;
+  LOOM_CHECK(check_rows(op, "dy", dy, H, &T));
+  LOOM_CHECK(check_rows(op, "dx", dx, H, &Tx));
+  if (T != m->t || Tx != m->t) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: dy holds %lld rows and dx %lld, the last forward %lld: call the "
+                      "backward of the last forward",
+                      op, (long long)T, (long long)Tx, (long long)m->t);
+  }
+  const double t0 = MPI_Wtime();
+  m->comm_ms = m->compute_ms = 0.0;
+  LOOM_CHECK(loom_moe_reserve(&m->dw, (size_t)(T * K), "the weight gradients"));
+  LOOM_CHECK(loom_moe_reserve(&m->dlogits, (size_t)(T * E), "the logit gradients"));
+  LOOM_CHECK(loom_moe_reserve(&m->d_send, (size_t)(m->n_send * H), "the output gradients"));
+  LOOM_CHECK(loom_moe_reserve(&m->dx_comb, (size_t)(m->n_send * H), "the input gradients"));
+  LOOM_CHECK(loom_moe_reserve(&m->d_recv, (size_t)(m->n_recv * H), "the output gradients"));
+  LOOM_CHECK(loom_moe_reserve(&m->dx_exp, (size_t)(m->n_recv * H), "the input gradients"));
+  LOOM_CHECK(loom_moe_reserve(&m->dpre, (size_t)(m->n_recv * F), "the activation gradients"));
+  // d out[t, k] = weight[t, k] dy[t]; d weight[t, k] = dy[t] . out[t, k].
+  const float *dyp = dy->data;
+  for (int64_t i = 0; i < T * K; i++) {
+    const float *g = dyp + (i / K) * H;
+    m->dw.p[i] = 0.0f;
+    if (m->pos[i] >= 0) {
+      m->dw.p[i] = dot_back(m, m->comb.p, m->idx[i], m->pos[i], g);
+      float *row = m->d_send.p + m->pos[i] * H;
+      for (int64_t c = 0; c < H; c++) {
+        row[c] = m->weight.p[i] * g[c];
+      }
+    }
+  }
+  LOOM_CHECK(loom_moe_expert_backward(m));
+  float *dxp = dx->data;
+  for (int64_t t = 0; t < T; t++) {
+    float *row = dxp + t * H;
+    memset(row, 0, sizeof(float) * (size_t)H);
+    for (int k = 0; k < K; k++) {
+      const int64_t i = t * K + k;
+      if (m->pos[i] >= 0) {
+        add_back(m, m->dx_comb.p, m->idx[i], m->pos[i], 1.0f, row);
+      }
+    }
+  }
+  // Router: through the weights and the aux loss to the logits, then to Wr and x.
+  loom_tensor_t tg, tdw, tp, ti, tw, td;
+  LOOM_CHECK(wrap(&tg, m->dlogits.p, LOOM_F32, T, E));
+  LOOM_CHECK(wrap(&tdw, m->dw.p, LOOM_F32, T, K));
+  LOOM_CHECK(wrap(&tp, m->probs.p, LOOM_F32, T, E));
+  LOOM_CHECK(wrap(&ti, m->idx, LOOM_I32, T, K));
+  LOOM_CHECK(wrap(&tw, m->weight.p, LOOM_F32, T, K));
+  LOOM_CHECK(wrap(&td, m->dprobs_aux.p, LOOM_F32, T, E));
+  LOOM_CHECK(loom_moe_router_backward(&tg, &tdw, &tp, &ti, &tw, &td));
+  loom_cpu_gemm(1, 0, H, E, T, 1.0f, m->x.p, m->dlogits.p, NULL, 1.0f,
+                m->grad[LOOM_MOE_ROUTER].data);
+  loom_cpu_gemm(0, 1, T, H, E, 1.0f, m->dlogits.p, m->param[LOOM_MOE_ROUTER].data, NULL, 1.0f, dxp);
+  m->wall_ms = 1e3 * (MPI_Wtime() - t0);
+fail:
+  return status;
+}

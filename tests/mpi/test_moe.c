@@ -1,0 +1,261 @@
+/* test_moe.c — the MoE layer under mpirun: expert parallelism over the world equals a single-rank
+ * layer holding every expert, and the three overlap modes give the same bits. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check_mpi.h"
+#include "../testutil.h"
+
+// What is checked, at the np of the spec (the world is the expert-parallel group):
+// - forward y, backward dx and every parameter gradient equal those of the reference layer
+//   (created with ep = NULL: this rank alone, every expert) on the same tokens within 1e-5
+//   relative to the largest magnitude, for every overlap mode (an expert's gradients: the sum of
+//   the references' over the ranks, since the expert saw every rank's tokens);
+// - none, coarse and fine give bitwise the same y, dx and gradients;
+// - tokens per rank differ (one rank has none), skewed routing (every token's first choice is
+//   the last expert: other experts receive none), a capacity factor with each drop policy;
+// - the token counts add up (sent = kept assignments; received over the group = sent);
+// - a config that differs between ranks, and E not divisible by np, fail on every rank.
+
+#define OK(call)                                                                                   \
+  do {                                                                                             \
+    loom_status_t ok_status_ = (call);                                                             \
+    CHECK(ok_status_ == LOOM_OK, "%s: %s", loom_strerror(ok_status_), loom_last_error(NULL));      \
+  } while (0)
+
+static int world_rank, world_size;
+
+typedef struct run_out {
+  float *y, *dx, *grad[LOOM_MOE_PARAM_COUNT];
+  int64_t ngrad[LOOM_MOE_PARAM_COUNT];
+  float aux;
+  int64_t sent_total, dropped, received_total;
+} run_out_t;
+
+typedef struct scenario {
+  const char *name;
+  int64_t t;       // this rank's tokens
+  int skew;        // route every token to the last expert first
+  double capacity; // 0: dropless
+  loom_moe_drop_t drop;
+} scenario_t;
+
+static void run_out_free(run_out_t *o) {
+  free(o->y);
+  free(o->dx);
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    free(o->grad[p]);
+  }
+}
+
+// Build a layer (ep NULL: the reference), run one forward and backward on this rank's tokens.
+// ref_first: for the reference, the first global expert whose gradients are kept (the ones this
+// rank holds in the distributed layer), el of them.
+static void run_layer(loom_ctx_t *ctx, const loom_group_t *ep, const loom_moe_config_t *cfg,
+                      const scenario_t *sc, int ref_first, int el, run_out_t *o) {
+  memset(o, 0, sizeof *o);
+  loom_moe_t *m = NULL;
+  OK(loom_moe_create(ctx, ep, cfg, &m));
+  if (!m) {
+    return;
+  }
+  const int64_t H = cfg->hidden, T = sc->t;
+  if (sc->skew) { // a large positive weight column for the last expert: positive x routes there
+    float *r = loom_moe_param(m, LOOM_MOE_ROUTER)->data;
+    for (int64_t i = 0; i < H; i++) {
+      r[i * cfg->num_experts + cfg->num_experts - 1] += 4.0f / sqrtf((float)H);
+    }
+  }
+  int64_t shape[2] = {T, H};
+  loom_tensor_t x = test_tensor_f32(2, shape, "x"), y = test_tensor_f32(2, shape, "y");
+  loom_tensor_t dy = test_tensor_f32(2, shape, "dy"), dx = test_tensor_f32(2, shape, "dx");
+  test_rng_t rng = test_rng(500u + 31u * (uint64_t)world_rank);
+  test_fill_uniform(&rng, test_floats(&x), T * H, sc->skew ? 0.0 : -1.0, 1.0);
+  test_fill_uniform(&rng, test_floats(&dy), T * H, -1.0, 1.0);
+  OK(loom_moe_forward(m, &x, &y, &o->aux));
+  OK(loom_moe_backward(m, &dy, &dx));
+  o->y = malloc(sizeof(float) * (size_t)(T * H + 1));
+  o->dx = malloc(sizeof(float) * (size_t)(T * H + 1));
+  memcpy(o->y, test_floats(&y), sizeof(float) * (size_t)(T * H));
+  memcpy(o->dx, test_floats(&dx), sizeof(float) * (size_t)(T * H));
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    const loom_tensor_t *g = loom_moe_grad(m, (loom_moe_param_t)p);
+    int64_t n = loom_tensor_numel(g), per = n;
+    const float *src = g->data;
+    float *sum = NULL;
+    if (p != LOOM_MOE_ROUTER) { // the reference holds every expert: keep this rank's share
+      per = n / (ep ? el : cfg->num_experts);
+      if (!ep) { // of the sum over the ranks' tokens (each rank's reference saw its own only)
+        sum = malloc(sizeof(float) * (size_t)(per * cfg->num_experts));
+        MPI_Allreduce(src, sum, (int)(per * cfg->num_experts), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        src = sum + per * ref_first;
+      }
+      n = per * el;
+    }
+    o->ngrad[p] = n;
+    o->grad[p] = malloc(sizeof(float) * (size_t)(n + 1));
+    memcpy(o->grad[p], src, sizeof(float) * (size_t)n);
+    free(sum);
+  }
+  loom_moe_stats_t st;
+  loom_moe_stats(m, &st);
+  for (int e = 0; e < st.num_experts; e++) {
+    o->sent_total += st.sent[e];
+  }
+  for (int e = 0; e < st.local_experts; e++) {
+    o->received_total += st.received[e];
+  }
+  o->dropped = st.dropped;
+  TEST_FREE(&x, &y, &dy, &dx);
+  loom_moe_destroy(m);
+}
+
+// max |a - b| <= tol * max(max |b|, 1e-3)
+static int close_rel(const float *a, const float *b, int64_t n, double tol, double *err) {
+  double big = 1e-3, worst = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    big = fmax(big, fabs((double)b[i]));
+    worst = fmax(worst, fabs((double)a[i] - (double)b[i]));
+  }
+  *err = worst / big;
+  return isfinite(worst) && worst <= tol * big;
+}
+
+static void compare(const char *what, const run_out_t *got, const run_out_t *want, int64_t n_rows,
+                    int64_t H, int exact) {
+  static const char *const pn[] = {"router", "w1", "b1", "w2", "b2"};
+  double err = 0.0;
+  if (exact) {
+    CHECK(test_same_bits(got->y, want->y, n_rows * H), "%s: y differs bitwise", what);
+    CHECK(test_same_bits(got->dx, want->dx, n_rows * H), "%s: dx differs bitwise", what);
+  } else {
+    CHECK(close_rel(got->y, want->y, n_rows * H, 1e-5, &err), "%s: y off by %g", what, err);
+    CHECK(close_rel(got->dx, want->dx, n_rows * H, 1e-5, &err), "%s: dx off by %g", what, err);
+    CHECK(fabsf(got->aux - want->aux) <= 1e-6f * fmaxf(1.0f, fabsf(want->aux)), "%s: aux %g vs %g",
+          what, (double)got->aux, (double)want->aux);
+  }
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    CHECK(got->ngrad[p] == want->ngrad[p], "%s: %s grad sizes %lld vs %lld", what, pn[p],
+          (long long)got->ngrad[p], (long long)want->ngrad[p]);
+    if (got->ngrad[p] != want->ngrad[p]) {
+      continue;
+    }
+    if (exact) {
+      CHECK(test_same_bits(got->grad[p], want->grad[p], got->ngrad[p]),
+            "%s: %s grad differs bitwise", what, pn[p]);
+    } else {
+      // Weight gradients sum over many rows in a different order: 1e-5 of the largest entry.
+      CHECK(close_rel(got->grad[p], want->grad[p], got->ngrad[p], 1e-5, &err),
+            "%s: %s grad off by %g", what, pn[p], err);
+    }
+  }
+}
+
+static void test_scenario(loom_ctx_t *ctx, const loom_group_t *world, const scenario_t *sc) {
+  loom_moe_config_t cfg;
+  loom_moe_config_init(&cfg);
+  cfg.num_experts = 2 * world_size;
+  cfg.top_k = 2;
+  cfg.hidden = 24;
+  cfg.ffn = 40;
+  cfg.chunks = 3;
+  cfg.col_slices = 3;
+  cfg.capacity_factor = sc->capacity;
+  cfg.drop = sc->drop;
+  cfg.seed = 7;
+  const int el = cfg.num_experts / world_size;
+  run_out_t ref, mode[LOOM_MOE_OVERLAP_COUNT];
+  cfg.overlap = LOOM_MOE_OVERLAP_NONE;
+  run_layer(ctx, NULL, &cfg, sc, world_rank * el, el, &ref);
+  for (int o = 0; o < LOOM_MOE_OVERLAP_COUNT; o++) {
+    cfg.overlap = o;
+    run_layer(ctx, world, &cfg, sc, 0, el, &mode[o]);
+    char what[128];
+    snprintf(what, sizeof what, "%s, %s vs the single-rank layer", sc->name,
+             loom_moe_overlap_name(o));
+    compare(what, &mode[o], &ref, sc->t, cfg.hidden, 0);
+    if (o > 0) {
+      snprintf(what, sizeof what, "%s, %s vs none", sc->name, loom_moe_overlap_name(o));
+      compare(what, &mode[o], &mode[0], sc->t, cfg.hidden, 1);
+    }
+  }
+  // The counts: this rank's kept assignments; over the group, received = sent.
+  const run_out_t *f = &mode[LOOM_MOE_OVERLAP_FINE];
+  CHECK(f->sent_total + f->dropped == sc->t * cfg.top_k, "%s: sent %lld + dropped %lld != %lld",
+        sc->name, (long long)f->sent_total, (long long)f->dropped, (long long)(sc->t * cfg.top_k));
+  CHECK(sc->capacity > 0 || f->dropped == 0, "%s: dropless run dropped %lld", sc->name,
+        (long long)f->dropped);
+  long long tot[2] = {f->sent_total, f->received_total};
+  MPI_Allreduce(MPI_IN_PLACE, tot, 2, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(tot[0] == tot[1], "%s: %lld assignments sent, %lld received", sc->name, tot[0], tot[1]);
+  if (sc->capacity > 0 && sc->skew && cfg.num_experts > cfg.top_k) {
+    long long dropped = f->dropped;
+    MPI_Allreduce(MPI_IN_PLACE, &dropped, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(dropped > 0, "%s: a skewed routing at capacity 1 dropped nothing", sc->name);
+  }
+  run_out_free(&ref);
+  for (int o = 0; o < LOOM_MOE_OVERLAP_COUNT; o++) {
+    run_out_free(&mode[o]);
+  }
+}
+
+static void test_config_errors(loom_ctx_t *ctx, const loom_group_t *world) {
+  loom_moe_config_t cfg;
+  loom_moe_config_init(&cfg);
+  cfg.num_experts = 2 * world_size;
+  cfg.top_k = world_rank == 0 ? 1 : 2; // differs on rank 0
+  cfg.hidden = 8;
+  cfg.ffn = 8;
+  loom_moe_t *m = NULL;
+  loom_status_t st = loom_moe_create(ctx, world, &cfg, &m);
+  if (world_size > 1) {
+    CHECK(st == LOOM_ERR_INVALID_ARG && !m, "top_k differing between ranks: %s", loom_strerror(st));
+    CHECK(strstr(loom_last_error(NULL), "top_k") != NULL, "message does not name top_k: %s",
+          loom_last_error(NULL));
+  } else {
+    CHECK(st == LOOM_OK, "np 1: %s", loom_last_error(NULL));
+  }
+  loom_moe_destroy(m);
+  m = NULL;
+  cfg.top_k = 2;
+  cfg.num_experts = world_size == 1 ? 0 : 2 * world_size + 1; // not a multiple of np
+  st = loom_moe_create(ctx, world, &cfg, &m);
+  CHECK(st == LOOM_ERR_INVALID_ARG && !m, "num_experts %d at np %d accepted", cfg.num_experts,
+        world_size);
+  loom_moe_destroy(m);
+  m = NULL;
+  cfg.num_experts = 2 * world_size;
+  cfg.hidden = world_rank == world_size - 1 ? 16 : 8; // hidden differs on the last rank
+  st = loom_moe_create(ctx, world, &cfg, &m);
+  CHECK(world_size == 1 || (st == LOOM_ERR_INVALID_ARG && !m), "hidden differing accepted");
+  loom_moe_destroy(m);
+}
+
+int main(int argc, char **argv) {
+  loom_ctx_t *ctx = NULL;
+  if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {
+    fprintf(stderr, "loom_init failed: %s\n", loom_last_error(NULL));
+    return 1;
+  }
+  world_rank = loom_rank(ctx);
+  world_size = loom_size(ctx);
+  const loom_group_t *world = loom_group(ctx, LOOM_GROUP_WORLD);
+  const int last = world_rank == world_size - 1 && world_size > 1;
+  const scenario_t scenarios[] = {
+      {"uneven tokens", 5 + 7 * world_rank, 0, 0.0, LOOM_MOE_DROP_LATE},
+      {"one rank without tokens", last ? 0 : 9 + world_rank, 0, 0.0, LOOM_MOE_DROP_LATE},
+      {"skewed routing", 13 + world_rank, 1, 0.0, LOOM_MOE_DROP_LATE},
+      {"capacity 1, drop late", 11 + 2 * world_rank, 1, 1.0, LOOM_MOE_DROP_LATE},
+      {"capacity 1.25, drop low weight", 11 + 2 * world_rank, 0, 1.25, LOOM_MOE_DROP_LOW_WEIGHT},
+      {"capacity 1, drop low weight, skewed", 17, 1, 1.0, LOOM_MOE_DROP_LOW_WEIGHT},
+  };
+  for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
+    test_scenario(ctx, world, &scenarios[i]);
+  }
+  test_config_errors(ctx, world);
+  int rc = check_exit_all("test_moe");
+  loom_finalize(ctx);
+  return rc;
+}
