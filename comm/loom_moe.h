@@ -45,6 +45,9 @@ typedef struct loom_moe_config {
   int overlap;            // a loom_moe_overlap_t
   int chunks;             // row chunks per (source, expert) block (0: tuned, else 1..64)
   int col_slices;         // column slices of the second GEMM and of dx (0: tuned, else 1..64)
+  int poll_tiles;         // test the messages in flight after every this many expert tiles, so
+                          // that MPI moves them during the GEMMs (0: every tile; -1: never,
+                          // to measure what polling buys)
   uint64_t seed;          // parameter initialisation (expert e's weights depend on e, not on
                           // which rank holds it)
 } loom_moe_config_t;

@@ -74,6 +74,9 @@ static int config_ok(const loom_moe_config_t *c, int np, char *err, size_t len) 
              c->col_slices > MAX_SPLIT) {
     snprintf(err, len, "chunks %d, col_slices %d: use 0 (tuned) or 1..%d", c->chunks, c->col_slices,
              MAX_SPLIT);
+  } else if (c->poll_tiles < -1 || c->poll_tiles > 1000000) {
+    snprintf(err, len, "poll_tiles %d: use -1 (never), 0 (every tile) or a tile count",
+             c->poll_tiles);
   } else if (!isfinite(c->aux_coef) || c->aux_coef < 0) {
     snprintf(err, len, "aux_coef %g: use 0 or a positive weight", (double)c->aux_coef);
   } else {
@@ -217,6 +220,7 @@ loom_status_t loom_moe_create(loom_ctx_t *ctx, const loom_group_t *ep, const loo
   m->el = m->cfg.num_experts / m->np;
   m->chunks = m->cfg.chunks > 0 ? m->cfg.chunks : DEFAULT_CHUNKS;
   m->slices = m->cfg.col_slices > 0 ? m->cfg.col_slices : DEFAULT_SLICES;
+  m->poll_tiles = m->cfg.poll_tiles > 0 ? m->cfg.poll_tiles : m->cfg.poll_tiles < 0 ? 0 : 1;
   if (m->slices > m->cfg.hidden) {
     m->slices = (int)m->cfg.hidden;
   }
@@ -398,10 +402,12 @@ static loom_status_t permute_plan(loom_moe_t *m, int64_t T) {
   }
   free(seen);
   if (np > 1) {
+    const double t0 = MPI_Wtime();
     if (MPI_Alltoall(m->cnt_send, El, MPI_INT64_T, m->cnt_recv, El, MPI_INT64_T, m->comm) !=
         MPI_SUCCESS) {
       return loom_error(NULL, LOOM_ERR_MPI, "MoE: exchanging the token counts failed");
     }
+    m->comm_ms += 1e3 * (MPI_Wtime() - t0);
   } else {
     memcpy(m->cnt_recv, m->cnt_send, sizeof(int64_t) * (size_t)El);
   }

@@ -20,7 +20,8 @@
 typedef struct reqs {
   MPI_Request *r;
   int n, cap;
-  double *comm_ms; // time spent waiting, added to the layer's
+  double *comm_ms;  // time spent waiting, added to the layer's
+  int every, since; // test after every `every` tiles (0: never); tiles since the last test
 } reqs_t;
 
 static loom_status_t post(reqs_t *q, MPI_Comm comm, int is_send, float *buf, int64_t count,
@@ -51,10 +52,12 @@ static loom_status_t post(reqs_t *q, MPI_Comm comm, int is_send, float *buf, int
   return LOOM_OK;
 }
 
-// Let MPI move what is in flight (one test of every request, between two tiles).
+// Let MPI move what is in flight (one test of every request) after every q->every tiles: Open MPI
+// moves a large message only while some thread is inside MPI (DESIGN.md, Scheduler).
 static void poll(reqs_t *q) {
   int flag = 0;
-  if (q->n > 0) {
+  if (q->every > 0 && ++q->since >= q->every && q->n > 0) {
+    q->since = 0;
     MPI_Testall(q->n, q->r, &flag, MPI_STATUSES_IGNORE);
   }
 }
@@ -389,72 +392,100 @@ fail:
   return status;
 }
 
+// One landed chunk of source s in fine mode: the first GEMM (or dpre) on its rows, then the second
+// (or dx) slice by slice, each slice sent back as soon as it is computed.
+static loom_status_t fine_chunk(struct loom_moe *m, const pass_t *p, reqs_t *q, int s, int c) {
+  const int64_t *cr = m->cnt_recv + (size_t)s * (size_t)m->el;
+  const int64_t r0 = loom_moe_tile_offset(m, cr, c, 0), nr = chunk_rows(m, cr, c);
+  loom_status_t status = LOOM_OK;
+  rows_of(m, p, s, c, c + 1, q);
+  for (int j = 0; j < m->slices && status == LOOM_OK; j++) {
+    slice_of(m, p, s, c, c + 1, j, q);
+    status = send_slice(m, p, q, s, j, r0, nr);
+  }
+  return status;
+}
+
 static loom_status_t run_fine(struct loom_moe *m, const pass_t *p, reqs_t *q) {
   loom_status_t status = LOOM_OK;
-  int *order = calloc((size_t)m->np, sizeof(int)), *src = calloc((size_t)m->np + 1, sizeof(int));
-  if (!order || !src) {
+  const int C = m->chunks;
+  const size_t nreq = (size_t)m->np * (size_t)C + 1;
+  int *next = calloc((size_t)m->np, sizeof(int)), *ready = calloc(nreq, sizeof(int));
+  int *src = calloc(nreq, sizeof(int)), *chunk = calloc(nreq, sizeof(int));
+  const int64_t H = m->cfg.hidden;
+  if (!next || !ready || !src || !chunk) {
     status = loom_error(NULL, LOOM_ERR_NOMEM, "MoE: out of memory");
     goto fail;
   }
+  // Every return slice, chunk by chunk, as each peer sends them.
   for (int d = 0; d < m->np; d++) {
-    for (int j = 0; j < m->slices; j++) {
-      LOOM_CHECK(recv_slice(m, p, q, d, j, 0, m->off_send[d + 1] - m->off_send[d]));
+    const int64_t *cs = m->cnt_send + (size_t)d * (size_t)m->el;
+    for (int c = 0; c < C; c++) {
+      for (int j = 0; j < m->slices; j++) {
+        LOOM_CHECK(
+            recv_slice(m, p, q, d, j, loom_moe_tile_offset(m, cs, c, 0), chunk_rows(m, cs, c)));
+      }
     }
   }
-  // Dispatch receives first, one per source with rows, remembering which request is whose.
-  const int64_t H = m->cfg.hidden;
+  // Dispatch receives, one per (source, chunk) with rows, remembering whose each is (a chunk
+  // without rows is ready at once); then the sends, chunk by chunk (messages of one pair and
+  // tag match in the order they were posted).
   const int rlo = q->n;
-  int nsrc = 0;
   for (int k = 1; k < m->np; k++) {
     const int from = (m->me - k + m->np) % m->np;
-    const int64_t nr = m->off_recv[from + 1] - m->off_recv[from];
-    if (nr > 0) {
-      src[nsrc++] = from;
-      LOOM_CHECK(post(q, m->comm, 0, p->recv + m->off_recv[from] * H, nr * H, from, TAG_DISPATCH));
+    const int64_t *cr = m->cnt_recv + (size_t)from * (size_t)m->el;
+    for (int c = 0; c < C; c++) {
+      const int64_t r0 = loom_moe_tile_offset(m, cr, c, 0), nr = chunk_rows(m, cr, c);
+      ready[from * C + c] = nr == 0;
+      if (nr > 0) {
+        src[q->n - rlo] = from;
+        chunk[q->n - rlo] = c;
+        LOOM_CHECK(post(q, m->comm, 0, p->recv + (m->off_recv[from] + r0) * H, nr * H, from,
+                        TAG_DISPATCH));
+      }
     }
   }
   const int rhi = q->n;
   for (int k = 1; k < m->np; k++) {
     const int to = (m->me + k) % m->np;
-    const int64_t nr = m->off_send[to + 1] - m->off_send[to];
-    if (nr > 0) {
-      LOOM_CHECK(post(q, m->comm, 1, p->send + m->off_send[to] * H, nr * H, to, TAG_DISPATCH));
+    const int64_t *cs = m->cnt_send + (size_t)to * (size_t)m->el;
+    for (int c = 0; c < C; c++) {
+      const int64_t r0 = loom_moe_tile_offset(m, cs, c, 0), nr = chunk_rows(m, cs, c);
+      if (nr > 0) {
+        LOOM_CHECK(
+            post(q, m->comm, 1, p->send + (m->off_send[to] + r0) * H, nr * H, to, TAG_DISPATCH));
+      }
     }
   }
-  // Own tokens first, then each source as soon as its rows landed.
+  // Own tokens first; then each source's chunks as they land, in chunk order per source (so
+  // that the slices of one source leave in the order its receives were posted).
   dispatch_self(m, p);
-  int norder = 0;
-  order[norder++] = m->me;
-  rows_of(m, p, m->me, 0, m->chunks, q);
-  for (int got = 0; got < nsrc; got++) {
+  for (int c = 0; c < C; c++) {
+    LOOM_CHECK(fine_chunk(m, p, q, m->me, c));
+  }
+  for (int got = rlo; got <= rhi; got++) {
+    for (int k = 1; k < m->np; k++) {
+      const int s = (m->me - k + m->np) % m->np;
+      while (next[s] < C && ready[s * C + next[s]]) {
+        LOOM_CHECK(fine_chunk(m, p, q, s, next[s]++));
+      }
+    }
+    if (got == rhi) {
+      break;
+    }
     // A poll that found every request complete released them all (MPI_Testall): wait_any then
-    // has nothing left, and the sources not yet computed are all here; take them in order.
+    // has nothing left, and every chunk not yet marked has landed; mark the first.
     int i = wait_any(q, rlo, rhi);
     if (i < 0) {
       for (i = rlo; src[i - rlo] < 0; i++) {
       }
     }
-    order[norder++] = src[i - rlo];
-    rows_of(m, p, src[i - rlo], 0, m->chunks, q);
+    ready[src[i - rlo] * C + chunk[i - rlo]] = 1;
     src[i - rlo] = -1;
-  }
-  for (int k = 1; k < m->np; k++) { // sources that sent nothing have no rows to compute
-    const int from = (m->me - k + m->np) % m->np;
-    if (m->off_recv[from + 1] == m->off_recv[from]) {
-      order[norder++] = from;
-    }
-  }
-  // The second GEMM by column slice; each slice leaves as soon as it is computed.
-  for (int j = 0; j < m->slices; j++) {
-    for (int k = 0; k < norder; k++) {
-      const int s = order[k];
-      slice_of(m, p, s, 0, m->chunks, j, q);
-      LOOM_CHECK(send_slice(m, p, q, s, j, 0, m->off_recv[s + 1] - m->off_recv[s]));
-    }
   }
   if (p->weights) {
     for (int s = 0; s < m->np; s++) {
-      for (int c = 0; c < m->chunks; c++) {
+      for (int c = 0; c < C; c++) {
         for (int e = 0; e < m->el; e++) {
           tile_t t = tile_at(m, s, c, e);
           tile_weights(m, &t);
@@ -465,13 +496,15 @@ static loom_status_t run_fine(struct loom_moe *m, const pass_t *p, reqs_t *q) {
   }
   LOOM_CHECK(wait_range(q, 0, q->n));
 fail:
-  free(order);
+  free(next);
+  free(ready);
   free(src);
+  free(chunk);
   return status;
 }
 
 static loom_status_t run(struct loom_moe *m, const pass_t *p) {
-  reqs_t q = {.comm_ms = &m->comm_ms};
+  reqs_t q = {.comm_ms = &m->comm_ms, .every = m->poll_tiles};
   loom_status_t status = LOOM_OK;
   switch (m->cfg.overlap) {
   case LOOM_MOE_OVERLAP_NONE:

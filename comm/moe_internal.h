@@ -28,6 +28,7 @@ struct loom_moe {
   int np, me;    // ep size and rank (1, 0 when alone)
   int el;        // experts per rank
   int chunks, slices;
+  int poll_tiles; // MPI tests after every this many tiles (0: never; see loom_moe_config_t)
   loom_tensor_t param[LOOM_MOE_PARAM_COUNT], grad[LOOM_MOE_PARAM_COUNT];
 
   // ---- the last forward (source side) ----

@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "loom_compress.h"
+#include "loom_moe.h"
 #include "loom_core.h"
 
 #ifdef __cplusplus
@@ -114,6 +115,32 @@ LOOM_API loom_status_t loom_plan_measure_links(const loom_ctx_t *ctx, const loom
 // ~/.cache/loom; a damaged line is ignored and measured again; LOOM_CODEC_REMEASURE=1 skips
 // the cache.
 LOOM_API loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost_t *out);
+
+// ---- MoE tuning (moe_tune.c) ------------------------------------------------------------------
+
+// The tile sizes of an MoE layer: row chunks per (source, expert) block and column slices of the
+// second GEMM (see loom_moe.h). Small tiles let MPI move messages between them and start the
+// combine early; large ones run the GEMMs faster. The best split depends on the shape, the rank
+// count and the link, so it is measured.
+typedef struct loom_moe_tuning {
+  int chunks, slices;
+  double ms; // forward + backward, median of the slowest rank
+} loom_moe_tuning_t;
+
+// Time forward + backward of a layer of cfg's shape and overlap mode (its chunks and col_slices
+// ignored) on tokens tokens per rank for every chunks x slices in {1, 2, 4, 8} x {1, 2, 4, 8},
+// iters times each after one warm-up, keep the fastest, print the table on rank 0 to out (NULL:
+// quiet) and append the result to the cache file moe-tune-HOST-BUILD.txt (in $LOOM_CACHE_DIR,
+// else $XDG_CACHE_HOME/loom, else ~/.cache/loom). Collective over ep (NULL: this rank alone).
+LOOM_API loom_status_t loom_moe_tune(loom_ctx_t *ctx, const loom_group_t *ep,
+                                     const loom_moe_config_t *cfg, int64_t tokens, int iters,
+                                     FILE *out, loom_moe_tuning_t *best);
+// Fill cfg->chunks and cfg->col_slices where they are 0 from the cached tuning of the same shape
+// (experts, top-k, hidden, ffn, ep size np, overlap mode; cfg->overlap DEFAULT means the
+// LOOM_MOE_OVERLAP tunable of ctx) nearest in tokens. Returns 1 when an entry was used, 0 when
+// there is none (cfg unchanged: the layer then takes 4 chunks and 4 slices). The cache is
+// untrusted: lines that do not parse into sane values are ignored.
+LOOM_API int loom_moe_tuned(const loom_ctx_t *ctx, loom_moe_config_t *cfg, int np, int64_t tokens);
 
 #ifdef __cplusplus
 }

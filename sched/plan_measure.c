@@ -14,7 +14,7 @@
 
 #include "ctx.h"
 #include "error.h"
-#include "loom_version.h"
+#include "sched_internal.h"
 
 // ---------------------------------------------------------------------------------------------
 // Links: group rank 0 exchanges messages both ways at once (MPI_Sendrecv), as the two halves of
@@ -145,35 +145,9 @@ static loom_status_t measure_codec(const char *spec, loom_codec_cost_t *out);
 // bytes_per_value fixed_bytes"). The file is untrusted: a line that does not parse into finite,
 // non-negative numbers is ignored (and the compressor measured again).
 
-#define BUILD_ID LOOM_VERSION_STRING "-" __DATE__ "-" __TIME__
-
-static int cache_path(char *path, size_t cap) {
-  const char *dir = getenv("LOOM_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"),
-             *home = getenv("HOME");
-  char base[512], host[128] = "host";
-  if (dir && *dir) {
-    snprintf(base, sizeof base, "%s", dir);
-  } else if (xdg && *xdg) {
-    snprintf(base, sizeof base, "%s/loom", xdg);
-  } else if (home && *home) {
-    snprintf(base, sizeof base, "%s/.cache/loom", home);
-  } else {
-    return -1;
-  }
-  gethostname(host, sizeof host - 1);
-  for (char *c = host; *c; c++) { // a host name is a file name component here
-    *c = (*c == '/' || *c == ' ') ? '_' : *c;
-  }
-  int n = snprintf(path, cap, "%s/codec-costs-%s-%s.txt", base, host, BUILD_ID);
-  for (char *c = path + strlen(base) + 1; *c; c++) { // __DATE__ and __TIME__ hold ' ' and ':'
-    *c = (*c == ' ' || *c == ':') ? '_' : *c;
-  }
-  return n > 0 && (size_t)n < cap ? 0 : -1;
-}
-
 static int cache_read(const char *spec, loom_codec_cost_t *out) {
   char path[1024], line[512], name[128];
-  if (cache_path(path, sizeof path) != 0) {
+  if (loom_cache_file(path, sizeof path, "codec-costs") != 0) {
     return 0;
   }
   FILE *f = fopen(path, "r");
@@ -202,26 +176,10 @@ static int cache_read(const char *spec, loom_codec_cost_t *out) {
 }
 
 static void cache_write(const loom_codec_cost_t *c) {
-  char path[1024];
-  if (cache_path(path, sizeof path) != 0) {
-    return;
-  }
-  char *slash = strrchr(path, '/');
-  *slash = 0; // create the directory (and its parent ~/.cache) if missing; failures are harmless
-  char *up = strrchr(path, '/');
-  if (up) {
-    *up = 0;
-    mkdir(path, 0755);
-    *up = '/';
-  }
-  mkdir(path, 0755);
-  *slash = '/';
-  FILE *f = fopen(path, "a");
-  if (f) {
-    fprintf(f, "%s %.17g %.17g %.17g %.17g %.17g %.17g\n", c->compressor, c->enc_us, c->enc_ns,
-            c->dec_us, c->dec_ns, c->bytes_per_value, c->fixed_bytes);
-    fclose(f);
-  }
+  char line[512];
+  snprintf(line, sizeof line, "%s %.17g %.17g %.17g %.17g %.17g %.17g\n", c->compressor, c->enc_us,
+           c->enc_ns, c->dec_us, c->dec_ns, c->bytes_per_value, c->fixed_bytes);
+  loom_cache_append("codec-costs", line);
 }
 
 loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost_t *out) {

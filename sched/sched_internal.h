@@ -20,6 +20,16 @@ static inline int64_t loom_sched_now_ns(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Measurement caches (cache.c): the file of a kind ("codec-costs", "moe-tune") for this host and
+// build, in $LOOM_CACHE_DIR, else $XDG_CACHE_HOME/loom, else ~/.cache/loom (0, or -1 when there
+// is no such directory to name); append a line to it (directories created; failures ignored:
+// a cache that cannot be written is measured again next time). Readers treat the file as
+// untrusted.
+#include <stddef.h>
+int loom_cache_file(char *path, size_t cap, const char *kind);
+void loom_cache_append(const char *kind, const char *line);
+
+// ---------------------------------------------------------------------------------------------
 // Ready heap: a binary heap with a fixed capacity; the top is the highest priority, then the
 // lowest id, so that the order never depends on timing.
 

@@ -1,9 +1,14 @@
 /* test_moe.c — the MoE layer under mpirun: expert parallelism over the world equals a single-rank
  * layer holding every expert, and the three overlap modes give the same bits. */
+#define _POSIX_C_SOURCE 200809L // mkdtemp, setenv
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include <dirent.h>
+#include <unistd.h>
 
 #include "../check_mpi.h"
 #include "../testutil.h"
@@ -17,7 +22,9 @@
 // - tokens per rank differ (one rank has none), skewed routing (every token's first choice is
 //   the last expert: other experts receive none), a capacity factor with each drop policy;
 // - the token counts add up (sent = kept assignments; received over the group = sent);
-// - a config that differs between ranks, and E not divisible by np, fail on every rank.
+// - a config that differs between ranks, and E not divisible by np, fail on every rank;
+// - the tuning cache: loom_moe_tune (this rank alone) writes an entry that loom_moe_tuned finds
+//   again, damaged lines are ignored, another shape finds nothing.
 
 #define OK(call)                                                                                   \
   do {                                                                                             \
@@ -233,6 +240,56 @@ static void test_config_errors(loom_ctx_t *ctx, const loom_group_t *world) {
   loom_moe_destroy(m);
 }
 
+static void test_tuning_cache(loom_ctx_t *ctx) {
+  char dir[] = "/tmp/loom-moe-tune-XXXXXX";
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp failed");
+  setenv("LOOM_CACHE_DIR", dir, 1);
+  loom_moe_config_t cfg;
+  loom_moe_config_init(&cfg);
+  cfg.num_experts = 4;
+  cfg.top_k = 2;
+  cfg.hidden = 8;
+  cfg.ffn = 12;
+  cfg.overlap = LOOM_MOE_OVERLAP_FINE;
+  loom_moe_tuning_t best = {0, 0, 0.0};
+  OK(loom_moe_tune(ctx, NULL, &cfg, 16, 1, NULL, &best));
+  CHECK(best.chunks >= 1 && best.chunks <= 8 && best.slices >= 1 && best.slices <= 8 && best.ms > 0,
+        "tune: chunks %d slices %d ms %g", best.chunks, best.slices, best.ms);
+  // Damage the file: lines that must be ignored, before and after the real one.
+  DIR *d = opendir(dir);
+  struct dirent *de;
+  char path[1024] = "";
+  while (d && (de = readdir(d))) {
+    if (strncmp(de->d_name, "moe-tune-", 9) == 0) {
+      snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+    }
+  }
+  if (d) {
+    closedir(d);
+  }
+  CHECK(path[0], "no moe-tune cache file in %s", dir);
+  FILE *f = fopen(path, "a");
+  if (f) {
+    fprintf(f, "garbage\n4 2 8 12 1 2 16 999 4 1.0\n4 2 8 12 1 2 16 -1 4 1.0\n4 2 8 12 1 2\n");
+    fclose(f);
+  }
+  loom_moe_config_t look = cfg;
+  CHECK(loom_moe_tuned(ctx, &look, 1, 20) == 1 && look.chunks == best.chunks &&
+            look.col_slices == best.slices,
+        "tuned: %d x %d, tuned %d x %d", look.chunks, look.col_slices, best.chunks, best.slices);
+  look = cfg;
+  look.hidden = 16; // another shape
+  CHECK(loom_moe_tuned(ctx, &look, 1, 16) == 0 && look.chunks == 0, "another shape matched");
+  look = cfg;
+  look.chunks = 3; // given: only the slices come from the cache
+  CHECK(loom_moe_tuned(ctx, &look, 1, 16) == 1 && look.chunks == 3 &&
+            look.col_slices == best.slices,
+        "a given chunk count was overwritten");
+  unlink(path);
+  rmdir(dir);
+  unsetenv("LOOM_CACHE_DIR");
+}
+
 int main(int argc, char **argv) {
   loom_ctx_t *ctx = NULL;
   if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {
@@ -255,6 +312,7 @@ int main(int argc, char **argv) {
     test_scenario(ctx, world, &scenarios[i]);
   }
   test_config_errors(ctx, world);
+  test_tuning_cache(ctx);
   int rc = check_exit_all("test_moe");
   loom_finalize(ctx);
   return rc;

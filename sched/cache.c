@@ -1,0 +1,63 @@
+/* cache.c — loom's measurement cache files (codec costs, MoE tunings): one file per kind, host
+ * and build under $LOOM_CACHE_DIR, else $XDG_CACHE_HOME/loom, else ~/.cache/loom. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "loom_version.h"
+#include "sched_internal.h"
+
+#define BUILD_ID LOOM_VERSION_STRING "-" __DATE__ "-" __TIME__
+
+int loom_cache_file(char *path, size_t cap, const char *kind) {
+  const char *dir = getenv("LOOM_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"),
+             *home = getenv("HOME");
+  char base[512], host[128] = "host";
+  if (dir && *dir) {
+    snprintf(base, sizeof base, "%s", dir);
+  } else if (xdg && *xdg) {
+    snprintf(base, sizeof base, "%s/loom", xdg);
+  } else if (home && *home) {
+    snprintf(base, sizeof base, "%s/.cache/loom", home);
+  } else {
+    return -1;
+  }
+  gethostname(host, sizeof host - 1);
+  for (char *c = host; *c; c++) { // a host name is a file name component here
+    *c = (*c == '/' || *c == ' ') ? '_' : *c;
+  }
+  int n = snprintf(path, cap, "%s/%s-%s-%s.txt", base, kind, host, BUILD_ID);
+  if (n <= 0 || (size_t)n >= cap) {
+    return -1;
+  }
+  for (char *c = path + strlen(base) + 1; *c; c++) { // __DATE__ and __TIME__ hold ' ' and ':'
+    *c = (*c == ' ' || *c == ':') ? '_' : *c;
+  }
+  return 0;
+}
+
+void loom_cache_append(const char *kind, const char *line) {
+  char path[1024];
+  if (loom_cache_file(path, sizeof path, kind) != 0) {
+    return;
+  }
+  char *slash = strrchr(path, '/');
+  *slash = 0; // create the directory (and its parent ~/.cache) if missing; failures are harmless
+  char *up = strrchr(path, '/');
+  if (up) {
+    *up = 0;
+    mkdir(path, 0755);
+    *up = '/';
+  }
+  mkdir(path, 0755);
+  *slash = '/';
+  FILE *f = fopen(path, "a");
+  if (f) {
+    fputs(line, f);
+    fclose(f);
+  }
+}
