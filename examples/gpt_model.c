@@ -1,5 +1,5 @@
-/* gpt_model.c — the byte-level GPT of train_gpt: parameters in flat per-unit buffers, forward
- * over packed sequences, backward one unit at a time (for overlap with the allreduces), AdamW. */
+/* gpt_model.c — the byte-level GPT of train_gpt: parameters in flat per-unit buffers (MoE layers
+ * apart), forward over packed sequences, backward one unit at a time (overlap), AdamW. */
 #include "gpt_model.h"
 
 #include <math.h>
@@ -33,7 +33,11 @@ static int head_param(const gpt_config_t *c, int i) { // 0 lnf.w, 1 lnf.b, 2 lm_
   return 2 + c->layers * GPT_BLOCK_PARAMS + i;
 }
 
-// Shape of tensor i: rows (0 for a vector) and columns.
+int gpt_block_is_moe(const gpt_config_t *cfg, int l) {
+  return cfg->moe_experts > 0 && cfg->moe_every > 0 && (l + 1) % cfg->moe_every == 0;
+}
+
+// Shape of tensor i: rows (0 for a vector) and columns. The dense MLP of a MoE block has none.
 static void param_shape(const gpt_config_t *c, int i, int64_t *rows, int64_t *cols) {
   const int64_t C = c->width;
   if (i < 2) {
@@ -52,6 +56,9 @@ static void param_shape(const gpt_config_t *c, int i, int64_t *rows, int64_t *co
   int p = (i - 2) % GPT_BLOCK_PARAMS;
   *rows = rows_of[p] * C;
   *cols = cols_of[p] * C;
+  if (p >= GPT_FC1_W && gpt_block_is_moe(c, (i - 2) / GPT_BLOCK_PARAMS)) {
+    *rows = *cols = 0;
+  }
 }
 
 static const char *block_param_name(int p) {
@@ -76,7 +83,8 @@ static void param_name(const gpt_config_t *c, int i, char *out, size_t cap) {
 loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
   memset(m, 0, sizeof *m);
   if (cfg->layers < 1 || cfg->width < 1 || cfg->heads < 1 || cfg->width % cfg->heads ||
-      cfg->ctx < 1 || cfg->vocab < 1) {
+      cfg->ctx < 1 || cfg->vocab < 1 || cfg->moe_experts < 0 ||
+      (cfg->moe_experts > 0 && cfg->moe_every < 1)) {
     return LOOM_ERR_INVALID_ARG;
   }
   m->cfg = *cfg;
@@ -84,6 +92,9 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
   m->nunits = cfg->layers + 2;
   const int64_t C = cfg->width;
   m->matmul_params = 12 * (int64_t)cfg->layers * C * C + (int64_t)cfg->vocab * C;
+  for (int l = 0; l < cfg->layers; l++) {
+    m->matmul_params -= gpt_block_is_moe(cfg, l) ? 8 * C * C : 0;
+  }
   m->param = calloc((size_t)m->nparams, sizeof *m->param);
   m->grad = calloc((size_t)m->nparams, sizeof *m->grad);
   m->m = calloc((size_t)m->nparams, sizeof *m->m);
@@ -91,7 +102,11 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
   m->unit_grad = calloc((size_t)m->nunits, sizeof *m->unit_grad);
   m->unit_first = calloc((size_t)m->nunits + 1, sizeof *m->unit_first);
   m->part_grad = calloc(2 * (size_t)m->nunits, sizeof *m->part_grad);
-  if (!m->param || !m->grad || !m->m || !m->v || !m->unit_grad || !m->unit_first || !m->part_grad) {
+  m->moe = calloc((size_t)cfg->layers, sizeof *m->moe);
+  m->moe_m = calloc((size_t)cfg->layers * LOOM_MOE_PARAM_COUNT, sizeof *m->moe_m);
+  m->moe_v = calloc((size_t)cfg->layers * LOOM_MOE_PARAM_COUNT, sizeof *m->moe_v);
+  if (!m->param || !m->grad || !m->m || !m->v || !m->unit_grad || !m->unit_first || !m->part_grad ||
+      !m->moe || !m->moe_m || !m->moe_v) {
     gpt_model_free(m);
     return LOOM_ERR_NOMEM;
   }
@@ -163,6 +178,16 @@ void gpt_model_free(gpt_model_t *m) {
   for (int k = 0; k < 4; k++) {
     loom_host_free(m->flat[k]);
   }
+  for (int l = 0; m->moe && l < m->cfg.layers; l++) {
+    loom_moe_destroy(m->moe[l]);
+    for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+      loom_tensor_free(&m->moe_m[l * LOOM_MOE_PARAM_COUNT + p]);
+      loom_tensor_free(&m->moe_v[l * LOOM_MOE_PARAM_COUNT + p]);
+    }
+  }
+  free(m->moe);
+  free(m->moe_m);
+  free(m->moe_v);
   free(m->param);
   free(m->grad);
   free(m->m);
@@ -171,6 +196,25 @@ void gpt_model_free(gpt_model_t *m) {
   free(m->unit_first);
   free(m->part_grad);
   memset(m, 0, sizeof *m);
+}
+
+loom_status_t gpt_model_set_moe(gpt_model_t *m, int l, loom_moe_t *moe) {
+  if (l < 0 || l >= m->cfg.layers || !gpt_block_is_moe(&m->cfg, l) || !moe || m->moe[l] ||
+      loom_moe_param(moe, LOOM_MOE_ROUTER)->shape[0] != m->cfg.width) {
+    return LOOM_ERR_INVALID_ARG;
+  }
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    const loom_tensor_t *w = loom_moe_param(moe, (loom_moe_param_t)p);
+    loom_tensor_t *mv[2] = {&m->moe_m[l * LOOM_MOE_PARAM_COUNT + p],
+                            &m->moe_v[l * LOOM_MOE_PARAM_COUNT + p]};
+    for (int k = 0; k < 2; k++) {
+      TRY(loom_tensor_alloc(mv[k], LOOM_F32, LOOM_DEVICE_HOST, w->ndim, w->shape,
+                            k ? "adam_v.moe" : "adam_m.moe"));
+      TRY(loom_tensor_fill(mv[k], 0.0));
+    }
+  }
+  m->moe[l] = moe;
+  return LOOM_OK;
 }
 
 void gpt_model_init(gpt_model_t *m, uint64_t seed) {
@@ -230,8 +274,10 @@ loom_status_t gpt_acts_alloc(gpt_acts_t *a, const gpt_config_t *cfg, int64_t cap
     TRY(alloc2(&y->ln2, cap, C, "ln2"));
     TRY(alloc2(&y->ln2_mean, cap, 0, "ln2.mean"));
     TRY(alloc2(&y->ln2_rstd, cap, 0, "ln2.rstd"));
-    TRY(alloc2(&y->fc, cap, F, "fc"));
-    TRY(alloc2(&y->h, cap, F, "gelu"));
+    if (!gpt_block_is_moe(cfg, l)) { // a MoE layer keeps its own activations
+      TRY(alloc2(&y->fc, cap, F, "fc"));
+      TRY(alloc2(&y->h, cap, F, "gelu"));
+    }
   }
   TRY(alloc2(&a->lnf, cap, C, "lnf"));
   TRY(alloc2(&a->lnf_mean, cap, 0, "lnf.mean"));
@@ -308,7 +354,7 @@ static loom_status_t block_forward(const gpt_model_t *m, gpt_acts_t *a, int l) {
   loom_tensor_t ln1 = rows(&y->ln1, n, 0), mean1 = rows(&y->ln1_mean, n, 0),
                 rstd1 = rows(&y->ln1_rstd, n, 0), xmid = rows(&y->xmid, n, 0),
                 ln2 = rows(&y->ln2, n, 0), mean2 = rows(&y->ln2_mean, n, 0),
-                rstd2 = rows(&y->ln2_rstd, n, 0), fc = rows(&y->fc, n, 0), h = rows(&y->h, n, 0);
+                rstd2 = rows(&y->ln2_rstd, n, 0);
   loom_tensor_t q = rows(&y->q, n, 0), k = rows(&y->k, n, 0), v = rows(&y->v, n, 0),
                 att = rows(&y->att, n, 0), lse = lse_view(&y->lse, n);
   loom_tensor_t q3 = rows(&y->q, n, H), k3 = rows(&y->k, n, H), v3 = rows(&y->v, n, H),
@@ -321,8 +367,20 @@ static loom_status_t block_forward(const gpt_model_t *m, gpt_acts_t *a, int l) {
   TRY(loom_attention_forward(&att3, &lse, &q3, &k3, &v3, &a->cu, &a->cu, 1, 0.0f));
   TRY(loom_tensor_copy(&xmid, &x));
   TRY(loom_gemm(&xmid, &att, 0, &p[GPT_WO], 1, &p[GPT_BO], 1.0f, 1.0f));
-  // MLP: out = xmid + fc2(gelu(fc1(ln2(xmid))))
+  // MLP: out = xmid + fc2(gelu(fc1(ln2(xmid)))), or out = xmid + moe(ln2(xmid))
   TRY(loom_layernorm_forward(&ln2, &mean2, &rstd2, &xmid, &p[GPT_LN2_W], &p[GPT_LN2_B], 1e-5f));
+  if (m->moe[l]) {
+    loom_tensor_t tmp = rows(&a->dtmp, n, 0);
+    float aux = 0.0f;
+    TRY(loom_moe_forward(m->moe[l], &ln2, &tmp, &aux));
+    a->aux += aux;
+    TRY(loom_tensor_copy(&out, &xmid));
+    return loom_axpy(&out, 1.0f, &tmp);
+  }
+  if (gpt_block_is_moe(&m->cfg, l)) {
+    return LOOM_ERR_INVALID_ARG; // no layer attached (gpt_model_set_moe)
+  }
+  loom_tensor_t fc = rows(&y->fc, n, 0), h = rows(&y->h, n, 0);
   TRY(loom_gemm(&fc, &ln2, 0, &p[GPT_FC1_W], 1, &p[GPT_FC1_B], 1.0f, 0.0f)); // (n, 4C)
   TRY(loom_gelu_forward(&h, &fc));
   TRY(loom_tensor_copy(&out, &xmid));
@@ -339,6 +397,7 @@ loom_status_t gpt_forward(const gpt_model_t *m, gpt_acts_t *a, const loom_tensor
     return LOOM_ERR_INVALID_ARG;
   }
   a->n = n;
+  a->aux = 0.0f;
   a->tokens = *tokens;
   a->pos = *pos;
   a->cu = *cu;
@@ -385,18 +444,14 @@ static loom_status_t head_backward(gpt_model_t *m, gpt_acts_t *a, loom_sched_t *
   return LOOM_OK;
 }
 
-// The MLP half of block l's backward: d xmid from d x[l+1] (a->dres, updated in place).
-static loom_status_t block_backward_mlp(gpt_model_t *m, gpt_acts_t *a, int l, loom_sched_t *s) {
+// The dense MLP's backward: d ln2 (a->dtmp) from d out (a->dres).
+static loom_status_t mlp_backward(gpt_model_t *m, gpt_acts_t *a, int l, loom_sched_t *s) {
   const int64_t n = a->n;
   const loom_tensor_t *p = &m->param[block_param(l, 0)];
   loom_tensor_t *g = &m->grad[block_param(l, 0)];
   gpt_layer_acts_t *y = &a->layer[l];
-  loom_tensor_t xmid = rows(&y->xmid, n, 0), ln2 = rows(&y->ln2, n, 0),
-                mean2 = rows(&y->ln2_mean, n, 0), rstd2 = rows(&y->ln2_rstd, n, 0),
-                fc = rows(&y->fc, n, 0), h = rows(&y->h, n, 0);
-  loom_tensor_t dres = rows(&a->dres, n, 0), dtmp = rows(&a->dtmp, n, 0), dy = rows(&a->dy, n, 0),
-                dfc = rows(&a->dfc, n, 0);
-  // dres is d out = d xmid (residual) + the MLP branch's contribution
+  loom_tensor_t ln2 = rows(&y->ln2, n, 0), fc = rows(&y->fc, n, 0), h = rows(&y->h, n, 0);
+  loom_tensor_t dres = rows(&a->dres, n, 0), dtmp = rows(&a->dtmp, n, 0), dfc = rows(&a->dfc, n, 0);
   TRY(loom_gemm(&g[GPT_FC2_W], &dres, 1, &h, 0, NULL, 1.0f, 1.0f)); // (C, 4C)
   TRY(loom_bias_backward(&g[GPT_FC2_B], &dres));
   TRY(loom_gemm(&dfc, &dres, 0, &p[GPT_FC2_W], 0, NULL, 1.0f, 0.0f)); // d h (n, 4C)
@@ -404,7 +459,42 @@ static loom_status_t block_backward_mlp(gpt_model_t *m, gpt_acts_t *a, int l, lo
   TRY(loom_gelu_backward(&dfc, &fc, &dfc));
   TRY(loom_gemm(&g[GPT_FC1_W], &dfc, 1, &ln2, 0, NULL, 1.0f, 1.0f)); // (4C, C)
   TRY(loom_bias_backward(&g[GPT_FC1_B], &dfc));
-  TRY(loom_gemm(&dtmp, &dfc, 0, &p[GPT_FC1_W], 0, NULL, 1.0f, 0.0f)); // d ln2 (n, C)
+  return loom_gemm(&dtmp, &dfc, 0, &p[GPT_FC1_W], 0, NULL, 1.0f, 0.0f); // d ln2 (n, C)
+}
+
+// A MoE layer's backward: dx (d ln2) from dy, its gradients zeroed first; the expert gradients
+// (which sum the contributions of every rank of the expert-parallel group) divided by its size.
+static loom_status_t moe_backward(loom_moe_t *moe, const loom_tensor_t *dy, loom_tensor_t *dx) {
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    TRY(loom_tensor_fill(loom_moe_grad(moe, (loom_moe_param_t)p), 0.0));
+  }
+  TRY(loom_moe_backward(moe, dy, dx));
+  loom_moe_stats_t st;
+  loom_moe_stats(moe, &st);
+  if (st.local_experts != st.num_experts) {
+    const float scale = (float)st.local_experts / (float)st.num_experts;
+    for (int p = LOOM_MOE_W1; p < LOOM_MOE_PARAM_COUNT; p++) {
+      TRY(loom_scale(loom_moe_grad(moe, (loom_moe_param_t)p), scale));
+    }
+  }
+  return LOOM_OK;
+}
+
+// The MLP half of block l's backward: d xmid from d x[l+1] (a->dres, updated in place).
+static loom_status_t block_backward_mlp(gpt_model_t *m, gpt_acts_t *a, int l, loom_sched_t *s) {
+  const int64_t n = a->n;
+  const loom_tensor_t *p = &m->param[block_param(l, 0)];
+  loom_tensor_t *g = &m->grad[block_param(l, 0)];
+  gpt_layer_acts_t *y = &a->layer[l];
+  loom_tensor_t xmid = rows(&y->xmid, n, 0), mean2 = rows(&y->ln2_mean, n, 0),
+                rstd2 = rows(&y->ln2_rstd, n, 0);
+  loom_tensor_t dres = rows(&a->dres, n, 0), dtmp = rows(&a->dtmp, n, 0), dy = rows(&a->dy, n, 0);
+  // dres is d out = d xmid (residual) + the MLP branch's contribution
+  if (m->moe[l]) {
+    TRY(moe_backward(m->moe[l], &dres, &dtmp)); // d ln2
+  } else {
+    TRY(mlp_backward(m, a, l, s)); // d ln2 in dtmp
+  }
   poll(s);
   TRY(loom_layernorm_backward(&dy, &g[GPT_LN2_W], &g[GPT_LN2_B], &dtmp, &xmid, &p[GPT_LN2_W],
                               &mean2, &rstd2));
@@ -484,9 +574,24 @@ loom_status_t gpt_backward_unit(gpt_model_t *m, gpt_acts_t *a, int u, loom_sched
 
 loom_status_t gpt_update_unit(gpt_model_t *m, int u, const loom_adamw_t *hp) {
   for (int i = m->unit_first[u]; i < m->unit_first[u + 1]; i++) {
+    if (loom_tensor_numel(&m->param[i]) == 0) { // the dense MLP of a MoE block
+      continue;
+    }
     loom_adamw_t h = *hp;
     h.weight_decay = m->param[i].ndim == 2 ? hp->weight_decay : 0.0f;
     TRY(loom_adamw_update(&m->param[i], &m->grad[i], &m->m[i], &m->v[i], &h));
+  }
+  const int l = u - 1;
+  if (u < 1 || l >= m->cfg.layers || !m->moe[l]) {
+    return LOOM_OK;
+  }
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    loom_adamw_t h = *hp;
+    h.weight_decay = p == LOOM_MOE_B1 || p == LOOM_MOE_B2 ? 0.0f : hp->weight_decay;
+    TRY(loom_adamw_update(loom_moe_param(m->moe[l], (loom_moe_param_t)p),
+                          loom_moe_grad(m->moe[l], (loom_moe_param_t)p),
+                          &m->moe_m[l * LOOM_MOE_PARAM_COUNT + p],
+                          &m->moe_v[l * LOOM_MOE_PARAM_COUNT + p], &h));
   }
   return LOOM_OK;
 }
@@ -536,6 +641,17 @@ loom_status_t gpt_generate(const gpt_model_t *m, gpt_acts_t *a, uint8_t *text, i
         pick = j;
         break;
       }
+    }
+    if (m->moe_ep && loom_group_size(m->moe_ep) > 1) { // every rank of the MoE group alike
+      int32_t p32 = pick;
+      int64_t one = 1;
+      loom_tensor_t pt32;
+      loom_tensor_wrap(&pt32, &p32, LOOM_I32, LOOM_DEVICE_HOST, 1, &one, "pick");
+      st = loom_broadcast(m->moe_ep, &pt32, 0);
+      if (st != LOOM_OK) {
+        break;
+      }
+      pick = p32;
     }
     if (pick == GPT_DOC_START) {
       break; // the model ended the document

@@ -1,5 +1,5 @@
 /* gpt_model.h — the byte-level GPT of train_gpt on loom's ops: pre-LayerNorm blocks with
- * padding-free causal attention over packed sequences, forward, backward per unit, AdamW. */
+ * padding-free causal attention over packed sequences (optionally MoE MLPs), backward per unit. */
 #ifndef LOOM_EXAMPLES_GPT_MODEL_H
 #define LOOM_EXAMPLES_GPT_MODEL_H
 
@@ -8,12 +8,17 @@
 #include "loom.h"
 
 typedef struct gpt_config {
-  int layers; // L
-  int width;  // C (model width)
-  int heads;  // H; head size D = C / H
-  int ctx;    // T: longest sequence, rows of the position table
-  int vocab;  // V: 256 for bytes
+  int layers;      // L
+  int width;       // C (model width)
+  int heads;       // H; head size D = C / H
+  int ctx;         // T: longest sequence, rows of the position table
+  int vocab;       // V: 256 for bytes
+  int moe_experts; // 0: every block has the dense MLP; else some blocks have a MoE layer (below)
+  int moe_every;   // block l is a MoE block when moe_experts > 0 and (l + 1) % moe_every == 0
 } gpt_config_t;
+
+// 1 when block l's MLP is a mixture of experts (its fc1/fc2 tensors then hold no elements).
+int gpt_block_is_moe(const gpt_config_t *cfg, int l);
 
 // Parameters of one block, in memory order (weights are (out, in) as in torch.nn.Linear).
 enum gpt_block_param {
@@ -49,8 +54,15 @@ typedef struct gpt_model {
   loom_tensor_t *part_grad;    // (2 nunits) part p of unit u at [2u + p]: see gpt_backward_part
   int *unit_first;             // (nunits + 1) tensor index range of each unit
   float *flat[4];              // param, grad, m, v: total floats each
-  int64_t total;               // parameters
-  int64_t matmul_params;       // parameters that multiply activations: 12 L C^2 + V C
+  int64_t total;               // parameters in the flat buffers (the MoE layers' not included)
+  int64_t matmul_params;       // flat parameters that multiply activations: 12 L C^2 + V C, less
+                               // 8 C^2 per MoE block
+  // MoE blocks: block l's layer, attached with gpt_model_set_moe (NULL for a dense block), and
+  // the AdamW moments of its parameters at [l * LOOM_MOE_PARAM_COUNT + p].
+  loom_moe_t **moe;             // (L)
+  loom_tensor_t *moe_m, *moe_v; // (L * LOOM_MOE_PARAM_COUNT)
+  const loom_group_t *moe_ep;   // the group the MoE layers span (gpt_generate agrees on every
+                                // byte over it), or NULL
 } gpt_model_t;
 
 // Saved activations of the last forward, with room for cap tokens.
@@ -73,12 +85,16 @@ typedef struct gpt_acts {
   loom_tensor_t dq, dk, dv;              // (N, C)
   loom_tensor_t dfc;                     // (N, 4C)
   loom_tensor_t tokens, pos, target, cu; // views of the batch of the last forward
+  float aux;                             // the MoE aux losses of the last forward, summed
 } gpt_acts_t;
 
 // Allocate the model and its zeroed gradients and moments. LOOM_ERR_INVALID_ARG when the width
 // does not divide by the heads.
 loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg);
-void gpt_model_free(gpt_model_t *m);
+void gpt_model_free(gpt_model_t *m); // destroys the attached MoE layers (collective over ep)
+// Attach the MoE layer of block l (gpt_block_is_moe; hidden = width): the model owns it from
+// now on, and allocates its AdamW moments. Every MoE block needs one before the first forward.
+loom_status_t gpt_model_set_moe(gpt_model_t *m, int l, loom_moe_t *moe);
 // GPT-2 initialisation from seed (the same numbers on every rank): weights N(0, 0.02), the two
 // residual projections N(0, 0.02 / sqrt(2 L)), biases 0, LayerNorm weights 1.
 void gpt_model_init(gpt_model_t *m, uint64_t seed);
@@ -86,14 +102,19 @@ loom_status_t gpt_acts_alloc(gpt_acts_t *a, const gpt_config_t *cfg, int64_t cap
 void gpt_acts_free(gpt_acts_t *a, const gpt_config_t *cfg);
 
 // Forward over n packed tokens (tokens, pos, targets: (n) i32; cu (nseq + 1) i32 offsets).
-// targets may be NULL (generation: logits only). *loss receives the mean cross-entropy.
+// targets may be NULL (generation: logits only). *loss receives the mean cross-entropy, a->aux
+// the MoE aux losses (their gradients are part of the backward). With MoE blocks the forward is
+// collective over their group: every rank of it calls it the same number of times.
 // s (may be NULL) is polled between blocks so that communication progresses.
 loom_status_t gpt_forward(const gpt_model_t *m, gpt_acts_t *a, const loom_tensor_t *tokens,
                           const loom_tensor_t *pos, const loom_tensor_t *targets,
                           const loom_tensor_t *cu, float *loss, loom_sched_t *s);
 // The backward of unit u of the last forward (with targets): u = L+1 first, then L .. 1, then 0.
 // Overwrites the unit's gradients (the mean over the forward's tokens) and leaves d x in a->dres
-// for the next unit. s (may be NULL) is polled between the big products.
+// for the next unit. s (may be NULL) is polled between the big products. The MLP half of a MoE
+// block calls loom_moe_backward (collective over its group): its gradients are zeroed and then
+// hold this rank's tokens' share, the expert gradients divided by the group size (so that the
+// average over the expert-data-parallel group is the mean over every rank's tokens).
 loom_status_t gpt_backward_unit(gpt_model_t *m, gpt_acts_t *a, int u, loom_sched_t *s);
 // A unit's backward in parts, so that a part's gradients can be averaged while the next part is
 // computed: a block has two, part 0 the MLP half (ln2, fc1, fc2: two thirds of the block's
@@ -102,11 +123,14 @@ loom_status_t gpt_backward_unit(gpt_model_t *m, gpt_acts_t *a, int u, loom_sched
 // overwrites the gradients in m->part_grad[2 u + p] (contiguous in the unit's buffer).
 int gpt_unit_parts(const gpt_model_t *m, int u);
 loom_status_t gpt_backward_part(gpt_model_t *m, gpt_acts_t *a, int u, int p, loom_sched_t *s);
-// AdamW on the tensors of unit u (weight decay on the 2-d weights only).
+// AdamW on the tensors of unit u (weight decay on the 2-d weights only; in a MoE block on the
+// router, w1 and w2, not on the biases b1 and b2).
 loom_status_t gpt_update_unit(gpt_model_t *m, int u, const loom_adamw_t *hp);
 
 // Append up to count sampled bytes to text (which holds *len bytes, room for cap) with the
 // model's next-byte distribution at temperature temp, seeded. Stops early at a document start.
+// With m->moe_ep set (MoE blocks over more than one rank), every rank of that group must call it
+// alike: each byte is the pick of the group's rank 0, so all ranks generate the same text.
 loom_status_t gpt_generate(const gpt_model_t *m, gpt_acts_t *a, uint8_t *text, int *len, int cap,
                            int count, float temp, uint64_t seed);
 

@@ -13,6 +13,14 @@
 
 #define MAX_DATA 64
 
+#define TRY(call)                                                                                  \
+  do {                                                                                             \
+    loom_status_t try_st_ = (call);                                                                \
+    if (try_st_ != LOOM_OK) {                                                                      \
+      return try_st_;                                                                              \
+    }                                                                                              \
+  } while (0)
+
 // ---- options ------------------------------------------------------------------------------------
 
 typedef enum sync_mode { SYNC_OVERLAP, SYNC_FUSED, SYNC_NONE, SYNC_COMM_ONLY } sync_mode_t;
@@ -39,6 +47,10 @@ typedef struct opts {
   sync_mode_t sync;
   const char *compress; // a compressor spec, or NULL: plain allreduce
   loom_scheme_t scheme; // of the compressed allreduce
+  // mixture of experts (o.cfg.moe_experts, o.cfg.moe_every: which blocks)
+  int moe_topk, moe_ffn; // moe_ffn 0: 4 x width
+  double moe_capacity, moe_aux;
+  int moe_overlap; // a loom_moe_overlap_t, or LOOM_MOE_OVERLAP_DEFAULT (LOOM_MOE_OVERLAP)
   int help;
 } opts_t;
 
@@ -97,12 +109,30 @@ static void usage(FILE *out) {
       "                      error feedback, or auto: profile the first steps, then a plan per\n"
       "                      gradient; with --sync overlap only (default: LOOM_COMPRESS, auto)\n"
       "  --compress-scheme S indivisible, divisible or hierarchical (default divisible)\n"
+      "mixture of experts\n"
+      "  --moe-experts E     experts per MoE layer, 0 = dense MLP everywhere (default 0); a\n"
+      "                      multiple of LOOM_EP_SIZE: each rank of an expert-parallel group\n"
+      "                      holds E / LOOM_EP_SIZE of them\n"
+      "  --moe-every N       the MLP of every N-th block is a MoE layer: blocks l with\n"
+      "                      (l + 1) %% N == 0 (default 2; 1 = every block)\n"
+      "  --moe-topk K        experts per token, 1..E (default 2)\n"
+      "  --moe-ffn F         inner width of each expert (default 4 x width, the dense MLP's)\n"
+      "  --moe-capacity CF   capacity factor: each rank keeps at most ceil(CF T K / E)\n"
+      "                      assignments per expert and drops the rest, 0 = dropless (default 0)\n"
+      "  --moe-aux X         weight of the load-balancing loss added to the loss of every MoE\n"
+      "                      layer, 0 = off (default 0.01)\n"
+      "  --moe-overlap M     none, coarse or fine: how the all-to-alls overlap the expert GEMMs\n"
+      "                      (default: LOOM_MOE_OVERLAP)\n"
+      "                      The router is averaged over the data-parallel group with the dense\n"
+      "                      gradients, the experts over the expert-data-parallel group; MoE\n"
+      "                      gradients are never compressed (--compress applies to the rest)\n"
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n"
       "Tokens/s counts training tokens of all ranks, validation excluded. MFU = achieved\n"
       "FLOP/s per rank / the sgemm rate of one rank measured at start (same BLAS threads), with\n"
-      "6 FLOPs per token per matmul parameter (12 L C^2 + 256 C); mfu_attn adds the causal\n"
-      "attention pairs actually computed.\n",
+      "6 FLOPs per token per matmul parameter (12 L C^2 + 256 C; a MoE block counts its\n"
+      "router and K experts, 4 C^2 + C E + 2 K C F, instead of the dense MLP's 8 C^2); mfu_attn\n"
+      "adds the causal attention pairs actually computed.\n",
       GPT_DEFAULT_DATA);
 }
 
@@ -126,7 +156,11 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
                 .sample = 200,
                 .temperature = 0.8,
                 .rtol = 1e-5,
-                .scheme = LOOM_SCHEME_DIVISIBLE};
+                .scheme = LOOM_SCHEME_DIVISIBLE,
+                .moe_topk = 2,
+                .moe_aux = 0.01,
+                .moe_overlap = LOOM_MOE_OVERLAP_DEFAULT};
+  o->cfg.moe_every = 2;
   static const char *const switches[] = {"--help", "--no-overlap", "--compare", NULL};
   for (int i = 1; i < argc; i++) {
     char flag[64];
@@ -202,6 +236,23 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       rc = ex_parse_double(flag, v, 0.0, 1.0, &o->rtol, err, errlen);
     } else if ((rc = ex_parse_compress(flag, v, &o->compress, &o->scheme, err, errlen)) != 0) {
       rc = rc < 0 ? -1 : 0;
+    } else if (!strcmp(flag, "--moe-experts")) {
+      rc = ex_parse_int(flag, v, 0, 4096, &o->cfg.moe_experts, err, errlen);
+    } else if (!strcmp(flag, "--moe-every")) {
+      rc = ex_parse_int(flag, v, 1, 64, &o->cfg.moe_every, err, errlen);
+    } else if (!strcmp(flag, "--moe-topk")) {
+      rc = ex_parse_int(flag, v, 1, 4096, &o->moe_topk, err, errlen);
+    } else if (!strcmp(flag, "--moe-ffn")) {
+      rc = ex_parse_int(flag, v, 1, 1 << 24, &o->moe_ffn, err, errlen);
+    } else if (!strcmp(flag, "--moe-capacity")) {
+      rc = ex_parse_double(flag, v, 0.0, 1e6, &o->moe_capacity, err, errlen);
+    } else if (!strcmp(flag, "--moe-aux")) {
+      rc = ex_parse_double(flag, v, 0.0, 1e3, &o->moe_aux, err, errlen);
+    } else if (!strcmp(flag, "--moe-overlap")) {
+      if (loom_moe_overlap_parse(v, &o->moe_overlap) != LOOM_OK) {
+        snprintf(err, errlen, "--moe-overlap wants none, coarse or fine, got '%s'", v);
+        rc = -1;
+      }
     } else if (!strcmp(flag, "--sync")) {
       int k = 0;
       while (k < 4 && strcmp(v, sync_names[k])) {
@@ -231,6 +282,16 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
              o->cfg.width, o->cfg.heads);
     return -1;
   }
+  if (o->cfg.moe_experts > 0 && o->moe_topk > o->cfg.moe_experts) {
+    snprintf(err, errlen, "--moe-topk %d is more than --moe-experts %d: use 1..%d", o->moe_topk,
+             o->cfg.moe_experts, o->cfg.moe_experts);
+    return -1;
+  }
+  if (o->cfg.moe_experts > 0 && o->cfg.moe_every > o->cfg.layers) {
+    snprintf(err, errlen, "--moe-every %d with --layers %d makes no block a MoE block: use 1..%d",
+             o->cfg.moe_every, o->cfg.layers, o->cfg.layers);
+    return -1;
+  }
   if ((int64_t)o->batch * o->cfg.ctx > (1 << 30)) {
     snprintf(err, errlen, "--batch * --ctx is over 2^30 tokens per rank: make one smaller");
     return -1;
@@ -252,10 +313,13 @@ typedef struct step {
   const loom_group_t *dp;
   loom_sched_t *s;
   int64_t first_row; // this rank's first row of the step
-  float loss;        // this rank's mean loss, then (allreduce) the mean over ranks
+  float loss[2];     // this rank's mean loss and MoE aux loss (summed over the layers), then
+                     // (allreduce) their means over the ranks
   loom_tensor_t loss_t;
-  loom_tensor_t **grads; // (nunits) every unit's gradient, for the norm
-  float norm;            // of the averaged gradient (measured when clip is 0 too)
+  const loom_group_t *ep, *edp; // expert-parallel and expert-data-parallel groups (MoE)
+  int nmoe;                     // MoE blocks
+  loom_tensor_t **grads;        // (nunits) every unit's gradient, for the norm
+  float norm;                   // of the averaged gradient (measured when clip is 0 too)
   loom_adamw_t hp;
   loom_compressor_t *codec;       // --compress SPEC (every part), or NULL
   loom_compressor_t **part_codec; // (2 nunits) [2u + p]: the compressor of part p of unit u, or
@@ -273,11 +337,18 @@ typedef struct unit_arg {
   int u, p; // unit, and part of the unit (gpt_backward_part)
 } unit_arg_t;
 
+typedef struct moe_arg {
+  step_t *st;
+  int l, p; // block, and which parameter of its MoE layer (a loom_moe_param_t)
+} moe_arg_t;
+
 static loom_status_t task_forward(void *arg) {
   step_t *st = arg;
   gpt_batch_fill(st->b, &st->corpus->train, st->first_row, st->o->batch);
-  return gpt_forward(st->m, st->a, &st->b->tokens, &st->b->pos, &st->b->target, &st->b->cu,
-                     &st->loss, st->s);
+  loom_status_t status = gpt_forward(st->m, st->a, &st->b->tokens, &st->b->pos, &st->b->target,
+                                     &st->b->cu, &st->loss[0], st->s);
+  st->loss[1] = st->a->aux;
+  return status;
 }
 
 static loom_status_t task_loss_allreduce(void *arg, loom_request_t **req) {
@@ -308,8 +379,77 @@ static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   return loom_iallreduce(ua->st->dp, g, g, LOOM_AVG, req);
 }
 
+// A MoE gradient (uncompressed): the router over the data-parallel group, an expert tensor over
+// the ranks that hold the same experts.
+static loom_status_t task_moe_allreduce(void *arg, loom_request_t **req) {
+  const moe_arg_t *ma = arg;
+  loom_tensor_t *g = loom_moe_grad(ma->st->m->moe[ma->l], (loom_moe_param_t)ma->p);
+  const loom_group_t *grp = ma->p == LOOM_MOE_ROUTER ? ma->st->dp : ma->st->edp;
+  return loom_iallreduce(grp, g, g, LOOM_AVG, req);
+}
+
+// The global gradient norm with MoE layers: the dense gradients and the routers are the same on
+// every rank, the experts are spread over the expert-parallel group (their squares are gathered
+// and summed in rank order, so every rank gets the same bits). Clips as loom_clip_grad_norm.
+static loom_status_t clip_moe(step_t *st) {
+  gpt_model_t *m = st->m;
+  double dense = 0.0, norm = 0.0;
+  float mine = 0.0f;
+  for (int u = 0; u < m->nunits; u++) {
+    TRY(loom_norm2(&m->unit_grad[u], &norm));
+    dense += norm * norm;
+  }
+  for (int l = 0; l < m->cfg.layers; l++) {
+    for (int p = 0; m->moe[l] && p < LOOM_MOE_PARAM_COUNT; p++) {
+      TRY(loom_norm2(loom_moe_grad(m->moe[l], (loom_moe_param_t)p), &norm));
+      if (p == LOOM_MOE_ROUTER) {
+        dense += norm * norm;
+      } else {
+        mine += (float)(norm * norm);
+      }
+    }
+  }
+  const int P = loom_group_size(st->ep);
+  float *all = malloc(sizeof(float) * (size_t)P);
+  if (!all) {
+    return LOOM_ERR_NOMEM;
+  }
+  loom_tensor_t tm, ta;
+  int64_t one = 1, np = P;
+  loom_status_t status = loom_tensor_wrap(&tm, &mine, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "sq");
+  if (status == LOOM_OK) {
+    status = loom_tensor_wrap(&ta, all, LOOM_F32, LOOM_DEVICE_HOST, 1, &np, "sq.all");
+  }
+  if (status == LOOM_OK) {
+    status = loom_allgather(st->ep, &tm, &ta);
+  }
+  for (int r = 0; r < P && status == LOOM_OK; r++) {
+    dense += (double)all[r];
+  }
+  free(all);
+  TRY(status);
+  norm = sqrt(dense);
+  st->norm = (float)norm;
+  const double max_norm = st->o->clip, coef = max_norm / (norm + 1e-6);
+  if (max_norm <= 0.0 || !isfinite(norm) || coef >= 1.0) {
+    return LOOM_OK;
+  }
+  for (int u = 0; u < m->nunits; u++) {
+    TRY(loom_scale(&m->unit_grad[u], (float)coef));
+  }
+  for (int l = 0; l < m->cfg.layers; l++) {
+    for (int p = 0; m->moe[l] && p < LOOM_MOE_PARAM_COUNT; p++) {
+      TRY(loom_scale(loom_moe_grad(m->moe[l], (loom_moe_param_t)p), (float)coef));
+    }
+  }
+  return LOOM_OK;
+}
+
 static loom_status_t task_clip(void *arg) {
   step_t *st = arg;
+  if (st->nmoe > 0) {
+    return clip_moe(st);
+  }
   return loom_clip_grad_norm(st->grads, st->m->nunits, (float)st->o->clip, &st->norm);
 }
 
@@ -352,18 +492,27 @@ static void unit_name(const gpt_model_t *m, const char *what, int u, int part, c
 // as its backward is done (sync overlap), so that the last block's MLP gradients travel while
 // its attention backward runs; the gradient norm (and clip) over every averaged gradient; each
 // unit's AdamW after its parts' allreduces (and after the clip when clipping). Backward outranks
-// the updates, so the compute lane finishes the backward while the allreduces fly. --sync none
-// leaves the allreduces out; --sync comm-only keeps only them.
-static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua) {
+// the updates, so the compute lane finishes the backward while the allreduces fly. A MoE block's
+// MLP half (loom_moe_backward, collective over the expert-parallel group: the compute lane runs
+// in the same order on every rank) is followed by one allreduce per MoE gradient: the router
+// over the data-parallel group, w1, b1, w2, b2 over the expert-data-parallel group; the block's
+// AdamW waits for them too. --sync none leaves the allreduces out; --sync comm-only keeps only
+// them.
+static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua, moe_arg_t *ma) {
   enum { PRIO_FORWARD = 30, PRIO_BACKWARD = 20, PRIO_CLIP = 10, PRIO_UPDATE = 0 };
   const gpt_model_t *m = st->m;
   const int U = m->nunits;
   const sync_mode_t mode = st->o->sync;
   int fwd = -1, loss, prev = -1, clip = -1, id;
   int *ar = malloc(2 * (size_t)U * sizeof *ar); // [2u + p]: part p's allreduce, or -1
-  if (!ar) {
+  // [l * LOOM_MOE_PARAM_COUNT + p]: the allreduce of MoE gradient p of block l, or -1
+  int *mar = malloc((size_t)m->cfg.layers * LOOM_MOE_PARAM_COUNT * sizeof *mar);
+  if (!ar || !mar) {
     fprintf(stderr, "%s: out of memory\n", ex_prog);
     MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  for (int k = 0; k < m->cfg.layers * LOOM_MOE_PARAM_COUNT; k++) {
+    mar[k] = -1;
   }
   char name[64];
   if (mode != SYNC_COMM_ONLY) {
@@ -395,6 +544,20 @@ static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua) {
           EX_CHECK(loom_sched_depend(s, ar[2 * u + p], bwd));
         }
       }
+      const int l = u - 1; // the block, when u is one
+      for (int q = 0; p == 0 && u > 0 && u < U - 1 && m->moe[l] && mode != SYNC_NONE &&
+                      q < LOOM_MOE_PARAM_COUNT;
+           q++) {
+        static const char *const moe_names[] = {"router", "w1", "b1", "w2", "b2"};
+        const int k = l * LOOM_MOE_PARAM_COUNT + q;
+        ma[k] = (moe_arg_t){.st = st, .l = l, .p = q};
+        snprintf(name, sizeof name, "allreduce.h%d.moe.%s", l, moe_names[q]);
+        add_task(s, name, LOOM_LANE_COMM, 0, NULL, task_moe_allreduce, &ma[k],
+                 loom_tensor_bytes(loom_moe_grad(m->moe[l], (loom_moe_param_t)q)), &mar[k]);
+        if (bwd >= 0) {
+          EX_CHECK(loom_sched_depend(s, mar[k], bwd));
+        }
+      }
     }
   }
   if (mode != SYNC_COMM_ONLY) {
@@ -408,6 +571,11 @@ static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua) {
         EX_CHECK(loom_sched_depend(s, clip, ar[i]));
       }
     }
+    for (int k = 0; k < m->cfg.layers * LOOM_MOE_PARAM_COUNT; k++) {
+      if (mar[k] >= 0) {
+        EX_CHECK(loom_sched_depend(s, clip, mar[k]));
+      }
+    }
     for (int u = U - 1; u >= 0; u--) {
       unit_name(m, "adamw", u, -1, name, sizeof name);
       add_task(s, name, LOOM_LANE_COMPUTE, PRIO_UPDATE, task_update, NULL, &ua[2 * u], 0, &id);
@@ -417,12 +585,18 @@ static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua) {
       for (int p = 0; p < gpt_unit_parts(m, u) && mode != SYNC_NONE; p++) {
         EX_CHECK(loom_sched_depend(s, id, ar[2 * u + p]));
       }
+      for (int q = 0; q < LOOM_MOE_PARAM_COUNT && u > 0 && u < U - 1; q++) {
+        if (mar[(u - 1) * LOOM_MOE_PARAM_COUNT + q] >= 0) {
+          EX_CHECK(loom_sched_depend(s, id, mar[(u - 1) * LOOM_MOE_PARAM_COUNT + q]));
+        }
+      }
       if (st->o->clip > 0) {
         EX_CHECK(loom_sched_depend(s, id, clip));
       }
     }
   }
   free(ar);
+  free(mar);
 }
 
 // The same step without the scheduler: forward, whole backward, one fused allreduce of every
@@ -434,6 +608,12 @@ static void fused_step(step_t *st, loom_fusion_t *fusion, loom_tensor_t **reduce
     EX_CHECK(gpt_backward_unit(m, st->a, u, NULL));
   }
   EX_CHECK(loom_fusion_allreduce(fusion, reduce, m->nunits + 1, LOOM_AVG));
+  for (int l = 0; l < m->cfg.layers; l++) { // MoE gradients: not fused
+    for (int p = 0; m->moe[l] && p < LOOM_MOE_PARAM_COUNT; p++) {
+      loom_tensor_t *g = loom_moe_grad(m->moe[l], (loom_moe_param_t)p);
+      EX_CHECK(loom_allreduce(p == LOOM_MOE_ROUTER ? st->dp : st->edp, g, g, LOOM_AVG));
+    }
+  }
   EX_CHECK(task_clip(st));
   for (int u = m->nunits - 1; u >= 0; u--) {
     EX_CHECK(gpt_update_unit(m, u, &st->hp));
@@ -450,12 +630,20 @@ static float validate(const opts_t *o, const gpt_model_t *m, gpt_acts_t *a, gpt_
   int64_t rows = gpt_rows(val, o->cfg.ctx);
   rows = rows < o->val_rows ? rows : o->val_rows;
   double sums[2] = {0.0, 0.0}; // loss * tokens, tokens
-  for (int64_t r = rank; r < rows; r += np) {
+  // With MoE layers the forward is collective over the expert-parallel group: every rank runs
+  // the same number of them (one without a row of its own repeats the last row, not counted).
+  for (int64_t r0 = 0; r0 < rows; r0 += np) {
+    const int64_t r = r0 + rank;
+    if (r >= rows && !m->moe_ep) {
+      break;
+    }
     float loss = 0.0f;
-    gpt_batch_fill(vb, val, r, 1);
+    gpt_batch_fill(vb, val, r < rows ? r : rows - 1, 1);
     EX_CHECK(gpt_forward(m, a, &vb->tokens, &vb->pos, &vb->target, &vb->cu, &loss, NULL));
-    sums[0] += (double)loss * (double)vb->total;
-    sums[1] += (double)vb->total;
+    if (r < rows) {
+      sums[0] += (double)loss * (double)vb->total;
+      sums[1] += (double)vb->total;
+    }
   }
   float f[2] = {(float)sums[0], (float)sums[1]};
   loom_tensor_t t;
@@ -532,7 +720,9 @@ static int load_corpus(const opts_t *o, const loom_group_t *dp, gpt_corpus_t *c)
   return -1;
 }
 
-static void print_sample(const gpt_model_t *m, gpt_acts_t *a, const opts_t *o) {
+// Generate (on every rank of the MoE group when it spans several: gpt_generate); print when
+// print is set.
+static void print_sample(const gpt_model_t *m, gpt_acts_t *a, const opts_t *o, int print) {
   int cap = o->sample + 1, len = 1;
   uint8_t *text = malloc((size_t)cap);
   if (!text) {
@@ -541,10 +731,56 @@ static void print_sample(const gpt_model_t *m, gpt_acts_t *a, const opts_t *o) {
   text[0] = GPT_DOC_START;
   EX_CHECK(
       gpt_generate(m, a, text, &len, cap, o->sample, (float)o->temperature, (uint64_t)o->seed));
+  if (!print) {
+    free(text);
+    return;
+  }
   printf("sample (%d bytes, temperature %g):\n", len - 1, o->temperature);
   fwrite(text + 1, 1, (size_t)(len - 1), stdout);
   printf("\n-- end of sample\n");
   free(text);
+}
+
+// --dump-params: every parameter as raw f32: the flat buffers, then per MoE block its router and
+// w1, b1, w2, b2 of all its experts (gathered over the expert-parallel group: collective, every
+// rank calls it), so that a dump does not depend on LOOM_EP_SIZE. Rank 0 writes, or every rank
+// when the path holds %r.
+static int dump_params(const opts_t *o, const gpt_model_t *m, const loom_group_t *ep, int rank) {
+  const int P = loom_group_size(ep), L = m->cfg.layers;
+  const int n = 1 + L * LOOM_MOE_PARAM_COUNT;
+  const loom_tensor_t **all = calloc((size_t)n, sizeof *all);
+  loom_tensor_t *tens = calloc((size_t)n, sizeof *tens);
+  int k = 0, rc = 0;
+  if (!all || !tens) {
+    fprintf(stderr, "%s: out of memory\n", ex_prog);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  int64_t total = m->total;
+  EX_CHECK(loom_tensor_wrap(&tens[0], m->flat[0], LOOM_F32, LOOM_DEVICE_HOST, 1, &total, "params"));
+  all[k++] = &tens[0];
+  for (int l = 0; l < L; l++) {
+    for (int p = 0; m->moe[l] && p < LOOM_MOE_PARAM_COUNT; p++) {
+      loom_tensor_t *w = loom_moe_param(m->moe[l], (loom_moe_param_t)p);
+      if (p == LOOM_MOE_ROUTER || P == 1) {
+        all[k++] = w;
+        continue;
+      }
+      int64_t count = P * loom_tensor_numel(w);
+      EX_CHECK(loom_tensor_alloc(&tens[k], LOOM_F32, LOOM_DEVICE_HOST, 1, &count, "experts"));
+      EX_CHECK(loom_allgather(ep, w, &tens[k]));
+      all[k] = &tens[k];
+      k++;
+    }
+  }
+  if (rank == 0 || strstr(o->dump, "%r")) {
+    rc = ex_dump_params(o->dump, rank, all, k);
+  }
+  for (int i = 1; i < n; i++) {
+    loom_tensor_free(&tens[i]);
+  }
+  free(all);
+  free(tens);
+  return rc;
 }
 
 // ---- main ---------------------------------------------------------------------------------------
@@ -578,6 +814,18 @@ int main(int argc, char **argv) {
   if (rank < 0) { // a dedicated attention server (LOOM_ATTN_SERVERS): nothing to train here
     return loom_finalize(ctx) == LOOM_OK ? 0 : 1;
   }
+  const loom_group_t *ep = loom_group(ctx, LOOM_GROUP_EP);
+  const loom_group_t *edp = loom_group(ctx, LOOM_GROUP_EXPERT_DP);
+  if (o.cfg.moe_experts > 0 && o.cfg.moe_experts % loom_group_size(ep) != 0) { // before the data
+    if (rank == 0) {
+      fprintf(stderr,
+              "train_gpt: --moe-experts %d is not a multiple of the expert-parallel size %d "
+              "(LOOM_EP_SIZE): use a multiple of it\n",
+              o.cfg.moe_experts, loom_group_size(ep));
+    }
+    loom_finalize(ctx);
+    return 2;
+  }
   gpt_corpus_t corpus;
   if (load_corpus(&o, dp, &corpus) != 0) {
     loom_finalize(ctx);
@@ -593,19 +841,83 @@ int main(int argc, char **argv) {
   EX_CHECK(gpt_batch_alloc(&batch, o.batch, o.cfg.ctx));
   EX_CHECK(gpt_batch_alloc(&vbatch, 1, o.cfg.ctx));
   gpt_model_init(&m, (uint64_t)o.seed);
-  for (int i = 0; i < m.nparams; i++) {
-    EX_CHECK(loom_broadcast(dp, &m.param[i], 0));
+  // MoE blocks: one layer each over the expert-parallel group, seeded from --seed and the block
+  const int moe_ffn = o.moe_ffn > 0 ? o.moe_ffn : 4 * o.cfg.width;
+  int nmoe = 0, first_moe = -1;
+  for (int l = 0; l < o.cfg.layers; l++) {
+    if (!gpt_block_is_moe(&o.cfg, l)) {
+      continue;
+    }
+    loom_moe_config_t mc;
+    loom_moe_config_init(&mc);
+    mc.num_experts = o.cfg.moe_experts;
+    mc.top_k = o.moe_topk;
+    mc.hidden = o.cfg.width;
+    mc.ffn = moe_ffn;
+    mc.capacity_factor = o.moe_capacity;
+    mc.aux_coef = (float)o.moe_aux;
+    mc.overlap = o.moe_overlap;
+    // Tile sizes: rank 0's tuning cache (tests/bench/moe_perf --tune), the same on every rank
+    // (caches are per host, and the layer refuses configs that differ between ranks).
+    int split[2] = {0, 0};
+    if (rank == 0 && loom_moe_tuned(ctx, &mc, loom_group_size(ep), (int64_t)o.batch * o.cfg.ctx)) {
+      split[0] = mc.chunks;
+      split[1] = mc.col_slices;
+    }
+    MPI_Bcast(split, 2, MPI_INT, 0, MPI_COMM_WORLD);
+    mc.chunks = split[0];
+    mc.col_slices = split[1];
+    uint64_t mix = (uint64_t)o.seed * 0x9e3779b97f4a7c15ull + 0x4d6f45ull * (uint64_t)(l + 1);
+    mc.seed = ex_splitmix64(&mix);
+    loom_moe_t *moe = NULL;
+    loom_status_t status = loom_moe_create(ctx, ep, &mc, &moe); // fails on every rank alike
+    if (status != LOOM_OK) {
+      if (rank == 0) {
+        fprintf(stderr, "train_gpt: --moe-experts %d (LOOM_EP_SIZE %d): %s\n", o.cfg.moe_experts,
+                loom_group_size(ep), loom_last_error(NULL));
+      }
+      gpt_model_free(&m);
+      loom_finalize(ctx);
+      return status == LOOM_ERR_INVALID_ARG ? 2 : 1;
+    }
+    EX_CHECK(gpt_model_set_moe(&m, l, moe));
+    first_moe = nmoe++ ? first_moe : l;
   }
+  m.moe_ep = nmoe > 0 ? ep : NULL;
+  for (int i = 0; i < m.nparams; i++) {
+    if (loom_tensor_numel(&m.param[i]) > 0) { // (the dense MLP of a MoE block has none)
+      EX_CHECK(loom_broadcast(dp, &m.param[i], 0));
+    }
+  }
+  for (int l = 0; l < o.cfg.layers; l++) { // the routers are replicated: rank 0's too
+    if (m.moe[l]) {
+      EX_CHECK(loom_broadcast(dp, loom_moe_param(m.moe[l], LOOM_MOE_ROUTER), 0));
+    }
+  }
+  const int64_t C = o.cfg.width, E = o.cfg.moe_experts;
+  // Per MoE block: the router and the top-k experts' two matrices multiply each token.
+  const int64_t moe_active = nmoe * (C * E + 2 * (int64_t)o.moe_topk * C * moe_ffn);
+  const int64_t moe_params = nmoe * (C * E + E * (2 * C * moe_ffn + moe_ffn + C));
   double sgemm = measure_sgemm(dp);
   const double tokens_per_step = (double)o.batch * o.cfg.ctx * np;
-  const double flops_per_token = 6.0 * (double)m.matmul_params;
+  const double flops_per_token = 6.0 * (double)(m.matmul_params + moe_active);
 
-  step_t st = {.o = &o, .m = &m, .a = &a, .b = &batch, .corpus = &corpus, .dp = dp};
-  int64_t one = 1;
-  EX_CHECK(loom_tensor_wrap(&st.loss_t, &st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
+  step_t st = {.o = &o,
+               .m = &m,
+               .a = &a,
+               .b = &batch,
+               .corpus = &corpus,
+               .dp = dp,
+               .ep = ep,
+               .edp = edp,
+               .nmoe = nmoe};
+  int64_t two = 2;
+  EX_CHECK(loom_tensor_wrap(&st.loss_t, st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &two, "loss"));
   unit_arg_t *ua = calloc(2 * (size_t)m.nunits, sizeof *ua); // [2u + p]
+  moe_arg_t *ma = calloc((size_t)o.cfg.layers * LOOM_MOE_PARAM_COUNT, sizeof *ma);
   loom_tensor_t **reduce = calloc((size_t)m.nunits + 1, sizeof *reduce);
-  if (!ua || !reduce) {
+  int64_t *moe_count = calloc((size_t)E + 1, sizeof *moe_count); // sent per expert, dropped
+  if (!ua || !ma || !reduce || !moe_count) {
     fprintf(stderr, "train_gpt: out of memory\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
@@ -666,14 +978,33 @@ int main(int argc, char **argv) {
   } else {
     EX_CHECK(loom_sched_create(ctx, NULL, &sched));
     st.s = sched;
-    build_step(sched, &st, ua);
+    build_step(sched, &st, ua, ma);
   }
 
   if (rank == 0) {
     printf("train_gpt: %d rank(s), GPT %d layers, width %d, %d heads, ctx %d: %.2fM parameters "
            "(%.2fM in matmuls)\n",
-           np, o.cfg.layers, o.cfg.width, o.cfg.heads, o.cfg.ctx, (double)m.total / 1e6,
-           (double)m.matmul_params / 1e6);
+           np, o.cfg.layers, o.cfg.width, o.cfg.heads, o.cfg.ctx,
+           (double)(m.total + moe_params) / 1e6, (double)(m.matmul_params + moe_active) / 1e6);
+    if (nmoe > 0) {
+      char blocks[256] = "", capacity[64] = "dropless";
+      for (int l = 0, len = 0; l < o.cfg.layers && len < (int)sizeof blocks - 8; l++) {
+        if (m.moe[l]) {
+          len += snprintf(blocks + len, sizeof blocks - (size_t)len, "%sh%d", len ? " " : "", l);
+        }
+      }
+      if (o.moe_capacity > 0) {
+        snprintf(capacity, sizeof capacity, "capacity factor %g", o.moe_capacity);
+      }
+      printf("moe: %d MoE block(s) (%s), %lld experts of inner width %d, top-%d, %s, aux %g, "
+             "overlap %s; %d expert-parallel rank(s) with %lld experts each; %.2fM MoE "
+             "parameters, %.2fM of them multiply each token\n",
+             nmoe, blocks, (long long)E, moe_ffn, o.moe_topk, capacity, o.moe_aux,
+             o.moe_overlap == LOOM_MOE_OVERLAP_DEFAULT ? loom_tunable(ctx, "LOOM_MOE_OVERLAP")
+                                                       : loom_moe_overlap_name(o.moe_overlap),
+             loom_group_size(ep), (long long)E / loom_group_size(ep), (double)moe_params / 1e6,
+             (double)moe_active / 1e6);
+    }
     printf("data: %d file(s), %lld train documents (%lld tokens, %lld rows), %lld validation "
            "documents (%lld tokens); unigram entropy %.4f nats/byte\n",
            corpus.files, (long long)corpus.train.docs, (long long)corpus.train.len,
@@ -702,7 +1033,7 @@ int main(int argc, char **argv) {
 
   // ---- train
   double train_time = 0.0, wall0 = MPI_Wtime(), tlog = MPI_Wtime(), log_loss = 0.0, pairs_sum = 0.0,
-         last_train_loss = 0.0;
+         last_train_loss = 0.0, log_aux = 0.0, last_aux = 0.0;
   long log_from = 0;
   float val_loss = NAN;
   loom_step_stats_t sum_stats = {0};
@@ -754,23 +1085,55 @@ int main(int argc, char **argv) {
     plan_time = 0.0;
     sent_sum += (double)st.sent;
     pairs_sum += (double)batch.attn_pairs;
-    log_loss += st.loss;
+    log_loss += st.loss[0];
+    log_aux += st.loss[1];
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
       long n = step + 1 - log_from;
       double dt = t1 - tlog, tps = (double)n * tokens_per_step / dt;
       last_train_loss = log_loss / (double)n;
+      last_aux = log_aux / (double)n;
+      char moe_text[1024] = "";
+      if (nmoe > 0 && o.sync != SYNC_COMM_ONLY) { // the last step's routing, over every rank
+        loom_moe_stats_t ms;
+        loom_moe_stats(m.moe[first_moe], &ms);
+        memcpy(moe_count, ms.sent, sizeof(int64_t) * (size_t)E);
+        moe_count[E] = 0;
+        for (int l = 0; l < o.cfg.layers; l++) {
+          if (m.moe[l]) {
+            loom_moe_stats(m.moe[l], &ms);
+            moe_count[E] += ms.dropped;
+          }
+        }
+        loom_tensor_t ct;
+        int64_t ne = E + 1;
+        EX_CHECK(loom_tensor_wrap(&ct, moe_count, LOOM_I64, LOOM_DEVICE_HOST, 1, &ne, "counts"));
+        EX_CHECK(loom_allreduce(dp, &ct, &ct, LOOM_SUM));
+        size_t len = (size_t)snprintf(moe_text, sizeof moe_text, "  aux %.4f experts [", last_aux);
+        for (int64_t e = 0; e < E && len < sizeof moe_text - 32; e++) {
+          if (e == 32) { // a long list is cut
+            len += (size_t)snprintf(moe_text + len, sizeof moe_text - len, " ...");
+            break;
+          }
+          len += (size_t)snprintf(moe_text + len, sizeof moe_text - len, e ? " %lld" : "%lld",
+                                  (long long)moe_count[e]);
+        }
+        len += (size_t)snprintf(moe_text + len, sizeof moe_text - len, "]");
+        if (o.moe_capacity > 0 && len < sizeof moe_text) {
+          snprintf(moe_text + len, sizeof moe_text - len, " dropped %lld", (long long)moe_count[E]);
+        }
+      }
       if (rank == 0 && o.sync == SYNC_COMM_ONLY) { // no compute: no loss, norm or MFU
         printf("step %5ld/%ld  %.0f tokens/s  %.1f ms/step  (communication only)\n", step + 1,
                o.steps, tps, 1e3 * dt / (double)n);
         fflush(stdout);
       } else if (rank == 0) {
         printf("step %5ld/%ld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  %.1f ms/step  "
-               "mfu %.3f\n",
+               "mfu %.3f%s\n",
                step + 1, o.steps, last_train_loss, st.hp.lr, st.norm, tps, 1e3 * dt / (double)n,
-               tps / np * flops_per_token / sgemm);
+               tps / np * flops_per_token / sgemm, moe_text);
         fflush(stdout);
       }
-      log_loss = 0.0;
+      log_loss = log_aux = 0.0;
       log_from = step + 1;
       tlog = MPI_Wtime();
     }
@@ -836,39 +1199,42 @@ int main(int argc, char **argv) {
              sum_stats.comm_ms / n_steps, sum_stats.exposed_comm_ms / n_steps,
              sum_stats.idle_ms / n_steps);
     }
-    if (o.sample > 0 && o.sync != SYNC_COMM_ONLY) {
-      print_sample(&m, &a, &o);
-    }
+    fflush(stdout);
+  }
+  // The sample: rank 0, and with MoE layers over several ranks every rank (generation runs their
+  // collective forward; rank 0 prints).
+  if (o.sample > 0 && o.sync != SYNC_COMM_ONLY &&
+      (rank == 0 || (m.moe_ep && loom_group_size(ep) > 1))) {
+    print_sample(&m, &a, &o, rank == 0);
     fflush(stdout);
   }
 
   // ---- results
   int rc = 0;
-  if (o.dump && (rank == 0 || strstr(o.dump, "%r"))) {
-    const loom_tensor_t *all[1] = {&m.param[0]};
-    loom_tensor_t flat;
-    int64_t total = m.total;
-    EX_CHECK(loom_tensor_wrap(&flat, m.flat[0], LOOM_F32, LOOM_DEVICE_HOST, 1, &total, "params"));
-    all[0] = &flat;
-    rc |= ex_dump_params(o.dump, rank, all, 1) != 0;
+  if (o.dump) { // the flat parameters, then each MoE layer's router and every expert
+    rc |= dump_params(&o, &m, ep, rank) != 0;
   }
   if (o.json && rank == 0) {
     char text[2048];
-    snprintf(text, sizeof text,
-             "{\"steps\": %ld, \"np\": %d, \"batch\": %d, \"ctx\": %d, \"layers\": %d, "
-             "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
-             "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %.6f, \"val_loss\": "
-             "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
-             "\"sgemm_gflops\": %.2f, \"blas_threads\": %d, \"train_time_s\": %.3f, "
-             "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
-             "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s}\n",
-             o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
-             (long long)m.total, (long long)m.matmul_params, tokens_per_s,
-             1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
-             corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, loom_blas_threads(ctx), train_time,
-             MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
-             st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
-             sent_sum / n_steps, sched_json);
+    snprintf(
+        text, sizeof text,
+        "{\"steps\": %ld, \"np\": %d, \"batch\": %d, \"ctx\": %d, \"layers\": %d, "
+        "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
+        "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %.6f, \"val_loss\": "
+        "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
+        "\"sgemm_gflops\": %.2f, \"blas_threads\": %d, \"train_time_s\": %.3f, "
+        "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
+        "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s, "
+        "\"moe_experts\": %d, \"moe_every\": %d, \"moe_topk\": %d, \"moe_ffn\": %d, "
+        "\"moe_params\": %lld, \"moe_aux\": %.6f}\n",
+        o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
+        (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
+        1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
+        corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, loom_blas_threads(ctx), train_time,
+        MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
+        st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
+        sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0, nmoe ? o.cfg.moe_every : 0,
+        nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0, (long long)moe_params, nmoe ? last_aux : 0.0);
     rc |= ex_write_text(o.json, text) != 0;
   }
   if (loom_sched_destroy(sched) != LOOM_OK) { // writes the rest of the timeline
@@ -888,6 +1254,8 @@ int main(int argc, char **argv) {
   free(slot_t);
   free(slot_ready);
   free(ua);
+  free(ma);
+  free(moe_count);
   free(reduce);
   gpt_batch_free(&batch);
   gpt_batch_free(&vbatch);

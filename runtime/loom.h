@@ -10,7 +10,9 @@
 #include "loom_comm.h"
 #include "loom_compress.h"
 #include "loom_moe.h"
+#include "loom_attn.h"
 #include "loom_sched.h"
 #include "loom_plan.h"
+#include "loom_attn_plan.h"
 
 #endif

@@ -262,6 +262,51 @@ static void test_gradients(void) {
   gpt_corpus_free(&c);
 }
 
+// The MoE layout without MPI: which blocks are MoE, their dense MLP tensors hold nothing, the
+// counts shrink by that MLP, and a forward without the layer attached is refused.
+static void test_moe_layout(void) {
+  gpt_config_t cfg = {.layers = 4,
+                      .width = 8,
+                      .heads = 2,
+                      .ctx = 5,
+                      .vocab = 256,
+                      .moe_experts = 4,
+                      .moe_every = 2};
+  CHECK(!gpt_block_is_moe(&cfg, 0) && gpt_block_is_moe(&cfg, 1) && !gpt_block_is_moe(&cfg, 2) &&
+            gpt_block_is_moe(&cfg, 3),
+        "MoE blocks of --moe-every 2 are h1 and h3");
+  gpt_config_t dense = cfg;
+  dense.moe_experts = 0;
+  CHECK(!gpt_block_is_moe(&dense, 1), "no MoE block without experts");
+  gpt_model_t m, d;
+  gpt_acts_t a;
+  CHECK(gpt_model_alloc(&m, &cfg) == LOOM_OK && gpt_model_alloc(&d, &dense) == LOOM_OK, "models");
+  const int64_t C = cfg.width, mlp = 8 * C * C + 5 * C;
+  CHECK(d.total - m.total == 2 * mlp, "MoE model %lld params, dense %lld", (long long)m.total,
+        (long long)d.total);
+  CHECK(d.matmul_params - m.matmul_params == 2 * 8 * C * C, "matmul params %lld vs %lld",
+        (long long)m.matmul_params, (long long)d.matmul_params);
+  const int fc1 = 2 + 1 * GPT_BLOCK_PARAMS + GPT_FC1_W;
+  CHECK(loom_tensor_numel(&m.param[fc1]) == 0 && loom_tensor_numel(&m.param[fc1 + 3]) == 0,
+        "h1 fc tensors are empty");
+  CHECK(m.part_grad[2 * 2].shape[0] == 2 * C, "h1 MLP part holds ln2 only: %lld",
+        (long long)m.part_grad[2 * 2].shape[0]);
+  CHECK(m.moe && m.moe[1] == NULL, "no layer attached yet");
+  CHECK(gpt_model_set_moe(&m, 0, NULL) == LOOM_ERR_INVALID_ARG, "h0 is dense");
+  CHECK(gpt_acts_alloc(&a, &cfg, cfg.ctx) == LOOM_OK, "acts");
+  int32_t tok[3] = {0, 65, 66}, pos[3] = {0, 1, 2}, cu[2] = {0, 3};
+  int64_t three = 3, two = 2;
+  loom_tensor_t tt, pt, ct;
+  loom_tensor_wrap(&tt, tok, LOOM_I32, LOOM_DEVICE_HOST, 1, &three, "tokens");
+  loom_tensor_wrap(&pt, pos, LOOM_I32, LOOM_DEVICE_HOST, 1, &three, "positions");
+  loom_tensor_wrap(&ct, cu, LOOM_I32, LOOM_DEVICE_HOST, 1, &two, "cu");
+  CHECK(gpt_forward(&m, &a, &tt, &pt, NULL, &ct, NULL, NULL) == LOOM_ERR_INVALID_ARG,
+        "forward without the MoE layers attached");
+  gpt_acts_free(&a, &cfg);
+  gpt_model_free(&m);
+  gpt_model_free(&d);
+}
+
 int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/test_gpt.XXXXXX");
   if (!mkdtemp(tmpdir)) {
@@ -272,6 +317,7 @@ int main(void) {
   test_load_dir_and_errors();
   test_batches();
   test_gradients();
+  test_moe_layout();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
   if (system(cmd) != 0) {

@@ -1,0 +1,789 @@
+/* attn_exec.c — attention servers' transport and serving loop: ship query shards and key/value
+ * prefixes to the planned server, run its tasks as one varlen batch, return outputs and grads. */
+#include "config.h"
+
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "loom_attn.h"
+#include "loom_compute.h"
+
+// Every message opens with this header; the payload is floats. The receiver computes from the
+// plan what it must hold and rejects anything else (LOOM_ERR_CORRUPT).
+#define MSG_MAGIC 0x4e5454414d4f4f4cull // "LOOMATTN"
+typedef struct msg_header {
+  uint64_t magic, phase, ntasks, nfloats;
+} msg_header_t;
+
+enum { PH_SHIP = 1, PH_RETURN, PH_BSHIP, PH_BRETURN };
+
+// The layout of the messages between one owner and one server: the tasks (plan order) and the
+// documents whose key/value prefixes travel (first appearance), with their offsets.
+typedef struct pair {
+  int n, nkv;
+  int *task;        // (n) task indices
+  int64_t *q_off;   // (n) float offset of each task's query rows (forward ship; out in return)
+  int *kv_doc;      // (nkv) documents
+  int64_t *kv_rows; // (nkv) prefix rows shipped (the longest any task of the pair reads)
+  int64_t *kv_off;  // (nkv) float offset of the k rows (v follows)
+  int64_t q_floats, kv_floats;
+} pair_t;
+
+struct loom_attn_exec {
+  MPI_Comm comm;
+  int np, me, H, Hkv, D, causal;
+  float scale;
+  int ndocs, ntasks;
+  loom_attn_doc_t *docs;
+  loom_attn_task_t *tasks;
+  int64_t *doc_row; // (ndocs) first row of each document in its owner's rows
+  int64_t rows;     // this rank's rows
+  pair_t *to;       // (np) this rank as owner, server s
+  pair_t *from;     // (np) owner r, this rank as server
+  // the server's batch (kept for the backward)
+  int nserve;
+  int *serve; // (nserve) task indices, plan order
+  int64_t bq, bk;
+  float *Qb, *Kb, *Vb, *Ob, *Lb, *dOb, *dQb, *dKb, *dVb;
+  int32_t *cu_q, *cu_k;
+  // messages
+  uint8_t **sbuf; // (np) outgoing per peer
+  MPI_Request *sreq;
+  uint8_t **rbuf; // (np) incoming per peer (forward ship kept for the batch)
+  loom_attn_exec_stats_t st;
+};
+
+static int64_t kv_len(const loom_attn_exec_t *x, const loom_attn_task_t *t) {
+  return x->causal ? t->q_hi : x->docs[t->doc].len;
+}
+
+static double now_ms(void) {
+  return 1e3 * MPI_Wtime();
+}
+
+// ---- creation -----------------------------------------------------------------------------------
+
+static loom_status_t check_plan(const loom_attn_doc_t *docs, int ndocs,
+                                const loom_attn_task_t *tasks, int ntasks, int np) {
+  int64_t *covered = calloc((size_t)ndocs + 1, sizeof(int64_t));
+  loom_status_t status = LOOM_OK;
+  if (!covered) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_create: out of memory");
+  }
+  for (int i = 0; i < ndocs && status == LOOM_OK; i++) {
+    if (docs[i].owner < 0 || docs[i].owner >= np || docs[i].len < 0) {
+      status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                          "loom_attn_exec_create: document %d has owner %d and length %lld: use "
+                          "an owner in 0..%d and a length >= 0",
+                          i, docs[i].owner, (long long)docs[i].len, np - 1);
+    }
+  }
+  for (int i = 0; i < ntasks && status == LOOM_OK; i++) {
+    const loom_attn_task_t *t = &tasks[i];
+    if (t->doc < 0 || t->doc >= ndocs || t->server < 0 || t->server >= np ||
+        t->owner != docs[t->doc].owner || t->q_lo < 0 || t->q_lo >= t->q_hi ||
+        t->q_hi > docs[t->doc].len) {
+      status =
+          loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                     "loom_attn_exec_create: task %d (document %d, rows %lld..%lld, owner "
+                     "%d, server %d) does not fit the documents or the %d ranks",
+                     i, t->doc, (long long)t->q_lo, (long long)t->q_hi, t->owner, t->server, np);
+    } else {
+      covered[t->doc] += t->q_hi - t->q_lo;
+    }
+  }
+  for (int i = 0; i < ndocs && status == LOOM_OK; i++) {
+    if (covered[i] != docs[i].len) {
+      status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                          "loom_attn_exec_create: the tasks cover %lld query rows of document %d "
+                          "of length %lld: every row must be in exactly one task",
+                          (long long)covered[i], i, (long long)docs[i].len);
+    }
+  }
+  // Rows counted once each is not enough: two overlapping tasks and a gap would also add up.
+  for (int i = 0; i < ntasks && status == LOOM_OK; i++) {
+    for (int j = i + 1; j < ntasks && status == LOOM_OK; j++) {
+      const loom_attn_task_t *a = &tasks[i], *b = &tasks[j];
+      if (a->doc == b->doc && a->q_lo < b->q_hi && b->q_lo < a->q_hi) {
+        status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                            "loom_attn_exec_create: tasks %d and %d overlap in document %d", i, j,
+                            a->doc);
+      }
+    }
+  }
+  free(covered);
+  return status;
+}
+
+static loom_status_t make_pair(loom_attn_exec_t *x, int owner, int server, pair_t *p) {
+  const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
+  memset(p, 0, sizeof *p);
+  for (int i = 0; i < x->ntasks; i++) {
+    p->n += x->tasks[i].owner == owner && x->tasks[i].server == server;
+  }
+  p->task = calloc((size_t)p->n + 1, sizeof(int));
+  p->q_off = calloc((size_t)p->n + 1, sizeof(int64_t));
+  p->kv_doc = calloc((size_t)p->n + 1, sizeof(int));
+  p->kv_rows = calloc((size_t)p->n + 1, sizeof(int64_t));
+  p->kv_off = calloc((size_t)p->n + 1, sizeof(int64_t));
+  if (!p->task || !p->q_off || !p->kv_doc || !p->kv_rows || !p->kv_off) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_create: out of memory");
+  }
+  int k = 0;
+  for (int i = 0; i < x->ntasks; i++) {
+    const loom_attn_task_t *t = &x->tasks[i];
+    if (t->owner != owner || t->server != server) {
+      continue;
+    }
+    p->task[k] = i;
+    p->q_off[k++] = p->q_floats;
+    p->q_floats += (t->q_hi - t->q_lo) * hd;
+    int d = 0;
+    while (d < p->nkv && p->kv_doc[d] != t->doc) {
+      d++;
+    }
+    if (d == p->nkv) {
+      p->kv_doc[p->nkv++] = t->doc;
+    }
+    p->kv_rows[d] = kv_len(x, t) > p->kv_rows[d] ? kv_len(x, t) : p->kv_rows[d];
+  }
+  for (int d = 0; d < p->nkv; d++) {
+    p->kv_off[d] = p->q_floats + p->kv_floats;
+    p->kv_floats += 2 * p->kv_rows[d] * kvd;
+  }
+  return LOOM_OK;
+}
+
+static void free_pair(pair_t *p) {
+  free(p->task);
+  free(p->q_off);
+  free(p->kv_doc);
+  free(p->kv_rows);
+  free(p->kv_off);
+}
+
+loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t *docs, int ndocs,
+                                    const loom_attn_task_t *tasks, int ntasks, int heads,
+                                    int kv_heads, int head_dim, int causal, float scale,
+                                    loom_attn_exec_t **out) {
+  loom_status_t status = LOOM_OK;
+  if (!g || !out || ndocs < 0 || ntasks < 0 || (ndocs && !docs) || (ntasks && !tasks) ||
+      heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || head_dim < 1) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_attn_exec_create: pass a group, the docs and tasks arrays, heads a "
+                      "multiple of kv_heads >= 1 and head_dim >= 1 (got %d, %d, %d)",
+                      heads, kv_heads, head_dim);
+  }
+  *out = NULL;
+  if (loom_group_rank(g) < 0) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_attn_exec_create: this rank is not a member of the group");
+  }
+  const int np = loom_group_size(g);
+  loom_attn_exec_t *x = NULL;
+  LOOM_CHECK(check_plan(docs, ndocs, tasks, ntasks, np));
+  x = calloc(1, sizeof *x);
+  if (!x) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_create: out of memory");
+  }
+  *x = (loom_attn_exec_t){.comm = MPI_COMM_NULL,
+                          .np = np,
+                          .me = loom_group_rank(g),
+                          .H = heads,
+                          .Hkv = kv_heads,
+                          .D = head_dim,
+                          .causal = causal,
+                          .scale = scale,
+                          .ndocs = ndocs,
+                          .ntasks = ntasks};
+  x->docs = malloc(sizeof *docs * ((size_t)ndocs + 1));
+  x->tasks = malloc(sizeof *tasks * ((size_t)ntasks + 1));
+  x->doc_row = calloc((size_t)ndocs + 1, sizeof(int64_t));
+  x->to = calloc((size_t)np, sizeof(pair_t));
+  x->from = calloc((size_t)np, sizeof(pair_t));
+  x->serve = calloc((size_t)ntasks + 1, sizeof(int));
+  x->sbuf = calloc((size_t)np, sizeof(uint8_t *));
+  x->rbuf = calloc((size_t)np, sizeof(uint8_t *));
+  x->sreq = calloc((size_t)np, sizeof(MPI_Request));
+  if (!x->docs || !x->tasks || !x->doc_row || !x->to || !x->from || !x->serve || !x->sbuf ||
+      !x->rbuf || !x->sreq) {
+    status = loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_create: out of memory");
+    goto fail;
+  }
+  memcpy(x->docs, docs, sizeof *docs * (size_t)ndocs);
+  memcpy(x->tasks, tasks, sizeof *tasks * (size_t)ntasks);
+  for (int i = 0; i < ndocs; i++) {
+    if (docs[i].owner == x->me) {
+      x->doc_row[i] = x->rows;
+      x->rows += docs[i].len;
+    }
+  }
+  for (int s = 0; s < np; s++) {
+    x->sreq[s] = MPI_REQUEST_NULL;
+    LOOM_CHECK(make_pair(x, x->me, s, &x->to[s]));
+    LOOM_CHECK(make_pair(x, s, x->me, &x->from[s]));
+  }
+  for (int i = 0; i < ntasks; i++) {
+    if (tasks[i].server == x->me) {
+      x->serve[x->nserve++] = i;
+      x->bq += tasks[i].q_hi - tasks[i].q_lo;
+      x->bk += kv_len(x, &tasks[i]);
+    }
+  }
+  if (MPI_Comm_dup(loom_group_comm(g), &x->comm) != MPI_SUCCESS) {
+    status = loom_error(NULL, LOOM_ERR_MPI, "loom_attn_exec_create: MPI_Comm_dup failed");
+    goto fail;
+  }
+  *out = x;
+  return LOOM_OK;
+fail:
+  loom_attn_exec_destroy(x);
+  return status;
+}
+
+static void free_batch(loom_attn_exec_t *x) {
+  float **b[] = {&x->Qb, &x->Kb, &x->Vb, &x->Ob, &x->Lb, &x->dOb, &x->dQb, &x->dKb, &x->dVb};
+  for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
+    loom_host_free(*b[i]);
+    *b[i] = NULL;
+  }
+  free(x->cu_q);
+  free(x->cu_k);
+  x->cu_q = x->cu_k = NULL;
+}
+
+void loom_attn_exec_destroy(loom_attn_exec_t *x) {
+  if (!x) {
+    return;
+  }
+  for (int s = 0; s < x->np; s++) {
+    if (x->sreq && x->sreq[s] != MPI_REQUEST_NULL) { // a send a failed peer will never take
+      int done = 0;
+      MPI_Test(&x->sreq[s], &done, MPI_STATUS_IGNORE);
+      if (!done) {
+        MPI_Cancel(&x->sreq[s]);
+        MPI_Wait(&x->sreq[s], MPI_STATUS_IGNORE);
+      }
+    }
+    if (x->to) {
+      free_pair(&x->to[s]);
+    }
+    if (x->from) {
+      free_pair(&x->from[s]);
+    }
+    if (x->sbuf) {
+      free(x->sbuf[s]);
+    }
+    if (x->rbuf) {
+      free(x->rbuf[s]);
+    }
+  }
+  free_batch(x);
+  free(x->docs);
+  free(x->tasks);
+  free(x->doc_row);
+  free(x->to);
+  free(x->from);
+  free(x->serve);
+  free(x->sbuf);
+  free(x->rbuf);
+  free(x->sreq);
+  if (x->comm != MPI_COMM_NULL) {
+    MPI_Comm_free(&x->comm);
+  }
+  free(x);
+}
+
+void loom_attn_exec_stats(const loom_attn_exec_t *x, loom_attn_exec_stats_t *out) {
+  if (x && out) {
+    *out = x->st;
+  }
+}
+
+// ---- messages -----------------------------------------------------------------------------------
+
+// A message buffer for nfloats floats with its header filled in (peer's entry of bufs).
+static float *msg_new(uint8_t **slot, int phase, int ntasks, int64_t nfloats) {
+  free(*slot);
+  *slot = malloc(sizeof(msg_header_t) + sizeof(float) * (size_t)(nfloats > 0 ? nfloats : 1));
+  if (!*slot) {
+    return NULL;
+  }
+  msg_header_t h = {MSG_MAGIC, (uint64_t)phase, (uint64_t)ntasks, (uint64_t)nfloats};
+  memcpy(*slot, &h, sizeof h);
+  void *payload = *slot + sizeof h; // malloc'd: aligned for floats at the 32-byte header's end
+  return payload;
+}
+
+// Post the message in sbuf[peer] (or keep it: to itself it is read in place).
+static loom_status_t msg_send(loom_attn_exec_t *x, int peer, int phase, int64_t nfloats) {
+  if (peer == x->me) {
+    return LOOM_OK;
+  }
+  if (x->sreq[peer] != MPI_REQUEST_NULL) {
+    MPI_Wait(&x->sreq[peer], MPI_STATUS_IGNORE);
+  }
+  const int64_t bytes = (int64_t)sizeof(msg_header_t) + 4 * nfloats;
+  if (bytes > 2147483647) {
+    return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                      "attention servers: a %lld-byte message to rank %d exceeds MPI's int count",
+                      (long long)bytes, peer);
+  }
+  x->st.bytes_sent += (double)bytes;
+  return MPI_Isend(x->sbuf[peer], (int)bytes, MPI_BYTE, peer, phase, x->comm, &x->sreq[peer]) ==
+                 MPI_SUCCESS
+             ? LOOM_OK
+             : loom_error(NULL, LOOM_ERR_MPI, "attention servers: sending to rank %d failed", peer);
+}
+
+// The payload of the message of phase from peer (this rank's own buffer for itself), checked
+// against what the plan says it holds.
+static loom_status_t msg_recv(loom_attn_exec_t *x, int peer, int phase, int ntasks, int64_t nfloats,
+                              uint8_t **keep, const float **payload) {
+  const uint8_t *m = NULL;
+  if (peer == x->me) {
+    m = x->sbuf[peer];
+  } else {
+    MPI_Status st;
+    int bytes = 0;
+    double t0 = now_ms();
+    if (MPI_Probe(peer, phase, x->comm, &st) != MPI_SUCCESS) {
+      return loom_error(NULL, LOOM_ERR_MPI, "attention servers: probing rank %d failed", peer);
+    }
+    MPI_Get_count(&st, MPI_BYTE, &bytes);
+    free(*keep);
+    *keep = malloc(bytes > 0 ? (size_t)bytes : 1);
+    if (!*keep) {
+      return loom_error(NULL, LOOM_ERR_NOMEM, "attention servers: out of memory");
+    }
+    MPI_Recv(*keep, bytes, MPI_BYTE, peer, phase, x->comm, MPI_STATUS_IGNORE);
+    x->st.wait_ms += now_ms() - t0;
+    if ((size_t)bytes != sizeof(msg_header_t) + 4 * (size_t)nfloats) {
+      return loom_error(NULL, LOOM_ERR_CORRUPT,
+                        "attention servers: rank %d sent %d bytes where the plan says %zu: the "
+                        "ranks disagree on the plan, or the message was damaged",
+                        peer, bytes, sizeof(msg_header_t) + 4 * (size_t)nfloats);
+    }
+    m = *keep;
+  }
+  msg_header_t h;
+  memcpy(&h, m, sizeof h);
+  if (h.magic != MSG_MAGIC || h.phase != (uint64_t)phase || h.ntasks != (uint64_t)ntasks ||
+      h.nfloats != (uint64_t)nfloats) {
+    return loom_error(NULL, LOOM_ERR_CORRUPT,
+                      "attention servers: the message from rank %d announces phase %llu, %llu "
+                      "tasks, %llu floats where the plan says %d, %d, %lld",
+                      peer, (unsigned long long)h.phase, (unsigned long long)h.ntasks,
+                      (unsigned long long)h.nfloats, phase, ntasks, (long long)nfloats);
+  }
+  const void *p = m + sizeof h;
+  *payload = p;
+  return LOOM_OK;
+}
+
+// After this rank met a corrupt message as a server: every owner waiting for its results gets a
+// header-only message, which it rejects as corrupt too, instead of waiting forever.
+static void send_failed(loom_attn_exec_t *x, int phase) {
+  for (int r = 0; r < x->np; r++) {
+    if (r != x->me && x->from[r].n > 0) {
+      if (x->sreq[r] != MPI_REQUEST_NULL) {
+        MPI_Wait(&x->sreq[r], MPI_STATUS_IGNORE);
+      }
+      if (msg_new(&x->sbuf[r], phase, 0, 0)) {
+        msg_send(x, r, phase, 0);
+      }
+    }
+  }
+}
+
+static loom_status_t check_rows(const char *op, const char *name, const loom_tensor_t *t,
+                                int64_t rows, int64_t width) {
+  if (!t || t->dtype != LOOM_F32 || t->device != LOOM_DEVICE_HOST ||
+      loom_tensor_numel(t) != rows * width || (!t->data && rows * width > 0)) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: %s must be an f32 host tensor of %lld x %lld values (this rank's rows "
+                      "of the plan)",
+                      op, name, (long long)rows, (long long)width);
+  }
+  return LOOM_OK;
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+
+loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
+                                  const loom_tensor_t *k, const loom_tensor_t *v) {
+  static const char op[] = "loom_attn_exec_ship";
+  loom_status_t status = LOOM_OK;
+  const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
+  LOOM_CHECK(check_rows(op, "q", q, x->rows, hd));
+  LOOM_CHECK(check_rows(op, "k", k, x->rows, kvd));
+  LOOM_CHECK(check_rows(op, "v", v, x->rows, kvd));
+  memset(&x->st, 0, sizeof x->st);
+  for (int s = 0; s < x->np; s++) {
+    const pair_t *p = &x->to[s];
+    if (p->n == 0) {
+      continue;
+    }
+    if (s != x->me && x->sreq[s] != MPI_REQUEST_NULL) {
+      MPI_Wait(&x->sreq[s], MPI_STATUS_IGNORE);
+    }
+    float *f = msg_new(&x->sbuf[s], PH_SHIP, p->n, p->q_floats + p->kv_floats);
+    if (!f) {
+      return loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
+    }
+    for (int i = 0; i < p->n; i++) {
+      const loom_attn_task_t *t = &x->tasks[p->task[i]];
+      memcpy(f + p->q_off[i], (const float *)q->data + (x->doc_row[t->doc] + t->q_lo) * hd,
+             sizeof(float) * (size_t)((t->q_hi - t->q_lo) * hd));
+    }
+    for (int d = 0; d < p->nkv; d++) {
+      const int64_t row = x->doc_row[p->kv_doc[d]], n = p->kv_rows[d] * kvd;
+      memcpy(f + p->kv_off[d], (const float *)k->data + row * kvd, sizeof(float) * (size_t)n);
+      memcpy(f + p->kv_off[d] + n, (const float *)v->data + row * kvd, sizeof(float) * (size_t)n);
+    }
+    LOOM_CHECK(msg_send(x, s, PH_SHIP, p->q_floats + p->kv_floats));
+  }
+fail:
+  return status;
+}
+
+static loom_status_t alloc_batch(loom_attn_exec_t *x) {
+  const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
+  free_batch(x);
+  x->Qb = loom_host_alloc(sizeof(float) * (size_t)(x->bq * hd + 1));
+  x->Ob = loom_host_alloc(sizeof(float) * (size_t)(x->bq * hd + 1));
+  x->Lb = loom_host_alloc(sizeof(float) * (size_t)(x->bq * x->H + 1));
+  x->Kb = loom_host_alloc(sizeof(float) * (size_t)(x->bk * kvd + 1));
+  x->Vb = loom_host_alloc(sizeof(float) * (size_t)(x->bk * kvd + 1));
+  x->cu_q = calloc((size_t)x->nserve + 1, sizeof(int32_t));
+  x->cu_k = calloc((size_t)x->nserve + 1, sizeof(int32_t));
+  if (!x->Qb || !x->Ob || !x->Lb || !x->Kb || !x->Vb || !x->cu_q || !x->cu_k) {
+    return loom_error(NULL, LOOM_ERR_NOMEM,
+                      "attention servers: cannot allocate the batch of %lld query and %lld key "
+                      "rows",
+                      (long long)x->bq, (long long)x->bk);
+  }
+  return LOOM_OK;
+}
+
+// The tensors of the batch: q/out (bq, H, D), k/v (bk, Hkv, D), lse (H, bq), cu (nserve + 1).
+static loom_status_t wrap_batch(loom_attn_exec_t *x, float *q, float *k, float *v, float *o,
+                                float *l, loom_tensor_t t[7]) {
+  const int64_t sq[3] = {x->bq, x->H, x->D}, sk[3] = {x->bk, x->Hkv, x->D};
+  const int64_t sl[2] = {x->H, x->bq}, sc[1] = {x->nserve + 1};
+  loom_status_t status = LOOM_OK;
+  LOOM_CHECK(loom_tensor_wrap(&t[0], q, LOOM_F32, LOOM_DEVICE_HOST, 3, sq, "q"));
+  LOOM_CHECK(loom_tensor_wrap(&t[1], k, LOOM_F32, LOOM_DEVICE_HOST, 3, sk, "k"));
+  LOOM_CHECK(loom_tensor_wrap(&t[2], v, LOOM_F32, LOOM_DEVICE_HOST, 3, sk, "v"));
+  LOOM_CHECK(loom_tensor_wrap(&t[3], o, LOOM_F32, LOOM_DEVICE_HOST, 3, sq, "out"));
+  LOOM_CHECK(loom_tensor_wrap(&t[4], l, LOOM_F32, LOOM_DEVICE_HOST, 2, sl, "lse"));
+  LOOM_CHECK(loom_tensor_wrap(&t[5], x->cu_q, LOOM_I32, LOOM_DEVICE_HOST, 1, sc, "cu_q"));
+  LOOM_CHECK(loom_tensor_wrap(&t[6], x->cu_k, LOOM_I32, LOOM_DEVICE_HOST, 1, sc, "cu_k"));
+fail:
+  return status;
+}
+
+// Where task sits in pair p (it is there: the pair of its owner and this server).
+static int find_in_pair(const pair_t *p, int task) {
+  int i = 0;
+  while (p->task[i] != task) {
+    i++;
+  }
+  return i;
+}
+
+loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
+  loom_status_t status = LOOM_OK;
+  const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
+  const float **in = calloc((size_t)x->np, sizeof(float *));
+  if (!in) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_compute: out of memory");
+  }
+  for (int r = 0; r < x->np; r++) { // every message taken, even after a corrupt one
+    const pair_t *p = &x->from[r];
+    if (p->n > 0) {
+      loom_status_t st =
+          msg_recv(x, r, PH_SHIP, p->n, p->q_floats + p->kv_floats, &x->rbuf[r], &in[r]);
+      status = status == LOOM_OK ? st : status;
+    }
+  }
+  if (status != LOOM_OK) {
+    send_failed(x, PH_RETURN);
+    goto fail;
+  }
+  LOOM_CHECK(alloc_batch(x));
+  // The batch: every served task's query rows and its key/value prefix, plan order.
+  int64_t oq = 0, ok = 0;
+  for (int i = 0; i < x->nserve; i++) {
+    const loom_attn_task_t *t = &x->tasks[x->serve[i]];
+    const pair_t *p = &x->from[t->owner];
+    const int at = find_in_pair(p, x->serve[i]);
+    int d = 0;
+    while (p->kv_doc[d] != t->doc) {
+      d++;
+    }
+    const int64_t nq = t->q_hi - t->q_lo, nk = kv_len(x, t);
+    memcpy(x->Qb + oq * hd, in[t->owner] + p->q_off[at], sizeof(float) * (size_t)(nq * hd));
+    memcpy(x->Kb + ok * kvd, in[t->owner] + p->kv_off[d], sizeof(float) * (size_t)(nk * kvd));
+    memcpy(x->Vb + ok * kvd, in[t->owner] + p->kv_off[d] + p->kv_rows[d] * kvd,
+           sizeof(float) * (size_t)(nk * kvd));
+    oq += nq;
+    ok += nk;
+    x->cu_q[i + 1] = (int32_t)oq;
+    x->cu_k[i + 1] = (int32_t)ok;
+    x->st.pairs_served +=
+        x->causal ? (double)nq * nk - 0.5 * (double)nq * (nq - 1) : (double)nq * nk;
+  }
+  x->st.tasks_served = x->nserve;
+  loom_tensor_t t[7];
+  LOOM_CHECK(wrap_batch(x, x->Qb, x->Kb, x->Vb, x->Ob, x->Lb, t));
+  double t0 = now_ms();
+  LOOM_CHECK(
+      loom_attention_forward(&t[3], &t[4], &t[0], &t[1], &t[2], &t[5], &t[6], x->causal, x->scale));
+  x->st.compute_ms += now_ms() - t0;
+  // Return out and lse to each owner: per task its rows of out, then its lse (H x q).
+  oq = 0;
+  int64_t *task_q = calloc((size_t)x->ntasks + 1, sizeof(int64_t)); // batch row of each task
+  if (!task_q) {
+    status = loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_compute: out of memory");
+    goto fail;
+  }
+  for (int i = 0; i < x->nserve; i++) {
+    task_q[x->serve[i]] = x->cu_q[i];
+  }
+  for (int r = 0; r < x->np && status == LOOM_OK; r++) {
+    const pair_t *p = &x->from[r];
+    if (p->n == 0) {
+      continue;
+    }
+    const int64_t nrows = p->q_floats / hd;
+    if (r != x->me && x->sreq[r] != MPI_REQUEST_NULL) {
+      MPI_Wait(&x->sreq[r], MPI_STATUS_IGNORE);
+    }
+    float *f = msg_new(&x->sbuf[r], PH_RETURN, p->n, p->q_floats + nrows * x->H);
+    if (!f) {
+      status = loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_compute: out of memory");
+      break;
+    }
+    int64_t lo = p->q_floats;
+    for (int i = 0; i < p->n; i++) {
+      const loom_attn_task_t *tk = &x->tasks[p->task[i]];
+      const int64_t nq = tk->q_hi - tk->q_lo, b = task_q[p->task[i]];
+      memcpy(f + p->q_off[i], x->Ob + b * hd, sizeof(float) * (size_t)(nq * hd));
+      for (int h = 0; h < x->H; h++) {
+        memcpy(f + lo + h * nq, x->Lb + h * x->bq + b, sizeof(float) * (size_t)nq);
+      }
+      lo += x->H * nq;
+    }
+    status = msg_send(x, r, PH_RETURN, p->q_floats + nrows * x->H);
+  }
+  free(task_q);
+fail:
+  free(in);
+  return status;
+}
+
+loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out, loom_tensor_t *lse) {
+  static const char op[] = "loom_attn_exec_finish";
+  loom_status_t status = LOOM_OK;
+  const int64_t hd = (int64_t)x->H * x->D;
+  uint8_t *keep = NULL;
+  LOOM_CHECK(check_rows(op, "out", out, x->rows, hd));
+  LOOM_CHECK(check_rows(op, "lse", lse, x->H, x->rows));
+  for (int s = 0; s < x->np; s++) {
+    const pair_t *p = &x->to[s];
+    if (p->n == 0) {
+      continue;
+    }
+    const int64_t nrows = p->q_floats / hd;
+    const float *f = NULL;
+    LOOM_CHECK(msg_recv(x, s, PH_RETURN, p->n, p->q_floats + nrows * x->H, &keep, &f));
+    int64_t lo = p->q_floats;
+    for (int i = 0; i < p->n; i++) {
+      const loom_attn_task_t *t = &x->tasks[p->task[i]];
+      const int64_t nq = t->q_hi - t->q_lo, row = x->doc_row[t->doc] + t->q_lo;
+      memcpy((float *)out->data + row * hd, f + p->q_off[i], sizeof(float) * (size_t)(nq * hd));
+      for (int h = 0; h < x->H; h++) {
+        memcpy((float *)lse->data + h * x->rows + row, f + lo + h * nq, sizeof(float) * (size_t)nq);
+      }
+      lo += x->H * nq;
+    }
+  }
+fail:
+  free(keep);
+  return status;
+}
+
+loom_status_t loom_attn_exec_forward(loom_attn_exec_t *x, const loom_tensor_t *q,
+                                     const loom_tensor_t *k, const loom_tensor_t *v,
+                                     loom_tensor_t *out, loom_tensor_t *lse) {
+  loom_status_t status = LOOM_OK;
+  if (!x) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_attn_exec_forward: x is NULL");
+  }
+  LOOM_CHECK(loom_attn_exec_ship(x, q, k, v));
+  LOOM_CHECK(loom_attn_exec_compute(x));
+  LOOM_CHECK(loom_attn_exec_finish(x, out, lse));
+fail:
+  return status;
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+
+loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *dout,
+                                      loom_tensor_t *dq, loom_tensor_t *dk, loom_tensor_t *dv) {
+  static const char op[] = "loom_attn_exec_backward";
+  loom_status_t status = LOOM_OK;
+  if (!x) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: x is NULL", op);
+  }
+  const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
+  const float **in = calloc((size_t)x->np, sizeof(float *));
+  int64_t *task_q = calloc((size_t)x->ntasks + 1, sizeof(int64_t));
+  int64_t *task_k = calloc((size_t)x->ntasks + 1, sizeof(int64_t));
+  uint8_t *keep = NULL;
+  if (!in || !task_q || !task_k) {
+    status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
+    goto fail;
+  }
+  LOOM_CHECK(check_rows(op, "dout", dout, x->rows, hd));
+  LOOM_CHECK(check_rows(op, "dq", dq, x->rows, hd));
+  LOOM_CHECK(check_rows(op, "dk", dk, x->rows, kvd));
+  LOOM_CHECK(check_rows(op, "dv", dv, x->rows, kvd));
+  if (!x->Qb) {
+    status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: run the forward first", op);
+    goto fail;
+  }
+  // Ship dout rows of each task to its server.
+  for (int s = 0; s < x->np; s++) {
+    const pair_t *p = &x->to[s];
+    if (p->n == 0) {
+      continue;
+    }
+    if (s != x->me && x->sreq[s] != MPI_REQUEST_NULL) {
+      MPI_Wait(&x->sreq[s], MPI_STATUS_IGNORE);
+    }
+    float *f = msg_new(&x->sbuf[s], PH_BSHIP, p->n, p->q_floats);
+    if (!f) {
+      status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
+      goto fail;
+    }
+    for (int i = 0; i < p->n; i++) {
+      const loom_attn_task_t *t = &x->tasks[p->task[i]];
+      memcpy(f + p->q_off[i], (const float *)dout->data + (x->doc_row[t->doc] + t->q_lo) * hd,
+             sizeof(float) * (size_t)((t->q_hi - t->q_lo) * hd));
+    }
+    LOOM_CHECK(msg_send(x, s, PH_BSHIP, p->q_floats));
+  }
+  // Serve: the batch's dout, one backward, then per owner dq rows and the summed dk/dv prefixes.
+  x->dOb = loom_host_alloc(sizeof(float) * (size_t)(x->bq * hd + 1));
+  x->dQb = loom_host_alloc(sizeof(float) * (size_t)(x->bq * hd + 1));
+  x->dKb = loom_host_alloc(sizeof(float) * (size_t)(x->bk * kvd + 1));
+  x->dVb = loom_host_alloc(sizeof(float) * (size_t)(x->bk * kvd + 1));
+  if (!x->dOb || !x->dQb || !x->dKb || !x->dVb) {
+    status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate the batch gradients", op);
+    goto fail;
+  }
+  for (int i = 0; i < x->nserve; i++) {
+    task_q[x->serve[i]] = x->cu_q[i];
+    task_k[x->serve[i]] = x->cu_k[i];
+  }
+  for (int r = 0; r < x->np; r++) {
+    const pair_t *p = &x->from[r];
+    if (p->n == 0) {
+      continue;
+    }
+    status = msg_recv(x, r, PH_BSHIP, p->n, p->q_floats, &x->rbuf[r], &in[r]);
+    if (status != LOOM_OK) {
+      send_failed(x, PH_BRETURN);
+      goto fail;
+    }
+    for (int i = 0; i < p->n; i++) {
+      const loom_attn_task_t *t = &x->tasks[p->task[i]];
+      memcpy(x->dOb + task_q[p->task[i]] * hd, in[r] + p->q_off[i],
+             sizeof(float) * (size_t)((t->q_hi - t->q_lo) * hd));
+    }
+  }
+  loom_tensor_t bt[7], dt[4];
+  const int64_t sq[3] = {x->bq, x->H, x->D}, sk[3] = {x->bk, x->Hkv, x->D};
+  LOOM_CHECK(wrap_batch(x, x->Qb, x->Kb, x->Vb, x->Ob, x->Lb, bt));
+  LOOM_CHECK(loom_tensor_wrap(&dt[0], x->dOb, LOOM_F32, LOOM_DEVICE_HOST, 3, sq, "dout"));
+  LOOM_CHECK(loom_tensor_wrap(&dt[1], x->dQb, LOOM_F32, LOOM_DEVICE_HOST, 3, sq, "dq"));
+  LOOM_CHECK(loom_tensor_wrap(&dt[2], x->dKb, LOOM_F32, LOOM_DEVICE_HOST, 3, sk, "dk"));
+  LOOM_CHECK(loom_tensor_wrap(&dt[3], x->dVb, LOOM_F32, LOOM_DEVICE_HOST, 3, sk, "dv"));
+  double t0 = now_ms();
+  LOOM_CHECK(loom_attention_backward(&dt[1], &dt[2], &dt[3], &dt[0], &bt[0], &bt[1], &bt[2], &bt[3],
+                                     &bt[4], &bt[5], &bt[6], x->causal, x->scale));
+  x->st.compute_ms += now_ms() - t0;
+  for (int r = 0; r < x->np; r++) {
+    const pair_t *p = &x->from[r];
+    if (p->n == 0) {
+      continue;
+    }
+    if (r != x->me && x->sreq[r] != MPI_REQUEST_NULL) {
+      MPI_Wait(&x->sreq[r], MPI_STATUS_IGNORE);
+    }
+    float *f = msg_new(&x->sbuf[r], PH_BRETURN, p->n, p->q_floats + p->kv_floats);
+    if (!f) {
+      status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
+      goto fail;
+    }
+    memset(f + p->q_floats, 0, sizeof(float) * (size_t)p->kv_floats);
+    for (int i = 0; i < p->n; i++) { // plan order: the same sum every time
+      const loom_attn_task_t *t = &x->tasks[p->task[i]];
+      const int64_t nq = t->q_hi - t->q_lo, nk = kv_len(x, t);
+      memcpy(f + p->q_off[i], x->dQb + task_q[p->task[i]] * hd, sizeof(float) * (size_t)(nq * hd));
+      int d = 0;
+      while (p->kv_doc[d] != t->doc) {
+        d++;
+      }
+      float *gk = f + p->kv_off[d], *gv = gk + p->kv_rows[d] * kvd;
+      const float *sk_ = x->dKb + task_k[p->task[i]] * kvd, *sv = x->dVb + task_k[p->task[i]] * kvd;
+      for (int64_t j = 0; j < nk * kvd; j++) {
+        gk[j] += sk_[j];
+        gv[j] += sv[j];
+      }
+    }
+    LOOM_CHECK(msg_send(x, r, PH_BRETURN, p->q_floats + p->kv_floats));
+  }
+  // Owner: dq rows in place; dk, dv summed over the servers in rank order.
+  memset(dk->data, 0, sizeof(float) * (size_t)(x->rows * kvd));
+  memset(dv->data, 0, sizeof(float) * (size_t)(x->rows * kvd));
+  for (int s = 0; s < x->np; s++) {
+    const pair_t *p = &x->to[s];
+    if (p->n == 0) {
+      continue;
+    }
+    const float *f = NULL;
+    LOOM_CHECK(msg_recv(x, s, PH_BRETURN, p->n, p->q_floats + p->kv_floats, &keep, &f));
+    for (int i = 0; i < p->n; i++) {
+      const loom_attn_task_t *t = &x->tasks[p->task[i]];
+      memcpy((float *)dq->data + (x->doc_row[t->doc] + t->q_lo) * hd, f + p->q_off[i],
+             sizeof(float) * (size_t)((t->q_hi - t->q_lo) * hd));
+    }
+    for (int d = 0; d < p->nkv; d++) {
+      const int64_t row = x->doc_row[p->kv_doc[d]], n = p->kv_rows[d] * kvd;
+      float *gk = (float *)dk->data + row * kvd, *gv = (float *)dv->data + row * kvd;
+      const float *sk_ = f + p->kv_off[d], *sv = sk_ + n;
+      for (int64_t j = 0; j < n; j++) {
+        gk[j] += sk_[j];
+        gv[j] += sv[j];
+      }
+    }
+  }
+  for (int s = 0; s < x->np; s++) { // every send done before the buffers are reused or freed
+    if (x->sreq[s] != MPI_REQUEST_NULL) {
+      double t1 = now_ms();
+      MPI_Wait(&x->sreq[s], MPI_STATUS_IGNORE);
+      x->st.wait_ms += now_ms() - t1;
+    }
+  }
+fail:
+  free(in);
+  free(task_q);
+  free(task_k);
+  free(keep);
+  return status;
+}

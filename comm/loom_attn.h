@@ -1,0 +1,80 @@
+/* loom_attn.h — attention servers: core attention of packed documents cut into query shards,
+ * shipped to the rank a plan picked, computed there in one padding-free batch and returned. */
+#ifndef LOOM_ATTN_H
+#define LOOM_ATTN_H
+
+#include <stdint.h>
+
+#include "loom_core.h"
+#include "loom_tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// A document: the rank that holds its tokens, and its length. Rank r's rows (its q, k, v, out)
+// are its documents packed in the order they appear in the docs array.
+typedef struct loom_attn_doc {
+  int owner;
+  int64_t len;
+} loom_attn_doc_t;
+
+// A task: query rows [q_lo, q_hi) of document doc, computed by server for owner. With causal
+// attention it reads the key/value prefix [0, q_hi) (bottom-right aligned); without, the whole
+// document. The balancer (loom_attn_plan.h) makes them; any plan whose tasks cover every row of
+// every document exactly once is valid.
+typedef struct loom_attn_task {
+  int doc;
+  int64_t q_lo, q_hi;
+  int owner, server;
+} loom_attn_task_t;
+
+typedef struct loom_attn_exec loom_attn_exec_t;
+
+// Prepare the exchanges of a plan on group g (collective over g: every rank passes the same
+// docs and tasks, heads H, key/value heads Hkv, head size D, causal, scale <= 0 for 1/sqrt(D)).
+// The plan is checked (every row of every document in exactly one task, ranks in range):
+// LOOM_ERR_INVALID_ARG names what is wrong.
+LOOM_API loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t *docs,
+                                             int ndocs, const loom_attn_task_t *tasks, int ntasks,
+                                             int heads, int kv_heads, int head_dim, int causal,
+                                             float scale, loom_attn_exec_t **out);
+LOOM_API void loom_attn_exec_destroy(loom_attn_exec_t *x);
+
+// Forward: this rank's q (T, H, D), k and v (T, Hkv, D) -> out (T, H, D) and lse (H, T), equal
+// (within rounding) to loom_attention_forward on its own documents. In three phases so that
+// two nano-batches can ping-pong (ship one while the other computes): ship posts the query
+// shards and key/value prefixes (each prefix once per destination rank); compute receives what
+// this rank serves (sizes checked: a message that does not match the plan is LOOM_ERR_CORRUPT),
+// runs every task it serves in one varlen batch and posts the results; finish receives the
+// results of this rank's documents. loom_attn_exec_forward runs the three. The server keeps
+// its batch for the backward (memory: its tasks' q, k, v, out and lse).
+LOOM_API loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
+                                           const loom_tensor_t *k, const loom_tensor_t *v);
+LOOM_API loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x);
+LOOM_API loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out,
+                                             loom_tensor_t *lse);
+LOOM_API loom_status_t loom_attn_exec_forward(loom_attn_exec_t *x, const loom_tensor_t *q,
+                                              const loom_tensor_t *k, const loom_tensor_t *v,
+                                              loom_tensor_t *out, loom_tensor_t *lse);
+// Backward of the last forward: dout (T, H, D) -> dq (T, H, D), dk and dv (T, Hkv, D)
+// (overwritten). A key/value prefix read by several tasks gets their gradients summed on the
+// server (task order) and once more on the owner (server order): the same bits every time.
+LOOM_API loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *dout,
+                                               loom_tensor_t *dq, loom_tensor_t *dk,
+                                               loom_tensor_t *dv);
+
+// What the exchanges of the last forward and backward did on this rank.
+typedef struct loom_attn_exec_stats {
+  int tasks_served;    // tasks this rank computed
+  double pairs_served; // their causal (query, key) pairs
+  double bytes_sent;   // bytes this rank sent (forward and backward)
+  double compute_ms;   // time in the attention kernels (forward + backward)
+  double wait_ms;      // time waiting for messages
+} loom_attn_exec_stats_t;
+LOOM_API void loom_attn_exec_stats(const loom_attn_exec_t *x, loom_attn_exec_stats_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

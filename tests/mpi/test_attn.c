@@ -1,0 +1,185 @@
+/* test_attn.c — attention servers under mpirun: core attention shipped to other ranks by a plan
+ * equals local variable-length attention, forward and backward, for several plans. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../check_mpi.h"
+#include "../testutil.h"
+
+// What is checked, at the np of the spec, every rank against loom_attention_forward/backward on
+// its own documents (within 1e-5 of the largest magnitude):
+// - plans: every document on its owner; documents cut into three shards served round robin;
+//   everything served by rank 0 (a dedicated server); shards of one length-300 document on
+//   every rank; causal and not;
+// - documents of length 1, long documents, a rank with no documents (the last, at np > 1);
+// - grouped-query heads (H 4, Hkv 2);
+// - a plan that disagrees between ranks is LOOM_ERR_CORRUPT on the ranks that see it, without a
+//   hang; a plan that leaves a row out is LOOM_ERR_INVALID_ARG.
+
+#define OK(call)                                                                                   \
+  do {                                                                                             \
+    loom_status_t ok_status_ = (call);                                                             \
+    CHECK(ok_status_ == LOOM_OK, "%s: %s", loom_strerror(ok_status_), loom_last_error(NULL));      \
+  } while (0)
+
+enum { H = 4, HKV = 2, D = 8 };
+static int world_rank, world_size;
+
+typedef struct docset {
+  int n;
+  loom_attn_doc_t d[64];
+} docset_t;
+
+static docset_t make_docs(int variant) {
+  docset_t s = {0};
+  static const int64_t lens[] = {1, 7, 150, 33, 2, 64, 90, 1};
+  test_rng_t rng = test_rng(4000u + (uint64_t)variant);
+  const int owners = world_size > 1 ? world_size - 1 : 1; // the last rank owns nothing
+  const int n = variant == 1 ? 1 : 3 * world_size + 2;
+  for (int i = 0; i < n && i < 64; i++) {
+    s.d[s.n++] = (loom_attn_doc_t){(int)test_int(&rng, 0, owners - 1),
+                                   variant == 1 ? 300 : lens[test_int(&rng, 0, 7)]};
+  }
+  return s;
+}
+
+// Plans: 0 each document on its owner; 1 three shards each, servers round robin; 2 everything on
+// rank 0; 3 shards of ~40 rows spread over every rank.
+static int make_plan(const docset_t *s, int kind, loom_attn_task_t *t) {
+  int n = 0;
+  for (int i = 0; i < s->n; i++) {
+    const int64_t L = s->d[i].len;
+    const int owner = s->d[i].owner;
+    if (kind == 0 || kind == 2 || L < 3) {
+      t[n++] = (loom_attn_task_t){i, 0, L, owner, kind == 2 ? 0 : owner};
+    } else if (kind == 1) {
+      const int64_t cut[4] = {0, L / 3, 2 * L / 3, L};
+      for (int k = 0; k < 3; k++) {
+        t[n++] = (loom_attn_task_t){i, cut[k], cut[k + 1], owner, (owner + k + i) % world_size};
+      }
+    } else {
+      for (int64_t lo = 0, k = 0; lo < L; lo += 40, k++) {
+        t[n++] = (loom_attn_task_t){i, lo, lo + 40 < L ? lo + 40 : L, owner,
+                                    (int)((owner + k) % world_size)};
+      }
+    }
+  }
+  return n;
+}
+
+static double rel_err(const float *a, const float *b, int64_t n) {
+  double big = 1e-3, worst = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    if (isinf(b[i]) && a[i] == b[i]) {
+      continue;
+    }
+    big = fmax(big, fabs((double)b[i]));
+    worst = fmax(worst, fabs((double)a[i] - (double)b[i]));
+  }
+  return worst / big;
+}
+
+static void run_case(const loom_group_t *g, int variant, int kind, int causal) {
+  docset_t s = make_docs(variant);
+  loom_attn_task_t tasks[4096];
+  const int nt = make_plan(&s, kind, tasks);
+  int64_t rows = 0, nmine = 0;
+  int32_t cu[65] = {0};
+  for (int i = 0; i < s.n; i++) {
+    if (s.d[i].owner == world_rank) {
+      rows += s.d[i].len;
+      cu[++nmine] = (int32_t)rows;
+    }
+  }
+  int64_t sq[3] = {rows, H, D}, sk[3] = {rows, HKV, D}, sl[2] = {H, rows}, sc[1] = {nmine + 1};
+  loom_tensor_t q = test_tensor_f32(3, sq, "q"), k = test_tensor_f32(3, sk, "k");
+  loom_tensor_t v = test_tensor_f32(3, sk, "v"), o = test_tensor_f32(3, sq, "o");
+  loom_tensor_t l = test_tensor_f32(2, sl, "l"), ro = test_tensor_f32(3, sq, "ro");
+  loom_tensor_t rl = test_tensor_f32(2, sl, "rl"), dout = test_tensor_f32(3, sq, "dout");
+  loom_tensor_t dq = test_tensor_f32(3, sq, "dq"), dk = test_tensor_f32(3, sk, "dk");
+  loom_tensor_t dv = test_tensor_f32(3, sk, "dv"), rdq = test_tensor_f32(3, sq, "rdq");
+  loom_tensor_t rdk = test_tensor_f32(3, sk, "rdk"), rdv = test_tensor_f32(3, sk, "rdv");
+  loom_tensor_t cut;
+  OK(loom_tensor_wrap(&cut, cu, LOOM_I32, LOOM_DEVICE_HOST, 1, sc, "cu"));
+  test_rng_t rng = test_rng(77u + 13u * (uint64_t)world_rank);
+  test_fill_uniform(&rng, test_floats(&q), rows * H * D, -1, 1);
+  test_fill_uniform(&rng, test_floats(&k), rows * HKV * D, -1, 1);
+  test_fill_uniform(&rng, test_floats(&v), rows * HKV * D, -1, 1);
+  test_fill_uniform(&rng, test_floats(&dout), rows * H * D, -1, 1);
+  OK(loom_attention_forward(&ro, &rl, &q, &k, &v, &cut, &cut, causal, 0.0f));
+  OK(loom_attention_backward(&rdq, &rdk, &rdv, &dout, &q, &k, &v, &ro, &rl, &cut, &cut, causal,
+                             0.0f));
+  loom_attn_exec_t *x = NULL;
+  OK(loom_attn_exec_create(g, s.d, s.n, tasks, nt, H, HKV, D, causal, 0.0f, &x));
+  if (x) {
+    OK(loom_attn_exec_forward(x, &q, &k, &v, &o, &l));
+    OK(loom_attn_exec_backward(x, &dout, &dq, &dk, &dv));
+    const char *what[5] = {"out", "lse", "dq", "dk", "dv"};
+    const loom_tensor_t *got[5] = {&o, &l, &dq, &dk, &dv}, *want[5] = {&ro, &rl, &rdq, &rdk, &rdv};
+    for (int i = 0; i < 5; i++) {
+      double e = rel_err(test_floats(got[i]), test_floats(want[i]), loom_tensor_numel(got[i]));
+      CHECK(e <= 1e-5, "variant %d plan %d causal %d: %s off by %g", variant, kind, causal, what[i],
+            e);
+    }
+    loom_attn_exec_stats_t st;
+    loom_attn_exec_stats(x, &st);
+    double served = st.tasks_served, total = 0;
+    MPI_Allreduce(&served, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(total == nt, "%g tasks served, the plan has %d", total, nt);
+    CHECK(kind != 2 || world_rank == 0 || st.tasks_served == 0, "plan 2: rank %d served %d",
+          world_rank, st.tasks_served);
+  }
+  loom_attn_exec_destroy(x);
+  TEST_FREE(&q, &k, &v, &o, &l, &ro, &rl, &dout, &dq, &dk, &dv, &rdq, &rdk, &rdv);
+}
+
+static void test_errors(const loom_group_t *g) {
+  // A row left out.
+  loom_attn_doc_t d[2] = {{0, 10}, {world_size - 1, 10}};
+  loom_attn_task_t t[3] = {{0, 0, 10, 0, 0}, {1, 0, 9, world_size - 1, 0}};
+  loom_attn_exec_t *x = NULL;
+  CHECK(loom_attn_exec_create(g, d, 2, t, 2, H, HKV, D, 1, 0.0f, &x) == LOOM_ERR_INVALID_ARG && !x,
+        "a plan missing a row was accepted");
+  if (world_size != 2) { // the mismatch below is written for two ranks
+    return;
+  }
+  // Ranks disagree: rank 1 believes its document is cut in two, rank 0 that it is one task
+  // served by rank 0; rank 0 sees a message of the wrong size, and rank 1 the failure notice.
+  loom_attn_doc_t dd[2] = {{0, 10}, {1, 10}};
+  loom_attn_task_t mine[2] = {{0, 0, 10, 0, 0}, {1, 0, 10, 1, 0}};
+  loom_attn_task_t other[3] = {{0, 0, 10, 0, 0}, {1, 0, 5, 1, 0}, {1, 5, 10, 1, 1}};
+  int64_t r10[3] = {10, H, D}, k10[3] = {10, HKV, D}, l10[2] = {H, 10};
+  loom_tensor_t q = test_tensor_f32(3, r10, "q"), k = test_tensor_f32(3, k10, "k");
+  loom_tensor_t v = test_tensor_f32(3, k10, "v"), o = test_tensor_f32(3, r10, "o");
+  loom_tensor_t l = test_tensor_f32(2, l10, "l");
+  OK(loom_attn_exec_create(g, dd, 2, world_rank == 0 ? mine : other, world_rank == 0 ? 2 : 3, H,
+                           HKV, D, 1, 0.0f, &x));
+  loom_status_t st = x ? loom_attn_exec_forward(x, &q, &k, &v, &o, &l) : LOOM_ERR_INVALID_ARG;
+  CHECK(st == LOOM_ERR_CORRUPT, "rank %d: a plan that disagrees gave %s (%s)", world_rank,
+        loom_strerror(st), loom_last_error(NULL));
+  loom_attn_exec_destroy(x);
+  TEST_FREE(&q, &k, &v, &o, &l);
+}
+
+int main(int argc, char **argv) {
+  loom_ctx_t *ctx = NULL;
+  if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {
+    fprintf(stderr, "loom_init failed: %s\n", loom_last_error(NULL));
+    return 1;
+  }
+  world_rank = loom_rank(ctx);
+  world_size = loom_size(ctx);
+  const loom_group_t *g = loom_group(ctx, LOOM_GROUP_WORLD);
+  for (int causal = 1; causal >= 0; causal--) {
+    for (int kind = 0; kind < 4; kind++) {
+      run_case(g, 0, kind, causal);
+    }
+    run_case(g, 1, 3, causal); // one long document cut over every rank
+  }
+  test_errors(g);
+  int rc = check_exit_all("test_attn");
+  loom_finalize(ctx);
+  return rc;
+}
