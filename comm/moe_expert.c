@@ -220,8 +220,8 @@ static void tile_weights(struct loom_moe *m, const tile_t *t) {
 // ---- one pass (forward or backward) -------------------------------------------------------------
 
 // What differs between the forward and the backward: the buffers the exchanges carry and the
-// tile functions. The weight gradients (backward only) are summed after every dx slice left, in
-// the order (source 0..np-1, chunk, expert) whatever the mode.
+// tile functions. The weight gradients (backward only) are summed in ring order from this rank
+// (source, then chunk, then expert) whatever the mode: see weights_of.
 typedef struct pass {
   float *send, *recv;     // dispatch: (n_send, H) -> (n_recv, H)
   float *back_exp, *back; // combine: by slice (n_recv * H) -> by slice (n_send * H)
@@ -307,6 +307,19 @@ static void dispatch_self(struct loom_moe *m, const pass_t *p) {
          sizeof(float) * (size_t)(n * H));
 }
 
+// The weight gradients of every tile of source s (chunk, then expert). The sources are summed
+// in ring order from this rank (this rank's own rows first) in every mode: the same bits, and
+// fine mode can sum its own rows' share while the other sources' rows are still on the wire.
+static void weights_of(struct loom_moe *m, int s, reqs_t *q) {
+  for (int c = 0; c < m->chunks; c++) {
+    for (int e = 0; e < m->el; e++) {
+      tile_t t = tile_at(m, s, c, e);
+      tile_weights(m, &t);
+      poll(q);
+    }
+  }
+}
+
 static loom_status_t run_none(struct loom_moe *m, const pass_t *p, reqs_t *q) {
   loom_status_t status = LOOM_OK;
   dispatch_self(m, p);
@@ -374,15 +387,9 @@ static loom_status_t run_coarse(struct loom_moe *m, const pass_t *p, reqs_t *q) 
       }
     }
   }
-  if (p->weights) {
-    for (int s = 0; s < m->np; s++) {
-      for (int c = 0; c < C; c++) {
-        for (int e = 0; e < m->el; e++) {
-          tile_t t = tile_at(m, s, c, e);
-          tile_weights(m, &t);
-          poll(q);
-        }
-      }
+  if (p->weights) { // every source, in ring order from this rank
+    for (int k = 0; k < m->np; k++) {
+      weights_of(m, (m->me + k) % m->np, q);
     }
   }
   LOOM_CHECK(wait_range(q, 0, q->n));
@@ -463,6 +470,9 @@ static loom_status_t run_fine(struct loom_moe *m, const pass_t *p, reqs_t *q) {
   for (int c = 0; c < C; c++) {
     LOOM_CHECK(fine_chunk(m, p, q, m->me, c));
   }
+  if (p->weights) { // this rank's own rows come first in the sum: their weight gradients fill
+    weights_of(m, m->me, q); // the wait for the other sources' rows
+  }
   for (int got = rlo; got <= rhi; got++) {
     for (int k = 1; k < m->np; k++) {
       const int s = (m->me - k + m->np) % m->np;
@@ -483,15 +493,9 @@ static loom_status_t run_fine(struct loom_moe *m, const pass_t *p, reqs_t *q) {
     ready[src[i - rlo] * C + chunk[i - rlo]] = 1;
     src[i - rlo] = -1;
   }
-  if (p->weights) {
-    for (int s = 0; s < m->np; s++) {
-      for (int c = 0; c < C; c++) {
-        for (int e = 0; e < m->el; e++) {
-          tile_t t = tile_at(m, s, c, e);
-          tile_weights(m, &t);
-          poll(q);
-        }
-      }
+  if (p->weights) { // the other sources, in ring order after this rank's (done above)
+    for (int k = 1; k < m->np; k++) {
+      weights_of(m, (m->me + k) % m->np, q);
     }
   }
   LOOM_CHECK(wait_range(q, 0, q->n));
@@ -509,15 +513,8 @@ static loom_status_t run(struct loom_moe *m, const pass_t *p) {
   switch (m->cfg.overlap) {
   case LOOM_MOE_OVERLAP_NONE:
     status = run_none(m, p, &q);
-    if (status == LOOM_OK && p->weights) {
-      for (int s = 0; s < m->np; s++) {
-        for (int c = 0; c < m->chunks; c++) {
-          for (int e = 0; e < m->el; e++) {
-            tile_t t = tile_at(m, s, c, e);
-            tile_weights(m, &t);
-          }
-        }
-      }
+    for (int k = 0; k < m->np && status == LOOM_OK && p->weights; k++) {
+      weights_of(m, (m->me + k) % m->np, &q);
     }
     break;
   case LOOM_MOE_OVERLAP_COARSE:
