@@ -1,0 +1,391 @@
+/* attn_perf.c — core attention of skewed packed documents without and with attention servers:
+ * per-rank work and time as max/mean, bytes moved, the attention phase, and ping-pong overlap. */
+#include "config.h"
+
+#include <getopt.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../testutil.h"
+#include "loom.h"
+
+// Usage: mpirun -np N attn_perf [--workload lognormal|onelong] [--docs 16] [--mean-len 384]
+//          [--long 6144] [--heads 4] [--head-dim 32] [--iters 5] [--tolerance 0.1]
+//          [--servers K] [--json FILE]
+// Workloads (the same documents for every mode, seeded): lognormal: --docs documents per rank,
+// lengths lognormal with the given mean (sigma 1.2, clipped to 16..8 mean); onelong: rank 0
+// holds one --long document, every rank --docs documents of --mean-len / 4.
+// Modes: off (every document on its owner, no transfer), inplace (the balancer moves work among
+// all ranks), and with --servers K > 0 dedicated (the last K ranks own no documents and serve
+// every task; the documents are those of the other ranks). Per mode, the medians over --iters
+// of: per-rank work (causal pairs) and kernel time as max/mean over the ranks that compute, the
+// bytes moved, the attention phase (forward + backward, slowest rank). Ping-pong: the documents
+// split into two nano-batches whose forwards run ship A, ship B, compute A, compute B, finish
+// A, finish B, against A then B one after the other; hidden = 1 - wait(ping-pong)/wait(serial).
+
+typedef struct opts {
+  int lognormal, docs, heads, head_dim, iters, servers;
+  int64_t mean_len, long_len;
+  double tolerance;
+  const char *json;
+} opts_t;
+
+typedef struct result {
+  const char *mode;
+  double work_ratio, time_ratio, bytes, phase_ms, plan_before, plan_after;
+} result_t;
+
+static int np, me;
+
+static int by_value(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, by_value);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The workload over `owners` ranks (0..owners-1), the same on every rank.
+static int make_docs(const opts_t *o, int owners, loom_attn_doc_t *d, int cap) {
+  test_rng_t rng = test_rng(2026u);
+  int n = 0;
+  if (!o->lognormal && n < cap) {
+    d[n++] = (loom_attn_doc_t){0, o->long_len};
+  }
+  for (int r = 0; r < owners; r++) {
+    for (int i = 0; i < o->docs && n < cap; i++) {
+      int64_t len = o->mean_len / 4;
+      if (o->lognormal) { // lognormal, sigma 1.2, mean mean_len
+        double u1 = test_uniform(&rng, 1e-12, 1.0), u2 = test_uniform(&rng, 0.0, 1.0);
+        double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+        double x = exp(log((double)o->mean_len) - 0.72 + 1.2 * z);
+        len = (int64_t)fmin(fmax(x, 16.0), 8.0 * (double)o->mean_len);
+      }
+      d[n++] = (loom_attn_doc_t){r, len};
+    }
+  }
+  return n;
+}
+
+typedef struct rows {
+  int64_t t;
+  loom_tensor_t q, k, v, o, l, dout, dq, dk, dv;
+} rows_t;
+
+static void rows_alloc(rows_t *r, const opts_t *o, const loom_attn_doc_t *d, int nd,
+                       const int *in_batch) {
+  memset(r, 0, sizeof *r);
+  for (int i = 0; i < nd; i++) {
+    r->t += d[i].owner == me && (!in_batch || in_batch[i]) ? d[i].len : 0;
+  }
+  int64_t sq[3] = {r->t, o->heads, o->head_dim}, sl[2] = {o->heads, r->t};
+  r->q = test_tensor_f32(3, sq, "q");
+  r->k = test_tensor_f32(3, sq, "k");
+  r->v = test_tensor_f32(3, sq, "v");
+  r->o = test_tensor_f32(3, sq, "o");
+  r->l = test_tensor_f32(2, sl, "l");
+  r->dout = test_tensor_f32(3, sq, "dout");
+  r->dq = test_tensor_f32(3, sq, "dq");
+  r->dk = test_tensor_f32(3, sq, "dk");
+  r->dv = test_tensor_f32(3, sq, "dv");
+  test_rng_t rng = test_rng(31u + (uint64_t)me);
+  const int64_t n = r->t * o->heads * o->head_dim;
+  test_fill_uniform(&rng, test_floats(&r->q), n, -1, 1);
+  test_fill_uniform(&rng, test_floats(&r->k), n, -1, 1);
+  test_fill_uniform(&rng, test_floats(&r->v), n, -1, 1);
+  test_fill_uniform(&rng, test_floats(&r->dout), n, -1, 1);
+}
+
+static void rows_free(rows_t *r) {
+  TEST_FREE(&r->q, &r->k, &r->v, &r->o, &r->l, &r->dout, &r->dq, &r->dk, &r->dv);
+}
+
+// Plan for a mode: 0 off, 1 inplace, 2 dedicated (servers_first = np - servers).
+static int plan_for(const opts_t *o, int mode, const loom_attn_doc_t *d, int nd,
+                    loom_attn_plan_t *p) {
+  loom_attn_balance_opts_t bo;
+  loom_attn_balance_opts_init(&bo);
+  bo.tolerance = mode == 0 ? 1e9 : o->tolerance;
+  bo.bytes_per_q_row = 4.0 * (4.0 * o->heads * o->head_dim + o->heads);
+  bo.bytes_per_kv_row = 4.0 * 4.0 * o->heads * o->head_dim;
+  bo.servers_first = mode == 2 ? np - o->servers : 0;
+  if (loom_attn_balance(d, nd, np, &bo, p) != LOOM_OK) {
+    fprintf(stderr, "attn_perf: %s\n", loom_last_error(NULL));
+    return 1;
+  }
+  return 0;
+}
+
+static int run_mode(const opts_t *o, const loom_group_t *g, int mode, result_t *res) {
+  static const char *const names[] = {"off", "inplace", "dedicated"};
+  loom_attn_doc_t d[4096];
+  const int owners = mode == 2 ? np - o->servers : np;
+  const int nd = make_docs(o, owners, d, 4096);
+  loom_attn_plan_t p;
+  memset(&p, 0, sizeof p);
+  if (plan_for(o, mode, d, nd, &p)) {
+    return 1;
+  }
+  rows_t r;
+  rows_alloc(&r, o, d, nd, NULL);
+  loom_attn_exec_t *x = NULL;
+  int rc = loom_attn_exec_create(g, d, nd, p.tasks, p.ntasks, o->heads, o->heads, o->head_dim, 1,
+                                 0.0f, &x) != LOOM_OK;
+  double *phase = calloc((size_t)o->iters, sizeof(double));
+  double *tratio = calloc((size_t)o->iters, sizeof(double));
+  double bytes = 0.0;
+  for (int it = -1; it < o->iters && !rc; it++) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    rc |= loom_attn_exec_forward(x, &r.q, &r.k, &r.v, &r.o, &r.l) != LOOM_OK;
+    rc |= loom_attn_exec_backward(x, &r.dout, &r.dq, &r.dk, &r.dv) != LOOM_OK;
+    double w = 1e3 * (MPI_Wtime() - t0);
+    loom_attn_exec_stats_t st;
+    loom_attn_exec_stats(x, &st);
+    // kernel time: max and mean over the ranks that serve anything
+    double v[3] = {w, st.tasks_served > 0 ? st.compute_ms : 0.0, st.bytes_sent}, mx[3], sum[3];
+    double cnt = st.tasks_served > 0, ncnt = 0;
+    MPI_Allreduce(v, mx, 3, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(v, sum, 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&cnt, &ncnt, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    if (it >= 0) {
+      phase[it] = mx[0];
+      tratio[it] = sum[1] > 0 ? mx[1] / (sum[1] / ncnt) : 1.0;
+      bytes = sum[2];
+    }
+  }
+  if (rc) {
+    fprintf(stderr, "attn_perf: %s\n", loom_last_error(NULL));
+  } else {
+    double mxl = 0.0, suml = 0.0;
+    int nl = 0;
+    for (int i = 0; i < np; i++) {
+      if (mode == 2 && i < np - o->servers) {
+        continue;
+      }
+      mxl = fmax(mxl, p.load[i]);
+      suml += p.load[i];
+      nl++;
+    }
+    *res = (result_t){names[mode],
+                      suml > 0 ? mxl / (suml / nl) : 1.0,
+                      median(tratio, o->iters),
+                      bytes,
+                      median(phase, o->iters),
+                      p.max_over_mean_before,
+                      p.max_over_mean};
+  }
+  free(phase);
+  free(tratio);
+  loom_attn_exec_destroy(x);
+  loom_attn_plan_free(&p);
+  rows_free(&r);
+  return rc;
+}
+
+// Ping-pong of two nano-batches (documents alternately in A and B) under the inplace plan.
+static int run_pingpong(const opts_t *o, const loom_group_t *g, double out[4]) {
+  loom_attn_doc_t d[4096], half[2][4096];
+  const int nd = make_docs(o, np, d, 4096);
+  int nh[2] = {0, 0}, rc = 0;
+  for (int i = 0; i < nd; i++) {
+    half[i % 2][nh[i % 2]++] = d[i];
+  }
+  loom_attn_plan_t p[2];
+  loom_attn_exec_t *x[2] = {NULL, NULL};
+  rows_t r[2];
+  memset(p, 0, sizeof p);
+  for (int h = 0; h < 2; h++) {
+    rc |= plan_for(o, 1, half[h], nh[h], &p[h]);
+    rows_alloc(&r[h], o, half[h], nh[h], NULL);
+    rc |= !rc && loom_attn_exec_create(g, half[h], nh[h], p[h].tasks, p[h].ntasks, o->heads,
+                                       o->heads, o->head_dim, 1, 0.0f, &x[h]) != LOOM_OK;
+  }
+  double *t[4];
+  for (int i = 0; i < 4; i++) {
+    t[i] = calloc((size_t)o->iters, sizeof(double));
+  }
+  for (int it = -1; it < o->iters && !rc; it++) {
+    for (int pp = 0; pp < 2; pp++) { // 0: A then B; 1: ping-pong
+      MPI_Barrier(MPI_COMM_WORLD);
+      double t0 = MPI_Wtime();
+      if (pp == 0) {
+        for (int h = 0; h < 2; h++) {
+          rc |=
+              loom_attn_exec_forward(x[h], &r[h].q, &r[h].k, &r[h].v, &r[h].o, &r[h].l) != LOOM_OK;
+        }
+      } else {
+        rc |= loom_attn_exec_ship(x[0], &r[0].q, &r[0].k, &r[0].v) != LOOM_OK;
+        rc |= loom_attn_exec_ship(x[1], &r[1].q, &r[1].k, &r[1].v) != LOOM_OK;
+        rc |= loom_attn_exec_compute(x[0]) != LOOM_OK;
+        rc |= loom_attn_exec_compute(x[1]) != LOOM_OK;
+        rc |= loom_attn_exec_finish(x[0], &r[0].o, &r[0].l) != LOOM_OK;
+        rc |= loom_attn_exec_finish(x[1], &r[1].o, &r[1].l) != LOOM_OK;
+      }
+      loom_attn_exec_stats_t s0, s1;
+      loom_attn_exec_stats(x[0], &s0);
+      loom_attn_exec_stats(x[1], &s1);
+      double v[2] = {1e3 * (MPI_Wtime() - t0), s0.wait_ms + s1.wait_ms};
+      MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (it >= 0) {
+        t[2 * pp][it] = v[0];
+        t[2 * pp + 1][it] = v[1];
+      }
+    }
+  }
+  for (int i = 0; i < 4; i++) {
+    out[i] = rc ? NAN : median(t[i], o->iters);
+    free(t[i]);
+  }
+  for (int h = 0; h < 2; h++) {
+    loom_attn_exec_destroy(x[h]);
+    loom_attn_plan_free(&p[h]);
+    rows_free(&r[h]);
+  }
+  return rc;
+}
+
+static int parse(int argc, char **argv, opts_t *o) {
+  *o = (opts_t){.lognormal = 1,
+                .docs = 16,
+                .heads = 4,
+                .head_dim = 32,
+                .iters = 5,
+                .mean_len = 384,
+                .long_len = 6144,
+                .tolerance = 0.1};
+  static const struct option lo[] = {
+      {"workload", required_argument, NULL, 'w'}, {"docs", required_argument, NULL, 'n'},
+      {"mean-len", required_argument, NULL, 'm'}, {"long", required_argument, NULL, 'L'},
+      {"heads", required_argument, NULL, 'H'},    {"head-dim", required_argument, NULL, 'D'},
+      {"iters", required_argument, NULL, 'i'},    {"tolerance", required_argument, NULL, 't'},
+      {"servers", required_argument, NULL, 's'},  {"json", required_argument, NULL, 'J'},
+      {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    switch (c) {
+    case 'w':
+      o->lognormal = strcmp(optarg, "onelong") != 0;
+      if (o->lognormal && strcmp(optarg, "lognormal") != 0) {
+        fprintf(stderr, "attn_perf: --workload lognormal|onelong, got '%s'\n", optarg);
+        return 2;
+      }
+      break;
+    case 'n':
+      o->docs = atoi(optarg);
+      break;
+    case 'm':
+      o->mean_len = atoll(optarg);
+      break;
+    case 'L':
+      o->long_len = atoll(optarg);
+      break;
+    case 'H':
+      o->heads = atoi(optarg);
+      break;
+    case 'D':
+      o->head_dim = atoi(optarg);
+      break;
+    case 'i':
+      o->iters = atoi(optarg);
+      break;
+    case 't':
+      o->tolerance = atof(optarg);
+      break;
+    case 's':
+      o->servers = atoi(optarg);
+      break;
+    case 'J':
+      o->json = optarg;
+      break;
+    default:
+      printf("usage: mpirun -np N attn_perf [--workload lognormal|onelong] [--docs 16]\n"
+             "  [--mean-len 384] [--long 6144] [--heads 4] [--head-dim 32] [--iters 5]\n"
+             "  [--tolerance 0.1] [--servers K] [--json FILE]\n");
+      return c == 'h' ? 1 : 2;
+    }
+  }
+  if (o->docs < 1 || o->mean_len < 16 || o->heads < 1 || o->head_dim < 1 || o->iters < 1 ||
+      o->servers < 0 || o->servers >= np || o->tolerance < 0) {
+    fprintf(stderr, "attn_perf: --docs >= 1, --mean-len >= 16, --iters >= 1, --servers in "
+                    "0..np-1, --tolerance >= 0\n");
+    return 2;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  loom_ctx_t *ctx = NULL;
+  if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {
+    fprintf(stderr, "attn_perf: %s\n", loom_last_error(NULL));
+    return 1;
+  }
+  np = loom_size(ctx);
+  me = loom_rank(ctx);
+  opts_t o;
+  int rc = parse(argc, argv, &o);
+  if (rc) {
+    loom_finalize(ctx);
+    return rc == 1 ? 0 : 2;
+  }
+  const loom_group_t *g = loom_group(ctx, LOOM_GROUP_WORLD);
+  result_t res[3];
+  int nres = 0;
+  for (int mode = 0; mode < 3 && !rc; mode++) {
+    if (mode == 2 && o.servers == 0) {
+      continue;
+    }
+    rc = run_mode(&o, g, mode, &res[nres++]);
+  }
+  double pp[4] = {NAN, NAN, NAN, NAN};
+  if (!rc && np > 1) {
+    rc = run_pingpong(&o, g, pp);
+  }
+  if (me == 0 && !rc) {
+    printf("# attn_perf: np %d, %s, %d docs per rank (mean %lld%s), heads %d x %d, "
+           "tolerance %.2f, %d iterations (median)\n",
+           np, o.lognormal ? "lognormal" : "onelong", o.docs, (long long)o.mean_len,
+           o.lognormal ? "" : ", plus one long document on rank 0", o.heads, o.head_dim,
+           o.tolerance, o.iters);
+    printf("%-10s %12s %12s %12s %14s %10s\n", "mode", "work max/mean", "time max/mean", "MB moved",
+           "phase ms (f+b)", "speedup");
+    for (int i = 0; i < nres; i++) {
+      printf("%-10s %13.3f %13.3f %12.2f %14.2f %10.3f\n", res[i].mode, res[i].work_ratio,
+             res[i].time_ratio, res[i].bytes / 1e6, res[i].phase_ms,
+             res[0].phase_ms / res[i].phase_ms);
+    }
+    if (np > 1) {
+      printf("ping-pong (inplace, forward of two nano-batches): serial %.2f ms (waits %.2f), "
+             "ping-pong %.2f ms (waits %.2f): hidden %.3f\n",
+             pp[0], pp[1], pp[2], pp[3], pp[1] > 0 ? 1.0 - pp[3] / pp[1] : 0.0);
+    }
+    if (o.json) {
+      FILE *f = fopen(o.json, "w");
+      if (f) {
+        fprintf(f, "{\"np\": %d, \"workload\": \"%s\", \"modes\": [", np,
+                o.lognormal ? "lognormal" : "onelong");
+        for (int i = 0; i < nres; i++) {
+          fprintf(f,
+                  "%s{\"mode\": \"%s\", \"work_max_over_mean\": %.4f, \"time_max_over_mean\": "
+                  "%.4f, \"bytes\": %.0f, \"phase_ms\": %.3f}",
+                  i ? ", " : "", res[i].mode, res[i].work_ratio, res[i].time_ratio, res[i].bytes,
+                  res[i].phase_ms);
+        }
+        fprintf(f,
+                "], \"pingpong\": {\"serial_ms\": %.3f, \"serial_wait_ms\": %.3f, "
+                "\"pingpong_ms\": %.3f, \"pingpong_wait_ms\": %.3f}}\n",
+                pp[0], pp[1], pp[2], pp[3]);
+        fclose(f);
+      } else {
+        perror(o.json);
+      }
+    }
+  }
+  loom_finalize(ctx);
+  return rc;
+}
