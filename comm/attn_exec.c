@@ -611,6 +611,15 @@ loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out, loo
       lo += x->H * nq;
     }
   }
+  // The results this rank sent as a server: Open MPI moves a large message only while its sender
+  // is inside MPI, so returning now would leave a peer waiting until this rank's next MPI call.
+  for (int s = 0; s < x->np; s++) {
+    if (x->sreq[s] != MPI_REQUEST_NULL) {
+      double t0 = now_ms();
+      MPI_Wait(&x->sreq[s], MPI_STATUS_IGNORE);
+      x->st.wait_ms += now_ms() - t0;
+    }
+  }
 fail:
   free(keep);
   return status;

@@ -368,3 +368,37 @@ void gpt_batch_fill(gpt_batch_t *b, const gpt_stream_t *s, int64_t first_row, in
   loom_tensor_wrap(&b->target, tgt, LOOM_I32, LOOM_DEVICE_HOST, 1, &shape, "targets");
   loom_tensor_wrap(&b->pos, pos, LOOM_I32, LOOM_DEVICE_HOST, 1, &shape, "positions");
 }
+
+void gpt_batch_skew(gpt_batch_t *b, uint64_t seed) {
+  const int ctx = b->ctx;
+  const int nrows = (int)(b->total / ctx);
+  const size_t n = (size_t)b->cap_rows * (size_t)ctx + 1;
+  int32_t *pos = b->buf + 2 * n, *cu = pos + n;
+  uint64_t state = seed ^ 0x736b657765646c6eull;
+  const double mu = log((double)ctx) - 2.0 + 1.5 * (double)ex_normal(&state);
+  int nseq = 0;
+  int64_t pairs = 0, left = 0; // rows of the current piece not yet placed
+  cu[0] = 0;
+  for (int r = 0; r < nrows; r++) {
+    const int64_t o = (int64_t)r * ctx;
+    for (int64_t t = 0; t < ctx;) {
+      if (left == 0) {
+        const double x = fmin(mu + (double)ex_normal(&state), 30.0);
+        left = (int64_t)ceil(exp(x));
+        left = left < 1 ? 1 : left;
+      }
+      const int64_t len = left < ctx - t ? left : ctx - t;
+      for (int64_t i = 0; i < len; i++) {
+        pos[o + t + i] = (int32_t)i;
+      }
+      pairs += len * (len + 1) / 2;
+      t += len;
+      left -= len;
+      cu[++nseq] = (int32_t)(o + t);
+    }
+  }
+  b->nseq = nseq;
+  b->attn_pairs = pairs;
+  int64_t shape = nseq + 1;
+  loom_tensor_wrap(&b->cu, cu, LOOM_I32, LOOM_DEVICE_HOST, 1, &shape, "cu_seqlens");
+}

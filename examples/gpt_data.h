@@ -62,5 +62,13 @@ loom_status_t gpt_batch_alloc(gpt_batch_t *b, int cap_rows, int ctx);
 void gpt_batch_free(gpt_batch_t *b);
 // Fill b with nrows (1..cap_rows) rows starting at first_row (rows of s must be >= 1).
 void gpt_batch_fill(gpt_batch_t *b, const gpt_stream_t *s, int64_t first_row, int nrows);
+// Replace the document boundaries of a filled batch by synthetic ones with heavy-tailed
+// lengths (train_gpt --doc-lengths skewed): the tokens and targets stay, cu_seqlens, positions,
+// nseq and attn_pairs change. Lengths are lognormal, exp(mu + z) with z standard normal and
+// mu = log(ctx) - 2 + 1.5 z' drawn once per call (z' standard normal): one batch gets short
+// pieces, another pieces longer than a row. The rows are cut in order into pieces of the drawn
+// lengths; a piece that does not fit in the rest of its row goes on as a new sequence at the
+// start of the next row (as a corpus document does). Deterministic in seed.
+void gpt_batch_skew(gpt_batch_t *b, uint64_t seed);
 
 #endif

@@ -364,7 +364,11 @@ static loom_status_t block_forward(const gpt_model_t *m, gpt_acts_t *a, int l) {
   TRY(loom_gemm(&q, &ln1, 0, &p[GPT_WQ], 1, &p[GPT_BQ], 1.0f, 0.0f)); // (n, C)
   TRY(loom_gemm(&k, &ln1, 0, &p[GPT_WK], 1, &p[GPT_BK], 1.0f, 0.0f));
   TRY(loom_gemm(&v, &ln1, 0, &p[GPT_WV], 1, &p[GPT_BV], 1.0f, 0.0f));
-  TRY(loom_attention_forward(&att3, &lse, &q3, &k3, &v3, &a->cu, &a->cu, 1, 0.0f));
+  if (a->attn && a->attn[l]) { // q, k, v, att: (n, H, D) contiguous; lse (H, n)
+    TRY(loom_attn_exec_forward(a->attn[l], &q3, &k3, &v3, &att3, &lse));
+  } else {
+    TRY(loom_attention_forward(&att3, &lse, &q3, &k3, &v3, &a->cu, &a->cu, 1, 0.0f));
+  }
   TRY(loom_tensor_copy(&xmid, &x));
   TRY(loom_gemm(&xmid, &att, 0, &p[GPT_WO], 1, &p[GPT_BO], 1.0f, 1.0f));
   // MLP: out = xmid + fc2(gelu(fc1(ln2(xmid)))), or out = xmid + moe(ln2(xmid))
@@ -520,8 +524,12 @@ static loom_status_t block_backward_attn(gpt_model_t *m, gpt_acts_t *a, int l, l
   loom_tensor_t dq3 = rows(&a->dq, n, H), dk3 = rows(&a->dk, n, H), dv3 = rows(&a->dv, n, H),
                 dy3 = rows(&a->dy, n, H), q3 = rows(&y->q, n, H), k3 = rows(&y->k, n, H),
                 v3 = rows(&y->v, n, H), att3 = rows(&y->att, n, H);
-  TRY(loom_attention_backward(&dq3, &dk3, &dv3, &dy3, &q3, &k3, &v3, &att3, &lse, &a->cu, &a->cu, 1,
-                              0.0f));
+  if (a->attn && a->attn[l]) { // the executor kept this block's forward batch
+    TRY(loom_attn_exec_backward(a->attn[l], &dy3, &dq3, &dk3, &dv3));
+  } else {
+    TRY(loom_attention_backward(&dq3, &dk3, &dv3, &dy3, &q3, &k3, &v3, &att3, &lse, &a->cu, &a->cu,
+                                1, 0.0f));
+  }
   poll(s);
   const loom_tensor_t *dqkv[3] = {&dq, &dk, &dv};
   for (int j = 0; j < 3; j++) {

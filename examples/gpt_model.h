@@ -86,6 +86,11 @@ typedef struct gpt_acts {
   loom_tensor_t dfc;                     // (N, 4C)
   loom_tensor_t tokens, pos, target, cu; // views of the batch of the last forward
   float aux;                             // the MoE aux losses of the last forward, summed
+  // Attention servers: block l's core attention runs through attn[l] (loom_attn_exec: shipped
+  // by a plan over this forward's documents, collective over its group) instead of the local
+  // kernel, forward and backward. NULL (the default), or a NULL entry: local attention. The
+  // caller owns the executors and sets this for one forward and its backward (not generation).
+  loom_attn_exec_t **attn; // (L) or NULL
 } gpt_acts_t;
 
 // Allocate the model and its zeroed gradients and moments. LOOM_ERR_INVALID_ARG when the width

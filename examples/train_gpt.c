@@ -50,7 +50,9 @@ typedef struct opts {
   // mixture of experts (o.cfg.moe_experts, o.cfg.moe_every: which blocks)
   int moe_topk, moe_ffn; // moe_ffn 0: 4 x width
   double moe_capacity, moe_aux;
-  int moe_overlap; // a loom_moe_overlap_t, or LOOM_MOE_OVERLAP_DEFAULT (LOOM_MOE_OVERLAP)
+  int moe_overlap;  // a loom_moe_overlap_t, or LOOM_MOE_OVERLAP_DEFAULT (LOOM_MOE_OVERLAP)
+  int attn_servers; // -1: LOOM_ATTN_SERVERS decides; 0 off; 1 inplace
+  int doc_skew;     // --doc-lengths skewed: synthetic heavy-tailed document boundaries
   int help;
 } opts_t;
 
@@ -126,6 +128,18 @@ static void usage(FILE *out) {
       "                      The router is averaged over the data-parallel group with the dense\n"
       "                      gradients, the experts over the expert-data-parallel group; MoE\n"
       "                      gradients are never compressed (--compress applies to the rest)\n"
+      "attention servers\n"
+      "  --attn-servers M    off or inplace (default: LOOM_ATTN_SERVERS, 0 = off). inplace:\n"
+      "                      every step the ranks share their sequence lengths, the balancer\n"
+      "                      (tolerance 0.1) cuts the causal attention of long sequences into\n"
+      "                      query shards and moves some to less loaded ranks, and every\n"
+      "                      block's core attention runs through the attention servers (same\n"
+      "                      result up to the order of the dK/dV sums). Dedicated servers\n"
+      "                      (LOOM_ATTN_SERVERS=N) are not supported here yet\n"
+      "  --doc-lengths D     corpus: the documents as the corpus gives them (default); skewed:\n"
+      "                      the same tokens cut into synthetic sequences of heavy-tailed\n"
+      "                      (lognormal) lengths, seeded per step and rank, so that the ranks'\n"
+      "                      attention loads differ\n"
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n"
       "Tokens/s counts training tokens of all ranks, validation excluded. MFU = achieved\n"
@@ -159,7 +173,8 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
                 .scheme = LOOM_SCHEME_DIVISIBLE,
                 .moe_topk = 2,
                 .moe_aux = 0.01,
-                .moe_overlap = LOOM_MOE_OVERLAP_DEFAULT};
+                .moe_overlap = LOOM_MOE_OVERLAP_DEFAULT,
+                .attn_servers = -1};
   o->cfg.moe_every = 2;
   static const char *const switches[] = {"--help", "--no-overlap", "--compare", NULL};
   for (int i = 1; i < argc; i++) {
@@ -253,6 +268,20 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
         snprintf(err, errlen, "--moe-overlap wants none, coarse or fine, got '%s'", v);
         rc = -1;
       }
+    } else if (!strcmp(flag, "--attn-servers")) {
+      if (!strcmp(v, "off") || !strcmp(v, "inplace")) {
+        o->attn_servers = !strcmp(v, "inplace");
+      } else {
+        snprintf(err, errlen, "--attn-servers wants off or inplace, got '%s'", v);
+        rc = -1;
+      }
+    } else if (!strcmp(flag, "--doc-lengths")) {
+      if (!strcmp(v, "corpus") || !strcmp(v, "skewed")) {
+        o->doc_skew = !strcmp(v, "skewed");
+      } else {
+        snprintf(err, errlen, "--doc-lengths wants corpus or skewed, got '%s'", v);
+        rc = -1;
+      }
     } else if (!strcmp(flag, "--sync")) {
       int k = 0;
       while (k < 4 && strcmp(v, sync_names[k])) {
@@ -330,6 +359,12 @@ typedef struct step {
   loom_ef_t *ef;                  // error feedback, keyed by gradient name
   uint64_t seed;                  // of the step's compressed allreduces (the step number)
   size_t sent;                    // bytes the step's compressed allreduces sent from this rank
+  // attention servers (--attn-servers inplace): the world group, one executor per block for
+  // this step (made in the forward from this step's plan, destroyed after the step), and the
+  // plan's max / mean attention load before and after balancing
+  const loom_group_t *world;
+  loom_attn_exec_t **attn; // (L) or NULL when off
+  double attn_ratio[2];
 } step_t;
 
 typedef struct unit_arg {
@@ -342,9 +377,100 @@ typedef struct moe_arg {
   int l, p; // block, and which parameter of its MoE layer (a loom_moe_param_t)
 } moe_arg_t;
 
+// Attention servers for this step: every rank's sequence lengths (the cu_seqlens of its batch)
+// gathered over the world in rank order (rank 0's sequences, then rank 1's, ...: each rank's
+// rows are its documents packed in that order), balanced, and one executor per block made from
+// the plan (each keeps its block's forward batch for the backward). Collective over the world:
+// it runs in the forward task, in the same order on every rank.
+static loom_status_t attn_setup(step_t *st) {
+  const gpt_config_t *c = &st->m->cfg;
+  const gpt_batch_t *b = st->b;
+  const int np = loom_group_size(st->world), H = c->heads, D = c->width / c->heads;
+  MPI_Comm comm = loom_group_comm(st->world);
+  const int32_t *cu = b->cu.data;
+  int mine = b->nseq, total = 0;
+  int *counts = malloc(sizeof(int) * (size_t)np), *displs = malloc(sizeof(int) * (size_t)np);
+  int64_t *lens = malloc(sizeof(int64_t) * ((size_t)mine + 1)), *all = NULL;
+  loom_attn_doc_t *docs = NULL;
+  loom_attn_plan_t plan = {0};
+  loom_status_t status = LOOM_OK;
+  if (!counts || !displs || !lens) {
+    status = LOOM_ERR_NOMEM;
+    goto done;
+  }
+  for (int i = 0; i < mine; i++) {
+    lens[i] = cu[i + 1] - cu[i];
+  }
+  if (MPI_Allgather(&mine, 1, MPI_INT, counts, 1, MPI_INT, comm) != MPI_SUCCESS) {
+    status = LOOM_ERR_MPI;
+    goto done;
+  }
+  for (int r = 0; r < np; r++) {
+    displs[r] = total;
+    total += counts[r];
+  }
+  all = malloc(sizeof(int64_t) * ((size_t)total + 1));
+  docs = malloc(sizeof *docs * ((size_t)total + 1));
+  if (!all || !docs) {
+    status = LOOM_ERR_NOMEM; // (the other ranks fail in the exchanges that follow)
+    goto done;
+  }
+  if (MPI_Allgatherv(lens, mine, MPI_INT64_T, all, counts, displs, MPI_INT64_T, comm) !=
+      MPI_SUCCESS) {
+    status = LOOM_ERR_MPI;
+    goto done;
+  }
+  for (int r = 0; r < np; r++) {
+    for (int i = displs[r]; i < displs[r] + counts[r]; i++) {
+      docs[i] = (loom_attn_doc_t){.owner = r, .len = all[i]};
+    }
+  }
+  loom_attn_balance_opts_t bo;
+  loom_attn_balance_opts_init(&bo);
+  bo.tolerance = 0.1;
+  bo.causal = 1;
+  bo.min_shard = c->ctx / 4 < 64 ? (c->ctx / 4 > 0 ? c->ctx / 4 : 1) : 64;
+  bo.bytes_per_q_row = 4.0 * (4.0 * H * D + H);
+  bo.bytes_per_kv_row = 4.0 * (4.0 * H * D);
+  if ((status = loom_attn_balance(docs, total, np, &bo, &plan)) != LOOM_OK) {
+    goto done;
+  }
+  st->attn_ratio[0] = plan.max_over_mean_before;
+  st->attn_ratio[1] = plan.max_over_mean;
+  for (int l = 0; l < c->layers && status == LOOM_OK; l++) {
+    status = loom_attn_exec_create(st->world, docs, total, plan.tasks, plan.ntasks, H, H, D, 1,
+                                   0.0f, &st->attn[l]);
+  }
+  st->a->attn = st->attn;
+done:
+  loom_attn_plan_free(&plan);
+  free(counts);
+  free(displs);
+  free(lens);
+  free(all);
+  free(docs);
+  return status;
+}
+
+// Destroy the step's executors (the same point of the step on every rank).
+static void attn_release(step_t *st) {
+  for (int l = 0; st->attn && l < st->m->cfg.layers; l++) {
+    loom_attn_exec_destroy(st->attn[l]);
+    st->attn[l] = NULL;
+  }
+  st->a->attn = NULL;
+}
+
 static loom_status_t task_forward(void *arg) {
   step_t *st = arg;
   gpt_batch_fill(st->b, &st->corpus->train, st->first_row, st->o->batch);
+  if (st->o->doc_skew) { // seeded by the step's first row: per step and rank
+    uint64_t mix = (uint64_t)st->o->seed * 0x9e3779b97f4a7c15ull + (uint64_t)st->first_row;
+    gpt_batch_skew(st->b, ex_splitmix64(&mix));
+  }
+  if (st->attn) {
+    TRY(attn_setup(st));
+  }
   loom_status_t status = gpt_forward(st->m, st->a, &st->b->tokens, &st->b->pos, &st->b->target,
                                      &st->b->cu, &st->loss[0], st->s);
   st->loss[1] = st->a->aux;
@@ -811,6 +937,22 @@ int main(int argc, char **argv) {
     loom_finalize(ctx);
     return 2;
   }
+  { // attention servers: the flag, else LOOM_ATTN_SERVERS ("0", "inplace" or N dedicated)
+    const char *tv = loom_tunable(ctx, "LOOM_ATTN_SERVERS");
+    if (tv && strcmp(tv, "0") != 0 && strcmp(tv, "inplace") != 0) {
+      if (loom_rank(ctx) == 0) {
+        fprintf(stderr,
+                "train_gpt: LOOM_ATTN_SERVERS=%s (dedicated servers) is not supported by "
+                "train_gpt yet: use inplace or 0\n",
+                tv);
+      }
+      loom_finalize(ctx);
+      return 2;
+    }
+    if (o.attn_servers < 0) {
+      o.attn_servers = tv && !strcmp(tv, "inplace");
+    }
+  }
   if (rank < 0) { // a dedicated attention server (LOOM_ATTN_SERVERS): nothing to train here
     return loom_finalize(ctx) == LOOM_OK ? 0 : 1;
   }
@@ -910,14 +1052,19 @@ int main(int argc, char **argv) {
                .dp = dp,
                .ep = ep,
                .edp = edp,
-               .nmoe = nmoe};
+               .nmoe = nmoe,
+               .world = loom_group(ctx, LOOM_GROUP_WORLD),
+               .attn_ratio = {-1.0, -1.0}};
   int64_t two = 2;
   EX_CHECK(loom_tensor_wrap(&st.loss_t, st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &two, "loss"));
   unit_arg_t *ua = calloc(2 * (size_t)m.nunits, sizeof *ua); // [2u + p]
   moe_arg_t *ma = calloc((size_t)o.cfg.layers * LOOM_MOE_PARAM_COUNT, sizeof *ma);
   loom_tensor_t **reduce = calloc((size_t)m.nunits + 1, sizeof *reduce);
   int64_t *moe_count = calloc((size_t)E + 1, sizeof *moe_count); // sent per expert, dropped
-  if (!ua || !ma || !reduce || !moe_count) {
+  if (o.attn_servers == 1) {
+    st.attn = calloc((size_t)o.cfg.layers, sizeof *st.attn);
+  }
+  if (!ua || !ma || !reduce || !moe_count || (o.attn_servers == 1 && !st.attn)) {
     fprintf(stderr, "train_gpt: out of memory\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
@@ -1024,6 +1171,13 @@ int main(int argc, char **argv) {
     }
     printf("sgemm (1024^3, %d BLAS thread(s) per rank): %.1f GFLOP/s per rank\n",
            loom_blas_threads(ctx), sgemm / 1e9);
+    if (o.doc_skew) {
+      printf("doc-lengths: skewed: synthetic lognormal sequence lengths per step and rank (the "
+             "corpus tokens, new boundaries)\n");
+    }
+    if (st.attn) {
+      printf("attn-servers: inplace, balancer tolerance 0.1\n");
+    }
     fflush(stdout);
   }
   if (o.sync == SYNC_NONE && rank == 0) {
@@ -1080,6 +1234,7 @@ int main(int argc, char **argv) {
     } else {
       fused_step(&st, fusion, reduce);
     }
+    attn_release(&st);
     double t1 = MPI_Wtime();
     train_time += t1 - t0 - plan_time;
     plan_time = 0.0;
@@ -1092,7 +1247,11 @@ int main(int argc, char **argv) {
       double dt = t1 - tlog, tps = (double)n * tokens_per_step / dt;
       last_train_loss = log_loss / (double)n;
       last_aux = log_aux / (double)n;
-      char moe_text[1024] = "";
+      char moe_text[1024] = "", attn_text[64] = "";
+      if (st.attn && o.sync != SYNC_COMM_ONLY) { // the last step's plan (the same on every rank)
+        snprintf(attn_text, sizeof attn_text, "  attn max/mean %.2f -> %.2f", st.attn_ratio[0],
+                 st.attn_ratio[1]);
+      }
       if (nmoe > 0 && o.sync != SYNC_COMM_ONLY) { // the last step's routing, over every rank
         loom_moe_stats_t ms;
         loom_moe_stats(m.moe[first_moe], &ms);
@@ -1128,9 +1287,9 @@ int main(int argc, char **argv) {
         fflush(stdout);
       } else if (rank == 0) {
         printf("step %5ld/%ld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  %.1f ms/step  "
-               "mfu %.3f%s\n",
+               "mfu %.3f%s%s\n",
                step + 1, o.steps, last_train_loss, st.hp.lr, st.norm, tps, 1e3 * dt / (double)n,
-               tps / np * flops_per_token / sgemm, moe_text);
+               tps / np * flops_per_token / sgemm, moe_text, attn_text);
         fflush(stdout);
       }
       log_loss = log_aux = 0.0;
@@ -1215,26 +1374,30 @@ int main(int argc, char **argv) {
     rc |= dump_params(&o, &m, ep, rank) != 0;
   }
   if (o.json && rank == 0) {
-    char text[2048];
-    snprintf(
-        text, sizeof text,
-        "{\"steps\": %ld, \"np\": %d, \"batch\": %d, \"ctx\": %d, \"layers\": %d, "
-        "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
-        "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %.6f, \"val_loss\": "
-        "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
-        "\"sgemm_gflops\": %.2f, \"blas_threads\": %d, \"train_time_s\": %.3f, "
-        "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
-        "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s, "
-        "\"moe_experts\": %d, \"moe_every\": %d, \"moe_topk\": %d, \"moe_ffn\": %d, "
-        "\"moe_params\": %lld, \"moe_aux\": %.6f}\n",
-        o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
-        (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
-        1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
-        corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, loom_blas_threads(ctx), train_time,
-        MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
-        st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
-        sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0, nmoe ? o.cfg.moe_every : 0,
-        nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0, (long long)moe_params, nmoe ? last_aux : 0.0);
+    char text[3072];
+    snprintf(text, sizeof text,
+             "{\"steps\": %ld, \"np\": %d, \"batch\": %d, \"ctx\": %d, \"layers\": %d, "
+             "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
+             "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %.6f, \"val_loss\": "
+             "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
+             "\"sgemm_gflops\": %.2f, \"blas_threads\": %d, \"train_time_s\": %.3f, "
+             "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
+             "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s, "
+             "\"moe_experts\": %d, \"moe_every\": %d, \"moe_topk\": %d, \"moe_ffn\": %d, "
+             "\"moe_params\": %lld, \"moe_aux\": %.6f, \"attn_servers\": \"%s\", "
+             "\"doc_lengths\": \"%s\", \"attn_max_over_mean_before\": %.4f, "
+             "\"attn_max_over_mean\": %.4f}\n",
+             o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
+             (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active),
+             tokens_per_s, 1e3 * train_time / n_steps, last_train_loss,
+             isfinite(val_loss) ? val_loss : -1.0, corpus.unigram_entropy, mfu, mfu_attn,
+             sgemm / 1e9, loom_blas_threads(ctx), train_time, MPI_Wtime() - wall0,
+             sync_names[o.sync], o.lr, o.seed,
+             st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
+             sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0,
+             nmoe ? o.cfg.moe_every : 0, nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0,
+             (long long)moe_params, nmoe ? last_aux : 0.0, st.attn ? "inplace" : "off",
+             o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0], st.attn_ratio[1]);
     rc |= ex_write_text(o.json, text) != 0;
   }
   if (loom_sched_destroy(sched) != LOOM_OK) { // writes the rest of the timeline
@@ -1257,6 +1420,7 @@ int main(int argc, char **argv) {
   free(ma);
   free(moe_count);
   free(reduce);
+  free(st.attn);
   gpt_batch_free(&batch);
   gpt_batch_free(&vbatch);
   gpt_acts_free(&a, &o.cfg);
