@@ -383,6 +383,18 @@ static loom_status_t msg_recv(loom_attn_exec_t *x, int peer, int phase, int ntas
   return LOOM_OK;
 }
 
+// Complete every send in flight. Open MPI moves a large message only while its sender is inside
+// MPI: before a long kernel, a rank finishes what it ships, or its servers wait for the kernel.
+static void wait_sends(loom_attn_exec_t *x) {
+  for (int s = 0; s < x->np; s++) {
+    if (x->sreq[s] != MPI_REQUEST_NULL) {
+      double t0 = now_ms();
+      MPI_Wait(&x->sreq[s], MPI_STATUS_IGNORE);
+      x->st.wait_ms += now_ms() - t0;
+    }
+  }
+}
+
 // After this rank met a corrupt message as a server: every owner waiting for its results gets a
 // header-only message, which it rejects as corrupt too, instead of waiting forever.
 static void send_failed(loom_attn_exec_t *x, int phase) {
@@ -513,6 +525,7 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
     send_failed(x, PH_RETURN);
     goto fail;
   }
+  wait_sends(x); // this rank's shards reach their servers before its kernel runs
   LOOM_CHECK(alloc_batch(x));
   // The batch: every served task's query rows and its key/value prefix, plan order.
   int64_t oq = 0, ok = 0;
@@ -613,13 +626,7 @@ loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out, loo
   }
   // The results this rank sent as a server: Open MPI moves a large message only while its sender
   // is inside MPI, so returning now would leave a peer waiting until this rank's next MPI call.
-  for (int s = 0; s < x->np; s++) {
-    if (x->sreq[s] != MPI_REQUEST_NULL) {
-      double t0 = now_ms();
-      MPI_Wait(&x->sreq[s], MPI_STATUS_IGNORE);
-      x->st.wait_ms += now_ms() - t0;
-    }
-  }
+  wait_sends(x);
 fail:
   free(keep);
   return status;
@@ -715,6 +722,7 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
              sizeof(float) * (size_t)((t->q_hi - t->q_lo) * hd));
     }
   }
+  wait_sends(x); // the output gradients reach their servers before this rank's kernel runs
   loom_tensor_t bt[7], dt[4];
   const int64_t sq[3] = {x->bq, x->H, x->D}, sk[3] = {x->bk, x->Hkv, x->D};
   LOOM_CHECK(wrap_batch(x, x->Qb, x->Kb, x->Vb, x->Ob, x->Lb, bt));
@@ -782,13 +790,7 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
       }
     }
   }
-  for (int s = 0; s < x->np; s++) { // every send done before the buffers are reused or freed
-    if (x->sreq[s] != MPI_REQUEST_NULL) {
-      double t1 = now_ms();
-      MPI_Wait(&x->sreq[s], MPI_STATUS_IGNORE);
-      x->st.wait_ms += now_ms() - t1;
-    }
-  }
+  wait_sends(x); // every send done before the buffers are reused or freed
 fail:
   free(in);
   free(task_q);
