@@ -5,18 +5,7 @@
 set -u
 # Uncompressed unless a run asks: LOOM_COMPRESS defaults to auto, whose plan depends on timing.
 export LOOM_COMPRESS=none
-b=${LOOM_BUILDDIR:-.}
-src=${srcdir:-.}
-sh=${SHELL:-/bin/sh}
-exe=$b/examples/train_gpt
-[ -x "$exe" ] || { echo "FAIL: $exe is not built"; exit 99; }
-[ -r "$src/README.md" ] || { echo "FAIL: $src/README.md (the test corpus) is missing"; exit 99; }
-
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-# A corpus of documents from the README: one per paragraph, separated by % lines.
-awk 'BEGIN { n = 0 } /^$/ { if (n) print "%"; n = 0; next } { print; n++ }' \
-  "$src/README.md" >"$tmp/corpus"
+. "${srcdir:-.}/tests/mpi/gpt_lib.sh" # $b, $exe, $tmp/corpus, run, run_env, same, close
 # A high constant learning rate and clipping keep every update large and exercise the clip,
 # which must see the averaged gradient on every rank. --adam-eps 1e-5: Adam divides by sqrt(v),
 # so a gradient element that is only summation noise (~1e-9, its sign set by the order of the
@@ -25,41 +14,6 @@ awk 'BEGIN { n = 0 } /^$/ { if (n) print "%"; n = 0; next } { print; n++ }' \
 common="--layers 2 --width 32 --heads 2 --ctx 32 --steps 5 --seed 3 --lr 0.003 --warmup 0"
 common="$common --min-lr-frac 1 --clip 0.5 --adam-eps 1e-5 --sample 0 --val-every 0"
 common="$common --val-rows 4 --data $tmp/corpus"
-
-run() { # name np args...
-  name=$1 np=$2
-  shift 2
-  cat >"$tmp/$name.mpi" <<SPEC
-np=$np
-prog=examples/train_gpt
-args='$common $*'
-SPEC
-  "$sh" "$b/tests/mpirun.sh" "$tmp/$name.mpi" >"$tmp/$name.log" 2>&1
-  rc=$?
-  if [ "$rc" -ne 0 ]; then
-    cat "$tmp/$name.log"
-    echo "FAIL: the $name run exited with $rc"
-    exit 1
-  fi
-}
-
-fail=0
-same() { # what file-a file-b
-  if cmp -s "$2" "$3"; then
-    echo "ok: $1"
-  else
-    echo "FAIL: $1: $2 and $3 differ"
-    fail=1
-  fi
-}
-close() { # what file-a file-b
-  if "$exe" --compare "$2" "$3" --rtol 1e-5; then
-    echo "ok: $1 within rtol 1e-5"
-  else
-    echo "FAIL: $1"
-    fail=1
-  fi
-}
 
 run np1_b4 1 --batch 4 --dump-params "$tmp/np1_b4.bin"
 run np1_b6 1 --batch 6 --dump-params "$tmp/np1_b6.bin"

@@ -6,18 +6,7 @@
 set -u
 # Uncompressed: LOOM_COMPRESS defaults to auto, whose plan depends on timing.
 export LOOM_COMPRESS=none
-b=${LOOM_BUILDDIR:-.}
-src=${srcdir:-.}
-sh=${SHELL:-/bin/sh}
-exe=$b/examples/train_gpt
-[ -x "$exe" ] || { echo "FAIL: $exe is not built"; exit 99; }
-[ -r "$src/README.md" ] || { echo "FAIL: $src/README.md (the test corpus) is missing"; exit 99; }
-
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-# A corpus of documents from the README: one per paragraph, separated by % lines.
-awk 'BEGIN { n = 0 } /^$/ { if (n) print "%"; n = 0; next } { print; n++ }' \
-  "$src/README.md" >"$tmp/corpus"
+. "${srcdir:-.}/tests/mpi/gpt_lib.sh" # $b, $exe, $tmp/corpus, run, run_env, same, close
 # As gpt_equivalence.sh (large constant lr, clipping, adam-eps 1e-5), with two MoE blocks of 4
 # experts (top-2). --val-rows 3: at np 2 one rank has a single validation row and joins the
 # other's collective MoE forward with a repeated row.
@@ -25,54 +14,19 @@ common="--layers 2 --width 32 --heads 2 --ctx 32 --steps 6 --seed 3 --lr 0.003 -
 common="$common --min-lr-frac 1 --clip 0.5 --adam-eps 1e-5 --sample 0 --val-every 0"
 common="$common --val-rows 3 --log-every 3 --data $tmp/corpus --moe-experts 4 --moe-every 1"
 
-run() { # name np env args...
-  name=$1 np=$2 env=$3
-  shift 3
-  cat >"$tmp/$name.mpi" <<SPEC
-np=$np
-prog=examples/train_gpt
-env='$env'
-args='$common $*'
-SPEC
-  "$sh" "$b/tests/mpirun.sh" "$tmp/$name.mpi" >"$tmp/$name.log" 2>&1
-  rc=$?
-  if [ "$rc" -ne 0 ]; then
-    cat "$tmp/$name.log"
-    echo "FAIL: the $name run exited with $rc"
-    exit 1
-  fi
-}
-
-fail=0
-same() { # what file-a file-b
-  if cmp -s "$2" "$3"; then
-    echo "ok: $1"
-  else
-    echo "FAIL: $1: $2 and $3 differ"
-    fail=1
-  fi
-}
-close() { # what file-a file-b
-  if "$exe" --compare "$2" "$3" --rtol 1e-5; then
-    echo "ok: $1 within rtol 1e-5"
-  else
-    echo "FAIL: $1"
-    fail=1
-  fi
-}
 # The dumps hold the dense parameters, then every MoE layer's router and all its experts
 # (gathered over the expert-parallel group), so they compare across LOOM_EP_SIZE.
 
 # (a) data parallel, every rank holding every expert: np 1 --batch 4 = np 2 --batch 2 (no aux
 # loss: it is computed per rank, over that rank's tokens).
-run np1_aux0 1 "LOOM_EP_SIZE=1" --batch 4 --moe-aux 0 --dump-params "$tmp/np1_aux0.bin"
-run np2_aux0 2 "LOOM_EP_SIZE=1" --batch 2 --moe-aux 0 --dump-params "$tmp/np2_aux0_%r.bin"
+run_env np1_aux0 1 "LOOM_EP_SIZE=1" --batch 4 --moe-aux 0 --dump-params "$tmp/np1_aux0.bin"
+run_env np2_aux0 2 "LOOM_EP_SIZE=1" --batch 2 --moe-aux 0 --dump-params "$tmp/np2_aux0_%r.bin"
 same "np 2, LOOM_EP_SIZE 1: ranks bitwise identical" "$tmp/np2_aux0_0.bin" "$tmp/np2_aux0_1.bin"
 close "np 1 --batch 4 equals np 2 --batch 2 (aux 0)" "$tmp/np1_aux0.bin" "$tmp/np2_aux0_0.bin"
 
 # (b) expert parallel over 2 ranks equals both ranks holding every expert (aux loss on).
-run np2_ep1 2 "LOOM_EP_SIZE=1" --batch 2 --dump-params "$tmp/np2_ep1_%r.bin"
-run np2_ep2 2 "LOOM_EP_SIZE=2" --batch 2 --dump-params "$tmp/np2_ep2_%r.bin"
+run_env np2_ep1 2 "LOOM_EP_SIZE=1" --batch 2 --dump-params "$tmp/np2_ep1_%r.bin"
+run_env np2_ep2 2 "LOOM_EP_SIZE=2" --batch 2 --dump-params "$tmp/np2_ep2_%r.bin"
 same "np 2, LOOM_EP_SIZE 1: ranks bitwise identical" "$tmp/np2_ep1_0.bin" "$tmp/np2_ep1_1.bin"
 same "np 2, LOOM_EP_SIZE 2: ranks bitwise identical" "$tmp/np2_ep2_0.bin" "$tmp/np2_ep2_1.bin"
 close "np 2: LOOM_EP_SIZE 2 equals LOOM_EP_SIZE 1" "$tmp/np2_ep1_0.bin" "$tmp/np2_ep2_0.bin"
@@ -85,14 +39,14 @@ else
   fail=1
 fi
 # --sync fused (one fused allreduce, then the MoE gradients) gives the overlapped step's bits.
-run np2_ep2_fused 2 "LOOM_EP_SIZE=2" --batch 2 --sync fused --dump-params "$tmp/np2_ep2f_%r.bin"
+run_env np2_ep2_fused 2 "LOOM_EP_SIZE=2" --batch 2 --sync fused --dump-params "$tmp/np2_ep2f_%r.bin"
 same "np 2, LOOM_EP_SIZE 2: --sync fused equals --sync overlap" "$tmp/np2_ep2_0.bin" \
   "$tmp/np2_ep2f_0.bin"
 
 # (c) np 4 in two expert-parallel groups of 2: the overlap modes give the same bits, the ranks
 # agree, and the result equals np 1 with the summed batch.
 for mode in none coarse fine; do
-  run "np4_$mode" 4 "LOOM_EP_SIZE=2" --batch 1 --moe-aux 0 --moe-overlap "$mode" \
+  run_env "np4_$mode" 4 "LOOM_EP_SIZE=2" --batch 1 --moe-aux 0 --moe-overlap "$mode" \
     --dump-params "$tmp/np4_${mode}_%r.bin"
 done
 same "np 4, LOOM_EP_SIZE 2: coarse equals none bitwise" "$tmp/np4_none_0.bin" "$tmp/np4_coarse_0.bin"
@@ -104,7 +58,7 @@ close "np 1 --batch 4 equals np 4 --batch 1, LOOM_EP_SIZE 2 (aux 0)" "$tmp/np1_a
 
 # (d) the progress line shows the aux loss and the tokens per expert (and the drops with a
 # capacity); generation with the experts over 2 ranks.
-run np2_show 2 "LOOM_EP_SIZE=2" --batch 2 --moe-capacity 1 --sample 24 --json "$tmp/show.json"
+run_env np2_show 2 "LOOM_EP_SIZE=2" --batch 2 --moe-capacity 1 --sample 24 --json "$tmp/show.json"
 for want in ' aux [0-9]' ' experts \[[0-9]' ' dropped [0-9]' '^sample (' '^moe: 2 MoE block'; do
   if grep -q "$want" "$tmp/np2_show.log"; then
     echo "ok: the output shows '$want'"
@@ -122,7 +76,7 @@ else
   fail=1
 fi
 # Training moved the MoE parameters too: compare with lr 0.
-run np1_lr0 1 "LOOM_EP_SIZE=1" --batch 4 --moe-aux 0 --lr 0 --dump-params "$tmp/np1_lr0.bin"
+run_env np1_lr0 1 "LOOM_EP_SIZE=1" --batch 4 --moe-aux 0 --lr 0 --dump-params "$tmp/np1_lr0.bin"
 if "$exe" --compare "$tmp/np1_aux0.bin" "$tmp/np1_lr0.bin" --rtol 1e-3 >/dev/null 2>&1; then
   echo "FAIL: 6 steps at lr 0.003 left the parameters where lr 0 leaves them"
   fail=1
