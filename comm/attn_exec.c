@@ -766,8 +766,10 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
     LOOM_CHECK(msg_send(x, r, PH_BRETURN, p->q_floats + p->kv_floats));
   }
   // Owner: dq rows in place; dk, dv summed over the servers in rank order.
-  memset(dk->data, 0, sizeof(float) * (size_t)(x->rows * kvd));
-  memset(dv->data, 0, sizeof(float) * (size_t)(x->rows * kvd));
+  if (x->rows > 0) {
+    memset(dk->data, 0, sizeof(float) * (size_t)(x->rows * kvd));
+    memset(dv->data, 0, sizeof(float) * (size_t)(x->rows * kvd));
+  }
   for (int s = 0; s < x->np; s++) {
     const pair_t *p = &x->to[s];
     if (p->n == 0) {

@@ -41,7 +41,7 @@ void loom_moe_config_init(loom_moe_config_t *cfg) {
 }
 
 loom_status_t loom_moe_reserve(moe_buf_t *b, size_t n, const char *what) {
-  if (b->cap >= n) {
+  if (b->p && b->cap >= n) { // never NULL, even for 0 floats (memset/memcpy of 0 bytes need it)
     return LOOM_OK;
   }
   loom_host_free(b->p);
