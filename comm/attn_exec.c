@@ -304,8 +304,15 @@ void loom_attn_exec_stats(const loom_attn_exec_t *x, loom_attn_exec_stats_t *out
 
 // ---- messages -----------------------------------------------------------------------------------
 
-// A message buffer for nfloats floats with its header filled in (peer's entry of bufs).
-static float *msg_new(uint8_t **slot, int phase, int ntasks, int64_t nfloats) {
+// The outgoing message to peer (x->sbuf[peer]) for nfloats floats, header filled in. The send
+// of the previous message to peer completes first: its buffer is the one reused.
+static float *msg_new(loom_attn_exec_t *x, int peer, int phase, int ntasks, int64_t nfloats) {
+  uint8_t **slot = &x->sbuf[peer];
+  if (x->sreq[peer] != MPI_REQUEST_NULL) {
+    double t0 = now_ms();
+    MPI_Wait(&x->sreq[peer], MPI_STATUS_IGNORE);
+    x->st.wait_ms += now_ms() - t0;
+  }
   free(*slot);
   *slot = malloc(sizeof(msg_header_t) + sizeof(float) * (size_t)(nfloats > 0 ? nfloats : 1));
   if (!*slot) {
@@ -321,9 +328,6 @@ static float *msg_new(uint8_t **slot, int phase, int ntasks, int64_t nfloats) {
 static loom_status_t msg_send(loom_attn_exec_t *x, int peer, int phase, int64_t nfloats) {
   if (peer == x->me) {
     return LOOM_OK;
-  }
-  if (x->sreq[peer] != MPI_REQUEST_NULL) {
-    MPI_Wait(&x->sreq[peer], MPI_STATUS_IGNORE);
   }
   const int64_t bytes = (int64_t)sizeof(msg_header_t) + 4 * nfloats;
   if (bytes > 2147483647) {
@@ -400,10 +404,7 @@ static void wait_sends(loom_attn_exec_t *x) {
 static void send_failed(loom_attn_exec_t *x, int phase) {
   for (int r = 0; r < x->np; r++) {
     if (r != x->me && x->from[r].n > 0) {
-      if (x->sreq[r] != MPI_REQUEST_NULL) {
-        MPI_Wait(&x->sreq[r], MPI_STATUS_IGNORE);
-      }
-      if (msg_new(&x->sbuf[r], phase, 0, 0)) {
+      if (msg_new(x, r, phase, 0, 0)) {
         msg_send(x, r, phase, 0);
       }
     }
@@ -438,10 +439,7 @@ loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
     if (p->n == 0) {
       continue;
     }
-    if (s != x->me && x->sreq[s] != MPI_REQUEST_NULL) {
-      MPI_Wait(&x->sreq[s], MPI_STATUS_IGNORE);
-    }
-    float *f = msg_new(&x->sbuf[s], PH_SHIP, p->n, p->q_floats + p->kv_floats);
+    float *f = msg_new(x, s, PH_SHIP, p->n, p->q_floats + p->kv_floats);
     if (!f) {
       return loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
     }
@@ -572,10 +570,7 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
       continue;
     }
     const int64_t nrows = p->q_floats / hd;
-    if (r != x->me && x->sreq[r] != MPI_REQUEST_NULL) {
-      MPI_Wait(&x->sreq[r], MPI_STATUS_IGNORE);
-    }
-    float *f = msg_new(&x->sbuf[r], PH_RETURN, p->n, p->q_floats + nrows * x->H);
+    float *f = msg_new(x, r, PH_RETURN, p->n, p->q_floats + nrows * x->H);
     if (!f) {
       status = loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_compute: out of memory");
       break;
@@ -678,10 +673,7 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
     if (p->n == 0) {
       continue;
     }
-    if (s != x->me && x->sreq[s] != MPI_REQUEST_NULL) {
-      MPI_Wait(&x->sreq[s], MPI_STATUS_IGNORE);
-    }
-    float *f = msg_new(&x->sbuf[s], PH_BSHIP, p->n, p->q_floats);
+    float *f = msg_new(x, s, PH_BSHIP, p->n, p->q_floats);
     if (!f) {
       status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
       goto fail;
@@ -739,10 +731,7 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
     if (p->n == 0) {
       continue;
     }
-    if (r != x->me && x->sreq[r] != MPI_REQUEST_NULL) {
-      MPI_Wait(&x->sreq[r], MPI_STATUS_IGNORE);
-    }
-    float *f = msg_new(&x->sbuf[r], PH_BRETURN, p->n, p->q_floats + p->kv_floats);
+    float *f = msg_new(x, r, PH_BRETURN, p->n, p->q_floats + p->kv_floats);
     if (!f) {
       status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
       goto fail;

@@ -424,15 +424,14 @@ static loom_status_t permute_plan(loom_moe_t *m, int64_t T) {
   return LOOM_OK;
 }
 
-// Row p of the send order, read back from a by-slice buffer (comb or dx_comb): acc += w * row.
-static void add_back(const loom_moe_t *m, const float *buf, int g, int64_t p, float w, float *acc) {
+// Row p of the send order (expert g), read back from a by-slice buffer (comb or dx_comb):
+// acc += w * row.
+static void add_back(const loom_moe_t *m, float *buf, int g, int64_t p, float w, float *acc) {
   const int d = g / m->el;
-  const int64_t H = m->cfg.hidden, n_d = m->off_send[d + 1] - m->off_send[d];
-  const int64_t i = p - m->off_send[d];
-  const float *block = buf + m->off_send[d] * H;
   for (int j = 0; j < m->slices; j++) {
-    const int64_t j0 = moe_part_lo(H, m->slices, j), hj = moe_part_lo(H, m->slices, j + 1) - j0;
-    const float *row = block + n_d * j0 + i * hj;
+    const int64_t j0 = moe_part_lo(m->cfg.hidden, m->slices, j);
+    const int64_t hj = moe_part_lo(m->cfg.hidden, m->slices, j + 1) - j0;
+    const float *row = loom_moe_sliced(m, buf, m->off_send, d, j, p - m->off_send[d]);
     for (int64_t c = 0; c < hj; c++) {
       acc[j0 + c] += w * row[c];
     }
@@ -440,15 +439,13 @@ static void add_back(const loom_moe_t *m, const float *buf, int g, int64_t p, fl
 }
 
 // dot(dy, row p) of a by-slice buffer.
-static float dot_back(const loom_moe_t *m, const float *buf, int g, int64_t p, const float *dy) {
+static float dot_back(const loom_moe_t *m, float *buf, int g, int64_t p, const float *dy) {
   const int d = g / m->el;
-  const int64_t H = m->cfg.hidden, n_d = m->off_send[d + 1] - m->off_send[d];
-  const int64_t i = p - m->off_send[d];
-  const float *block = buf + m->off_send[d] * H;
   double s = 0.0;
   for (int j = 0; j < m->slices; j++) {
-    const int64_t j0 = moe_part_lo(H, m->slices, j), hj = moe_part_lo(H, m->slices, j + 1) - j0;
-    const float *row = block + n_d * j0 + i * hj;
+    const int64_t j0 = moe_part_lo(m->cfg.hidden, m->slices, j);
+    const int64_t hj = moe_part_lo(m->cfg.hidden, m->slices, j + 1) - j0;
+    const float *row = loom_moe_sliced(m, buf, m->off_send, d, j, p - m->off_send[d]);
     for (int64_t c = 0; c < hj; c++) {
       s += (double)dy[j0 + c] * row[c];
     }

@@ -123,10 +123,8 @@ static tile_t tile_at(const struct loom_moe *m, int s, int c, int e) {
   return t;
 }
 
-// Where slice j of row in_s of rank r's block sits in a by-slice buffer whose blocks start at
-// off[r] rows (counts n_r rows per block).
-static float *sliced(const struct loom_moe *m, float *buf, const int64_t *off, int r, int j,
-                     int64_t in_r) {
+float *loom_moe_sliced(const struct loom_moe *m, float *buf, const int64_t *off, int r, int j,
+                       int64_t in_r) {
   const int64_t n_r = off[r + 1] - off[r], j0 = slice_lo(m, j), hj = slice_lo(m, j + 1) - j0;
   return buf + off[r] * m->cfg.hidden + n_r * j0 + in_r * hj;
 }
@@ -167,7 +165,7 @@ static void tile_gemm1(struct loom_moe *m, const tile_t *t, int j) {
   loom_cpu_gemm_strided(0, 0, t->rows, hj, F, 1.0f, m->h.p + t->row * F, F,
                         pw(m, LOOM_MOE_W2) + (size_t)t->e * (size_t)(F * H) + j0, H,
                         pw(m, LOOM_MOE_B2) + (size_t)t->e * (size_t)H + j0, 0.0f,
-                        sliced(m, m->out_exp.p, m->off_recv, t->s, j, t->in_s), hj);
+                        loom_moe_sliced(m, m->out_exp.p, m->off_recv, t->s, j, t->in_s), hj);
   m->compute_ms += 1e3 * (MPI_Wtime() - t0);
 }
 
@@ -195,7 +193,7 @@ static void tile_dx(struct loom_moe *m, const tile_t *t, int j) {
   double t0 = MPI_Wtime();
   loom_cpu_gemm_strided(0, 1, t->rows, hj, F, 1.0f, m->dpre.p + t->row * F, F,
                         pw(m, LOOM_MOE_W1) + (size_t)t->e * (size_t)(H * F) + j0 * F, F, NULL, 0.0f,
-                        sliced(m, m->dx_exp.p, m->off_recv, t->s, j, t->in_s), hj);
+                        loom_moe_sliced(m, m->dx_exp.p, m->off_recv, t->s, j, t->in_s), hj);
   m->compute_ms += 1e3 * (MPI_Wtime() - t0);
 }
 
@@ -255,12 +253,13 @@ static void slice_of(struct loom_moe *m, const pass_t *p, int s, int c_lo, int c
 static loom_status_t send_slice(struct loom_moe *m, const pass_t *p, reqs_t *q, int s, int j,
                                 int64_t r0, int64_t nr) {
   const int64_t hj = slice_lo(m, j + 1) - slice_lo(m, j);
-  float *src = sliced(m, p->back_exp, m->off_recv, s, j, r0);
+  float *src = loom_moe_sliced(m, p->back_exp, m->off_recv, s, j, r0);
   if (nr == 0 || hj == 0) {
     return LOOM_OK;
   }
   if (s == m->me) { // the same rows in the source layout (own block: same counts)
-    memcpy(sliced(m, p->back, m->off_send, s, j, r0), src, sizeof(float) * (size_t)(nr * hj));
+    memcpy(loom_moe_sliced(m, p->back, m->off_send, s, j, r0), src,
+           sizeof(float) * (size_t)(nr * hj));
     return LOOM_OK;
   }
   return post(q, m->comm, 1, src, nr * hj, s, TAG_COMBINE + j);
@@ -273,7 +272,7 @@ static loom_status_t recv_slice(struct loom_moe *m, const pass_t *p, reqs_t *q, 
   if (d == m->me || nr == 0 || hj == 0) {
     return LOOM_OK;
   }
-  return post(q, m->comm, 0, sliced(m, p->back, m->off_send, d, j, r0), nr * hj, d,
+  return post(q, m->comm, 0, loom_moe_sliced(m, p->back, m->off_send, d, j, r0), nr * hj, d,
               TAG_COMBINE + j);
 }
 

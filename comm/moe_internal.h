@@ -72,6 +72,11 @@ static inline int64_t moe_chunk_rows(const struct loom_moe *m, const int64_t *cn
   return moe_part_lo(cnt[e], m->chunks, c + 1) - moe_part_lo(cnt[e], m->chunks, c);
 }
 
+// Where slice j of row in_r of rank r's block sits in a by-slice buffer (out_exp, comb, dx_exp,
+// dx_comb) whose blocks start at off[r] rows; the slice holds its Hj columns contiguously.
+float *loom_moe_sliced(const struct loom_moe *m, float *buf, const int64_t *off, int r, int j,
+                       int64_t in_r);
+
 // Row offset, inside a rank's block with counts cnt (El per rank), of chunk c of expert e.
 int64_t loom_moe_tile_offset(const struct loom_moe *m, const int64_t *cnt, int c, int e);
 

@@ -999,16 +999,9 @@ int main(int argc, char **argv) {
     mc.capacity_factor = o.moe_capacity;
     mc.aux_coef = (float)o.moe_aux;
     mc.overlap = o.moe_overlap;
-    // Tile sizes: rank 0's tuning cache (tests/bench/moe_perf --tune), the same on every rank
-    // (caches are per host, and the layer refuses configs that differ between ranks).
-    int split[2] = {0, 0};
-    if (rank == 0 && loom_moe_tuned(ctx, &mc, loom_group_size(ep), (int64_t)o.batch * o.cfg.ctx)) {
-      split[0] = mc.chunks;
-      split[1] = mc.col_slices;
-    }
-    MPI_Bcast(split, 2, MPI_INT, 0, MPI_COMM_WORLD);
-    mc.chunks = split[0];
-    mc.col_slices = split[1];
+    // Tile sizes from rank 0's tuning cache (tests/bench/moe_perf --tune), the same everywhere.
+    loom_moe_tuned(ctx, loom_group(ctx, LOOM_GROUP_WORLD), &mc, loom_group_size(ep),
+                   (int64_t)o.batch * o.cfg.ctx);
     uint64_t mix = (uint64_t)o.seed * 0x9e3779b97f4a7c15ull + 0x4d6f45ull * (uint64_t)(l + 1);
     mc.seed = ex_splitmix64(&mix);
     loom_moe_t *moe = NULL;

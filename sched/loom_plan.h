@@ -138,9 +138,12 @@ LOOM_API loom_status_t loom_moe_tune(loom_ctx_t *ctx, const loom_group_t *ep,
 // Fill cfg->chunks and cfg->col_slices where they are 0 from the cached tuning of the same shape
 // (experts, top-k, hidden, ffn, ep size np, overlap mode; cfg->overlap DEFAULT means the
 // LOOM_MOE_OVERLAP tunable of ctx) nearest in tokens. Returns 1 when an entry was used, 0 when
-// there is none (cfg unchanged: the layer then takes 4 chunks and 4 slices). The cache is
-// untrusted: lines that do not parse into sane values are ignored.
-LOOM_API int loom_moe_tuned(const loom_ctx_t *ctx, loom_moe_config_t *cfg, int np, int64_t tokens);
+// there is none (cfg unchanged: the layer then takes 4 chunks and 4 slices). Collective over
+// agree, the ranks that must take the same split (at least the layer's group): its rank 0's
+// cache decides (NULL: this rank alone). The cache is untrusted: lines that do not parse into
+// sane values are ignored.
+LOOM_API int loom_moe_tuned(const loom_ctx_t *ctx, const loom_group_t *agree,
+                            loom_moe_config_t *cfg, int np, int64_t tokens);
 
 #ifdef __cplusplus
 }

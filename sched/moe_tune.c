@@ -128,7 +128,8 @@ fail:
   return status;
 }
 
-int loom_moe_tuned(const loom_ctx_t *ctx, loom_moe_config_t *cfg, int np, int64_t tokens) {
+// This rank's cache entry for cfg's shape nearest in tokens (see loom_moe_tuned).
+static int cache_lookup(const loom_ctx_t *ctx, loom_moe_config_t *cfg, int np, int64_t tokens) {
   char path[1024], line[256];
   if (!cfg || (cfg->chunks > 0 && cfg->col_slices > 0) ||
       loom_cache_file(path, sizeof path, "moe-tune") != 0) {
@@ -165,4 +166,25 @@ int loom_moe_tuned(const loom_ctx_t *ctx, loom_moe_config_t *cfg, int np, int64_
   cfg->chunks = cfg->chunks > 0 ? cfg->chunks : chunks;
   cfg->col_slices = cfg->col_slices > 0 ? cfg->col_slices : slices;
   return 1;
+}
+
+int loom_moe_tuned(const loom_ctx_t *ctx, const loom_group_t *agree, loom_moe_config_t *cfg, int np,
+                   int64_t tokens) {
+  if (!cfg) {
+    return 0;
+  }
+  // Rank 0 of agree reads its cache and everyone takes its answer: caches are per host, and the
+  // layer refuses a config that differs between the ranks of its group.
+  int split[3] = {0, cfg->chunks, cfg->col_slices};
+  if (!agree || loom_group_rank(agree) == 0) {
+    split[0] = cache_lookup(ctx, cfg, np, tokens);
+    split[1] = cfg->chunks;
+    split[2] = cfg->col_slices;
+  }
+  if (agree && loom_group_size(agree) > 1) {
+    MPI_Bcast(split, 3, MPI_INT, 0, loom_group_comm(agree));
+  }
+  cfg->chunks = split[1];
+  cfg->col_slices = split[2];
+  return split[0];
 }

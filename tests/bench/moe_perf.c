@@ -183,17 +183,8 @@ static int time_mode(loom_ctx_t *ctx, const opts_t *o, int mode, const loom_tens
       return 1;
     }
   }
-  // Rank 0's cache decides, the same for every rank (the layer refuses configs that differ).
-  int split[3] = {0, cfg.chunks, cfg.col_slices};
-  if (rank0) {
-    split[0] = loom_moe_tuned(ctx, &cfg, loom_size(ctx), o->tokens);
-    split[1] = cfg.chunks;
-    split[2] = cfg.col_slices;
-  }
-  MPI_Bcast(split, 3, MPI_INT, 0, MPI_COMM_WORLD);
-  r->tuned = split[0];
-  cfg.chunks = split[1];
-  cfg.col_slices = split[2];
+  r->tuned =
+      loom_moe_tuned(ctx, loom_group(ctx, LOOM_GROUP_WORLD), &cfg, loom_size(ctx), o->tokens);
   r->chunks = cfg.chunks > 0 ? cfg.chunks : 4;
   r->slices = cfg.col_slices > 0 ? cfg.col_slices : 4;
   loom_moe_t *m = NULL;

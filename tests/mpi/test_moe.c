@@ -24,7 +24,8 @@
 // - the token counts add up (sent = kept assignments; received over the group = sent);
 // - a config that differs between ranks, and E not divisible by np, fail on every rank;
 // - the tuning cache: loom_moe_tune (this rank alone) writes an entry that loom_moe_tuned finds
-//   again, damaged lines are ignored, another shape finds nothing.
+//   again, damaged lines are ignored, another shape finds nothing, and over the world every
+//   rank takes rank 0's entry.
 
 #define OK(call)                                                                                   \
   do {                                                                                             \
@@ -242,7 +243,7 @@ static void test_config_errors(loom_ctx_t *ctx, const loom_group_t *world) {
   loom_moe_destroy(m);
 }
 
-static void test_tuning_cache(loom_ctx_t *ctx) {
+static void test_tuning_cache(loom_ctx_t *ctx, const loom_group_t *world) {
   char dir[] = "/tmp/loom-moe-tune-XXXXXX";
   CHECK(mkdtemp(dir) != NULL, "mkdtemp failed");
   setenv("LOOM_CACHE_DIR", dir, 1);
@@ -276,17 +277,25 @@ static void test_tuning_cache(loom_ctx_t *ctx) {
     fclose(f);
   }
   loom_moe_config_t look = cfg;
-  CHECK(loom_moe_tuned(ctx, &look, 1, 20) == 1 && look.chunks == best.chunks &&
+  CHECK(loom_moe_tuned(ctx, NULL, &look, 1, 20) == 1 && look.chunks == best.chunks &&
             look.col_slices == best.slices,
         "tuned: %d x %d, tuned %d x %d", look.chunks, look.col_slices, best.chunks, best.slices);
   look = cfg;
   look.hidden = 16; // another shape
-  CHECK(loom_moe_tuned(ctx, &look, 1, 16) == 0 && look.chunks == 0, "another shape matched");
+  CHECK(loom_moe_tuned(ctx, NULL, &look, 1, 16) == 0 && look.chunks == 0, "another shape matched");
   look = cfg;
   look.chunks = 3; // given: only the slices come from the cache
-  CHECK(loom_moe_tuned(ctx, &look, 1, 16) == 1 && look.chunks == 3 &&
+  CHECK(loom_moe_tuned(ctx, NULL, &look, 1, 16) == 1 && look.chunks == 3 &&
             look.col_slices == best.slices,
         "a given chunk count was overwritten");
+  // Over the world every rank takes rank 0's split (each rank tuned into its own directory).
+  int want[2] = {best.chunks, best.slices};
+  MPI_Bcast(want, 2, MPI_INT, 0, MPI_COMM_WORLD);
+  look = cfg;
+  CHECK(loom_moe_tuned(ctx, world, &look, 1, 16) == 1 && look.chunks == want[0] &&
+            look.col_slices == want[1],
+        "over the world: %d x %d, rank 0 tuned %d x %d", look.chunks, look.col_slices, want[0],
+        want[1]);
   unlink(path);
   rmdir(dir);
   unsetenv("LOOM_CACHE_DIR");
@@ -314,7 +323,7 @@ int main(int argc, char **argv) {
     test_scenario(ctx, world, &scenarios[i]);
   }
   test_config_errors(ctx, world);
-  test_tuning_cache(ctx);
+  test_tuning_cache(ctx, world);
   int rc = check_exit_all("test_moe");
   loom_finalize(ctx);
   return rc;
