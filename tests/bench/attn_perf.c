@@ -35,7 +35,7 @@ typedef struct opts {
 
 typedef struct result {
   const char *mode;
-  double work_ratio, time_ratio, bytes, phase_ms, plan_before, plan_after, kernel_ms;
+  double work_ratio, time_ratio, bytes, phase_ms, kernel_ms;
 } result_t;
 
 static int np, me;
@@ -77,11 +77,10 @@ typedef struct rows {
   loom_tensor_t q, k, v, o, l, dout, dq, dk, dv;
 } rows_t;
 
-static void rows_alloc(rows_t *r, const opts_t *o, const loom_attn_doc_t *d, int nd,
-                       const int *in_batch) {
+static void rows_alloc(rows_t *r, const opts_t *o, const loom_attn_doc_t *d, int nd) {
   memset(r, 0, sizeof *r);
   for (int i = 0; i < nd; i++) {
-    r->t += d[i].owner == me && (!in_batch || in_batch[i]) ? d[i].len : 0;
+    r->t += d[i].owner == me ? d[i].len : 0;
   }
   int64_t sq[3] = {r->t, o->heads, o->head_dim}, sl[2] = {o->heads, r->t};
   r->q = test_tensor_f32(3, sq, "q");
@@ -132,7 +131,7 @@ static int run_mode(const opts_t *o, const loom_group_t *g, int mode, result_t *
     return 1;
   }
   rows_t r;
-  rows_alloc(&r, o, d, nd, NULL);
+  rows_alloc(&r, o, d, nd);
   loom_attn_exec_t *x = NULL;
   int rc = loom_attn_exec_create(g, d, nd, p.tasks, p.ntasks, o->heads, o->heads, o->head_dim, 1,
                                  0.0f, &x) != LOOM_OK;
@@ -179,8 +178,6 @@ static int run_mode(const opts_t *o, const loom_group_t *g, int mode, result_t *
                       median(tratio, o->iters),
                       bytes,
                       median(phase, o->iters),
-                      p.max_over_mean_before,
-                      p.max_over_mean,
                       median(kmax, o->iters)};
   }
   free(phase);
@@ -206,7 +203,7 @@ static int run_pingpong(const opts_t *o, const loom_group_t *g, double out[4]) {
   memset(p, 0, sizeof p);
   for (int h = 0; h < 2; h++) {
     rc |= plan_for(o, 1, half[h], nh[h], &p[h]);
-    rows_alloc(&r[h], o, half[h], nh[h], NULL);
+    rows_alloc(&r[h], o, half[h], nh[h]);
     rc |= !rc && loom_attn_exec_create(g, half[h], nh[h], p[h].tasks, p[h].ntasks, o->heads,
                                        o->heads, o->head_dim, 1, 0.0f, &x[h]) != LOOM_OK;
   }
