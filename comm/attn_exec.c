@@ -6,16 +6,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attn_internal.h"
+#include "comm_internal.h"
 #include "error.h"
 #include "loom_attn.h"
 #include "loom_compute.h"
 
 // Every message opens with this header; the payload is floats. The receiver computes from the
 // plan what it must hold and rejects anything else (LOOM_ERR_CORRUPT).
-#define MSG_MAGIC 0x4e5454414d4f4f4cull // "LOOMATTN"
+#define MSG_MAGIC LOOM_ATTN_MSG_MAGIC
 typedef struct msg_header {
   uint64_t magic, phase, ntasks, nfloats;
 } msg_header_t;
+_Static_assert(sizeof(msg_header_t) == LOOM_ATTN_MSG_HEADER, "attention message header");
 
 enum { PH_SHIP = 1, PH_RETURN, PH_BSHIP, PH_BRETURN };
 
@@ -33,6 +36,9 @@ typedef struct pair {
 
 struct loom_attn_exec {
   MPI_Comm comm;
+  const loom_group_t *g;       // the group of the plan
+  struct loom_watch watch;     // the phase in progress, for the watchdog (LOOM_TIMEOUT)
+  char name[LOOM_OP_NAME_MAX]; // the q tensor's name at the last ship (for compute)
   int np, me, H, Hkv, D, causal;
   float scale;
   int ndocs, ntasks;
@@ -189,6 +195,7 @@ loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t
     return loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_create: out of memory");
   }
   *x = (loom_attn_exec_t){.comm = MPI_COMM_NULL,
+                          .g = g,
                           .np = np,
                           .me = loom_group_rank(g),
                           .H = heads,
@@ -304,13 +311,20 @@ void loom_attn_exec_stats(const loom_attn_exec_t *x, loom_attn_exec_stats_t *out
 
 // ---- messages -----------------------------------------------------------------------------------
 
+// This rank enters a phase on the group: the watchdog watches its waits from now on.
+static void enter(loom_attn_exec_t *x, enum loom_op_kind kind, const char *name) {
+  struct loom_op_desc d;
+  loom_op_desc_set(&d, kind, name, LOOM_F32, -1, -1, -1, 0);
+  loom_watch_enter(&x->watch, x->g, &d, 1);
+}
+
 // The outgoing message to peer (x->sbuf[peer]) for nfloats floats, header filled in. The send
 // of the previous message to peer completes first: its buffer is the one reused.
 static float *msg_new(loom_attn_exec_t *x, int peer, int phase, int ntasks, int64_t nfloats) {
   uint8_t **slot = &x->sbuf[peer];
   if (x->sreq[peer] != MPI_REQUEST_NULL) {
     double t0 = now_ms();
-    MPI_Wait(&x->sreq[peer], MPI_STATUS_IGNORE);
+    loom_watch_waitall(&x->watch, 1, &x->sreq[peer]);
     x->st.wait_ms += now_ms() - t0;
   }
   free(*slot);
@@ -342,18 +356,46 @@ static loom_status_t msg_send(loom_attn_exec_t *x, int peer, int phase, int64_t 
              : loom_error(NULL, LOOM_ERR_MPI, "attention servers: sending to rank %d failed", peer);
 }
 
+loom_status_t loom_attn_msg_check(const uint8_t *msg, size_t bytes, int peer, int phase, int ntasks,
+                                  int64_t nfloats, const float **payload) {
+  *payload = NULL;
+  const size_t want = nfloats >= 0 && (uint64_t)nfloats <= (SIZE_MAX - sizeof(msg_header_t)) / 4
+                          ? sizeof(msg_header_t) + 4 * (size_t)nfloats
+                          : 0;
+  if (!msg || want == 0 || bytes != want) {
+    return loom_error(NULL, LOOM_ERR_CORRUPT,
+                      "attention servers: rank %d sent %zu bytes where the plan says %zu: the "
+                      "ranks disagree on the plan, or the message was damaged",
+                      peer, bytes, want);
+  }
+  msg_header_t h;
+  memcpy(&h, msg, sizeof h);
+  if (h.magic != MSG_MAGIC || h.phase != (uint64_t)phase || h.ntasks != (uint64_t)ntasks ||
+      h.nfloats != (uint64_t)nfloats) {
+    return loom_error(NULL, LOOM_ERR_CORRUPT,
+                      "attention servers: the message from rank %d announces phase %llu, %llu "
+                      "tasks, %llu floats where the plan says %d, %d, %lld",
+                      peer, (unsigned long long)h.phase, (unsigned long long)h.ntasks,
+                      (unsigned long long)h.nfloats, phase, ntasks, (long long)nfloats);
+  }
+  const void *p = msg + sizeof h;
+  *payload = p;
+  return LOOM_OK;
+}
+
 // The payload of the message of phase from peer (this rank's own buffer for itself), checked
 // against what the plan says it holds.
 static loom_status_t msg_recv(loom_attn_exec_t *x, int peer, int phase, int ntasks, int64_t nfloats,
                               uint8_t **keep, const float **payload) {
   const uint8_t *m = NULL;
+  size_t size = sizeof(msg_header_t) + 4 * (size_t)nfloats; // what msg_new built for itself
   if (peer == x->me) {
     m = x->sbuf[peer];
   } else {
     MPI_Status st;
     int bytes = 0;
     double t0 = now_ms();
-    if (MPI_Probe(peer, phase, x->comm, &st) != MPI_SUCCESS) {
+    if (loom_watch_probe(&x->watch, peer, phase, x->comm, &st) != MPI_SUCCESS) {
       return loom_error(NULL, LOOM_ERR_MPI, "attention servers: probing rank %d failed", peer);
     }
     MPI_Get_count(&st, MPI_BYTE, &bytes);
@@ -364,27 +406,10 @@ static loom_status_t msg_recv(loom_attn_exec_t *x, int peer, int phase, int ntas
     }
     MPI_Recv(*keep, bytes, MPI_BYTE, peer, phase, x->comm, MPI_STATUS_IGNORE);
     x->st.wait_ms += now_ms() - t0;
-    if ((size_t)bytes != sizeof(msg_header_t) + 4 * (size_t)nfloats) {
-      return loom_error(NULL, LOOM_ERR_CORRUPT,
-                        "attention servers: rank %d sent %d bytes where the plan says %zu: the "
-                        "ranks disagree on the plan, or the message was damaged",
-                        peer, bytes, sizeof(msg_header_t) + 4 * (size_t)nfloats);
-    }
+    size = bytes > 0 ? (size_t)bytes : 0;
     m = *keep;
   }
-  msg_header_t h;
-  memcpy(&h, m, sizeof h);
-  if (h.magic != MSG_MAGIC || h.phase != (uint64_t)phase || h.ntasks != (uint64_t)ntasks ||
-      h.nfloats != (uint64_t)nfloats) {
-    return loom_error(NULL, LOOM_ERR_CORRUPT,
-                      "attention servers: the message from rank %d announces phase %llu, %llu "
-                      "tasks, %llu floats where the plan says %d, %d, %lld",
-                      peer, (unsigned long long)h.phase, (unsigned long long)h.ntasks,
-                      (unsigned long long)h.nfloats, phase, ntasks, (long long)nfloats);
-  }
-  const void *p = m + sizeof h;
-  *payload = p;
-  return LOOM_OK;
+  return loom_attn_msg_check(m, size, peer, phase, ntasks, nfloats, payload);
 }
 
 // Complete every send in flight. Open MPI moves a large message only while its sender is inside
@@ -393,7 +418,7 @@ static void wait_sends(loom_attn_exec_t *x) {
   for (int s = 0; s < x->np; s++) {
     if (x->sreq[s] != MPI_REQUEST_NULL) {
       double t0 = now_ms();
-      MPI_Wait(&x->sreq[s], MPI_STATUS_IGNORE);
+      loom_watch_waitall(&x->watch, 1, &x->sreq[s]);
       x->st.wait_ms += now_ms() - t0;
     }
   }
@@ -433,6 +458,8 @@ loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
   LOOM_CHECK(check_rows(op, "q", q, x->rows, hd));
   LOOM_CHECK(check_rows(op, "k", k, x->rows, kvd));
   LOOM_CHECK(check_rows(op, "v", v, x->rows, kvd));
+  snprintf(x->name, sizeof x->name, "%.*s", (int)sizeof x->name - 1, q->name);
+  enter(x, LOOM_OPK_ATTN_SHIP, x->name);
   memset(&x->st, 0, sizeof x->st);
   for (int s = 0; s < x->np; s++) {
     const pair_t *p = &x->to[s];
@@ -507,6 +534,7 @@ static int find_in_pair(const pair_t *p, int task) {
 loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
   loom_status_t status = LOOM_OK;
   const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
+  enter(x, LOOM_OPK_ATTN_COMPUTE, x->name);
   const float **in = calloc((size_t)x->np, sizeof(float *));
   if (!in) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_compute: out of memory");
@@ -600,6 +628,7 @@ loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out, loo
   uint8_t *keep = NULL;
   LOOM_CHECK(check_rows(op, "out", out, x->rows, hd));
   LOOM_CHECK(check_rows(op, "lse", lse, x->H, x->rows));
+  enter(x, LOOM_OPK_ATTN_FINISH, out->name);
   for (int s = 0; s < x->np; s++) {
     const pair_t *p = &x->to[s];
     if (p->n == 0) {
@@ -663,6 +692,7 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   LOOM_CHECK(check_rows(op, "dq", dq, x->rows, hd));
   LOOM_CHECK(check_rows(op, "dk", dk, x->rows, kvd));
   LOOM_CHECK(check_rows(op, "dv", dv, x->rows, kvd));
+  enter(x, LOOM_OPK_ATTN_BACKWARD, dout->name);
   if (!x->Qb) {
     status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: run the forward first", op);
     goto fail;

@@ -167,6 +167,18 @@ static loom_status_t started(loom_status_t status, loom_request_t *r, loom_reque
   return LOOM_OK;
 }
 
+// This rank enters the operation d on g: the watchdog (LOOM_TIMEOUT) watches r from now on, and
+// under LOOM_CHECK_CONSISTENCY the members compare their calls before anything is posted.
+// counted: a collective (every member enters it, in the same order); send/recv are not.
+static loom_status_t enter(loom_request_t *r, const loom_group_t *g, enum loom_op_kind kind,
+                           const loom_tensor_t *t, int64_t count, int redop, int root,
+                           uint64_t extra, int counted) {
+  struct loom_op_desc d;
+  loom_op_desc_set(&d, kind, t->name, (int)t->dtype, count, redop, root, extra);
+  loom_watch_enter(&r->watch, g, &d, counted);
+  return counted ? loom_check_consistency(&r->watch) : LOOM_OK;
+}
+
 static loom_status_t finish(loom_status_t status, loom_request_t **req) {
   return status == LOOM_OK ? loom_wait(req) : status;
 }
@@ -201,9 +213,13 @@ static loom_status_t iallreduce(const char *op, const loom_group_t *g, const loo
   if (!r) {
     return LOOM_ERR_NOMEM;
   }
-  loom_status_t status = DISPATCH(
-      r, send->device, loom_mpi_iallreduce(g, send->data, recv->data, count, send->dtype, redop, r),
-      loom_nccl_iallreduce(g, send->data, recv->data, count, send->dtype, redop, send->device, r));
+  loom_status_t status = enter(r, g, LOOM_OPK_ALLREDUCE, send, count, redop, -1, 0, 1);
+  if (status == LOOM_OK) {
+    status = DISPATCH(r, send->device,
+                      loom_mpi_iallreduce(g, send->data, recv->data, count, send->dtype, redop, r),
+                      loom_nccl_iallreduce(g, send->data, recv->data, count, send->dtype, redop,
+                                           send->device, r));
+  }
   return started(status, r, req);
 }
 
@@ -251,10 +267,16 @@ static loom_status_t ireduce_scatter(const char *op, const loom_group_t *g,
     status = LOOM_ERR_NOMEM;
   }
   if (status == LOOM_OK) {
+    status = enter(r, g, LOOM_OPK_REDUCE_SCATTER, send, count, redop, -1,
+                   loom_watch_hash(0, c, sizeof(int64_t) * (size_t)g->size), 1);
+  }
+  if (status == LOOM_OK) {
     status = DISPATCH(r, send->device,
                       loom_mpi_ireduce_scatter(g, send->data, recv->data, c, send->dtype, redop, r),
                       loom_nccl_ireduce_scatter(g, send->data, recv->data, c, send->dtype, redop,
                                                 send->device, r));
+  }
+  if (r) {
     status = started(status, r, req);
   }
   free(blocks);
@@ -300,10 +322,16 @@ static loom_status_t iallgatherv(const char *op, const loom_group_t *g, const lo
     return LOOM_ERR_NOMEM;
   }
   loom_status_t status =
-      DISPATCH(r, send->device,
-               loom_mpi_iallgatherv(g, send->data, recv->data, count, counts, send->dtype, r),
-               loom_nccl_iallgatherv(g, send->data, recv->data, count, counts, send->dtype,
-                                     send->device, r));
+      variable ? enter(r, g, LOOM_OPK_ALLGATHERV, send, total, -1, -1,
+                       loom_watch_hash(0, counts, sizeof(int64_t) * (size_t)g->size), 1)
+               : enter(r, g, LOOM_OPK_ALLGATHER, send, count, -1, -1, 0, 1);
+  if (status == LOOM_OK) {
+    status =
+        DISPATCH(r, send->device,
+                 loom_mpi_iallgatherv(g, send->data, recv->data, count, counts, send->dtype, r),
+                 loom_nccl_iallgatherv(g, send->data, recv->data, count, counts, send->dtype,
+                                       send->device, r));
+  }
   return started(status, r, req);
 }
 
@@ -343,9 +371,11 @@ static loom_status_t ibroadcast(const char *op, const loom_group_t *g, loom_tens
     return LOOM_ERR_NOMEM;
   }
   int64_t count = loom_tensor_numel(buf);
-  loom_status_t status =
-      DISPATCH(r, buf->device, loom_mpi_ibroadcast(g, buf->data, count, buf->dtype, root, r),
-               loom_nccl_ibroadcast(g, buf->data, count, buf->dtype, root, buf->device, r));
+  loom_status_t status = enter(r, g, LOOM_OPK_BROADCAST, buf, count, -1, root, 0, 1);
+  if (status == LOOM_OK) {
+    status = DISPATCH(r, buf->device, loom_mpi_ibroadcast(g, buf->data, count, buf->dtype, root, r),
+                      loom_nccl_ibroadcast(g, buf->data, count, buf->dtype, root, buf->device, r));
+  }
   return started(status, r, req);
 }
 
@@ -397,12 +427,18 @@ static loom_status_t ialltoallv(const char *op, const loom_group_t *g, const loo
   if (!r) {
     return LOOM_ERR_NOMEM;
   }
-  loom_status_t status =
-      DISPATCH(r, send->device,
-               loom_mpi_ialltoallv(g, send->data, recv->data, block, send_counts, recv_counts,
-                                   send->dtype, r),
-               loom_nccl_ialltoallv(g, send->data, recv->data, block, send_counts, recv_counts,
-                                    send->dtype, send->device, r));
+  loom_status_t status = variable ? enter(r, g, LOOM_OPK_ALLTOALLV, send, -1, -1, -1, 0, 1)
+                                  : enter(r, g, LOOM_OPK_ALLTOALL, send, count, -1, -1, 0, 1);
+  if (status == LOOM_OK && variable) {
+    status = loom_check_alltoallv_counts(&r->watch, send_counts, recv_counts);
+  }
+  if (status == LOOM_OK) {
+    status = DISPATCH(r, send->device,
+                      loom_mpi_ialltoallv(g, send->data, recv->data, block, send_counts,
+                                          recv_counts, send->dtype, r),
+                      loom_nccl_ialltoallv(g, send->data, recv->data, block, send_counts,
+                                           recv_counts, send->dtype, send->device, r));
+  }
   return started(status, r, req);
 }
 
@@ -455,6 +491,7 @@ static loom_status_t ip2p(const char *op, int is_send, const loom_group_t *g,
     return LOOM_ERR_NOMEM;
   }
   int64_t count = loom_tensor_numel(t);
+  (void)enter(r, g, is_send ? LOOM_OPK_SEND : LOOM_OPK_RECV, t, count, -1, peer, 0, 0); // uncounted
   loom_status_t status =
       is_send ? DISPATCH(r, t->device, loom_mpi_isend(g, t->data, count, t->dtype, peer, tag, r),
                          loom_nccl_isend(g, t->data, count, t->dtype, peer, t->device, r))

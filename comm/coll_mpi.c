@@ -80,9 +80,10 @@ static void create_state_keyval(void) {
 
 // The group's private communicator and the first of two tags for a new collective. Every member
 // calls it once per collective, in the same order; the first call duplicates the communicator
-// (itself collective over the group).
+// (itself collective over the group: waited for under the watchdog as w, the caller's operation,
+// so that a rank skipping the group's first collective is reported like any other).
 static loom_status_t group_state(const loom_group_t *g, MPI_Comm *comm, int *tag,
-                                 struct comm_state **out) {
+                                 struct comm_state **out, struct loom_watch *w) {
   loom_status_t status = LOOM_OK;
   struct comm_state *s = NULL;
   pthread_once(&state_keyval_once, create_state_keyval);
@@ -99,7 +100,9 @@ static loom_status_t group_state(const loom_group_t *g, MPI_Comm *comm, int *tag
     int *ub = NULL, has_ub = 0;
     LOOM_CHECK_MPI(NULL, MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &has_ub));
     s->tag_pairs = has_ub && ub && *ub >= 32767 ? (int)(((unsigned)*ub + 1u) / 2u) : 16384;
-    LOOM_CHECK_MPI(NULL, MPI_Comm_dup(g->comm, &s->p2p));
+    MPI_Request dup = MPI_REQUEST_NULL;
+    LOOM_CHECK_MPI(NULL, MPI_Comm_idup(g->comm, &s->p2p, &dup));
+    LOOM_CHECK_MPI(NULL, loom_watch_waitall(w, 1, &dup));
     LOOM_CHECK_MPI(NULL, MPI_Comm_set_attr(g->comm, state_keyval, s));
     LOOM_TRACE(LOOM_SUB_COLL, "group %s: private communicator for ordered reductions",
                loom_group_kind_name(g->kind));
@@ -122,12 +125,14 @@ fail:
   return status;
 }
 
-static loom_status_t collective_tags(const loom_group_t *g, MPI_Comm *comm, int *tag) {
-  return group_state(g, comm, tag, NULL);
+static loom_status_t collective_tags(const loom_group_t *g, MPI_Comm *comm, int *tag,
+                                     struct loom_watch *w) {
+  return group_state(g, comm, tag, NULL, w);
 }
 
-loom_status_t loom_mpi_collective_tags(const loom_group_t *g, MPI_Comm *comm, int *tag) {
-  return collective_tags(g, comm, tag);
+loom_status_t loom_mpi_collective_tags(const loom_group_t *g, MPI_Comm *comm, int *tag,
+                                       struct loom_watch *w) {
+  return collective_tags(g, comm, tag, w);
 }
 
 // A full-size pipeline scratch buffer of the group (bytes: the same for every call on the
@@ -411,7 +416,7 @@ static loom_status_t ordered_start(const loom_group_t *g, const void *send, void
   s->me = me;
   s->out = out;
   s->gather = gather;
-  LOOM_CHECK(group_state(g, &s->comm, &s->tag, &s->cs));
+  LOOM_CHECK(group_state(g, &s->comm, &s->tag, &s->cs, &r->watch));
   size_t ws = loom_dtype_size(s->wire);
   s->src = send;
   if (s->wire != dtype) {
@@ -460,7 +465,7 @@ loom_status_t loom_mpi_iallreduce(const loom_group_t *g, const void *send, void 
   }
   MPI_Comm unused;
   int tag;
-  LOOM_CHECK(collective_tags(g, &unused, &tag));
+  LOOM_CHECK(collective_tags(g, &unused, &tag, &r->watch));
   MPI_Op mop;
   LOOM_CHECK(loom_mpi_op(dtype, op, &mop));
   MPI_Datatype type = loom_mpi_datatype(dtype);
@@ -514,7 +519,7 @@ loom_status_t loom_mpi_iallgatherv(const loom_group_t *g, const void *send, void
   prefix(c64, d64, n);
   MPI_Comm p2p;
   int tag;
-  LOOM_CHECK(collective_tags(g, &p2p, &tag));
+  LOOM_CHECK(collective_tags(g, &p2p, &tag, &r->watch));
   if (fits(c64, n)) { // one MPI collective
     MPI_Request *slot = loom_request_slot(r);
     if (!slot) {
@@ -554,7 +559,7 @@ loom_status_t loom_mpi_ibroadcast(const loom_group_t *g, void *buf, int64_t coun
   loom_status_t status = LOOM_OK;
   MPI_Comm unused;
   int tag;
-  LOOM_CHECK(collective_tags(g, &unused, &tag));
+  LOOM_CHECK(collective_tags(g, &unused, &tag, &r->watch));
   MPI_Datatype type = loom_mpi_datatype(dtype);
   size_t es = loom_dtype_size(dtype);
   for (int64_t off = 0; off < count; off += LOOM_MPI_CHUNK) {
@@ -590,7 +595,7 @@ loom_status_t loom_mpi_ialltoallv(const loom_group_t *g, const void *send, void 
   prefix(rc, rd, n);
   MPI_Comm p2p;
   int tag;
-  LOOM_CHECK(collective_tags(g, &p2p, &tag));
+  LOOM_CHECK(collective_tags(g, &p2p, &tag, &r->watch));
   // Equal blocks take MPI_Ialltoall when they fit its int counts (the same on every rank).
   // Variable counts differ per rank, so whether they would fit is not known everywhere: they
   // always go point to point (as MPI's own linear alltoallv does).

@@ -10,12 +10,14 @@
 #include <string.h>
 
 #include "ctx.h"
+#include "cuda/cuda_ctx.h"
 #include "error.h"
 #include "log.h"
 
 // Ordering with compute: every operation first makes the group's stream wait for an event
-// recorded on the legacy default stream, so it sees everything that stream (and every blocking
-// stream) wrote; the request completes when an event recorded after the operation on the
+// recorded on the calling thread's current stream (loom_cuda_stream: the legacy default stream
+// unless a scheduler lane set its own), so it sees everything the kernels queued there wrote;
+// the request completes when an event recorded after the operation on the
 // group's stream has passed (loom_test polls it with cudaEventQuery).
 //
 // Reductions follow NCCL's arithmetic: f16/bf16 sums accumulate in the dtype (NCCL does not
@@ -27,7 +29,7 @@
 struct nccl_group {
   ncclComm_t comm;
   cudaStream_t stream; // the group's communication stream (non-blocking)
-  cudaEvent_t ready;   // recorded on the default stream before each operation
+  cudaEvent_t ready;   // recorded on the current stream before each operation
   int device;          // CUDA device the communicator lives on
 };
 
@@ -206,7 +208,7 @@ static loom_status_t begin(loom_request_t *r, const loom_group_t *g, int device,
   LOOM_CHECK_CUDA(NULL, cudaGetDevice(&l->prev_device));
   LOOM_CHECK(get_nccl_group(r->op, g, device, create, &l->ng));
   LOOM_CHECK_CUDA(NULL, cudaSetDevice(device));
-  LOOM_CHECK_CUDA(NULL, cudaEventRecord(l->ng->ready, 0));
+  LOOM_CHECK_CUDA(NULL, cudaEventRecord(l->ng->ready, loom_cuda_stream()));
   LOOM_CHECK_CUDA(NULL, cudaStreamWaitEvent(l->ng->stream, l->ng->ready, 0));
 fail:
   return status;
@@ -434,7 +436,7 @@ static loom_status_t launch_queued_locked(void) {
   for (struct p2p_op *op = ops; op; op = op->next) {
     struct nccl_group *ng = op->ng;
     LOOM_CHECK_CUDA(NULL, cudaSetDevice(ng->device));
-    LOOM_CHECK_CUDA(NULL, cudaEventRecord(ng->ready, 0));
+    LOOM_CHECK_CUDA(NULL, cudaEventRecord(ng->ready, loom_cuda_stream()));
     LOOM_CHECK_CUDA(NULL, cudaStreamWaitEvent(ng->stream, ng->ready, 0));
     if (op->count > 0 && op->is_send) {
       LOOM_CHECK_NCCL(NULL, ncclSend(op->buf, (size_t)op->count, nccl_dtype(op->dtype), op->peer,

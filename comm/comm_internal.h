@@ -21,6 +21,102 @@ extern "C" {
 #define LOOM_MPI_CHUNK ((int64_t)1 << 27)
 #endif
 
+// ---- watchdog and consistency checks (watchdog.c) ---------------------------------------------
+
+// What the watchdog and LOOM_CHECK_CONSISTENCY call an operation.
+enum loom_op_kind {
+  LOOM_OPK_NONE = 0,
+  LOOM_OPK_ALLREDUCE,
+  LOOM_OPK_REDUCE_SCATTER,
+  LOOM_OPK_ALLGATHER,
+  LOOM_OPK_ALLGATHERV,
+  LOOM_OPK_BROADCAST,
+  LOOM_OPK_ALLTOALL,
+  LOOM_OPK_ALLTOALLV,
+  LOOM_OPK_COMPRESSED_ALLREDUCE,
+  LOOM_OPK_SEND,
+  LOOM_OPK_RECV,
+  LOOM_OPK_MOE_FORWARD,
+  LOOM_OPK_MOE_BACKWARD,
+  LOOM_OPK_ATTN_SHIP,
+  LOOM_OPK_ATTN_COMPUTE,
+  LOOM_OPK_ATTN_FINISH,
+  LOOM_OPK_ATTN_BACKWARD,
+  LOOM_OPK_COUNT
+};
+
+#define LOOM_OP_NAME_MAX 48 // characters of a tensor name kept for messages (with the NUL)
+
+// One operation as the ranks of a group must agree on it. Fixed size and plain data: the
+// consistency check gathers every member's descriptor in one allgather of bytes.
+struct loom_op_desc {
+  int32_t kind;                // enum loom_op_kind
+  int32_t dtype;               // loom_dtype_t; -1: none
+  int64_t count;               // elements every rank must agree on; -1: not compared
+  int32_t redop;               // loom_redop_t; -1: none
+  int32_t root;                // broadcast root, send/recv peer; -1: none
+  int32_t group_kind;          // loom_group_kind_t of the group
+  int32_t group_size;          //
+  uint64_t name_hash;          // of the whole tensor name
+  uint64_t extra;              // hash of what else must agree (counts arrays, compressor, seed)
+  char name[LOOM_OP_NAME_MAX]; // the tensor name's first characters
+};
+
+// Fill d (the group fields are set by loom_watch_enter).
+void loom_op_desc_set(struct loom_op_desc *d, enum loom_op_kind kind, const char *name, int dtype,
+                      int64_t count, int redop, int root, uint64_t extra);
+// FNV-1a over bytes, chained from h (start with 0).
+uint64_t loom_watch_hash(uint64_t h, const void *p, size_t n);
+
+// An operation being waited for on one rank.
+struct loom_watch {
+  const loom_group_t *g; // NULL: not watched
+  struct loom_op_desc d; //
+  uint64_t seq;          // its number among the operations this rank entered on g; 0: not counted
+  int64_t start_ns;      // when this rank entered it (CLOCK_MONOTONIC_COARSE)
+  int64_t deadline_ns;   // start + LOOM_TIMEOUT; 0: no timeout
+  int64_t last_test_ns;  // loom_test: when it last looked (0: never)
+  int extended;          // loom_test: the deadline was extended once after a long gap
+  unsigned polls;        // waits look at the clock every few polls
+};
+
+// This rank enters operation d on g: w records it and its deadline. counted: a collective that
+// every member enters in the same order (it is numbered on g and shown to the other members
+// through g's watchdog window); send/recv are not.
+void loom_watch_enter(struct loom_watch *w, const loom_group_t *g, const struct loom_op_desc *d,
+                      int counted);
+int64_t loom_watch_now_ns(void);
+// The deadline passed: print one message naming the operation, the group, the ranks that arrived
+// and those that did not, and the time waited, then MPI_Abort the job. Does not return.
+void loom_watch_expired(struct loom_watch *w) __attribute__((noreturn));
+// In wait loops: abort when w's deadline passed (reads the clock every 16th call).
+static inline void loom_watch_check(struct loom_watch *w) {
+  if (w && w->deadline_ns != 0 && (w->polls++ & 15u) == 0 &&
+      loom_watch_now_ns() >= w->deadline_ns) {
+    loom_watch_expired(w);
+  }
+}
+// loom_test's check: as loom_watch_check, except that a deadline found passed after a long time
+// without a test (a long computation between two tests, while MPI could not move the
+// operation) is extended once, by min(LOOM_TIMEOUT, 10 s), to let the operation move first.
+void loom_watch_test(struct loom_watch *w);
+// MPI_Waitall, MPI_Waitany, MPI_Probe under the watchdog: exactly those calls when w is NULL or
+// has no deadline; else the same polls (MPI_Testall, MPI_Testany, MPI_Iprobe) with
+// loom_watch_check between them. Return the MPI code.
+int loom_watch_waitall(struct loom_watch *w, int n, MPI_Request *reqs);
+int loom_watch_waitany(struct loom_watch *w, int n, MPI_Request *reqs, int *index);
+int loom_watch_probe(struct loom_watch *w, int source, int tag, MPI_Comm comm, MPI_Status *st);
+// LOOM_CHECK_CONSISTENCY on w->g: every member gathers every member's descriptor (an allgather
+// on the group's communicator, waited for under the watchdog, advancing the staged requests
+// meanwhile, before the operation posts anything) and compares them; a difference is
+// LOOM_ERR_INVALID_ARG on every rank, with a message naming both sides. LOOM_OK at once when the
+// check is off.
+loom_status_t loom_check_consistency(struct loom_watch *w);
+// For alltoallv under LOOM_CHECK_CONSISTENCY: what each rank sends each peer must be what that
+// peer expects to receive from it.
+loom_status_t loom_check_alltoallv_counts(struct loom_watch *w, const int64_t *send_counts,
+                                          const int64_t *recv_counts);
+
 // ---- requests -------------------------------------------------------------------------------
 
 #define LOOM_REQ_INLINE 8 // MPI requests held without a separate allocation
@@ -50,6 +146,7 @@ struct loom_request {
   char errmsg[256];                           // its message (the advancing thread's last error)
   struct loom_request *list_prev, *list_next; // the list of requests with a pending step
   int listed;
+  struct loom_watch watch; // the operation, for the watchdog (watch.g NULL: not watched)
 };
 
 // A new empty request (no stage): NULL and a NOMEM error on allocation failure.
@@ -114,8 +211,10 @@ loom_status_t loom_mpi_ialltoallv(const loom_group_t *g, const void *send, void 
                                   loom_request_t *r);
 // The group's private point-to-point communicator and the first of two tags reserved for one
 // operation: every member calls it once per operation, in the same order, so that stages posted
-// later (from a step hook, in whatever order requests are advanced) still match by tag.
-loom_status_t loom_mpi_collective_tags(const loom_group_t *g, MPI_Comm *comm, int *tag);
+// later (from a step hook, in whatever order requests are advanced) still match by tag. The
+// first call on a group creates the communicator, waiting under the watchdog as w.
+loom_status_t loom_mpi_collective_tags(const loom_group_t *g, MPI_Comm *comm, int *tag,
+                                       struct loom_watch *w);
 // Post a send (is_send) or a receive of count elements to or from peer on (comm, tag), in
 // messages of at most LOOM_MPI_CHUNK elements, as stages of r.
 loom_status_t loom_mpi_post_p2p(loom_request_t *r, int is_send, const void *buf, int64_t count,

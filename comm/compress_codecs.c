@@ -185,7 +185,7 @@ static void select_top(const float *x, int64_t n, int64_t k, uint32_t *idx, floa
 }
 
 // The k randomk indices for (n, seed), sorted: Floyd's sampling over a bitmap of n bits.
-static loom_status_t random_indices(int64_t n, int64_t k, uint64_t seed, uint32_t *out) {
+loom_status_t loom_codec_random_indices(int64_t n, int64_t k, uint64_t seed, uint32_t *out) {
   uint64_t *bits = calloc(((size_t)n + 63) / 64, sizeof(uint64_t));
   if (!bits) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "randomk: cannot allocate a bitmap of %lld bits",
@@ -426,7 +426,7 @@ static loom_status_t encode_randomk(const loom_compressor_t *c, const float *x, 
     return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %lld indices", c->name,
                       (long long)k);
   }
-  loom_status_t status = random_indices(n, k, seed, idx);
+  loom_status_t status = loom_codec_random_indices(n, k, seed, idx);
   for (int64_t j = 0; j < k && status == LOOM_OK; j++) {
     memcpy(body + 4 * j, &x[idx[j]], 4);
   }
@@ -639,7 +639,7 @@ loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *p
       return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %lld indices", c->name,
                         (long long)k);
     }
-    status = random_indices(n, k, seed, idx);
+    status = loom_codec_random_indices(n, k, seed, idx);
     for (int64_t j = 0; j < k && status == LOOM_OK; j++) {
       float v;
       memcpy(&v, body + 4 * j, 4);

@@ -105,6 +105,7 @@ static void free_group(struct loom_group *g) {
   if (g->hier && g->hier_destroy) {
     g->hier_destroy(g->hier);
   }
+  loom_group_watch_free(g);
   if (g->comm != MPI_COMM_NULL) {
     MPI_Comm_free(&g->comm);
   }
@@ -392,7 +393,7 @@ static loom_status_t flat_start(loom_request_t *r, const loom_group_t *g,
   loom_status_t status = LOOM_OK;
   f->nchunks = n > 0 ? (int)((n + f->chunk - 1) / f->chunk) : 1;
   f->bsize = block_bytes(c, divisible ? f->chunk / np + (f->chunk % np > 0) : f->chunk);
-  LOOM_CHECK(loom_mpi_collective_tags(g, &f->p2p, &f->tag));
+  LOOM_CHECK(loom_mpi_collective_tags(g, &f->p2p, &f->tag, &r->watch));
   LOOM_CHECK(flat_buffers(r, f, own));
   encode_chunk(f, 0, f->send[0]);
   LOOM_CHECK(flat_exchange(r, f, f->send[0], f->recv[0], divisible, f->tag));
@@ -406,13 +407,15 @@ fail:
   return status;
 }
 
-// Blocking flat scheme with the group's buffers.
+// Blocking flat scheme with the group's buffers, watched as w (entered on g).
 static loom_status_t flat(const loom_group_t *g, const loom_compressor_t *c, float *res, float *x,
-                          int64_t n, uint64_t seed, int divisible, int avg, size_t *sent) {
+                          int64_t n, uint64_t seed, int divisible, int avg, size_t *sent,
+                          const struct loom_watch *w) {
   loom_request_t *r = loom_request_new("loom_compressed_allreduce");
   if (!r) {
     return LOOM_ERR_NOMEM;
   }
+  r->watch = *w;
   loom_status_t status = flat_start(r, g, c, res, x, n, seed, divisible, avg, 0, sent);
   if (status != LOOM_OK) {
     loom_request_free(r);
@@ -445,6 +448,8 @@ static loom_status_t get_hier(const loom_group_t *cg, comm_state_t **out) {
       NULL, MPI_Comm_split(g->comm, st->node.rank == 0 ? 0 : MPI_UNDEFINED, g->rank, &leaders));
   LOOM_CHECK(loom_group_from_comm(NULL, &st->leaders, g->kind, leaders, g->node));
   st->node.compress_chunk = st->leaders.compress_chunk = g->compress_chunk;
+  LOOM_CHECK(loom_group_watch_setup(&st->node, g->timeout, g->check_consistency));
+  LOOM_CHECK(loom_group_watch_setup(&st->leaders, g->timeout, g->check_consistency));
   st->have_hier = 1;
   *out = st;
   return LOOM_OK;
@@ -458,7 +463,8 @@ fail:
 }
 
 static loom_status_t hierarchical(const loom_group_t *g, const loom_compressor_t *c, float *res,
-                                  loom_tensor_t *t, int64_t n, uint64_t seed, size_t *sent) {
+                                  loom_tensor_t *t, int64_t n, uint64_t seed, size_t *sent,
+                                  const struct loom_watch *w) {
   loom_status_t status = LOOM_OK;
   comm_state_t *h = NULL;
   LOOM_CHECK(get_hier(g, &h));
@@ -467,7 +473,9 @@ static loom_status_t hierarchical(const loom_group_t *g, const loom_compressor_t
     *sent += (size_t)n * sizeof(float) * 2 * (size_t)(h->node.size - 1) / (size_t)h->node.size;
   }
   if (h->node.rank == 0) {
-    LOOM_CHECK(flat(&h->leaders, c, res, t->data, n, seed, 0, 0, sent));
+    struct loom_watch lw; // the leaders' part, watched on their sub-group
+    loom_watch_enter(&lw, &h->leaders, &w->d, 1);
+    LOOM_CHECK(flat(&h->leaders, c, res, t->data, n, seed, 0, 0, sent, &lw));
   }
   if (h->node.size > 1) {
     LOOM_CHECK(loom_broadcast(&h->node, t, 0));
@@ -511,18 +519,35 @@ fail:
   return status;
 }
 
+// This rank enters the compressed allreduce of t on g (the watchdog's record of it, w), and under
+// LOOM_CHECK_CONSISTENCY the members compare their calls, compressor, scheme and seed included.
+static loom_status_t enter(const loom_group_t *g, const loom_compressor_t *c, loom_scheme_t scheme,
+                           const loom_tensor_t *t, loom_redop_t op, uint64_t seed,
+                           struct loom_watch *w) {
+  const int32_t s = (int32_t)scheme;
+  uint64_t extra = loom_watch_hash(0, c->name, strlen(c->name));
+  extra = loom_watch_hash(extra, &s, sizeof s);
+  extra = loom_watch_hash(extra, &seed, sizeof seed);
+  struct loom_op_desc d;
+  loom_op_desc_set(&d, LOOM_OPK_COMPRESSED_ALLREDUCE, t->name, LOOM_F32, loom_tensor_numel(t),
+                   (int)op, -1, extra);
+  loom_watch_enter(w, g, &d, 1);
+  return loom_check_consistency(w);
+}
+
 // The schemes that run to completion inside the call: hierarchical and PowerSGD.
 static loom_status_t run_blocking(const loom_group_t *g, const loom_compressor_t *c,
                                   loom_scheme_t scheme, loom_ef_t *ef, float *res, loom_tensor_t *t,
-                                  loom_redop_t op, uint64_t seed, size_t *sent) {
+                                  loom_redop_t op, uint64_t seed, size_t *sent,
+                                  const struct loom_watch *w) {
   loom_status_t status = LOOM_OK;
   const int64_t n = loom_tensor_numel(t);
   if (c->kind == LOOM_CODEC_POWERSGD) {
     LOOM_CHECK(loom_powersgd_allreduce(g, c, ef, t, sent));
   } else if (scheme == LOOM_SCHEME_HIERARCHICAL) {
-    LOOM_CHECK(hierarchical(g, c, res, t, n, seed, sent));
+    LOOM_CHECK(hierarchical(g, c, res, t, n, seed, sent, w));
   } else {
-    LOOM_CHECK(flat(g, c, res, t->data, n, seed, scheme == LOOM_SCHEME_DIVISIBLE, 0, sent));
+    LOOM_CHECK(flat(g, c, res, t->data, n, seed, scheme == LOOM_SCHEME_DIVISIBLE, 0, sent, w));
   }
   if (op == LOOM_AVG) {
     float *x = t->data;
@@ -541,9 +566,13 @@ loom_status_t loom_compressed_allreduce(const loom_group_t *g, const loom_compre
   static const char name[] = "loom_compressed_allreduce";
   size_t sent = 0;
   float *res = NULL;
+  struct loom_watch w;
   loom_status_t status = prepare(name, g, c, scheme, ef, t, op, &res);
   if (status == LOOM_OK) {
-    status = run_blocking(g, c, scheme, ef, res, t, op, seed, &sent);
+    status = enter(g, c, scheme, t, op, seed, &w);
+  }
+  if (status == LOOM_OK) {
+    status = run_blocking(g, c, scheme, ef, res, t, op, seed, &sent, &w);
   }
   if (bytes_sent) {
     *bytes_sent = status == LOOM_OK ? sent : 0;
@@ -563,11 +592,18 @@ loom_status_t loom_icompressed_allreduce(const loom_group_t *g, const loom_compr
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: req is NULL", name);
   }
   *req = NULL;
+  struct loom_watch w;
   loom_status_t status = prepare(name, g, c, scheme, ef, t, op, &res);
+  if (status == LOOM_OK) {
+    status = enter(g, c, scheme, t, op, seed, &w);
+  }
   if (status == LOOM_OK && (c->kind == LOOM_CODEC_POWERSGD || scheme == LOOM_SCHEME_HIERARCHICAL)) {
-    status = run_blocking(g, c, scheme, ef, res, t, op, seed, &sent);
+    status = run_blocking(g, c, scheme, ef, res, t, op, seed, &sent, &w);
   } else if (status == LOOM_OK) {
     r = loom_request_new(name);
+    if (r) {
+      r->watch = w;
+    }
     status = r ? flat_start(r, g, c, res, t->data, loom_tensor_numel(t), seed,
                             scheme == LOOM_SCHEME_DIVISIBLE, op == LOOM_AVG, 1, &sent)
                : LOOM_ERR_NOMEM;

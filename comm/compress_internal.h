@@ -8,6 +8,10 @@
 
 #include "loom_compress.h"
 
+#ifdef __cplusplus
+extern "C" { // the CUDA codecs (comm/cuda/codecs_cuda.cu) call the host helpers below
+#endif
+
 typedef enum loom_codec_kind {
   LOOM_CODEC_NONE = 1,
   LOOM_CODEC_FP16,
@@ -57,6 +61,10 @@ loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *p
 loom_status_t loom_ef_encode(const loom_compressor_t *c, float *res, float *y, const float *x,
                              int64_t n, uint64_t seed, uint8_t *payload, size_t cap, size_t *bytes);
 
+// The k indices randomk keeps of n values for seed, ascending (Floyd's sampling; the CUDA codec
+// calls it too, so that both pick the same values). LOOM_ERR_NOMEM when the bitmap fails.
+loom_status_t loom_codec_random_indices(int64_t n, int64_t k, uint64_t seed, uint32_t *out);
+
 // A 64-bit mix (splitmix64's finaliser): random streams and per-shard seeds.
 uint64_t loom_mix64(uint64_t x);
 
@@ -69,5 +77,9 @@ loom_status_t loom_powersgd_allreduce(const loom_group_t *g, const loom_compress
 // Side state of a named tensor kept by the error-feedback table (PowerSGD's Q): n floats,
 // zero when new; a different n reallocates (and zeroes).
 loom_status_t loom_ef_side(loom_ef_t *ef, const char *name, int64_t n, float **out, int *fresh);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

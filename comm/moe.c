@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -199,6 +200,7 @@ loom_status_t loom_moe_create(loom_ctx_t *ctx, const loom_group_t *ep, const loo
   m->comm = MPI_COMM_NULL;
   m->np = ep ? loom_group_size(ep) : 1;
   m->me = ep ? loom_group_rank(ep) : 0;
+  m->ep = ep;
   if (m->cfg.overlap == LOOM_MOE_OVERLAP_DEFAULT) {
     m->cfg.overlap = ctx ? ctx->params.moe_overlap : LOOM_MOE_OVERLAP_FINE;
   }
@@ -362,6 +364,29 @@ static loom_status_t apply_capacity(loom_moe_t *m, int64_t T) {
   return LOOM_OK;
 }
 
+loom_status_t loom_moe_check_counts(const int64_t *cnt, int np, int el, int64_t width,
+                                    int64_t *n_recv) {
+  const int64_t max_rows =
+      (int64_t)(PTRDIFF_MAX / (ptrdiff_t)sizeof(float)) / (width > 0 ? width : 1);
+  int64_t total = 0;
+  *n_recv = 0;
+  for (int s = 0; s < np; s++) {
+    for (int e = 0; e < el; e++) {
+      const int64_t c = cnt[(size_t)s * (size_t)el + (size_t)e];
+      if (c < 0 || c > max_rows - total) {
+        return loom_error(NULL, LOOM_ERR_CORRUPT,
+                          "MoE: rank %d announced %lld rows for local expert %d (after %lld "
+                          "rows): counts must be >= 0 and at most %lld rows in all; the ranks "
+                          "disagree on the layer, or the count exchange was damaged",
+                          s, (long long)c, e, (long long)total, (long long)max_rows);
+      }
+      total += c;
+    }
+  }
+  *n_recv = total;
+  return LOOM_OK;
+}
+
 // Counts, offsets and the send position of every kept assignment; exchange the counts.
 static loom_status_t permute_plan(loom_moe_t *m, int64_t T) {
   const int K = m->cfg.top_k, El = m->el, np = m->np;
@@ -403,13 +428,21 @@ static loom_status_t permute_plan(loom_moe_t *m, int64_t T) {
   free(seen);
   if (np > 1) {
     const double t0 = MPI_Wtime();
-    if (MPI_Alltoall(m->cnt_send, El, MPI_INT64_T, m->cnt_recv, El, MPI_INT64_T, m->comm) !=
-        MPI_SUCCESS) {
+    MPI_Request req = MPI_REQUEST_NULL;
+    if (MPI_Ialltoall(m->cnt_send, El, MPI_INT64_T, m->cnt_recv, El, MPI_INT64_T, m->comm, &req) !=
+            MPI_SUCCESS ||
+        loom_watch_waitall(&m->watch, 1, &req) != MPI_SUCCESS) {
       return loom_error(NULL, LOOM_ERR_MPI, "MoE: exchanging the token counts failed");
     }
     m->comm_ms += 1e3 * (MPI_Wtime() - t0);
   } else {
     memcpy(m->cnt_recv, m->cnt_send, sizeof(int64_t) * (size_t)El);
+  }
+  const int64_t width = m->cfg.hidden > m->cfg.ffn ? m->cfg.hidden : m->cfg.ffn;
+  int64_t n_recv = 0;
+  loom_status_t status = loom_moe_check_counts(m->cnt_recv, np, El, width, &n_recv);
+  if (status != LOOM_OK) {
+    return status;
   }
   m->off_recv[0] = 0;
   memset(m->received, 0, sizeof(int64_t) * (size_t)El);
@@ -458,6 +491,17 @@ static loom_status_t wrap(loom_tensor_t *t, void *p, loom_dtype_t dt, int64_t a,
   return loom_tensor_wrap(t, p, dt, LOOM_DEVICE_HOST, 2, shape, "");
 }
 
+// This rank enters a forward or backward of the layer on the ep group: the watchdog
+// (LOOM_TIMEOUT) watches its exchanges from now on.
+static void enter(loom_moe_t *m, enum loom_op_kind kind, const loom_tensor_t *t) {
+  memset(&m->watch, 0, sizeof m->watch);
+  if (m->ep) {
+    struct loom_op_desc d;
+    loom_op_desc_set(&d, kind, t->name, LOOM_F32, -1, -1, -1, 0);
+    loom_watch_enter(&m->watch, m->ep, &d, 1);
+  }
+}
+
 loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tensor_t *y,
                                float *aux) {
   static const char op[] = "loom_moe_forward";
@@ -474,6 +518,7 @@ loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tenso
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: y holds %lld rows, x %lld", op,
                       (long long)Ty, (long long)T);
   }
+  enter(m, LOOM_OPK_MOE_FORWARD, x);
   const double t0 = MPI_Wtime();
   m->comm_ms = m->compute_ms = 0.0;
   m->t = T;
@@ -565,6 +610,7 @@ loom_status_t loom_moe_backward(loom_moe_t *m, const loom_tensor_t *dy, loom_ten
                       "backward of the last forward",
                       op, (long long)T, (long long)Tx, (long long)m->t);
   }
+  enter(m, LOOM_OPK_MOE_BACKWARD, dy);
   const double t0 = MPI_Wtime();
   m->comm_ms = m->compute_ms = 0.0;
   LOOM_CHECK(loom_moe_reserve(&m->dw, (size_t)(T * K), "the weight gradients"));

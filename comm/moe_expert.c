@@ -20,8 +20,9 @@
 typedef struct reqs {
   MPI_Request *r;
   int n, cap;
-  double *comm_ms;  // time spent waiting, added to the layer's
-  int every, since; // test after every `every` tiles (0: never); tiles since the last test
+  double *comm_ms;      // time spent waiting, added to the layer's
+  int every, since;     // test after every `every` tiles (0: never); tiles since the last test
+  struct loom_watch *w; // the layer call, for the watchdog (LOOM_TIMEOUT)
 } reqs_t;
 
 static loom_status_t post(reqs_t *q, MPI_Comm comm, int is_send, float *buf, int64_t count,
@@ -64,7 +65,7 @@ static void poll(reqs_t *q) {
 
 static loom_status_t wait_range(reqs_t *q, int lo, int hi) {
   double t0 = MPI_Wtime();
-  int rc = hi > lo ? MPI_Waitall(hi - lo, q->r + lo, MPI_STATUSES_IGNORE) : MPI_SUCCESS;
+  int rc = hi > lo ? loom_watch_waitall(q->w, hi - lo, q->r + lo) : MPI_SUCCESS;
   *q->comm_ms += 1e3 * (MPI_Wtime() - t0);
   return rc == MPI_SUCCESS
              ? LOOM_OK
@@ -76,7 +77,7 @@ static int wait_any(reqs_t *q, int lo, int hi) {
   int which = MPI_UNDEFINED;
   double t0 = MPI_Wtime();
   if (hi > lo) {
-    MPI_Waitany(hi - lo, q->r + lo, &which, MPI_STATUS_IGNORE);
+    loom_watch_waitany(q->w, hi - lo, q->r + lo, &which);
   }
   *q->comm_ms += 1e3 * (MPI_Wtime() - t0);
   return which == MPI_UNDEFINED ? -1 : lo + which;
@@ -507,7 +508,7 @@ fail:
 }
 
 static loom_status_t run(struct loom_moe *m, const pass_t *p) {
-  reqs_t q = {.comm_ms = &m->comm_ms, .every = m->poll_tiles};
+  reqs_t q = {.comm_ms = &m->comm_ms, .every = m->poll_tiles, .w = &m->watch};
   loom_status_t status = LOOM_OK;
   switch (m->cfg.overlap) {
   case LOOM_MOE_OVERLAP_NONE:

@@ -6,6 +6,7 @@
 #include <mpi.h>
 #include <stdint.h>
 
+#include "comm_internal.h"
 #include "loom_moe.h"
 
 // Row layouts. A source's rows for one destination rank are ordered (chunk c, local expert e,
@@ -24,9 +25,11 @@ typedef struct moe_buf {
 
 struct loom_moe {
   loom_moe_config_t cfg;
-  MPI_Comm comm; // private duplicate of the ep group's communicator (MPI_COMM_NULL: alone)
-  int np, me;    // ep size and rank (1, 0 when alone)
-  int el;        // experts per rank
+  MPI_Comm comm;          // private duplicate of the ep group's communicator (MPI_COMM_NULL: alone)
+  const loom_group_t *ep; // the ep group (NULL: alone)
+  struct loom_watch watch; // the forward or backward in progress, for the watchdog
+  int np, me;              // ep size and rank (1, 0 when alone)
+  int el;                  // experts per rank
   int chunks, slices;
   int poll_tiles; // MPI tests after every this many tiles (0: never; see loom_moe_config_t)
   loom_tensor_t param[LOOM_MOE_PARAM_COUNT], grad[LOOM_MOE_PARAM_COUNT];
@@ -89,5 +92,12 @@ loom_status_t loom_moe_expert_backward(struct loom_moe *m);
 
 // Grow b to at least n floats (contents kept only when keep); LOOM_ERR_NOMEM names what.
 loom_status_t loom_moe_reserve(moe_buf_t *b, size_t n, const char *what);
+
+// Check the counts received in the count exchange (np sources x el local experts, the layout of
+// cnt_recv) before anything is sized from them: every count >= 0, and the total small enough that
+// its rows of width floats can be addressed. LOOM_OK with *n_recv the total, or LOOM_ERR_CORRUPT
+// naming the source and the expert. Needs no MPI (tests/fuzz/fuzz_moe_msg.c calls it).
+loom_status_t loom_moe_check_counts(const int64_t *cnt, int np, int el, int64_t width,
+                                    int64_t *n_recv);
 
 #endif

@@ -1,5 +1,5 @@
 /* request.c — loom_wait, loom_test, loom_wait_all: drive a request's stages with MPI_Testall and
- * its step hook, advance every other staged request meanwhile, and release it when complete. */
+ * its step hook, advance every other staged request meanwhile (under the watchdog), release it. */
 #include "config.h"
 #include "comm_internal.h"
 
@@ -216,6 +216,8 @@ loom_status_t loom_test(loom_request_t **req, int *done) {
     loom_request_free(*req);
     *req = NULL;
     *done = 1;
+  } else { // LOOM_TIMEOUT since the operation started: every test looks at the clock
+    loom_watch_test(&(*req)->watch);
   }
   return status;
 }
@@ -228,6 +230,9 @@ loom_status_t loom_wait(loom_request_t **req) {
   int done = 0;
   while (*req && !done && status == LOOM_OK) {
     status = progress(*req, 1, &done);
+    if (!done && status == LOOM_OK) {
+      loom_watch_check(&(*req)->watch);
+    }
   }
   if (*req) {
     loom_request_free(*req);

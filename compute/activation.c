@@ -8,6 +8,9 @@
 #include "args.h"
 #include "cpu/activation_cpu.h"
 #include "error.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Shared checks.
@@ -40,6 +43,12 @@ loom_status_t loom_gelu_forward(loom_tensor_t *out, const loom_tensor_t *in) {
       (status = loom_arg_disjoint(op, "out", out, "in", in, 1)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (dev != LOOM_DEVICE_HOST) {
+    return loom_cuda_gelu_forward(loom_tensor_numel(in), (const float *)in->data,
+                                  (float *)out->data);
+  }
+#endif
   loom_cpu_gelu_forward(loom_tensor_numel(in), (const float *)in->data, (float *)out->data);
   return LOOM_OK;
 }
@@ -61,6 +70,12 @@ loom_status_t loom_gelu_backward(loom_tensor_t *din, const loom_tensor_t *in,
       (status = loom_arg_disjoint(op, "din", din, "dout", dout, 1)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (dev != LOOM_DEVICE_HOST) {
+    return loom_cuda_gelu_backward(loom_tensor_numel(din), (const float *)in->data,
+                                   (const float *)dout->data, (float *)din->data);
+  }
+#endif
   loom_cpu_gelu_backward(loom_tensor_numel(din), (const float *)in->data, (const float *)dout->data,
                          (float *)din->data);
   return LOOM_OK;
@@ -83,6 +98,11 @@ loom_status_t loom_softmax_forward(loom_tensor_t *out, const loom_tensor_t *in) 
       (status = loom_arg_disjoint(op, "out", out, "in", in, 1)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (dev != LOOM_DEVICE_HOST) {
+    return loom_cuda_softmax_forward(N, C, (const float *)in->data, (float *)out->data);
+  }
+#endif
   loom_cpu_softmax_forward(N, C, (const float *)in->data, (float *)out->data);
   return LOOM_OK;
 }
@@ -105,6 +125,12 @@ loom_status_t loom_softmax_backward(loom_tensor_t *din, const loom_tensor_t *out
       (status = loom_arg_disjoint(op, "din", din, "dout", dout, 1)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (dev != LOOM_DEVICE_HOST) {
+    return loom_cuda_softmax_backward(N, C, (const float *)out->data, (const float *)dout->data,
+                                      (float *)din->data);
+  }
+#endif
   loom_cpu_softmax_backward(N, C, (const float *)out->data, (const float *)dout->data,
                             (float *)din->data);
   return LOOM_OK;

@@ -8,6 +8,9 @@
 #include <stdio.h>
 
 #include "error.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cuda/cuda_ctx.h"
+#endif
 
 const char *loom_shape_str(const loom_tensor_t *t, char buf[LOOM_SHAPE_STR_MAX]) {
   if (!t) {
@@ -36,10 +39,21 @@ loom_status_t loom_arg_backend(const char *op, const char *name, const loom_tens
   if (t->device == LOOM_DEVICE_HOST) {
     return LOOM_OK;
   }
+#ifdef LOOM_HAVE_CUDA
+  loom_status_t status = loom_cuda_use_device(t->device);
+  if (status != LOOM_OK) {
+    char why[256]; // copied: loom_error rewrites the buffer loom_last_error points to
+    snprintf(why, sizeof why, "%s", loom_last_error(NULL));
+    return loom_error(NULL, status, "%s: %s is on CUDA device %d: %s", op, name, t->device, why);
+  }
+  return LOOM_OK;
+#else
   return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
-                    "%s: %s is on CUDA device %d, but the CUDA compute backend is not built yet: "
-                    "pass host tensors (LOOM_DEVICE_HOST)",
+                    "%s: %s is on CUDA device %d, but this loom was built without the CUDA "
+                    "backend: reconfigure with --with-cuda, or pass host tensors "
+                    "(LOOM_DEVICE_HOST)",
                     op, name, t->device);
+#endif
 }
 
 loom_status_t loom_arg_tensor(const char *op, const char *name, const loom_tensor_t *t,
@@ -183,4 +197,32 @@ loom_status_t loom_arg_disjoint(const char *op, const char *xname, const loom_te
                     loom_shape_str(y, ys),
                     allow_same ? "pass the same tensor for in-place use, or disjoint memory"
                                : "the output must not overlap an input");
+}
+
+loom_status_t loom_arg_i32_view(const char *op, const char *name, const loom_tensor_t *t,
+                                const int32_t **view, int32_t **owned) {
+  *owned = NULL;
+  *view = (const int32_t *)t->data;
+  if (t->device == LOOM_DEVICE_HOST || loom_tensor_numel(t) == 0) {
+    return LOOM_OK;
+  }
+#ifdef LOOM_HAVE_CUDA
+  size_t bytes = loom_tensor_bytes(t);
+  int32_t *copy = loom_host_alloc(bytes);
+  if (!copy) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "%s: no host memory (%zu bytes) to check %s", op, bytes,
+                      name);
+  }
+  loom_status_t status = loom_cuda_to_host(copy, t->data, bytes);
+  if (status != LOOM_OK) {
+    loom_host_free(copy);
+    return status;
+  }
+  *view = copy;
+  *owned = copy;
+  return LOOM_OK;
+#else
+  return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                    "%s: %s is on CUDA device %d in a build without CUDA", op, name, t->device);
+#endif
 }

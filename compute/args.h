@@ -16,8 +16,9 @@ extern "C" {
 // "(4, 3, 64) f32 on host" style description of t (or "NULL").
 const char *loom_shape_str(const loom_tensor_t *t, char buf[LOOM_SHAPE_STR_MAX]);
 
-// The backend for an op whose first tensor is t: LOOM_OK for host tensors. A CUDA tensor gives
-// LOOM_ERR_UNSUPPORTED until the CUDA compute backend exists. t must be non-NULL.
+// The backend for an op whose first tensor is t: LOOM_OK for host tensors; for a CUDA tensor,
+// LOOM_OK after making its device current (LOOM_ERR_UNSUPPORTED in a build without CUDA, an
+// error naming the device when this process cannot see it). NULL t is LOOM_ERR_INVALID_ARG.
 loom_status_t loom_arg_backend(const char *op, const char *name, const loom_tensor_t *t);
 
 // t non-NULL, of dtype, on device, with data unless it is empty.
@@ -50,6 +51,12 @@ int loom_tensors_overlap(const loom_tensor_t *a, const loom_tensor_t *b);
 // two may be exactly the same memory (in-place use); a partial overlap is still rejected.
 loom_status_t loom_arg_disjoint(const char *op, const char *xname, const loom_tensor_t *x,
                                 const char *yname, const loom_tensor_t *y, int allow_same);
+
+// A host-readable view of the i32 values of t (already checked): t->data for a host tensor,
+// else a copy made on the current stream (the call waits for it), returned in *owned for
+// loom_host_free. For the checks of ids, targets and offsets that live on a device.
+loom_status_t loom_arg_i32_view(const char *op, const char *name, const loom_tensor_t *t,
+                                const int32_t **view, int32_t **owned);
 
 #ifdef __cplusplus
 }

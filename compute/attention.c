@@ -9,6 +9,9 @@
 #include "args.h"
 #include "cpu/attention_cpu.h"
 #include "error.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Validation shared by forward and backward.
@@ -16,16 +19,27 @@
 typedef struct attn_dims {
   int64_t total_q, total_k, B;
   int H, H_kv, D;
+  int max_q, max_k; // longest query and key sequence (grid sizes of the CUDA kernels)
 } attn_dims_t;
 
-// q (total_q, H, D), k and v (total_k, H_kv, D), cu_seqlens_q/k (B + 1) i32 with valid values,
-// and a usable scale. The device is host (the caller checked the backend on its first tensor).
-static loom_status_t check_inputs(const char *op, const loom_tensor_t *q, const loom_tensor_t *k,
-                                  const loom_tensor_t *v, const loom_tensor_t *cu_q,
-                                  const loom_tensor_t *cu_k, float scale, attn_dims_t *dims) {
+// The longest of the B sequences of the offsets cu (already validated).
+static int max_length(const int32_t *cu, int64_t B) {
+  int32_t longest = 0;
+  for (int64_t b = 0; b < B; b++) {
+    longest = cu[b + 1] - cu[b] > longest ? cu[b + 1] - cu[b] : longest;
+  }
+  return longest;
+}
+
+// q (total_q, H, D), k and v (total_k, H_kv, D) of dtype dt on device dev, cu_seqlens_q/k
+// (B + 1) i32 with valid values (read through a host copy when they live on a device), and a
+// usable scale. The caller checked the backend on its first tensor.
+static loom_status_t check_inputs(const char *op, int dev, loom_dtype_t dt, const loom_tensor_t *q,
+                                  const loom_tensor_t *k, const loom_tensor_t *v,
+                                  const loom_tensor_t *cu_q, const loom_tensor_t *cu_k, float scale,
+                                  attn_dims_t *dims) {
   char s[LOOM_SHAPE_STR_MAX];
-  const int dev = LOOM_DEVICE_HOST;
-  loom_status_t status = loom_arg_tensor(op, "q", q, LOOM_F32, dev);
+  loom_status_t status = loom_arg_tensor(op, "q", q, dt, dev);
   if (status != LOOM_OK) {
     return status;
   }
@@ -35,7 +49,7 @@ static loom_status_t check_inputs(const char *op, const loom_tensor_t *q, const 
                       "%s: q is %s, expected (total_q, H, D) with H >= 1 and D >= 1", op,
                       loom_shape_str(q, s));
   }
-  if ((status = loom_arg_tensor(op, "k", k, LOOM_F32, dev)) != LOOM_OK) {
+  if ((status = loom_arg_tensor(op, "k", k, dt, dev)) != LOOM_OK) {
     return status;
   }
   if (k->ndim != 3 || k->shape[1] < 1 || k->shape[2] != q->shape[2]) {
@@ -49,7 +63,7 @@ static loom_status_t check_inputs(const char *op, const loom_tensor_t *q, const 
                       "(grouped-query attention)",
                       op, (long long)q->shape[1], (long long)k->shape[1]);
   }
-  if ((status = loom_arg_shape(op, "v", v, LOOM_F32, dev, 3, k->shape)) != LOOM_OK) {
+  if ((status = loom_arg_shape(op, "v", v, dt, dev, 3, k->shape)) != LOOM_OK) {
     return status;
   }
   if ((status = loom_arg_tensor(op, "cu_seqlens_q", cu_q, LOOM_I32, dev)) != LOOM_OK) {
@@ -64,10 +78,20 @@ static loom_status_t check_inputs(const char *op, const loom_tensor_t *q, const 
     return status;
   }
   const int64_t B = cu_q->shape[0] - 1;
-  if ((status = loom_cpu_varlen_check(op, "cu_seqlens_q", cu_q->data, B, q->shape[0], "q", -1)) !=
-          LOOM_OK ||
-      (status = loom_cpu_varlen_check(op, "cu_seqlens_k", cu_k->data, B, k->shape[0], "k", -1)) !=
+  const int32_t *cq = NULL, *ck = NULL;
+  int32_t *owned_q = NULL, *owned_k = NULL; // host copies of device offsets
+  if ((status = loom_arg_i32_view(op, "cu_seqlens_q", cu_q, &cq, &owned_q)) == LOOM_OK &&
+      (status = loom_arg_i32_view(op, "cu_seqlens_k", cu_k, &ck, &owned_k)) == LOOM_OK &&
+      (status = loom_cpu_varlen_check(op, "cu_seqlens_q", cq, B, q->shape[0], "q", -1)) ==
+          LOOM_OK &&
+      (status = loom_cpu_varlen_check(op, "cu_seqlens_k", ck, B, k->shape[0], "k", -1)) ==
           LOOM_OK) {
+    dims->max_q = max_length(cq, B);
+    dims->max_k = max_length(ck, B);
+  }
+  loom_host_free(owned_q);
+  loom_host_free(owned_k);
+  if (status != LOOM_OK) {
     return status;
   }
   if (!isfinite(scale)) {
@@ -85,9 +109,16 @@ static loom_status_t check_inputs(const char *op, const loom_tensor_t *q, const 
 }
 
 // lse: (H, total_q) f32.
-static loom_status_t check_lse(const char *op, const loom_tensor_t *lse, const attn_dims_t *d) {
+static loom_status_t check_lse(const char *op, int dev, const loom_tensor_t *lse,
+                               const attn_dims_t *d) {
   const int64_t shape[2] = {d->H, d->total_q};
-  return loom_arg_shape(op, "lse", lse, LOOM_F32, LOOM_DEVICE_HOST, 2, shape);
+  return loom_arg_shape(op, "lse", lse, LOOM_F32, dev, 2, shape);
+}
+
+// The dtype of the attention tensors, from the output t: f32, or bf16 on a CUDA device (f32
+// softmax and accumulation, f32 lse). Anything else is checked (and refused) as f32.
+static loom_dtype_t attn_dtype(const loom_tensor_t *t) {
+  return t->device != LOOM_DEVICE_HOST && t->dtype == LOOM_BF16 ? LOOM_BF16 : LOOM_F32;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -103,12 +134,21 @@ loom_status_t loom_attention_forward(loom_tensor_t *out, loom_tensor_t *lse, con
   if (status != LOOM_OK) {
     return status;
   }
-  if ((status = check_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, scale, &d)) != LOOM_OK ||
-      (status = loom_arg_shape(op, "out", out, LOOM_F32, LOOM_DEVICE_HOST, 3, q->shape)) !=
+  const int dev = out->device;
+  const loom_dtype_t dt = attn_dtype(out);
+  if ((status = check_inputs(op, dev, dt, q, k, v, cu_seqlens_q, cu_seqlens_k, scale, &d)) !=
           LOOM_OK ||
-      (status = check_lse(op, lse, &d)) != LOOM_OK) {
+      (status = loom_arg_shape(op, "out", out, dt, dev, 3, q->shape)) != LOOM_OK ||
+      (status = check_lse(op, dev, lse, &d)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (dev != LOOM_DEVICE_HOST) {
+    return loom_cuda_attention_fwd(dt, out->data, lse->data, q->data, k->data, v->data,
+                                   cu_seqlens_q->data, cu_seqlens_k->data, (int)d.B, d.max_q,
+                                   d.max_k, d.H, d.H_kv, d.D, causal != 0, scale);
+  }
+#endif
   return loom_cpu_attention_fwd(out->data, lse->data, q->data, k->data, v->data, cu_seqlens_q->data,
                                 cu_seqlens_k->data, (int)d.B, d.H, d.H_kv, d.D, causal != 0, scale);
 }
@@ -120,21 +160,31 @@ loom_status_t loom_attention_backward(loom_tensor_t *dq, loom_tensor_t *dk, loom
                                       const loom_tensor_t *cu_seqlens_q,
                                       const loom_tensor_t *cu_seqlens_k, int causal, float scale) {
   static const char op[] = "loom_attention_backward";
-  const int dev = LOOM_DEVICE_HOST;
   attn_dims_t d;
   loom_status_t status = loom_arg_backend(op, "dq", dq);
   if (status != LOOM_OK) {
     return status;
   }
-  if ((status = check_inputs(op, q, k, v, cu_seqlens_q, cu_seqlens_k, scale, &d)) != LOOM_OK ||
-      (status = loom_arg_shape(op, "out", out, LOOM_F32, dev, 3, q->shape)) != LOOM_OK ||
-      (status = check_lse(op, lse, &d)) != LOOM_OK ||
-      (status = loom_arg_shape(op, "dout", dout, LOOM_F32, dev, 3, q->shape)) != LOOM_OK ||
-      (status = loom_arg_shape(op, "dq", dq, LOOM_F32, dev, 3, q->shape)) != LOOM_OK ||
-      (status = loom_arg_shape(op, "dk", dk, LOOM_F32, dev, 3, k->shape)) != LOOM_OK ||
-      (status = loom_arg_shape(op, "dv", dv, LOOM_F32, dev, 3, k->shape)) != LOOM_OK) {
+  const int dev = dq->device;
+  const loom_dtype_t dt = attn_dtype(dq);
+  if ((status = check_inputs(op, dev, dt, q, k, v, cu_seqlens_q, cu_seqlens_k, scale, &d)) !=
+          LOOM_OK ||
+      (status = loom_arg_shape(op, "out", out, dt, dev, 3, q->shape)) != LOOM_OK ||
+      (status = check_lse(op, dev, lse, &d)) != LOOM_OK ||
+      (status = loom_arg_shape(op, "dout", dout, dt, dev, 3, q->shape)) != LOOM_OK ||
+      (status = loom_arg_shape(op, "dq", dq, dt, dev, 3, q->shape)) != LOOM_OK ||
+      (status = loom_arg_shape(op, "dk", dk, dt, dev, 3, k->shape)) != LOOM_OK ||
+      (status = loom_arg_shape(op, "dv", dv, dt, dev, 3, k->shape)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (dev != LOOM_DEVICE_HOST) {
+    return loom_cuda_attention_bwd(dt, dq->data, dk->data, dv->data, dout->data, q->data, k->data,
+                                   v->data, out->data, lse->data, cu_seqlens_q->data,
+                                   cu_seqlens_k->data, (int)d.B, d.max_q, d.max_k, d.H, d.H_kv, d.D,
+                                   causal != 0, scale);
+  }
+#endif
   return loom_cpu_attention_bwd(dq->data, dk->data, dv->data, dout->data, q->data, k->data, v->data,
                                 out->data, lse->data, cu_seqlens_q->data, cu_seqlens_k->data,
                                 (int)d.B, d.H, d.H_kv, d.D, causal != 0, scale);

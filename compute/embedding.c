@@ -6,6 +6,9 @@
 #include "args.h"
 #include "cpu/embedding_cpu.h"
 #include "error.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Argument checks shared by the embedding forward and backward.
@@ -42,16 +45,22 @@ static loom_status_t check_embedding(const char *op, int device, const char *tab
                       op, rows_name, loom_shape_str(rows, s1), (long long)*n, (long long)*c,
                       loom_shape_str(ids, s2), table_name, loom_shape_str(table, s3));
   }
-  const int32_t *id = ids->data;
+  const int32_t *id = NULL;
+  int32_t *owned = NULL; // the host copy of device ids
+  if ((status = loom_arg_i32_view(op, "ids", ids, &id, &owned)) != LOOM_OK) {
+    return status;
+  }
   for (int64_t i = 0; i < *n; i++) {
     if (id[i] < 0 || (int64_t)id[i] >= vocab) {
-      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                        "%s: ids[%lld] = %d is outside 0..%lld (%s %s has V = %lld rows)", op,
-                        (long long)i, (int)id[i], (long long)vocab - 1, table_name,
-                        loom_shape_str(table, s1), (long long)vocab);
+      status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                          "%s: ids[%lld] = %d is outside 0..%lld (%s %s has V = %lld rows)", op,
+                          (long long)i, (int)id[i], (long long)vocab - 1, table_name,
+                          loom_shape_str(table, s1), (long long)vocab);
+      break;
     }
   }
-  return LOOM_OK;
+  loom_host_free(owned);
+  return status;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -69,6 +78,11 @@ loom_status_t loom_embedding_forward(loom_tensor_t *out, const loom_tensor_t *id
   if (status != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (out->device != LOOM_DEVICE_HOST) {
+    return loom_cuda_embedding_forward(n, c, out->data, ids->data, table->data);
+  }
+#endif
   loom_cpu_embedding_forward(n, c, out->data, ids->data, table->data);
   return LOOM_OK;
 }
@@ -85,6 +99,11 @@ loom_status_t loom_embedding_backward(loom_tensor_t *dtable, const loom_tensor_t
   if (status != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (dtable->device != LOOM_DEVICE_HOST) {
+    return loom_cuda_embedding_backward(n, c, dtable->data, ids->data, dout->data);
+  }
+#endif
   loom_cpu_embedding_backward(n, c, dtable->data, ids->data, dout->data);
   return LOOM_OK;
 }
@@ -111,6 +130,11 @@ loom_status_t loom_residual_forward(loom_tensor_t *out, const loom_tensor_t *a,
   if (status != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (out->device != LOOM_DEVICE_HOST) {
+    return loom_cuda_residual_forward(loom_tensor_numel(out), out->data, a->data, b->data);
+  }
+#endif
   loom_cpu_residual_forward(loom_tensor_numel(out), out->data, a->data, b->data);
   return LOOM_OK;
 }
@@ -146,6 +170,14 @@ loom_status_t loom_residual_backward(loom_tensor_t *da, loom_tensor_t *db,
                       "%s: %s shares its memory with dout: the gradients must be separate buffers",
                       op, da && da->data == dout->data ? "da" : "db");
   }
+#ifdef LOOM_HAVE_CUDA
+  if (first->device != LOOM_DEVICE_HOST) {
+    if (da && (status = loom_cuda_accumulate(n, da->data, dout->data)) != LOOM_OK) {
+      return status;
+    }
+    return db ? loom_cuda_accumulate(n, db->data, dout->data) : LOOM_OK;
+  }
+#endif
   if (da) {
     loom_cpu_accumulate(n, da->data, dout->data);
   }

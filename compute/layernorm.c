@@ -9,6 +9,9 @@
 #include "args.h"
 #include "cpu/layernorm_cpu.h"
 #include "error.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Shared checks.
@@ -99,6 +102,13 @@ loom_status_t loom_layernorm_forward(loom_tensor_t *out, loom_tensor_t *mean, lo
       (status = loom_arg_disjoint(op, "rstd", rstd, "mean", mean, 0)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (out->device != LOOM_DEVICE_HOST) {
+    return loom_cuda_layernorm_forward(
+        N, C, eps, (const float *)in->data, (const float *)weight->data, (const float *)bias->data,
+        (float *)out->data, (float *)mean->data, (float *)rstd->data);
+  }
+#endif
   loom_cpu_layernorm_forward(N, C, eps, (const float *)in->data, (const float *)weight->data,
                              (const float *)bias->data, (float *)out->data, (float *)mean->data,
                              (float *)rstd->data);
@@ -155,6 +165,14 @@ loom_status_t loom_layernorm_backward(loom_tensor_t *din, loom_tensor_t *dweight
       (status = loom_arg_disjoint(op, "dbias", dbias, "dweight", dweight, 0)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (din->device != LOOM_DEVICE_HOST) {
+    return loom_cuda_layernorm_backward(N, C, (const float *)dout->data, (const float *)in->data,
+                                        (const float *)weight->data, (const float *)mean->data,
+                                        (const float *)rstd->data, (float *)din->data,
+                                        (float *)dweight->data, (float *)dbias->data);
+  }
+#endif
   loom_cpu_layernorm_backward(N, C, (const float *)dout->data, (const float *)in->data,
                               (const float *)weight->data, (const float *)mean->data,
                               (const float *)rstd->data, (float *)din->data, (float *)dweight->data,

@@ -9,6 +9,9 @@
 #include "args.h"
 #include "cpu/linear_cpu.h"
 #include "error.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // GEMM.
@@ -23,10 +26,18 @@ loom_status_t loom_gemm(loom_tensor_t *c, const loom_tensor_t *a, int trans_a,
     return status;
   }
   const int dev = c->device;
+  // f32 everywhere; bf16 a, b and c (f32 accumulation, f32 bias) on CUDA devices.
+  const loom_dtype_t dt = dev != LOOM_DEVICE_HOST && c->dtype == LOOM_BF16 ? LOOM_BF16 : LOOM_F32;
+  if (dev == LOOM_DEVICE_HOST && c->dtype == LOOM_BF16) {
+    return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                      "%s: c %s is bf16 on the host: bf16 GEMM runs on CUDA devices; use f32 "
+                      "tensors on the host",
+                      op, loom_shape_str(c, cs));
+  }
   int64_t M, N, a_rows, a_cols, b_rows, b_cols;
-  if ((status = loom_arg_matrix(op, "c", c, LOOM_F32, dev, &M, &N)) != LOOM_OK ||
-      (status = loom_arg_matrix(op, "a", a, LOOM_F32, dev, &a_rows, &a_cols)) != LOOM_OK ||
-      (status = loom_arg_matrix(op, "b", b, LOOM_F32, dev, &b_rows, &b_cols)) != LOOM_OK) {
+  if ((status = loom_arg_matrix(op, "c", c, dt, dev, &M, &N)) != LOOM_OK ||
+      (status = loom_arg_matrix(op, "a", a, dt, dev, &a_rows, &a_cols)) != LOOM_OK ||
+      (status = loom_arg_matrix(op, "b", b, dt, dev, &b_rows, &b_cols)) != LOOM_OK) {
     return status;
   }
   // op(a) is (a_m, K) and op(b) is (K_b, b_n).
@@ -78,6 +89,13 @@ loom_status_t loom_gemm(loom_tensor_t *c, const loom_tensor_t *a, int trans_a,
       (status = loom_arg_disjoint(op, "c", c, "bias", bias, 0)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (dev != LOOM_DEVICE_HOST) {
+    // Row strides of the matrices as stored: a is (M, K), or (K, M) with trans_a.
+    return loom_cuda_gemm(dt, trans_a, trans_b, M, N, K, alpha, a->data, a_cols, b->data, b_cols,
+                          bias ? (const float *)bias->data : NULL, beta, c->data, N);
+  }
+#endif
   loom_cpu_gemm(trans_a, trans_b, M, N, K, alpha, (const float *)a->data, (const float *)b->data,
                 bias ? (const float *)bias->data : NULL, beta, (float *)c->data);
   return LOOM_OK;
@@ -107,6 +125,11 @@ loom_status_t loom_bias_backward(loom_tensor_t *dbias, const loom_tensor_t *dout
   if ((status = loom_arg_disjoint(op, "dbias", dbias, "dout", dout, 0)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (dbias->device != LOOM_DEVICE_HOST) {
+    return loom_cuda_bias_backward(M, N, (const float *)dout->data, (float *)dbias->data);
+  }
+#endif
   loom_cpu_bias_backward(M, N, (const float *)dout->data, (float *)dbias->data);
   return LOOM_OK;
 }

@@ -8,6 +8,9 @@
 #include "args.h"
 #include "cpu/moe_cpu.h"
 #include "error.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Argument checks shared by the three ops.
@@ -48,21 +51,25 @@ static loom_status_t check_like(const char *op, int device, const char *name,
 // Every index of idx (T, K) in 0..E-1; the message names the first bad row.
 static loom_status_t check_idx_range(const char *op, const loom_tensor_t *idx, int64_t T, int64_t K,
                                      int64_t E) {
-  const int32_t *ix = idx->data;
-  for (int64_t t = 0; t < T; t++) {
+  const int32_t *ix = NULL;
+  int32_t *owned = NULL; // the host copy of a device idx
+  loom_status_t status = loom_arg_i32_view(op, "idx", idx, &ix, &owned);
+  for (int64_t t = 0; t < T && status == LOOM_OK; t++) {
     for (int64_t k = 0; k < K; k++) {
       int32_t e = ix[t * K + k];
       if (e < 0 || (int64_t)e >= E) {
         char s[LOOM_SHAPE_STR_MAX];
-        return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                          "%s: idx %s row %lld holds expert %d at column %lld, outside 0..%lld "
-                          "(E = %lld experts)",
-                          op, loom_shape_str(idx, s), (long long)t, (int)e, (long long)k,
-                          (long long)E - 1, (long long)E);
+        status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                            "%s: idx %s row %lld holds expert %d at column %lld, outside 0..%lld "
+                            "(E = %lld experts)",
+                            op, loom_shape_str(idx, s), (long long)t, (int)e, (long long)k,
+                            (long long)E - 1, (long long)E);
+        break;
       }
     }
   }
-  return LOOM_OK;
+  loom_host_free(owned);
+  return status;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -88,6 +95,12 @@ loom_status_t loom_moe_router_forward(loom_tensor_t *probs, loom_tensor_t *idx,
       (status = loom_arg_disjoint(op, "idx", idx, "weight", weight, 0)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (dev != LOOM_DEVICE_HOST) {
+    return loom_cuda_moe_router_forward(T, E, K, logits->data, probs->data, idx->data,
+                                        weight->data);
+  }
+#endif
   loom_cpu_moe_router_forward(T, E, K, logits->data, probs->data, idx->data, weight->data);
   return LOOM_OK;
 }
@@ -121,6 +134,12 @@ loom_status_t loom_moe_aux_loss(float *aux, loom_tensor_t *dprobs, const loom_te
   if ((status = check_idx_range(op, idx, T, K, E)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (dev != LOOM_DEVICE_HOST) {
+    return loom_cuda_moe_aux_loss(T, E, K, probs->data, idx->data, coef, aux,
+                                  dprobs ? (float *)dprobs->data : NULL);
+  }
+#endif
   return loom_cpu_moe_aux_loss(T, E, K, probs->data, idx->data, coef, aux,
                                dprobs ? (float *)dprobs->data : NULL);
 }
@@ -152,6 +171,13 @@ loom_status_t loom_moe_router_backward(loom_tensor_t *dlogits, const loom_tensor
       (status = check_idx_range(op, idx, T, K, E)) != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (dev != LOOM_DEVICE_HOST) {
+    return loom_cuda_moe_router_backward(T, E, K, dlogits->data, dweight->data, probs->data,
+                                         idx->data, weight->data,
+                                         dprobs_extra ? (const float *)dprobs_extra->data : NULL);
+  }
+#endif
   loom_cpu_moe_router_backward(T, E, K, dlogits->data, dweight->data, probs->data, idx->data,
                                weight->data,
                                dprobs_extra ? (const float *)dprobs_extra->data : NULL);

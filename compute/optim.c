@@ -10,6 +10,9 @@
 #include "cpu/optim_cpu.h"
 #include "cpu/util_cpu.h"
 #include "error.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cuda/cuda_kernels.h"
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Shared checks
@@ -87,14 +90,38 @@ loom_status_t loom_clip_grad_norm(loom_tensor_t *const *grads, int n, float max_
       return status;
     }
   }
+  const int on_device = n > 0 && grads[0]->device != LOOM_DEVICE_HOST; // n = 0: grads may be NULL
+  (void)on_device; // read only by the CUDA branches
   double sumsq = 0.0;
   for (int i = 0; i < n; i++) {
-    sumsq += loom_cpu_sumsq(loom_tensor_numel(grads[i]), grads[i]->data);
+    double part = 0.0;
+#ifdef LOOM_HAVE_CUDA
+    if (on_device) {
+      loom_status_t status = loom_cuda_sumsq(loom_tensor_numel(grads[i]), grads[i]->data, &part);
+      if (status != LOOM_OK) {
+        return status;
+      }
+    } else
+#endif
+    {
+      part = loom_cpu_sumsq(loom_tensor_numel(grads[i]), grads[i]->data);
+    }
+    sumsq += part;
   }
   double norm = sqrt(sumsq);
   double coef = loom_cpu_clip_coef(norm, (double)max_norm);
   if (coef < 1.0) {
     for (int i = 0; i < n; i++) {
+#ifdef LOOM_HAVE_CUDA
+      if (on_device) {
+        loom_status_t status =
+            loom_cuda_scale(loom_tensor_numel(grads[i]), (float)coef, grads[i]->data);
+        if (status != LOOM_OK) {
+          return status;
+        }
+        continue;
+      }
+#endif
       loom_cpu_scale(loom_tensor_numel(grads[i]), (float)coef, grads[i]->data);
     }
   }
@@ -152,6 +179,12 @@ loom_status_t loom_adamw_update(loom_tensor_t *param, const loom_tensor_t *grad,
   if (status != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (param->device != LOOM_DEVICE_HOST) {
+    return loom_cuda_adamw_update(loom_tensor_numel(param), param->data, grad->data, m->data,
+                                  v->data, hp);
+  }
+#endif
   loom_cpu_adamw_update(loom_tensor_numel(param), param->data, grad->data, m->data, v->data, hp);
   return LOOM_OK;
 }
@@ -210,6 +243,12 @@ loom_status_t loom_sgd_update(loom_tensor_t *param, const loom_tensor_t *grad, l
   if (status != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (param->device != LOOM_DEVICE_HOST) {
+    return loom_cuda_sgd_update(loom_tensor_numel(param), param->data, grad->data,
+                                buf ? buf->data : NULL, hp);
+  }
+#endif
   loom_cpu_sgd_update(loom_tensor_numel(param), param->data, grad->data, buf ? buf->data : NULL,
                       hp);
   return LOOM_OK;

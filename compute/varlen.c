@@ -9,6 +9,9 @@
 #include "args.h"
 #include "cpu/attention_cpu.h"
 #include "error.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cuda/cuda_ctx.h"
+#endif
 
 // ---------------------------------------------------------------------------------------------
 
@@ -66,14 +69,34 @@ loom_status_t loom_varlen_offsets(loom_tensor_t *cu_seqlens, const loom_tensor_t
 typedef struct varlen_layout {
   int64_t B, T;
   size_t row_bytes;
-  const int32_t *cu;
+  int device;        // of packed and padded
+  const int32_t *cu; // host-readable offsets
+  int32_t *owned;    // the host copy of device offsets (loom_host_free), or NULL
 } varlen_layout_t;
+
+// Copy n bytes (memcpy on the host, a device-to-device copy on the current stream of a CUDA
+// device), or zero them when src is NULL.
+static loom_status_t copy_rows(int device, void *dst, const void *src, size_t n) {
+#ifdef LOOM_HAVE_CUDA
+  if (device != LOOM_DEVICE_HOST) {
+    return src ? loom_cuda_copy(dst, src, n) : loom_cuda_zero(dst, n);
+  }
+#else
+  (void)device;
+#endif
+  if (src) {
+    memcpy(dst, src, n);
+  } else {
+    memset(dst, 0, n);
+  }
+  return LOOM_OK;
+}
 
 static loom_status_t check_layout(const char *op, const loom_tensor_t *packed,
                                   const loom_tensor_t *padded, const loom_tensor_t *cu_seqlens,
                                   varlen_layout_t *lay) {
   char s[LOOM_SHAPE_STR_MAX], s2[LOOM_SHAPE_STR_MAX];
-  const int dev = LOOM_DEVICE_HOST;
+  const int dev = lay->device;
   if (!padded) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: padded is NULL", op);
   }
@@ -112,53 +135,72 @@ static loom_status_t check_layout(const char *op, const loom_tensor_t *packed,
   lay->B = padded->shape[0];
   lay->T = padded->shape[1];
   lay->row_bytes = row;
-  lay->cu = cu_seqlens->data;
-  return loom_cpu_varlen_check(op, "cu_seqlens", lay->cu, lay->B, packed->shape[0], "packed",
-                               lay->T);
+  if ((status = loom_arg_i32_view(op, "cu_seqlens", cu_seqlens, &lay->cu, &lay->owned)) !=
+      LOOM_OK) {
+    return status;
+  }
+  status =
+      loom_cpu_varlen_check(op, "cu_seqlens", lay->cu, lay->B, packed->shape[0], "packed", lay->T);
+  if (status != LOOM_OK) {
+    loom_host_free(lay->owned);
+    lay->owned = NULL;
+  }
+  return status;
 }
 
 loom_status_t loom_varlen_pack(loom_tensor_t *packed, const loom_tensor_t *padded,
                                const loom_tensor_t *cu_seqlens) {
   static const char op[] = "loom_varlen_pack";
-  varlen_layout_t lay;
+  varlen_layout_t lay = {0};
   loom_status_t status = loom_arg_backend(op, "packed", packed);
-  if (status != LOOM_OK ||
-      (status = check_layout(op, packed, padded, cu_seqlens, &lay)) != LOOM_OK) {
+  if (status != LOOM_OK) {
+    return status;
+  }
+  lay.device = packed->device;
+  if ((status = check_layout(op, packed, padded, cu_seqlens, &lay)) != LOOM_OK) {
     return status;
   }
   char *dst = packed->data;
   const char *src = padded->data;
-  for (int64_t b = 0; b < lay.B; b++) {
+  for (int64_t b = 0; b < lay.B && status == LOOM_OK; b++) {
     const size_t n = (size_t)(lay.cu[b + 1] - lay.cu[b]) * lay.row_bytes;
     if (n > 0) {
-      memcpy(dst + (size_t)lay.cu[b] * lay.row_bytes, src + (size_t)(b * lay.T) * lay.row_bytes, n);
+      status = copy_rows(lay.device, dst + (size_t)lay.cu[b] * lay.row_bytes,
+                         src + (size_t)(b * lay.T) * lay.row_bytes, n);
     }
   }
-  return LOOM_OK;
+  loom_host_free(lay.owned);
+  return status;
 }
 
 loom_status_t loom_varlen_unpack(loom_tensor_t *padded, const loom_tensor_t *packed,
                                  const loom_tensor_t *cu_seqlens) {
   static const char op[] = "loom_varlen_unpack";
-  varlen_layout_t lay;
+  varlen_layout_t lay = {0};
   loom_status_t status = loom_arg_backend(op, "padded", padded);
-  if (status != LOOM_OK ||
-      (status = check_layout(op, packed, padded, cu_seqlens, &lay)) != LOOM_OK) {
+  if (status != LOOM_OK) {
+    return status;
+  }
+  lay.device = padded->device;
+  if ((status = check_layout(op, packed, padded, cu_seqlens, &lay)) != LOOM_OK) {
     return status;
   }
   char *dst = padded->data;
   const char *src = packed->data;
-  for (int64_t b = 0; b < lay.B; b++) {
+  for (int64_t b = 0; b < lay.B && status == LOOM_OK; b++) {
     const size_t len = (size_t)(lay.cu[b + 1] - lay.cu[b]);
     char *row0 = dst + (size_t)(b * lay.T) * lay.row_bytes;
     if (len > 0) {
-      memcpy(row0, src + (size_t)lay.cu[b] * lay.row_bytes, len * lay.row_bytes);
+      status =
+          copy_rows(lay.device, row0, src + (size_t)lay.cu[b] * lay.row_bytes, len * lay.row_bytes);
     }
-    if ((size_t)lay.T > len) {
-      memset(row0 + len * lay.row_bytes, 0, ((size_t)lay.T - len) * lay.row_bytes);
+    if (status == LOOM_OK && (size_t)lay.T > len) {
+      status = copy_rows(lay.device, row0 + len * lay.row_bytes, NULL,
+                         ((size_t)lay.T - len) * lay.row_bytes);
     }
   }
-  return LOOM_OK;
+  loom_host_free(lay.owned);
+  return status;
 }
 
 // ---------------------------------------------------------------------------------------------

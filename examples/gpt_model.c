@@ -84,10 +84,11 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
   memset(m, 0, sizeof *m);
   if (cfg->layers < 1 || cfg->width < 1 || cfg->heads < 1 || cfg->width % cfg->heads ||
       cfg->ctx < 1 || cfg->vocab < 1 || cfg->moe_experts < 0 ||
-      (cfg->moe_experts > 0 && cfg->moe_every < 1)) {
+      (cfg->moe_experts > 0 && cfg->moe_every < 1) || (cfg->cuda && cfg->moe_experts > 0)) {
     return LOOM_ERR_INVALID_ARG;
   }
   m->cfg = *cfg;
+  m->device = cfg->cuda ? cfg->cuda_device : LOOM_DEVICE_HOST;
   m->nparams = 2 + cfg->layers * GPT_BLOCK_PARAMS + 3;
   m->nunits = cfg->layers + 2;
   const int64_t C = cfg->width;
@@ -120,12 +121,15 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
     param_shape(cfg, i, &r, &c);
     m->total += r ? r * c : c;
   }
-  for (int k = 0; k < 4; k++) {
-    if (!(m->flat[k] = loom_host_alloc((size_t)m->total * sizeof(float)))) {
+  static const char *const flat_name[4] = {"params", "grads", "adam_m", "adam_v"};
+  for (int k = 0; k < 4; k++) { // zeroed by loom_tensor_alloc, on the host or the device
+    loom_status_t st =
+        loom_tensor_alloc(&m->flat_t[k], LOOM_F32, m->device, 1, &m->total, flat_name[k]);
+    if (st != LOOM_OK) {
       gpt_model_free(m);
-      return LOOM_ERR_NOMEM;
+      return st;
     }
-    memset(m->flat[k], 0, (size_t)m->total * sizeof(float));
+    m->flat[k] = m->flat_t[k].data;
   }
   static const char *const prefix[4] = {"", "grad.", "adam_m.", "adam_v."};
   loom_tensor_t *sets[4] = {m->param, m->grad, m->m, m->v};
@@ -139,8 +143,7 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
     param_name(cfg, i, base, sizeof base);
     for (int k = 0; k < 4; k++) {
       snprintf(name, sizeof name, "%s%s", prefix[k], base);
-      loom_tensor_wrap(&sets[k][i], m->flat[k] + off, LOOM_F32, LOOM_DEVICE_HOST, r ? 2 : 1, shape,
-                       name);
+      loom_tensor_wrap(&sets[k][i], m->flat[k] + off, LOOM_F32, m->device, r ? 2 : 1, shape, name);
     }
     off += r ? r * c : c;
   }
@@ -156,7 +159,7 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
     } else {
       snprintf(name, sizeof name, "grad.head");
     }
-    loom_tensor_wrap(&m->unit_grad[u], first->data, LOOM_F32, LOOM_DEVICE_HOST, 1, &n, name);
+    loom_tensor_wrap(&m->unit_grad[u], first->data, LOOM_F32, m->device, 1, &n, name);
     if (gpt_unit_parts(m, u) == 1) {
       m->part_grad[2 * u] = m->unit_grad[u];
       continue;
@@ -166,17 +169,16 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
     float *mlp = m->grad[block_param(u - 1, GPT_LN2_W)].data;
     int64_t attn_n = (int64_t)(mlp - (float *)first->data), mlp_n = n - attn_n;
     snprintf(name, sizeof name, "grad.h%d.mlp", u - 1);
-    loom_tensor_wrap(&m->part_grad[2 * u], mlp, LOOM_F32, LOOM_DEVICE_HOST, 1, &mlp_n, name);
+    loom_tensor_wrap(&m->part_grad[2 * u], mlp, LOOM_F32, m->device, 1, &mlp_n, name);
     snprintf(name, sizeof name, "grad.h%d.attn", u - 1);
-    loom_tensor_wrap(&m->part_grad[2 * u + 1], first->data, LOOM_F32, LOOM_DEVICE_HOST, 1, &attn_n,
-                     name);
+    loom_tensor_wrap(&m->part_grad[2 * u + 1], first->data, LOOM_F32, m->device, 1, &attn_n, name);
   }
   return LOOM_OK;
 }
 
 void gpt_model_free(gpt_model_t *m) {
   for (int k = 0; k < 4; k++) {
-    loom_host_free(m->flat[k]);
+    loom_tensor_free(&m->flat_t[k]);
   }
   for (int l = 0; m->moe && l < m->cfg.layers; l++) {
     loom_moe_destroy(m->moe[l]);
@@ -217,38 +219,63 @@ loom_status_t gpt_model_set_moe(gpt_model_t *m, int l, loom_moe_t *moe) {
   return LOOM_OK;
 }
 
-void gpt_model_init(gpt_model_t *m, uint64_t seed) {
+// The initial values of parameter i (n floats) into p.
+static void init_param(const gpt_model_t *m, int i, float *p, uint64_t seed) {
   const gpt_config_t *c = &m->cfg;
   const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)c->layers);
-  for (int i = 0; i < m->nparams; i++) {
-    float *p = m->param[i].data;
-    int64_t n = loom_tensor_numel(&m->param[i]);
-    uint64_t state = seed * 0x9e3779b97f4a7c15ull + (uint64_t)i + 1;
-    int block = i >= 2 && i < head_param(c, 0) ? (i - 2) % GPT_BLOCK_PARAMS : -1;
-    int is_ln_w = block == GPT_LN1_W || block == GPT_LN2_W || i == head_param(c, 0);
-    if (m->param[i].ndim == 1) { // biases 0, LayerNorm weights 1
-      for (int64_t k = 0; k < n; k++) {
-        p[k] = is_ln_w ? 1.0f : 0.0f;
-      }
-      continue;
-    }
-    float s = block == GPT_WO || block == GPT_FC2_W ? proj_std : std;
+  int64_t n = loom_tensor_numel(&m->param[i]);
+  uint64_t state = seed * 0x9e3779b97f4a7c15ull + (uint64_t)i + 1;
+  int block = i >= 2 && i < head_param(c, 0) ? (i - 2) % GPT_BLOCK_PARAMS : -1;
+  int is_ln_w = block == GPT_LN1_W || block == GPT_LN2_W || i == head_param(c, 0);
+  if (m->param[i].ndim == 1) { // biases 0, LayerNorm weights 1
     for (int64_t k = 0; k < n; k++) {
-      p[k] = s * ex_normal(&state);
+      p[k] = is_ln_w ? 1.0f : 0.0f;
     }
+    return;
   }
+  float s = block == GPT_WO || block == GPT_FC2_W ? proj_std : std;
+  for (int64_t k = 0; k < n; k++) {
+    p[k] = s * ex_normal(&state);
+  }
+}
+
+loom_status_t gpt_model_init(gpt_model_t *m, uint64_t seed) {
+  if (m->device == LOOM_DEVICE_HOST) {
+    for (int i = 0; i < m->nparams; i++) {
+      init_param(m, i, m->param[i].data, seed);
+    }
+    return LOOM_OK;
+  }
+  // On a device: the same numbers made on the host, then copied over in one piece.
+  loom_tensor_t host;
+  TRY(loom_tensor_alloc(&host, LOOM_F32, LOOM_DEVICE_HOST, 1, &m->total, "params.init"));
+  float *p = host.data;
+  for (int i = 0; i < m->nparams; i++) {
+    init_param(m, i, p, seed);
+    p += loom_tensor_numel(&m->param[i]);
+  }
+  loom_status_t st = loom_tensor_copy(&m->flat_t[0], &host);
+  loom_tensor_free(&host);
+  return st;
 }
 
 // ---- activations --------------------------------------------------------------------------------
 
-static loom_status_t alloc2(loom_tensor_t *t, int64_t rows, int64_t cols, const char *name) {
+static loom_status_t alloc2(const gpt_acts_t *a, loom_tensor_t *t, int64_t rows, int64_t cols,
+                            const char *name) {
   int64_t shape[2] = {rows, cols};
-  return loom_tensor_alloc(t, LOOM_F32, LOOM_DEVICE_HOST, cols ? 2 : 1, shape, name);
+  return loom_tensor_alloc(t, LOOM_F32, a->device, cols ? 2 : 1, shape, name);
 }
 
 loom_status_t gpt_acts_alloc(gpt_acts_t *a, const gpt_config_t *cfg, int64_t cap) {
   memset(a, 0, sizeof *a);
   a->cap = cap;
+  a->device = cfg->cuda ? cfg->cuda_device : LOOM_DEVICE_HOST;
+  if (cfg->cuda) {
+    const int64_t batch = 4 * cap + 1, row = cfg->vocab;
+    TRY(loom_tensor_alloc(&a->dev_batch, LOOM_I32, a->device, 1, &batch, "batch"));
+    TRY(loom_tensor_alloc(&a->logits_row, LOOM_F32, LOOM_DEVICE_HOST, 1, &row, "logits.row"));
+  }
   const int64_t C = cfg->width, F = 4 * C;
   a->x = calloc((size_t)cfg->layers + 1, sizeof *a->x);
   a->layer = calloc((size_t)cfg->layers, sizeof *a->layer);
@@ -258,39 +285,39 @@ loom_status_t gpt_acts_alloc(gpt_acts_t *a, const gpt_config_t *cfg, int64_t cap
     return LOOM_ERR_NOMEM;
   }
   for (int l = 0; l <= cfg->layers; l++) {
-    TRY(alloc2(&a->x[l], cap, C, "x"));
+    TRY(alloc2(a, &a->x[l], cap, C, "x"));
   }
   for (int l = 0; l < cfg->layers; l++) {
     gpt_layer_acts_t *y = &a->layer[l];
-    TRY(alloc2(&y->ln1, cap, C, "ln1"));
-    TRY(alloc2(&y->ln1_mean, cap, 0, "ln1.mean"));
-    TRY(alloc2(&y->ln1_rstd, cap, 0, "ln1.rstd"));
-    TRY(alloc2(&y->q, cap, C, "q"));
-    TRY(alloc2(&y->k, cap, C, "k"));
-    TRY(alloc2(&y->v, cap, C, "v"));
-    TRY(alloc2(&y->att, cap, C, "att"));
-    TRY(alloc2(&y->lse, cfg->heads, cap, "lse"));
-    TRY(alloc2(&y->xmid, cap, C, "xmid"));
-    TRY(alloc2(&y->ln2, cap, C, "ln2"));
-    TRY(alloc2(&y->ln2_mean, cap, 0, "ln2.mean"));
-    TRY(alloc2(&y->ln2_rstd, cap, 0, "ln2.rstd"));
+    TRY(alloc2(a, &y->ln1, cap, C, "ln1"));
+    TRY(alloc2(a, &y->ln1_mean, cap, 0, "ln1.mean"));
+    TRY(alloc2(a, &y->ln1_rstd, cap, 0, "ln1.rstd"));
+    TRY(alloc2(a, &y->q, cap, C, "q"));
+    TRY(alloc2(a, &y->k, cap, C, "k"));
+    TRY(alloc2(a, &y->v, cap, C, "v"));
+    TRY(alloc2(a, &y->att, cap, C, "att"));
+    TRY(alloc2(a, &y->lse, cfg->heads, cap, "lse"));
+    TRY(alloc2(a, &y->xmid, cap, C, "xmid"));
+    TRY(alloc2(a, &y->ln2, cap, C, "ln2"));
+    TRY(alloc2(a, &y->ln2_mean, cap, 0, "ln2.mean"));
+    TRY(alloc2(a, &y->ln2_rstd, cap, 0, "ln2.rstd"));
     if (!gpt_block_is_moe(cfg, l)) { // a MoE layer keeps its own activations
-      TRY(alloc2(&y->fc, cap, F, "fc"));
-      TRY(alloc2(&y->h, cap, F, "gelu"));
+      TRY(alloc2(a, &y->fc, cap, F, "fc"));
+      TRY(alloc2(a, &y->h, cap, F, "gelu"));
     }
   }
-  TRY(alloc2(&a->lnf, cap, C, "lnf"));
-  TRY(alloc2(&a->lnf_mean, cap, 0, "lnf.mean"));
-  TRY(alloc2(&a->lnf_rstd, cap, 0, "lnf.rstd"));
-  TRY(alloc2(&a->logits, cap, cfg->vocab, "logits"));
-  TRY(alloc2(&a->losses, cap, 0, "losses"));
-  TRY(alloc2(&a->dres, cap, C, "dres"));
-  TRY(alloc2(&a->dtmp, cap, C, "dtmp"));
-  TRY(alloc2(&a->dy, cap, C, "dy"));
-  TRY(alloc2(&a->dq, cap, C, "dq"));
-  TRY(alloc2(&a->dk, cap, C, "dk"));
-  TRY(alloc2(&a->dv, cap, C, "dv"));
-  TRY(alloc2(&a->dfc, cap, F, "dfc"));
+  TRY(alloc2(a, &a->lnf, cap, C, "lnf"));
+  TRY(alloc2(a, &a->lnf_mean, cap, 0, "lnf.mean"));
+  TRY(alloc2(a, &a->lnf_rstd, cap, 0, "lnf.rstd"));
+  TRY(alloc2(a, &a->logits, cap, cfg->vocab, "logits"));
+  TRY(alloc2(a, &a->losses, cap, 0, "losses"));
+  TRY(alloc2(a, &a->dres, cap, C, "dres"));
+  TRY(alloc2(a, &a->dtmp, cap, C, "dtmp"));
+  TRY(alloc2(a, &a->dy, cap, C, "dy"));
+  TRY(alloc2(a, &a->dq, cap, C, "dq"));
+  TRY(alloc2(a, &a->dk, cap, C, "dk"));
+  TRY(alloc2(a, &a->dv, cap, C, "dv"));
+  TRY(alloc2(a, &a->dfc, cap, F, "dfc"));
   return LOOM_OK;
 }
 
@@ -316,6 +343,8 @@ void gpt_acts_free(gpt_acts_t *a, const gpt_config_t *cfg) {
   for (size_t i = 0; i < sizeof rest / sizeof rest[0]; i++) {
     loom_tensor_free(rest[i]);
   }
+  loom_tensor_free(&a->dev_batch);
+  loom_tensor_free(&a->logits_row);
   free(a->x);
   free(a->layer);
   memset(a, 0, sizeof *a);
@@ -407,6 +436,23 @@ loom_status_t gpt_forward(const gpt_model_t *m, gpt_acts_t *a, const loom_tensor
   a->cu = *cu;
   if (targets) {
     a->target = *targets;
+  }
+  if (a->device != LOOM_DEVICE_HOST) { // the batch comes from the host: copy it over
+    int32_t *base = a->dev_batch.data;
+    int64_t ncu = loom_tensor_numel(cu);
+    if (ncu > a->cap + 1) { // room: tokens, pos (cap each), cu, targets (cap)
+      return LOOM_ERR_INVALID_ARG;
+    }
+    loom_tensor_t *dst[4] = {&a->tokens, &a->pos, &a->cu, &a->target};
+    const loom_tensor_t *src[4] = {tokens, pos, cu, targets};
+    const int64_t at[4] = {0, a->cap, 2 * a->cap, 2 * a->cap + ncu};
+    for (int i = 0; i < 4 && src[i]; i++) {
+      int64_t len = loom_tensor_numel(src[i]);
+      loom_tensor_wrap(dst[i], base + at[i], LOOM_I32, a->device, 1, &len, src[i]->name);
+      TRY(loom_tensor_copy(dst[i], src[i]));
+    }
+    tokens = &a->tokens;
+    pos = &a->pos;
   }
   loom_tensor_t x0 = rows(&a->x[0], n, 0), tmp = rows(&a->dtmp, n, 0);
   TRY(loom_embedding_forward(&x0, tokens, &m->param[0]));
@@ -633,6 +679,15 @@ loom_status_t gpt_generate(const gpt_model_t *m, gpt_acts_t *a, uint8_t *text, i
       break;
     }
     const float *lg = (const float *)a->logits.data + (int64_t)(n - 1) * V;
+    if (a->device != LOOM_DEVICE_HOST) { // the last row, copied to the host
+      loom_tensor_t row;
+      int64_t vv = V;
+      loom_tensor_wrap(&row, (void *)lg, LOOM_F32, a->device, 1, &vv, "logits.last");
+      if ((st = loom_tensor_copy(&a->logits_row, &row)) != LOOM_OK) {
+        break;
+      }
+      lg = a->logits_row.data;
+    }
     float mx = lg[0];
     for (int j = 1; j < V; j++) {
       mx = lg[j] > mx ? lg[j] : mx;

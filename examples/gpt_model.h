@@ -15,6 +15,8 @@ typedef struct gpt_config {
   int vocab;       // V: 256 for bytes
   int moe_experts; // 0: every block has the dense MLP; else some blocks have a MoE layer (below)
   int moe_every;   // block l is a MoE block when moe_experts > 0 and (l + 1) % moe_every == 0
+  int cuda;        // 1: parameters, optimizer state and activations on CUDA device cuda_device
+  int cuda_device; // (dense blocks, local attention only); 0: host memory
 } gpt_config_t;
 
 // 1 when block l's MLP is a mixture of experts (its fc1/fc2 tensors then hold no elements).
@@ -53,7 +55,9 @@ typedef struct gpt_model {
   loom_tensor_t *unit_grad;    // (nunits) the gradients of a unit as one 1-d view
   loom_tensor_t *part_grad;    // (2 nunits) part p of unit u at [2u + p]: see gpt_backward_part
   int *unit_first;             // (nunits + 1) tensor index range of each unit
-  float *flat[4];              // param, grad, m, v: total floats each
+  float *flat[4];              // param, grad, m, v: total floats each (device memory with cuda)
+  loom_tensor_t flat_t[4];     // the owning tensors of flat
+  int device;                  // LOOM_DEVICE_HOST or the CUDA device of every tensor
   int64_t total;               // parameters in the flat buffers (the MoE layers' not included)
   int64_t matmul_params;       // flat parameters that multiply activations: 12 L C^2 + V C, less
                                // 8 C^2 per MoE block
@@ -84,7 +88,10 @@ typedef struct gpt_acts {
   loom_tensor_t dres, dtmp, dy;          // (N, C) backward scratch; dres is d x[l]
   loom_tensor_t dq, dk, dv;              // (N, C)
   loom_tensor_t dfc;                     // (N, 4C)
-  loom_tensor_t tokens, pos, target, cu; // views of the batch of the last forward
+  loom_tensor_t tokens, pos, target, cu; // the batch of the last forward (device copies on CUDA)
+  loom_tensor_t dev_batch;               // CUDA: room for tokens, pos, targets, cu (4 cap + 1 i32)
+  loom_tensor_t logits_row;              // CUDA: host copy of one row of logits (generation)
+  int device;                            // where the activations live
   float aux;                             // the MoE aux losses of the last forward, summed
   // Attention servers: block l's core attention runs through attn[l] (loom_attn_exec: shipped
   // by a plan over this forward's documents, collective over its group) instead of the local
@@ -102,7 +109,10 @@ void gpt_model_free(gpt_model_t *m); // destroys the attached MoE layers (collec
 loom_status_t gpt_model_set_moe(gpt_model_t *m, int l, loom_moe_t *moe);
 // GPT-2 initialisation from seed (the same numbers on every rank): weights N(0, 0.02), the two
 // residual projections N(0, 0.02 / sqrt(2 L)), biases 0, LayerNorm weights 1.
-void gpt_model_init(gpt_model_t *m, uint64_t seed);
+// On a CUDA model the values are made on the host and copied over (the same numbers).
+loom_status_t gpt_model_init(gpt_model_t *m, uint64_t seed);
+// Activations on the model's device (cfg->cuda); with cuda, tokens, positions, targets and
+// cu_seqlens given to gpt_forward on the host are copied to the device each forward.
 loom_status_t gpt_acts_alloc(gpt_acts_t *a, const gpt_config_t *cfg, int64_t cap);
 void gpt_acts_free(gpt_acts_t *a, const gpt_config_t *cfg);
 

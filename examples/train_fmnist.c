@@ -1,11 +1,13 @@
 /* train_fmnist.c — data-parallel MLP classifier on Fashion-MNIST: every rank holds the model,
  * trains on its slice of each global batch, and averages gradients over the DP group with loom. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compress_auto.h"
+#include "example_ckpt.h"
 #include "example_util.h"
 #include "fmnist_data.h"
 #include "loom.h"
@@ -33,6 +35,8 @@ typedef struct opts {
   int no_overlap;       // 1: the old path, one fused allreduce after the whole backward
   const char *compress; // --compress: a compressor spec, or NULL
   loom_scheme_t scheme; // --compress-scheme
+  int cuda;             // --device cuda: model, momentum and activations on this rank's GPU
+  ex_ckpt_opts_t ck;    // --ckpt, --save-every, --resume, --die-at
   int help;
 } opts_t;
 
@@ -76,6 +80,9 @@ static void usage(FILE *out) {
       "                      error feedback, or auto: profile the first steps, then a plan per\n"
       "                      layer; not with --no-overlap (default: LOOM_COMPRESS, auto)\n"
       "  --compress-scheme S indivisible, divisible or hierarchical (default divisible)\n"
+      "  --device D          host or cuda: cuda keeps the model, momentum and activations on\n"
+      "                      this rank's GPU (LOOM_GPU picks it; NCCL averages the gradients;\n"
+      "                      overlapped step, uncompressed gradients) (default host)\n" EX_CKPT_HELP
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n",
       FMNIST_DEFAULT_DIR);
@@ -92,8 +99,9 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
                 .seed = 42,
                 .data = FMNIST_DEFAULT_DIR,
                 .rtol = 1e-5,
+                .ck = EX_CKPT_OPTS_DEFAULT,
                 .scheme = LOOM_SCHEME_DIVISIBLE};
-  static const char *const switches[] = {"--help", "--no-overlap", "--compare", NULL};
+  static const char *const switches[] = {"--help", "--no-overlap", "--compare", "--resume", NULL};
   for (int i = 1; i < argc; i++) {
     char flag[64];
     const char *v = NULL;
@@ -157,6 +165,14 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       o->json = v;
     } else if (!strcmp(flag, "--dump-params")) {
       o->dump = v;
+    } else if ((rc = ex_parse_ckpt(flag, v, &o->ck, err, errlen)) != 0) {
+      rc = rc < 0 ? -1 : 0;
+    } else if (!strcmp(flag, "--device")) {
+      if (strcmp(v, "host") != 0 && strcmp(v, "cuda") != 0) {
+        snprintf(err, errlen, "--device wants host or cuda, got '%s'", v);
+        rc = -1;
+      }
+      o->cuda = !strcmp(v, "cuda");
     } else if (!strcmp(flag, "--rtol")) {
       rc = ex_parse_double(flag, v, 0.0, 1.0, &o->rtol, err, errlen);
     } else if ((rc = ex_parse_compress(flag, v, &o->compress, &o->scheme, err, errlen)) != 0) {
@@ -173,6 +189,17 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
     snprintf(err, errlen, "--compress works with the overlapped step: drop --no-overlap");
     return -1;
   }
+  if (ex_check_ckpt(&o->ck, err, errlen) != 0) {
+    return -1;
+  }
+  if (o->cuda && (o->no_overlap || (o->compress && strcmp(o->compress, "none") != 0 &&
+                                    strcmp(o->compress, "auto") != 0))) {
+    snprintf(err, errlen,
+             "--device cuda does not support %s yet (they run on host tensors): drop it or use "
+             "--device host",
+             o->no_overlap ? "--no-overlap" : "--compress");
+    return -1;
+  }
   return 0;
 }
 
@@ -182,6 +209,7 @@ enum { W1, B1, W2, B2, W3, B3, NPARAM };
 static const char *const param_names[NPARAM] = {"w1", "b1", "w2", "b2", "w3", "b3"};
 
 typedef struct mlp {
+  int device;                     // LOOM_DEVICE_HOST or this rank's CUDA device
   int hidden;                     // H
   loom_tensor_t param[NPARAM];    // w1 (H, 784), b1 (H), w2 (H, H), b2 (H), w3 (10, H), b3 (10)
   loom_tensor_t grad[NPARAM];     // same shapes as param: averaged over the DP group each step
@@ -190,7 +218,11 @@ typedef struct mlp {
 } mlp_t;
 
 typedef struct acts {
+  int device;            // where the tensors below live
   int cap;               // B: rows allocated; a call may use fewer (views of the first rows)
+  loom_tensor_t x_host;  // (B, 784) the batch as gathered on the host (x itself on the host)
+  loom_tensor_t y_host;  // (B) i32
+  loom_tensor_t lg_host; // (B, 10) logits read back for the accuracy (logits on the host)
   loom_tensor_t x;       // (B, 784) input pixels
   loom_tensor_t y;       // (B) i32 labels
   loom_tensor_t a1;      // (B, H) x @ w1^T + b1
@@ -204,33 +236,33 @@ typedef struct acts {
   loom_tensor_t da;      // (B, H) d loss / d a2, then d loss / d a1
 } acts_t;
 
-static void alloc2(loom_tensor_t *t, int64_t rows, int64_t cols, loom_dtype_t dt,
+static void alloc2(loom_tensor_t *t, int device, int64_t rows, int64_t cols, loom_dtype_t dt,
                    const char *name) {
   int64_t shape[2] = {rows, cols};
-  EX_CHECK(loom_tensor_alloc(t, dt, LOOM_DEVICE_HOST, cols > 0 ? 2 : 1, shape, name));
+  EX_CHECK(loom_tensor_alloc(t, dt, device, cols > 0 ? 2 : 1, shape, name));
 }
 
-static void mlp_alloc(mlp_t *m, int hidden) {
+static void mlp_alloc(mlp_t *m, int hidden, int device) {
   const int64_t rows[NPARAM] = {hidden, hidden, hidden, hidden, FMNIST_CLASSES, FMNIST_CLASSES};
   const int64_t cols[NPARAM] = {FMNIST_PIXELS, 0, hidden, 0, hidden, 0};
   m->hidden = hidden;
+  m->device = device;
   // A layer's weight and bias gradients are views of one buffer, so that one allreduce covers
   // the layer.
   for (int l = 0; l < NPARAM / 2; l++) {
     char name[64];
     snprintf(name, sizeof name, "grad.layer%d", l + 1);
-    alloc2(&m->gbuf[l], rows[2 * l] * cols[2 * l] + rows[2 * l + 1], 0, LOOM_F32, name);
+    alloc2(&m->gbuf[l], device, rows[2 * l] * cols[2 * l] + rows[2 * l + 1], 0, LOOM_F32, name);
   }
   for (int i = 0; i < NPARAM; i++) {
     char name[64];
-    alloc2(&m->param[i], rows[i], cols[i], LOOM_F32, param_names[i]);
+    alloc2(&m->param[i], device, rows[i], cols[i], LOOM_F32, param_names[i]);
     snprintf(name, sizeof name, "grad.%s", param_names[i]);
     int64_t shape[2] = {rows[i], cols[i]};
     float *g = (float *)m->gbuf[i / 2].data + (i % 2 ? rows[i - 1] * cols[i - 1] : 0);
-    EX_CHECK(loom_tensor_wrap(&m->grad[i], g, LOOM_F32, LOOM_DEVICE_HOST, cols[i] > 0 ? 2 : 1,
-                              shape, name));
+    EX_CHECK(loom_tensor_wrap(&m->grad[i], g, LOOM_F32, device, cols[i] > 0 ? 2 : 1, shape, name));
     snprintf(name, sizeof name, "momentum.%s", param_names[i]);
-    alloc2(&m->mom[i], rows[i], cols[i], LOOM_F32, name);
+    alloc2(&m->mom[i], device, rows[i], cols[i], LOOM_F32, name);
   }
 }
 
@@ -246,38 +278,58 @@ static void mlp_free(mlp_t *m) {
 }
 
 // PyTorch's nn.Linear default: weight and bias uniform in +-1/sqrt(fan_in). One stream per
-// parameter from the seed, so every rank draws the same numbers.
+// parameter from the seed, so every rank draws the same numbers (made on the host, copied to
+// the device on a CUDA model).
 static void mlp_init(mlp_t *m, uint64_t seed) {
   for (int i = 0; i < NPARAM; i++) {
     int64_t fan_in = (i == W1 || i == B1) ? FMNIST_PIXELS : m->hidden;
     float bound = 1.0f / sqrtf((float)fan_in);
     uint64_t state = seed * 0x9e3779b97f4a7c15ull + (uint64_t)i + 1;
-    float *p = m->param[i].data;
+    loom_tensor_t host = m->param[i];
+    if (m->device != LOOM_DEVICE_HOST) {
+      EX_CHECK(loom_tensor_alloc(&host, LOOM_F32, LOOM_DEVICE_HOST, m->param[i].ndim,
+                                 m->param[i].shape, "init"));
+    }
+    float *p = host.data;
     for (int64_t k = 0; k < loom_tensor_numel(&m->param[i]); k++) {
       float u = ex_uniform(&state); // [0, 1)
       p[k] = (2.0f * u - 1.0f) * bound;
     }
+    if (m->device != LOOM_DEVICE_HOST) {
+      EX_CHECK(loom_tensor_copy(&m->param[i], &host));
+      loom_tensor_free(&host);
+    }
   }
 }
 
-static void acts_alloc(acts_t *a, int cap, int hidden) {
+static void acts_alloc(acts_t *a, int cap, int hidden, int device) {
   a->cap = cap;
-  alloc2(&a->x, cap, FMNIST_PIXELS, LOOM_F32, "x");
-  alloc2(&a->y, cap, 0, LOOM_I32, "y");
-  alloc2(&a->a1, cap, hidden, LOOM_F32, "a1");
-  alloc2(&a->h1, cap, hidden, LOOM_F32, "h1");
-  alloc2(&a->a2, cap, hidden, LOOM_F32, "a2");
-  alloc2(&a->h2, cap, hidden, LOOM_F32, "h2");
-  alloc2(&a->logits, cap, FMNIST_CLASSES, LOOM_F32, "logits");
-  alloc2(&a->losses, cap, 0, LOOM_F32, "losses");
-  alloc2(&a->dlogits, cap, FMNIST_CLASSES, LOOM_F32, "dlogits");
-  alloc2(&a->dh, cap, hidden, LOOM_F32, "dh");
-  alloc2(&a->da, cap, hidden, LOOM_F32, "da");
+  a->device = device;
+  alloc2(&a->x, device, cap, FMNIST_PIXELS, LOOM_F32, "x");
+  alloc2(&a->y, device, cap, 0, LOOM_I32, "y");
+  alloc2(&a->a1, device, cap, hidden, LOOM_F32, "a1");
+  alloc2(&a->h1, device, cap, hidden, LOOM_F32, "h1");
+  alloc2(&a->a2, device, cap, hidden, LOOM_F32, "a2");
+  alloc2(&a->h2, device, cap, hidden, LOOM_F32, "h2");
+  alloc2(&a->logits, device, cap, FMNIST_CLASSES, LOOM_F32, "logits");
+  alloc2(&a->losses, device, cap, 0, LOOM_F32, "losses");
+  alloc2(&a->dlogits, device, cap, FMNIST_CLASSES, LOOM_F32, "dlogits");
+  alloc2(&a->dh, device, cap, hidden, LOOM_F32, "dh");
+  alloc2(&a->da, device, cap, hidden, LOOM_F32, "da");
+  if (device == LOOM_DEVICE_HOST) { // the staging tensors are the tensors themselves
+    a->x_host = a->x, a->y_host = a->y, a->lg_host = a->logits;
+    a->x_host.owns_data = a->y_host.owns_data = a->lg_host.owns_data = 0;
+  } else {
+    alloc2(&a->x_host, LOOM_DEVICE_HOST, cap, FMNIST_PIXELS, LOOM_F32, "x.host");
+    alloc2(&a->y_host, LOOM_DEVICE_HOST, cap, 0, LOOM_I32, "y.host");
+    alloc2(&a->lg_host, LOOM_DEVICE_HOST, cap, FMNIST_CLASSES, LOOM_F32, "logits.host");
+  }
 }
 
 static void acts_free(acts_t *a) {
-  loom_tensor_t *all[] = {&a->x,      &a->y,      &a->a1,      &a->h1, &a->a2, &a->h2,
-                          &a->logits, &a->losses, &a->dlogits, &a->dh, &a->da};
+  loom_tensor_t *all[] = {&a->x,  &a->y,      &a->a1,     &a->h1,      &a->a2,
+                          &a->h2, &a->logits, &a->losses, &a->dlogits, &a->dh,
+                          &a->da, &a->x_host, &a->y_host, &a->lg_host};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
     loom_tensor_free(all[i]);
   }
@@ -291,6 +343,19 @@ static loom_tensor_t rows(const loom_tensor_t *t, int64_t n) {
   shape[0] = n;
   EX_CHECK(loom_tensor_wrap(&v, t->data, t->dtype, t->device, t->ndim, shape, t->name));
   return v;
+}
+
+// Rows idx[start .. start + n) of split (idx NULL: rows start..) into a->x and a->y: gathered on
+// the host, then copied to the device on a CUDA model.
+static void load_batch(acts_t *a, const fmnist_split_t *split, const int32_t *idx, int64_t start,
+                       int64_t n) {
+  fmnist_gather(split, idx, start, n, a->x_host.data, a->y_host.data);
+  if (a->device != LOOM_DEVICE_HOST) {
+    loom_tensor_t x = rows(&a->x, n), y = rows(&a->y, n);
+    loom_tensor_t xh = rows(&a->x_host, n), yh = rows(&a->y_host, n);
+    EX_CHECK(loom_tensor_copy(&x, &xh));
+    EX_CHECK(loom_tensor_copy(&y, &yh));
+  }
 }
 
 // ---- forward and backward --------------------------------------------------------------------
@@ -366,10 +431,14 @@ static void evaluate(const mlp_t *m, acts_t *a, const fmnist_split_t *test, cons
   float sums[2] = {0.0f, 0.0f}; // correct, loss sum
   for (int64_t i = begin; i < end; i += a->cap) {
     int64_t n = end - i < a->cap ? end - i : a->cap;
-    fmnist_gather(test, NULL, i, n, a->x.data, a->y.data);
+    load_batch(a, test, NULL, i, n);
     sums[1] += forward(m, a, n) * (float)n;
-    const float *lg = a->logits.data;
-    const int32_t *y = a->y.data;
+    if (a->device != LOOM_DEVICE_HOST) {
+      loom_tensor_t lg_dev = rows(&a->logits, n), lg_host = rows(&a->lg_host, n);
+      EX_CHECK(loom_tensor_copy(&lg_host, &lg_dev));
+    }
+    const float *lg = a->lg_host.data;
+    const int32_t *y = a->y_host.data;
     for (int64_t r = 0; r < n; r++) {
       int best = 0;
       for (int c = 1; c < FMNIST_CLASSES; c++) {
@@ -391,10 +460,41 @@ static void evaluate(const mlp_t *m, acts_t *a, const fmnist_split_t *test, cons
 // Write every parameter as raw f32 (w1 b1 w2 b2 w3 b3) to path, with %r replaced by rank.
 static int dump_params(const mlp_t *m, const char *path, int rank) {
   const loom_tensor_t *all[NPARAM];
+  loom_tensor_t host[NPARAM] = {{0}}; // host copies of device parameters
   for (int i = 0; i < NPARAM; i++) {
     all[i] = &m->param[i];
+    if (m->device != LOOM_DEVICE_HOST) {
+      EX_CHECK(loom_tensor_alloc(&host[i], LOOM_F32, LOOM_DEVICE_HOST, m->param[i].ndim,
+                                 m->param[i].shape, m->param[i].name));
+      EX_CHECK(loom_tensor_copy(&host[i], &m->param[i]));
+      all[i] = &host[i];
+    }
   }
-  return ex_dump_params(path, rank, all, NPARAM);
+  int rc = ex_dump_params(path, rank, all, NPARAM);
+  for (int i = 0; i < NPARAM; i++) {
+    loom_tensor_free(&host[i]);
+  }
+  return rc;
+}
+
+// ---- checkpoints -----------------------------------------------------------------------------
+
+// What a checkpoint of this rank holds: the parameters, the momentum buffers, the error-feedback
+// residuals and, once --compress auto has planned, the plan. The data order (the per-epoch
+// shuffle) and the learning rate follow from the step number.
+static void ckpt_collect(ex_ckpt_set_t *cs, const mlp_t *m, const loom_ef_t *ef,
+                         const ex_auto_t *plan) {
+  ex_ckpt_set_init(cs, 2 * NPARAM, ef, 3);
+  char name[LOOM_NAME_MAX];
+  for (int i = 0; i < NPARAM; i++) {
+    ex_ckpt_set_add(cs, &m->param[i], param_names[i]);
+    snprintf(name, sizeof name, "momentum.%s", param_names[i]);
+    ex_ckpt_set_add(cs, &m->mom[i], name);
+  }
+  ex_ckpt_set_add_ef(cs, ef);
+  if (plan) {
+    ex_ckpt_set_add_plan(cs, plan->codec, plan->scheme, 3);
+  }
 }
 
 // ---- training --------------------------------------------------------------------------------
@@ -436,6 +536,7 @@ typedef struct step {
   loom_ef_t *ef;   // its error feedback, keyed by gradient name
   loom_scheme_t scheme;
   uint64_t seed; // of the step's compressed allreduces (the step number)
+  int die;       // --die-at: this step ends the process (SIGKILL) after the forward
   size_t sent;   // bytes the step's compressed allreduces sent from this rank
 } step_t;
 
@@ -446,8 +547,12 @@ typedef struct layer_arg {
 
 static loom_status_t task_forward(void *arg) {
   step_t *st = arg;
-  fmnist_gather(st->train, st->idx, 0, st->batch, st->a->x.data, st->a->y.data);
+  load_batch(st->a, st->train, st->idx, 0, st->batch);
   st->loss = forward(st->m, st->a, st->batch);
+  if (st->die) { // --die-at: as a crash would, in the middle of the step
+    fflush(stdout);
+    raise(SIGKILL);
+  }
   return LOOM_OK;
 }
 
@@ -653,8 +758,24 @@ int main(int argc, char **argv) {
   // ---- model: the same seeded init everywhere, then rank 0's copy to make sure
   mlp_t m;
   acts_t a;
-  mlp_alloc(&m, o.hidden);
-  acts_alloc(&a, o.batch, o.hidden);
+  int device = LOOM_DEVICE_HOST;
+  if (o.cuda) {
+    if ((device = loom_gpu(ctx)) < 0) {
+      if (rank == 0) {
+        fprintf(stderr,
+                "train_fmnist: --device cuda, but this rank has no GPU (%d visible): "
+                "run where CUDA devices are visible, or use --device host\n",
+                loom_cuda_device_count());
+      }
+      free(perm);
+      fmnist_free(&train);
+      fmnist_free(&test);
+      loom_finalize(ctx);
+      return 2;
+    }
+  }
+  mlp_alloc(&m, o.hidden, device);
+  acts_alloc(&a, o.batch, o.hidden, device);
   mlp_init(&m, (uint64_t)o.seed);
   for (int i = 0; i < NPARAM; i++) {
     EX_CHECK(loom_broadcast(dp, &m.param[i], 0));
@@ -682,6 +803,14 @@ int main(int argc, char **argv) {
   // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
   const char *spec =
       ex_compress_spec("train_fmnist", o.compress, ctx, loom_group_size(dp), !o.no_overlap, rank);
+  if (o.cuda && spec && strcmp(spec, "none") != 0) { // auto (or LOOM_COMPRESS): host tensors only
+    if (rank == 0) {
+      printf("train_fmnist: --device cuda: gradients travel uncompressed (compression %s runs on "
+             "host tensors)\n",
+             spec);
+    }
+    spec = "none";
+  }
   const int use_auto = spec && !strcmp(spec, "auto");
   const loom_tensor_t *layer_t[3] = {&m.gbuf[0], &m.gbuf[1], &m.gbuf[2]};
   ex_auto_t plan_auto;
@@ -714,7 +843,8 @@ int main(int argc, char **argv) {
   layer_arg_t layer_args[3];
   loom_sched_t *sched = NULL;
   if (!o.no_overlap) {
-    EX_CHECK(loom_sched_create(ctx, NULL, &sched));
+    loom_sched_opts_t sopts = {.cuda = o.cuda}; // CUDA: lanes on streams, deps on events
+    EX_CHECK(loom_sched_create(ctx, &sopts, &sched));
     st.s = sched;
     build_step(sched, &st, layer_args);
   }
@@ -741,15 +871,48 @@ int main(int argc, char **argv) {
     fflush(stdout);
   }
 
-  // ---- train
+  // ---- resume: parameters, momentum, residuals and plan; the data order follows from the step
   long step = 0;
-  int epoch = 0;
+  int planned = 0;
+  if (o.ck.resume) {
+    long latest = ex_ckpt_latest(o.ck.dir, dp);
+    if (latest == -2) {
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (latest >= 0) {
+      ex_ckpt_set_t fixed;
+      ckpt_collect(&fixed, &m, NULL, NULL);
+      if (ex_ckpt_load("train_fmnist", o.ck.dir, dp, latest, &fixed, st.ef,
+                       use_auto ? plan_auto.codec : NULL, use_auto ? plan_auto.scheme : NULL, 3,
+                       use_auto ? plan_auto.ncand : 0, &planned) != 0) {
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      ex_ckpt_set_free(&fixed);
+      for (int l = 0; planned && l < 3; l++) {
+        int c = plan_auto.codec[l];
+        st.layer_codec[l] = c >= 0 ? plan_auto.cand[c] : NULL;
+        st.layer_scheme[l] = plan_auto.scheme[l];
+      }
+      step = latest;
+    }
+    if (rank == 0) {
+      if (latest >= 0) {
+        printf("resume: step %ld from %s\n", latest, o.ck.dir);
+      } else {
+        printf("resume: no checkpoint in %s yet: a fresh start\n", o.ck.dir);
+      }
+    }
+  }
+  const long first_step = step;
+
+  // ---- train
+  int epoch = (int)(step / per_epoch);
   double train_time = 0.0;
   float epoch_loss = 0.0f, acc = 0.0f, test_loss = 0.0f;
   while (step < total) {
     fmnist_permutation(perm, train.n, (uint64_t)o.seed, epoch);
     double t0 = MPI_Wtime(), tlog = t0, loss_sum = 0.0, log_sum = 0.0;
-    long s = 0, log_from = step;
+    long s = step - (long)epoch * per_epoch, s0 = s, log_from = step; // s0 > 0 after a resume
     for (; s < per_epoch && step < total; s++, step++) {
       const int32_t *idx = fmnist_shard(perm, s, o.batch, rank, np);
       loom_sgd_t hp = {
@@ -759,6 +922,7 @@ int main(int argc, char **argv) {
         st.idx = idx;
         st.hp = hp;
         st.seed = (uint64_t)step;
+        st.die = step == o.ck.die_at;
         st.sent = 0;
         st.t_step = MPI_Wtime();
         EX_CHECK(loom_sched_run(sched));
@@ -776,6 +940,7 @@ int main(int argc, char **argv) {
               st.layer_scheme[l] = plan_auto.scheme[l];
             }
             plan_time += MPI_Wtime() - p0; // set-up, not training
+            planned = 1;
           }
         } else if (use_auto) {
           planned_wall += ss.wall_ms;
@@ -789,7 +954,7 @@ int main(int argc, char **argv) {
         step_loss = st.loss;
         norm = st.norm;
       } else {
-        fmnist_gather(&train, idx, 0, o.batch, a.x.data, a.y.data);
+        load_batch(&a, &train, idx, 0, o.batch);
         step_loss = forward(&m, &a, o.batch);
         backward(&m, &a);
         EX_CHECK(loom_fusion_allreduce(fusion, reduce, NPARAM + 1, LOOM_AVG));
@@ -801,6 +966,17 @@ int main(int argc, char **argv) {
       }
       loss_sum += step_loss;
       log_sum += step_loss;
+      if (o.ck.save_every > 0 && (step + 1) % o.ck.save_every == 0) {
+        double c0 = MPI_Wtime();
+        ex_ckpt_set_t cs;
+        ckpt_collect(&cs, &m, st.ef, planned ? &plan_auto : NULL);
+        long drop = step + 1 - 2 * o.ck.save_every; // keep the two newest
+        if (ex_ckpt_save(o.ck.dir, dp, step + 1, drop > 0 ? drop : -1, cs.p, cs.n) != 0) {
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        ex_ckpt_set_free(&cs);
+        plan_time += MPI_Wtime() - c0; // not training time
+      }
       if (o.log_every > 0 && (step + 1) % o.log_every == 0 && rank == 0) {
         double now = MPI_Wtime();
         printf("  step %ld/%ld  epoch %d  loss %.4f  grad_norm %.3f  lr %.4f  samples/s %.0f\n",
@@ -815,17 +991,17 @@ int main(int argc, char **argv) {
     double dt = MPI_Wtime() - t0 - plan_time;
     plan_time = 0.0;
     train_time += dt;
-    epoch_loss = (float)(loss_sum / (double)s);
+    epoch_loss = (float)(loss_sum / (double)(s > s0 ? s - s0 : 1));
     evaluate(&m, &a, &test, dp, &acc, &test_loss);
     epoch++;
     if (rank == 0) {
       printf("epoch %d  train_loss %.4f  test_loss %.4f  test_acc %.4f  samples/s %.0f  "
              "(%.1f s)\n",
-             epoch, epoch_loss, test_loss, acc, (double)s * o.batch * np / dt, dt);
+             epoch, epoch_loss, test_loss, acc, (double)(s - s0) * o.batch * np / dt, dt);
       fflush(stdout);
     }
   }
-  double samples_per_s = (double)step * o.batch * np / train_time;
+  double samples_per_s = (double)(step - first_step) * o.batch * np / train_time;
   if (use_auto && rank == 0 && planned_steps > 0) {
     printf("compression plan: predicted %.2f ms/step (uncompressed %.2f), measured %.2f ms/step "
            "over the %ld steps after planning (%+.1f%%)\n",

@@ -1,11 +1,13 @@
 /* train_gpt.c — data-parallel byte-level GPT on a text corpus (Debian fortunes by default):
  * documents packed without padding into cu_seqlens batches, gradients overlapped with backward. */
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "compress_auto.h"
+#include "example_ckpt.h"
 #include "example_util.h"
 #include "gpt_data.h"
 #include "gpt_model.h"
@@ -50,9 +52,12 @@ typedef struct opts {
   // mixture of experts (o.cfg.moe_experts, o.cfg.moe_every: which blocks)
   int moe_topk, moe_ffn; // moe_ffn 0: 4 x width
   double moe_capacity, moe_aux;
-  int moe_overlap;  // a loom_moe_overlap_t, or LOOM_MOE_OVERLAP_DEFAULT (LOOM_MOE_OVERLAP)
-  int attn_servers; // -1: LOOM_ATTN_SERVERS decides; 0 off; 1 inplace
-  int doc_skew;     // --doc-lengths skewed: synthetic heavy-tailed document boundaries
+  int moe_overlap;   // a loom_moe_overlap_t, or LOOM_MOE_OVERLAP_DEFAULT (LOOM_MOE_OVERLAP)
+  int attn_servers;  // -1: LOOM_ATTN_SERVERS decides; 0 off; 1 inplace
+  int doc_skew;      // --doc-lengths skewed: synthetic heavy-tailed document boundaries
+  int cuda;          // --device cuda: model, optimizer and activations on this rank's GPU
+  ex_ckpt_opts_t ck; // --ckpt, --save-every, --resume, --die-at
+  long inject_nan;   // --inject-nan S (testing): a NaN in rank 0's gradient at step S; -1 off
   int help;
 } opts_t;
 
@@ -83,6 +88,10 @@ static void usage(FILE *out) {
       "  --adam-eps X        AdamW denominator guard (default 1e-8)\n"
       "  --clip X            clip the global gradient norm to X, 0 = off (default 1)\n"
       "  --seed N            weight init, document shuffle and sampling (default 42)\n"
+      "  --device D          host or cuda: cuda keeps the parameters, optimizer state and\n"
+      "                      activations on this rank's GPU (LOOM_GPU picks it; NCCL averages\n"
+      "                      the gradients; dense blocks, local attention and uncompressed\n"
+      "                      gradients only) (default host)\n"
       "data\n"
       "  --data PATH         a text file or a directory of them; repeat for more (default %s,\n"
       "                      Debian package fortunes). Documents are separated by lines that\n"
@@ -139,7 +148,9 @@ static void usage(FILE *out) {
       "  --doc-lengths D     corpus: the documents as the corpus gives them (default); skewed:\n"
       "                      the same tokens cut into synthetic sequences of heavy-tailed\n"
       "                      (lognormal) lengths, seeded per step and rank, so that the ranks'\n"
-      "                      attention loads differ\n"
+      "                      attention loads differ\n" EX_CKPT_HELP
+      "  --inject-nan S      testing: rank 0 puts a NaN in its gradient at step S (before the\n"
+      "                      allreduce); LOOM_NONFINITE=abort|skip decides what follows\n"
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n"
       "Tokens/s counts training tokens of all ranks, validation excluded. MFU = achieved\n"
@@ -174,9 +185,11 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
                 .moe_topk = 2,
                 .moe_aux = 0.01,
                 .moe_overlap = LOOM_MOE_OVERLAP_DEFAULT,
-                .attn_servers = -1};
+                .attn_servers = -1,
+                .ck = EX_CKPT_OPTS_DEFAULT,
+                .inject_nan = -1};
   o->cfg.moe_every = 2;
-  static const char *const switches[] = {"--help", "--no-overlap", "--compare", NULL};
+  static const char *const switches[] = {"--help", "--no-overlap", "--compare", "--resume", NULL};
   for (int i = 1; i < argc; i++) {
     char flag[64];
     const char *v = NULL;
@@ -282,6 +295,16 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
         snprintf(err, errlen, "--doc-lengths wants corpus or skewed, got '%s'", v);
         rc = -1;
       }
+    } else if (!strcmp(flag, "--inject-nan")) {
+      rc = ex_parse_long(flag, v, 0, 1L << 40, &o->inject_nan, err, errlen);
+    } else if ((rc = ex_parse_ckpt(flag, v, &o->ck, err, errlen)) != 0) {
+      rc = rc < 0 ? -1 : 0;
+    } else if (!strcmp(flag, "--device")) {
+      if (strcmp(v, "host") != 0 && strcmp(v, "cuda") != 0) {
+        snprintf(err, errlen, "--device wants host or cuda, got '%s'", v);
+        rc = -1;
+      }
+      o->cuda = !strcmp(v, "cuda");
     } else if (!strcmp(flag, "--sync")) {
       int k = 0;
       while (k < 4 && strcmp(v, sync_names[k])) {
@@ -303,6 +326,25 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
   if (o->compress && strcmp(o->compress, "none") != 0) {
     if (o->sync != SYNC_OVERLAP && o->sync != SYNC_COMM_ONLY) {
       snprintf(err, errlen, "--compress works with --sync overlap (the default) or comm-only");
+      return -1;
+    }
+  }
+  if (ex_check_ckpt(&o->ck, err, errlen) != 0) {
+    return -1;
+  }
+  if (o->cuda) {
+    const char *why =
+        o->cfg.moe_experts > 0  ? "--moe-experts"
+        : o->attn_servers == 1  ? "--attn-servers inplace"
+        : o->sync == SYNC_FUSED ? "--sync fused"
+        : o->compress && strcmp(o->compress, "none") != 0 && strcmp(o->compress, "auto") != 0
+            ? "--compress"
+            : NULL;
+    if (why) {
+      snprintf(err, errlen,
+               "--device cuda does not support %s yet (MoE layers, attention servers, the fused "
+               "sync and compressed gradients run on host tensors): drop it or use --device host",
+               why);
       return -1;
     }
   }
@@ -357,6 +399,9 @@ typedef struct step {
   double *ready;                  // (2 nunits) ms after the step start when the allreduce began
   double t_step;                  // MPI_Wtime at the step start
   loom_ef_t *ef;                  // error feedback, keyed by gradient name
+  int die;                        // --die-at: this step ends the process (SIGKILL) mid-step
+  int inject_nan;                 // --inject-nan: rank 0 poisons a gradient before the allreduce
+  int skip;                       // the averaged gradient is not finite: no update this step
   uint64_t seed;                  // of the step's compressed allreduces (the step number)
   size_t sent;                    // bytes the step's compressed allreduces sent from this rank
   // attention servers (--attn-servers inplace): the world group, one executor per block for
@@ -474,6 +519,10 @@ static loom_status_t task_forward(void *arg) {
   loom_status_t status = gpt_forward(st->m, st->a, &st->b->tokens, &st->b->pos, &st->b->target,
                                      &st->b->cu, &st->loss[0], st->s);
   st->loss[1] = st->a->aux;
+  if (st->die) { // --die-at: as a crash would, in the middle of the step (after the forward)
+    fflush(stdout);
+    raise(SIGKILL);
+  }
   return status;
 }
 
@@ -484,7 +533,15 @@ static loom_status_t task_loss_allreduce(void *arg, loom_request_t **req) {
 
 static loom_status_t task_backward(void *arg) {
   const unit_arg_t *ua = arg;
-  return gpt_backward_part(ua->st->m, ua->st->a, ua->u, ua->p, ua->st->s);
+  loom_status_t status = gpt_backward_part(ua->st->m, ua->st->a, ua->u, ua->p, ua->st->s);
+  if (status == LOOM_OK && ua->st->inject_nan && ua->u == 0 && loom_group_rank(ua->st->dp) == 0) {
+    loom_tensor_t first; // --inject-nan: one NaN in rank 0's embedding gradient, before averaging
+    int64_t one = 1;
+    loom_tensor_t *g = &ua->st->m->unit_grad[0];
+    TRY(loom_tensor_wrap(&first, g->data, LOOM_F32, g->device, 1, &one, "nan"));
+    status = loom_tensor_fill(&first, NAN);
+  }
+  return status;
 }
 
 static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
@@ -571,16 +628,22 @@ static loom_status_t clip_moe(step_t *st) {
   return LOOM_OK;
 }
 
+// The global norm of the averaged gradient (clipped to --clip): the same on every rank, so a
+// non-finite one makes every rank skip the update alike (LOOM_NONFINITE decides what follows).
 static loom_status_t task_clip(void *arg) {
   step_t *st = arg;
-  if (st->nmoe > 0) {
-    return clip_moe(st);
-  }
-  return loom_clip_grad_norm(st->grads, st->m->nunits, (float)st->o->clip, &st->norm);
+  loom_status_t status =
+      st->nmoe > 0 ? clip_moe(st)
+                   : loom_clip_grad_norm(st->grads, st->m->nunits, (float)st->o->clip, &st->norm);
+  st->skip = status == LOOM_OK && !isfinite(st->norm);
+  return status;
 }
 
 static loom_status_t task_update(void *arg) {
   const unit_arg_t *ua = arg;
+  if (ua->st->skip) {
+    return LOOM_OK;
+  }
   return gpt_update_unit(ua->st->m, ua->u, &ua->st->hp);
 }
 
@@ -741,7 +804,7 @@ static void fused_step(step_t *st, loom_fusion_t *fusion, loom_tensor_t **reduce
     }
   }
   EX_CHECK(task_clip(st));
-  for (int u = m->nunits - 1; u >= 0; u--) {
+  for (int u = m->nunits - 1; u >= 0 && !st->skip; u--) {
     EX_CHECK(gpt_update_unit(m, u, &st->hp));
   }
 }
@@ -780,18 +843,23 @@ static float validate(const opts_t *o, const gpt_model_t *m, gpt_acts_t *a, gpt_
 }
 
 // sgemm rate of this rank (1024^3, best of 3 after a warm-up) in FLOP/s, averaged over ranks.
-static double measure_sgemm(const loom_group_t *dp) {
-  const int64_t n = 1024, shape[2] = {n, n};
+// The f32 GEMM rate of one rank on device (host: one core's sgemm, n = 1024; CUDA: cuBLAS
+// sgemm without TF32, n = 4096), averaged over dp: the denominator of MFU.
+static double measure_sgemm(const loom_group_t *dp, int device) {
+  const int64_t n = device == LOOM_DEVICE_HOST ? 1024 : 4096, shape[2] = {n, n};
   loom_tensor_t a, b, c;
-  EX_CHECK(loom_tensor_alloc(&a, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "a"));
-  EX_CHECK(loom_tensor_alloc(&b, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "b"));
-  EX_CHECK(loom_tensor_alloc(&c, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "c"));
+  EX_CHECK(loom_tensor_alloc(&a, LOOM_F32, device, 2, shape, "a"));
+  EX_CHECK(loom_tensor_alloc(&b, LOOM_F32, device, 2, shape, "b"));
+  EX_CHECK(loom_tensor_alloc(&c, LOOM_F32, device, 2, shape, "c"));
   EX_CHECK(loom_tensor_fill(&a, 0.5));
   EX_CHECK(loom_tensor_fill(&b, 0.25));
-  double best = 1e30;
+  double best = 1e30, sync = 0.0;
   for (int rep = 0; rep < 4; rep++) {
     double t0 = MPI_Wtime();
     EX_CHECK(loom_gemm(&c, &a, 0, &b, 0, NULL, 1.0f, 0.0f));
+    if (device != LOOM_DEVICE_HOST) { // the GEMM is queued: a norm waits for it
+      EX_CHECK(loom_norm2(&c, &sync));
+    }
     double dt = MPI_Wtime() - t0;
     best = rep > 0 && dt < best ? dt : best;
   }
@@ -882,7 +950,13 @@ static int dump_params(const opts_t *o, const gpt_model_t *m, const loom_group_t
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   int64_t total = m->total;
-  EX_CHECK(loom_tensor_wrap(&tens[0], m->flat[0], LOOM_F32, LOOM_DEVICE_HOST, 1, &total, "params"));
+  if (m->device == LOOM_DEVICE_HOST) {
+    EX_CHECK(
+        loom_tensor_wrap(&tens[0], m->flat[0], LOOM_F32, LOOM_DEVICE_HOST, 1, &total, "params"));
+  } else { // a host copy of the device parameters
+    EX_CHECK(loom_tensor_alloc(&tens[0], LOOM_F32, LOOM_DEVICE_HOST, 1, &total, "params"));
+    EX_CHECK(loom_tensor_copy(&tens[0], &m->flat_t[0]));
+  }
   all[k++] = &tens[0];
   for (int l = 0; l < L; l++) {
     for (int p = 0; m->moe[l] && p < LOOM_MOE_PARAM_COUNT; p++) {
@@ -901,12 +975,43 @@ static int dump_params(const opts_t *o, const gpt_model_t *m, const loom_group_t
   if (rank == 0 || strstr(o->dump, "%r")) {
     rc = ex_dump_params(o->dump, rank, all, k);
   }
-  for (int i = 1; i < n; i++) {
+  for (int i = m->device == LOOM_DEVICE_HOST ? 1 : 0; i < n; i++) {
     loom_tensor_free(&tens[i]);
   }
   free(all);
   free(tens);
   return rc;
+}
+
+// ---- checkpoints --------------------------------------------------------------------------------
+
+// What a checkpoint of this rank holds: the flat parameters and AdamW moments ("params",
+// "adam_m", "adam_v"), each MoE layer's parameters and moments ("moeL.P", "moeL.P.m", "moeL.P.v"),
+// the error-feedback residuals ("ef:NAME") and, once --compress auto has planned, the plan.
+// Nothing else is needed: the data rows, the learning rate, Adam's step count and the
+// compression seeds all follow from the step number.
+static void ckpt_collect(ex_ckpt_set_t *cs, const gpt_model_t *m, const loom_ef_t *ef,
+                         const ex_auto_t *plan, int nslots) {
+  const int L = m->cfg.layers;
+  ex_ckpt_set_init(cs, 3 + 3 * L * LOOM_MOE_PARAM_COUNT, ef, nslots);
+  ex_ckpt_set_add(cs, &m->flat_t[0], "params");
+  ex_ckpt_set_add(cs, &m->flat_t[2], "adam_m");
+  ex_ckpt_set_add(cs, &m->flat_t[3], "adam_v");
+  char name[LOOM_NAME_MAX];
+  for (int l = 0; l < L; l++) {
+    for (int p = 0; m->moe[l] && p < LOOM_MOE_PARAM_COUNT; p++) {
+      snprintf(name, sizeof name, "moe%d.%d", l, p);
+      ex_ckpt_set_add(cs, loom_moe_param(m->moe[l], (loom_moe_param_t)p), name);
+      snprintf(name, sizeof name, "moe%d.%d.m", l, p);
+      ex_ckpt_set_add(cs, &m->moe_m[l * LOOM_MOE_PARAM_COUNT + p], name);
+      snprintf(name, sizeof name, "moe%d.%d.v", l, p);
+      ex_ckpt_set_add(cs, &m->moe_v[l * LOOM_MOE_PARAM_COUNT + p], name);
+    }
+  }
+  ex_ckpt_set_add_ef(cs, ef);
+  if (plan) { // planned: the candidate index (-1 none) and scheme of every part
+    ex_ckpt_set_add_plan(cs, plan->codec, plan->scheme, nslots);
+  }
 }
 
 // ---- main ---------------------------------------------------------------------------------------
@@ -978,11 +1083,26 @@ int main(int argc, char **argv) {
   gpt_model_t m;
   gpt_acts_t a;
   gpt_batch_t batch, vbatch;
+  if (o.cuda) {
+    if (loom_gpu(ctx) < 0) {
+      if (rank == 0) {
+        fprintf(stderr,
+                "train_gpt: --device cuda, but this rank has no GPU (LOOM_GPU=%s, %d "
+                "visible): run where CUDA devices are visible, or use --device host\n",
+                loom_tunable(ctx, "LOOM_GPU") ? loom_tunable(ctx, "LOOM_GPU") : "auto",
+                loom_cuda_device_count());
+      }
+      loom_finalize(ctx);
+      return 2;
+    }
+    o.cfg.cuda = 1;
+    o.cfg.cuda_device = loom_gpu(ctx);
+  }
   EX_CHECK(gpt_model_alloc(&m, &o.cfg));
   EX_CHECK(gpt_acts_alloc(&a, &o.cfg, (int64_t)o.batch * o.cfg.ctx));
   EX_CHECK(gpt_batch_alloc(&batch, o.batch, o.cfg.ctx));
   EX_CHECK(gpt_batch_alloc(&vbatch, 1, o.cfg.ctx));
-  gpt_model_init(&m, (uint64_t)o.seed);
+  EX_CHECK(gpt_model_init(&m, (uint64_t)o.seed));
   // MoE blocks: one layer each over the expert-parallel group, seeded from --seed and the block
   const int moe_ffn = o.moe_ffn > 0 ? o.moe_ffn : 4 * o.cfg.width;
   int nmoe = 0, first_moe = -1;
@@ -1033,7 +1153,7 @@ int main(int argc, char **argv) {
   // Per MoE block: the router and the top-k experts' two matrices multiply each token.
   const int64_t moe_active = nmoe * (C * E + 2 * (int64_t)o.moe_topk * C * moe_ffn);
   const int64_t moe_params = nmoe * (C * E + E * (2 * C * moe_ffn + moe_ffn + C));
-  double sgemm = measure_sgemm(dp);
+  double sgemm = measure_sgemm(dp, m.device);
   const double tokens_per_step = (double)o.batch * o.cfg.ctx * np;
   const double flops_per_token = 6.0 * (double)(m.matmul_params + moe_active);
 
@@ -1069,6 +1189,14 @@ int main(int argc, char **argv) {
   // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
   const char *spec = ex_compress_spec("train_gpt", o.compress, ctx, loom_group_size(dp),
                                       o.sync == SYNC_OVERLAP || o.sync == SYNC_COMM_ONLY, rank);
+  if (o.cuda && spec && strcmp(spec, "none") != 0) { // auto (or LOOM_COMPRESS): host tensors only
+    if (rank == 0) {
+      printf("train_gpt: --device cuda: gradients travel uncompressed (compression %s runs on "
+             "host tensors)\n",
+             spec);
+    }
+    spec = "none";
+  }
   const int use_auto = spec && !strcmp(spec, "auto");
   ex_auto_t plan_auto;
   int nslots = 0, *slot = calloc(2 * (size_t)m.nunits, sizeof(int)); // the parts that exist
@@ -1116,15 +1244,17 @@ int main(int argc, char **argv) {
   if (o.sync == SYNC_FUSED) {
     EX_CHECK(loom_fusion_create(ctx, dp, 0, &fusion));
   } else {
-    EX_CHECK(loom_sched_create(ctx, NULL, &sched));
+    // On a GPU the lanes get CUDA streams: comm tasks start after the kernels they wait for.
+    loom_sched_opts_t sopts = {.cuda = o.cuda};
+    EX_CHECK(loom_sched_create(ctx, &sopts, &sched));
     st.s = sched;
     build_step(sched, &st, ua, ma);
   }
 
   if (rank == 0) {
-    printf("train_gpt: %d rank(s), GPT %d layers, width %d, %d heads, ctx %d: %.2fM parameters "
+    printf("train_gpt: %d rank(s)%s, GPT %d layers, width %d, %d heads, ctx %d: %.2fM parameters "
            "(%.2fM in matmuls)\n",
-           np, o.cfg.layers, o.cfg.width, o.cfg.heads, o.cfg.ctx,
+           np, o.cuda ? " on CUDA" : "", o.cfg.layers, o.cfg.width, o.cfg.heads, o.cfg.ctx,
            (double)(m.total + moe_params) / 1e6, (double)(m.matmul_params + moe_active) / 1e6);
     if (nmoe > 0) {
       char blocks[256] = "", capacity[64] = "dropless";
@@ -1178,13 +1308,58 @@ int main(int argc, char **argv) {
         "warning: --sync none: gradients are not averaged, the replicas diverge (timing only)\n");
   }
 
+  // ---- resume
+  long start = 0;
+  int planned = 0; // --compress auto has its plan (made after profiling, or from a checkpoint)
+  if (o.ck.resume) {
+    long latest = ex_ckpt_latest(o.ck.dir, dp);
+    if (latest == -2) {
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    if (latest >= 0) {
+      ex_ckpt_set_t fixed;
+      ckpt_collect(&fixed, &m, NULL, NULL, nslots);
+      int bad = ex_ckpt_load("train_gpt", o.ck.dir, dp, latest, &fixed, st.ef,
+                             use_auto ? plan_auto.codec : NULL, use_auto ? plan_auto.scheme : NULL,
+                             nslots, use_auto ? plan_auto.ncand : 0, &planned);
+      ex_ckpt_set_free(&fixed);
+      if (bad) {
+        if (rank == 0) {
+          fprintf(stderr, "train_gpt: --resume from %s (step %ld) failed: nothing was trained\n",
+                  o.ck.dir, latest);
+        }
+        loom_finalize(ctx);
+        return 1;
+      }
+      for (int k = 0; planned && k < nslots; k++) {
+        int c = plan_auto.codec[k];
+        st.part_codec[slot[k]] = c >= 0 ? plan_auto.cand[c] : NULL;
+        st.part_scheme[slot[k]] = plan_auto.scheme[k];
+      }
+      start = latest;
+    }
+    if (rank == 0) {
+      if (latest >= 0) {
+        printf("resume: step %ld from %s\n", latest, o.ck.dir);
+      } else {
+        printf("resume: no checkpoint in %s yet: a fresh start\n", o.ck.dir);
+      }
+      fflush(stdout);
+    }
+  }
+
   // ---- train
+  const char *nf = loom_tunable(ctx, "LOOM_NONFINITE");
+  const int nonfinite_skip = nf && !strcmp(nf, "skip");
+  long nonfinite_steps = 0;
   double train_time = 0.0, wall0 = MPI_Wtime(), tlog = MPI_Wtime(), log_loss = 0.0, pairs_sum = 0.0,
          last_train_loss = 0.0, log_aux = 0.0, last_aux = 0.0;
-  long log_from = 0;
+  long log_from = start;
   float val_loss = NAN;
   loom_step_stats_t sum_stats = {0};
-  for (long step = 0; step < o.steps; step++) {
+  for (long step = start; step < o.steps; step++) {
+    st.die = step == o.ck.die_at;
+    st.inject_nan = step == o.inject_nan;
     st.first_row = (step * np + rank) * (int64_t)o.batch;
     st.seed = (uint64_t)step;
     st.sent = 0;
@@ -1214,6 +1389,7 @@ int main(int argc, char **argv) {
             st.part_codec[slot[k]] = c >= 0 ? plan_auto.cand[c] : NULL;
             st.part_scheme[slot[k]] = plan_auto.scheme[k];
           }
+          planned = 1;
         }
       } else if (use_auto) {
         planned_wall += ss.wall_ms;
@@ -1228,6 +1404,25 @@ int main(int argc, char **argv) {
       fused_step(&st, fusion, reduce);
     }
     attn_release(&st);
+    if (st.skip && o.sync != SYNC_COMM_ONLY) { // every rank saw the same averaged norm
+      nonfinite_steps++;
+      if (!nonfinite_skip) {
+        if (rank == 0) {
+          fprintf(stderr,
+                  "train_gpt: step %ld: the averaged gradient is not finite (global norm %g): "
+                  "aborting (LOOM_NONFINITE=abort; LOOM_NONFINITE=skip drops such steps; lower "
+                  "--lr or raise --clip if it recurs)\n",
+                  step + 1, (double)st.norm);
+        }
+        MPI_Abort(MPI_COMM_WORLD, 3);
+      }
+      if (rank == 0) {
+        printf("step %5ld/%ld  non-finite gradient (norm %g): step skipped on every rank (%ld "
+               "so far)\n",
+               step + 1, o.steps, (double)st.norm, nonfinite_steps);
+        fflush(stdout);
+      }
+    }
     double t1 = MPI_Wtime();
     train_time += t1 - t0 - plan_time;
     plan_time = 0.0;
@@ -1299,17 +1494,34 @@ int main(int argc, char **argv) {
       }
       tlog = MPI_Wtime(); // validation is not training time
     }
+    if (o.ck.save_every > 0 && (step + 1) % o.ck.save_every == 0) { // (not training time either)
+      double c0 = MPI_Wtime();
+      ex_ckpt_set_t cs;
+      ckpt_collect(&cs, &m, st.ef, planned ? &plan_auto : NULL, nslots);
+      long drop = step + 1 - 2 * o.ck.save_every; // keep the two newest
+      if (ex_ckpt_save(o.ck.dir, dp, step + 1, drop > 0 ? drop : -1, cs.p, cs.n) != 0) {
+        MPI_Abort(MPI_COMM_WORLD, 1);
+      }
+      ex_ckpt_set_free(&cs);
+      if (rank == 0) {
+        printf("step %5ld/%ld  checkpoint %s/step-%08ld (%.2f s)\n", step + 1, o.steps, o.ck.dir,
+               step + 1, MPI_Wtime() - c0);
+        fflush(stdout);
+      }
+      tlog += MPI_Wtime() - c0;
+    }
   }
-  double tokens_per_s = (double)o.steps * tokens_per_step / train_time;
+  const double run_steps = o.steps > start ? (double)(o.steps - start) : 1.0; // this process's
+  double tokens_per_s = run_steps * tokens_per_step / (train_time > 0 ? train_time : 1e-9);
   double mfu = tokens_per_s / np * flops_per_token / sgemm;
   // Attention FLOPs actually computed: 4 C per causal pair forward, twice that backward.
-  double attn_flops = 12.0 * o.cfg.width * o.cfg.layers * pairs_sum / (double)o.steps;
+  double attn_flops = 12.0 * o.cfg.width * o.cfg.layers * pairs_sum / run_steps;
   double mfu_attn =
       (tokens_per_s / np * flops_per_token + attn_flops * tokens_per_s / tokens_per_step) / sgemm;
   if (o.sync == SYNC_COMM_ONLY) { // nothing was computed: -1 in the JSON, as val_loss
     mfu = mfu_attn = -1.0;
   }
-  double n_steps = (double)o.steps;
+  double n_steps = run_steps;
   char sched_json[320] = "null";
   if (sched) {
     snprintf(sched_json, sizeof sched_json,
@@ -1368,29 +1580,29 @@ int main(int argc, char **argv) {
   }
   if (o.json && rank == 0) {
     char text[3072];
-    snprintf(text, sizeof text,
-             "{\"steps\": %ld, \"np\": %d, \"batch\": %d, \"ctx\": %d, \"layers\": %d, "
-             "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
-             "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %.6f, \"val_loss\": "
-             "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
-             "\"sgemm_gflops\": %.2f, \"blas_threads\": %d, \"train_time_s\": %.3f, "
-             "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
-             "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s, "
-             "\"moe_experts\": %d, \"moe_every\": %d, \"moe_topk\": %d, \"moe_ffn\": %d, "
-             "\"moe_params\": %lld, \"moe_aux\": %.6f, \"attn_servers\": \"%s\", "
-             "\"doc_lengths\": \"%s\", \"attn_max_over_mean_before\": %.4f, "
-             "\"attn_max_over_mean\": %.4f}\n",
-             o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
-             (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active),
-             tokens_per_s, 1e3 * train_time / n_steps, last_train_loss,
-             isfinite(val_loss) ? val_loss : -1.0, corpus.unigram_entropy, mfu, mfu_attn,
-             sgemm / 1e9, loom_blas_threads(ctx), train_time, MPI_Wtime() - wall0,
-             sync_names[o.sync], o.lr, o.seed,
-             st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
-             sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0,
-             nmoe ? o.cfg.moe_every : 0, nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0,
-             (long long)moe_params, nmoe ? last_aux : 0.0, st.attn ? "inplace" : "off",
-             o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0], st.attn_ratio[1]);
+    snprintf(
+        text, sizeof text,
+        "{\"steps\": %ld, \"np\": %d, \"batch\": %d, \"ctx\": %d, \"layers\": %d, "
+        "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
+        "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %.6f, \"val_loss\": "
+        "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
+        "\"sgemm_gflops\": %.2f, \"blas_threads\": %d, \"train_time_s\": %.3f, "
+        "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
+        "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s, "
+        "\"moe_experts\": %d, \"moe_every\": %d, \"moe_topk\": %d, \"moe_ffn\": %d, "
+        "\"moe_params\": %lld, \"moe_aux\": %.6f, \"attn_servers\": \"%s\", "
+        "\"doc_lengths\": \"%s\", \"attn_max_over_mean_before\": %.4f, "
+        "\"attn_max_over_mean\": %.4f, \"device\": \"%s\"}\n",
+        o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
+        (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
+        1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
+        corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, loom_blas_threads(ctx), train_time,
+        MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
+        st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
+        sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0, nmoe ? o.cfg.moe_every : 0,
+        nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0, (long long)moe_params, nmoe ? last_aux : 0.0,
+        st.attn ? "inplace" : "off", o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0],
+        st.attn_ratio[1], o.cuda ? "cuda" : "host");
     rc |= ex_write_text(o.json, text) != 0;
   }
   if (loom_sched_destroy(sched) != LOOM_OK) { // writes the rest of the timeline

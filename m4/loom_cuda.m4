@@ -19,11 +19,17 @@ AC_DEFUN([LOOM_CHECK_CUDA], [
     CUDA_CFLAGS="-isystem $loom_cuda_dir/include"
     loom_cuda_libdir=$loom_cuda_dir/lib64
     AS_IF([test ! -d "$loom_cuda_libdir"], [loom_cuda_libdir=$loom_cuda_dir/lib])
-    CUDA_LIBS="-L$loom_cuda_libdir -Wl,-rpath,$loom_cuda_libdir -lcudart -lstdc++"
+    CUDA_LIBS="-L$loom_cuda_libdir -Wl,-rpath,$loom_cuda_libdir -lcublasLt -lcublas -lcudart -lstdc++"
     CPPFLAGS="$CPPFLAGS $CUDA_CFLAGS"; LDFLAGS="$LDFLAGS -L$loom_cuda_libdir"
     AC_CHECK_HEADER([cuda_runtime.h], [
       AC_CHECK_LIB([cudart], [cudaGetDeviceCount], [loom_cuda_ok=yes],
         [loom_cuda_why="libcudart not found in $loom_cuda_libdir"])
+      AS_IF([test "x$loom_cuda_ok" = "xyes"], [
+        AC_CHECK_HEADER([cublas_v2.h], [
+          AC_CHECK_LIB([cublas], [cublasCreate_v2], [:],
+            [loom_cuda_ok=no; loom_cuda_why="libcublas not found in $loom_cuda_libdir"], [-lcudart])
+        ], [loom_cuda_ok=no; loom_cuda_why="cublas_v2.h not found in $loom_cuda_dir/include"])
+      ])
     ], [loom_cuda_why="cuda_runtime.h not found in $loom_cuda_dir/include"])
     CPPFLAGS=$loom_save_CPPFLAGS; LIBS=$loom_save_LIBS; LDFLAGS=$loom_save_LDFLAGS
     AS_IF([test "x$loom_cuda_ok" = "xyes"], [

@@ -4,12 +4,25 @@
 #define LOOM_CTX_H
 
 #include <mpi.h>
+#include <stdint.h>
 
 #include "loom_core.h"
 #include "params.h"
 #include "topology.h"
 
 #define LOOM_ERROR_MAX 1024
+
+// What one rank shows its group about its progress, in the group's watchdog window (LOOM_TIMEOUT):
+// when an operation times out, the waiting rank reads every member's slot to name the ranks that
+// did not arrive (comm/watchdog.c).
+#define LOOM_WATCH_OP_MAX   24
+#define LOOM_WATCH_NAME_MAX 48
+struct loom_watch_slot {
+  uint64_t seq;                   // operations this rank entered on the group
+  uint64_t claim;                 // group rank 0's slot: set by the rank that reports a timeout
+  char op[LOOM_WATCH_OP_MAX];     // the last one entered: operation
+  char name[LOOM_WATCH_NAME_MAX]; // and tensor name (truncated)
+};
 
 struct loom_group {
   loom_group_kind_t kind;
@@ -23,6 +36,10 @@ struct loom_group {
   void *hier; // node and node-leader sub-groups, created by comm/ on first hierarchical use
   void (*hier_destroy)(void *hier);
   int64_t compress_chunk; // LOOM_COMPRESS_CHUNK: f32 bytes per chunk of a compressed call
+  int timeout;            // LOOM_TIMEOUT: seconds an operation may wait (0: forever)
+  int check_consistency;  // LOOM_CHECK_CONSISTENCY
+  MPI_Win watch_win;      // exposes every member's slot to the group (MPI_WIN_NULL: none)
+  struct loom_watch_slot *watch_slot; // this rank's slot: in watch_win, or malloc'd; NULL: off
 };
 
 struct loom_ctx {

@@ -77,6 +77,10 @@ loom_status_t loom_group_from_comm(loom_ctx_t *ctx, struct loom_group *g, loom_g
   g->hier_destroy = NULL;
   // Sub-groups made by comm/ (ctx NULL) take their parent's value afterwards.
   g->compress_chunk = ctx ? ctx->params.compress_chunk : 0;
+  g->timeout = 0;
+  g->check_consistency = 0;
+  g->watch_win = MPI_WIN_NULL;
+  g->watch_slot = NULL;
   if (g->comm == MPI_COMM_NULL) {
     return LOOM_OK;
   }
@@ -95,6 +99,9 @@ loom_status_t loom_group_from_comm(loom_ctx_t *ctx, struct loom_group *g, loom_g
   LOOM_CHECK_MPI(ctx, MPI_Comm_group(MPI_COMM_WORLD, &world_group));
   LOOM_CHECK_MPI(ctx, MPI_Comm_group(g->comm, &group));
   LOOM_CHECK_MPI(ctx, MPI_Group_translate_ranks(group, g->size, seq, world_group, g->world_ranks));
+  if (ctx) {
+    LOOM_CHECK(loom_group_watch_setup(g, ctx->params.timeout, ctx->params.check_consistency));
+  }
 fail:
   free(seq);
   if (group != MPI_GROUP_NULL) {
@@ -122,7 +129,80 @@ fail:
   g->world_ranks = NULL;
   g->nccl = NULL;
   g->hier = NULL;
+  g->watch_win = MPI_WIN_NULL;
+  g->watch_slot = NULL;
   return status;
+}
+
+// ---- the watchdog's window ---------------------------------------------------------------------
+
+loom_status_t loom_group_watch_setup(struct loom_group *g, int timeout, int check_consistency) {
+  g->timeout = timeout;
+  g->check_consistency = check_consistency;
+  if (g->comm == MPI_COMM_NULL || timeout <= 0 || g->watch_slot) {
+    return LOOM_OK;
+  }
+  // A failure to create the window (an MPI without one-sided support for this communicator)
+  // costs only the names of the missing ranks in a timeout message: the errors are returned.
+  MPI_Errhandler saved = MPI_ERRHANDLER_NULL;
+  MPI_Comm_get_errhandler(g->comm, &saved);
+  MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN);
+  MPI_Info info = MPI_INFO_NULL;
+  MPI_Info_create(&info);
+  MPI_Info_set(info, "same_size", "true");
+  MPI_Info_set(info, "accumulate_ordering", "none");
+  void *base = NULL;
+  MPI_Win win = MPI_WIN_NULL;
+  int ok = MPI_Win_allocate((MPI_Aint)sizeof(struct loom_watch_slot), 1, info, g->comm, &base,
+                            &win) == MPI_SUCCESS &&
+           base != NULL;
+  MPI_Info_free(&info);
+  if (ok) {
+    memset(base, 0, sizeof(struct loom_watch_slot));
+    MPI_Win_set_errhandler(win, MPI_ERRORS_RETURN);
+  }
+  int all = 0;
+  int rc = MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, g->comm);
+  MPI_Comm_set_errhandler(g->comm, saved);
+  if (saved != MPI_ERRHANDLER_NULL) {
+    MPI_Errhandler_free(&saved);
+  }
+  if (rc == MPI_SUCCESS && all) {
+    g->watch_win = win;
+    g->watch_slot = base;
+    return LOOM_OK;
+  }
+  // Not on every member: keep what was made (freeing a window is collective over all of them),
+  // count locally, and say so once (Open MPI 4 has no one-sided component for
+  // MPI_THREAD_MULTIPLE between hosts without an RDMA network).
+  static int warned;
+  if (!warned && g->rank == 0) {
+    LOOM_WARN(LOOM_SUB_COLL,
+              "group %s: no MPI window for the watchdog (MPI one-sided communication is not "
+              "available here): a LOOM_TIMEOUT message will name the operation but not the ranks "
+              "that did not arrive",
+              loom_group_kind_name(g->kind));
+  }
+  warned = 1;
+  g->watch_slot = calloc(1, sizeof *g->watch_slot);
+  if (!g->watch_slot) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "cannot allocate the watchdog slot of group %s",
+                      loom_group_kind_name(g->kind));
+  }
+  return LOOM_OK;
+}
+
+void loom_group_watch_free(struct loom_group *g) {
+  if (!g->watch_slot) { // never set up (or a zeroed group)
+    return;
+  }
+  if (g->watch_win != MPI_WIN_NULL) {
+    MPI_Win_free(&g->watch_win); // frees watch_slot with it
+  } else {
+    free(g->watch_slot);
+  }
+  g->watch_win = MPI_WIN_NULL;
+  g->watch_slot = NULL;
 }
 
 loom_status_t loom_groups_build(loom_ctx_t *ctx) {
@@ -148,6 +228,7 @@ void loom_groups_free(loom_ctx_t *ctx) {
       g->hier_destroy(g->hier);
     }
     g->hier = NULL;
+    loom_group_watch_free(g);
     if (g->comm != MPI_COMM_NULL && g->comm != 0) {
       MPI_Comm_free(&g->comm);
     }

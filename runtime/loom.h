@@ -6,6 +6,7 @@
 #include "loom_version.h"
 #include "loom_core.h"
 #include "loom_tensor.h"
+#include "loom_checkpoint.h"
 #include "loom_compute.h"
 #include "loom_comm.h"
 #include "loom_compress.h"

@@ -70,6 +70,10 @@ typedef struct loom_config {
   const char *net_gbps;     // LOOM_NET_GBPS: link bandwidth for the planner, "0" = measure
   int compress_chunk;       // LOOM_COMPRESS_CHUNK: f32 bytes per pipelined chunk (0 = whole)
   const char *moe_overlap;  // LOOM_MOE_OVERLAP: none | coarse | fine
+  int timeout;              // LOOM_TIMEOUT: seconds a collective may wait before the job aborts
+  int check_consistency;    // LOOM_CHECK_CONSISTENCY: 1 = ranks compare collectives' arguments
+  const char *nonfinite;    // LOOM_NONFINITE: abort | skip a step whose averaged gradient is not
+                            // finite (read by training loops through loom_tunable)
 } loom_config_t;
 
 // The value of a tunable as resolved at loom_init (environment, config or default), by its

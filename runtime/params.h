@@ -36,6 +36,9 @@ enum loom_param_id {
   LOOM_P_NET_GBPS,
   LOOM_P_COMPRESS_CHUNK,
   LOOM_P_MOE_OVERLAP,
+  LOOM_P_TIMEOUT,
+  LOOM_P_CHECK_CONSISTENCY,
+  LOOM_P_NONFINITE,
   LOOM_P_COUNT
 };
 
@@ -63,6 +66,9 @@ struct loom_params {
   double net_gbps;                      // 0 = measure at planning time
   int compress_chunk;                   // f32 bytes per pipelined chunk (0: whole tensors)
   int moe_overlap;                      // loom_moe_overlap_t: 0 none, 1 coarse, 2 fine
+  int timeout;                          // seconds before a stuck operation aborts (0: never)
+  int check_consistency;                // 1: ranks compare each collective's arguments first
+  int nonfinite;                        // 0 abort, 1 skip a step with a non-finite gradient
   char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
   int source[LOOM_P_COUNT];                     // enum loom_param_source
 };

@@ -178,6 +178,29 @@ static int parse_moe_overlap(const struct loom_param_desc *d, const char *text,
   return -1;
 }
 
+static int parse_timeout(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                         char *err, size_t errlen) {
+  return parse_int_field(d, text, &out->timeout, err, errlen);
+}
+
+static int parse_nonfinite(const struct loom_param_desc *d, const char *text,
+                           struct loom_params *out, char *err, size_t errlen) {
+  if (parse_choice(text, d->valid, &out->nonfinite) != 0) {
+    snprintf(err, errlen, "not abort or skip");
+    return -1;
+  }
+  return 0;
+}
+
+static int parse_check_consistency(const struct loom_param_desc *d, const char *text,
+                                   struct loom_params *out, char *err, size_t errlen) {
+  if (parse_int_field(d, text, &out->check_consistency, err, errlen) != 0) {
+    snprintf(err, errlen, "not 0 or 1");
+    return -1;
+  }
+  return 0;
+}
+
 static int parse_timeline(const struct loom_param_desc *d, const char *text,
                           struct loom_params *out, char *err, size_t errlen) {
   (void)d;
@@ -292,4 +315,20 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                             "none|coarse|fine", 0, 0, parse_moe_overlap,
                             "MoE layers: how the dispatch and combine all-to-alls overlap the "
                             "expert GEMMs (blocking, pipelined chunks, or COMET's fine split)"},
+    [LOOM_P_TIMEOUT] = {"LOOM_TIMEOUT", "timeout", INT_FIELD(timeout), "300", "0..31536000", 0,
+                        31536000, parse_timeout,
+                        "seconds a collective, MoE or attention-server exchange may wait for its "
+                        "peers before the job aborts with a message naming the ranks that did not "
+                        "arrive (0 = wait forever)"},
+    [LOOM_P_CHECK_CONSISTENCY] = {"LOOM_CHECK_CONSISTENCY", "check_consistency",
+                                  INT_FIELD(check_consistency), "0", "0|1", 0, 1,
+                                  parse_check_consistency,
+                                  "1: before each collective the ranks compare operation, tensor "
+                                  "name, count, dtype, op/root and group, and a mismatch is an "
+                                  "error naming both sides (one small allgather per call)"},
+    [LOOM_P_NONFINITE] = {"LOOM_NONFINITE", "nonfinite", STR_FIELD(nonfinite), "abort",
+                          "abort|skip", 0, 0, parse_nonfinite,
+                          "what a training loop does when the averaged gradient holds a NaN or "
+                          "an infinity: abort the job naming the step, or skip the step on "
+                          "every rank (counted and logged)"},
 };

@@ -65,6 +65,12 @@ typedef struct loom_sched_opts {
   // in the environment overrides this field, as it overrides loom_config_t.
   const char *timeline;
   int rank; // timeline pid and %r when ctx is NULL (ignored otherwise)
+  // Non-zero: compute and worker tasks queue CUDA work on the current device. The compute lane
+  // gets its own stream (current inside its tasks: loom_cuda ops go there), each worker thread
+  // another; dependencies become CUDA events, comm tasks on device tensors start after the GPU
+  // work they depend on, and each step ends when every lane stream is done. The timeline gains
+  // "gpu" tracks with each task's GPU time. LOOM_ERR_UNSUPPORTED in a build without CUDA.
+  int cuda;
 } loom_sched_opts_t;
 
 // Per-step statistics, in milliseconds of wall-clock time on this rank.
@@ -82,6 +88,7 @@ typedef struct loom_step_stats {
   int64_t polls;            // loom_test calls plus checks of the worker pool
   int64_t sleeps;           // backoff sleeps while waiting (after the spin window)
   int64_t progress_polls;   // rounds of the progress thread (0 without one)
+  double gpu_ms;            // CUDA schedulers: GPU time of the compute stream's tasks (else 0)
 } loom_step_stats_t;
 
 typedef struct loom_sched loom_sched_t;

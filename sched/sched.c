@@ -36,6 +36,7 @@ struct task {
   int slot; // comm: timeline track while in flight
   int64_t t_start;
   struct loom_worker_job job;
+  struct loom_gpu_task gpu; // CUDA schedulers
 };
 
 struct loom_sched {
@@ -73,6 +74,10 @@ struct loom_sched {
   long progress_us; // LOOM_SCHED_PROGRESS_US: progress thread interval; 0: no thread
   struct loom_progress *progress; // started at freeze when comm tasks exist; NULL otherwise
   int64_t progress_polls0;        // its poll count when the step began
+  int cuda;                       // opts.cuda
+  struct loom_sched_gpu *gpu;     // CUDA lanes (created at freeze when cuda is set)
+  const char **names;             // (n) task names for the GPU timeline tracks
+  double gpu_ms;                  // the last step's GPU compute time
 };
 
 static const char *const lane_names[LOOM_LANE_COUNT] = {"compute", "comm", "worker"};
@@ -116,6 +121,15 @@ loom_status_t loom_sched_create(loom_ctx_t *ctx, const loom_sched_opts_t *opts,
   s->origin_ns = loom_sched_now_ns();
   s->spin_ns = 1000 * (int64_t)(ctx ? ctx->params.sched_spin_us : LOOM_SCHED_SPIN_US_DEFAULT);
   s->progress_us = ctx ? ctx->params.sched_progress_us : LOOM_SCHED_PROGRESS_US_DEFAULT;
+  s->cuda = o.cuda != 0;
+#ifndef LOOM_HAVE_CUDA
+  if (s->cuda) {
+    free(s);
+    return loom_error(ctx, LOOM_ERR_UNSUPPORTED,
+                      "loom_sched_create: opts.cuda is set but this loom was built without CUDA: "
+                      "reconfigure with --with-cuda, or leave opts.cuda at 0");
+  }
+#endif
 
   // The environment overrides the program, as for every tunable; then opts, then the config.
   const char *path = o.timeline;
@@ -359,6 +373,23 @@ static loom_status_t freeze(loom_sched_t *s) {
   if (s->ncomm > 0 && s->progress_us > 0 && mpi_threads_ok()) {
     LOOM_CHECK(loom_progress_create(s->ctx, s->progress_us, &s->progress));
   }
+#ifdef LOOM_HAVE_CUDA
+  if (s->cuda) {
+    LOOM_CHECK(loom_sched_gpu_create(s->ctx, s->n, &s->gpu));
+    s->names = calloc((size_t)cap, sizeof *s->names);
+    LOOM_CHECK_SYS(s->ctx, s->names != NULL, "calloc(task names)");
+    for (int i = 0; i < s->n; i++) {
+      struct task *t = &s->t[i];
+      t->gpu = (struct loom_gpu_task){.g = s->gpu,
+                                      .id = i,
+                                      .pred = t->pred,
+                                      .npred = t->npred,
+                                      .run = t->d.run,
+                                      .arg = t->d.arg};
+      s->names[i] = t->d.name;
+    }
+  }
+#endif
   s->frozen = 1;
   LOOM_INFO(LOOM_SUB_SCHED,
             "graph frozen: %d tasks (%d comm, %d worker on %d threads), progress thread %s", s->n,
@@ -373,6 +404,10 @@ fail:
     free(s->inflight), s->inflight = NULL;
     free(s->slot_busy), s->slot_busy = NULL;
     free(s->collected), s->collected = NULL;
+#ifdef LOOM_HAVE_CUDA
+    loom_sched_gpu_destroy(s->gpu), s->gpu = NULL;
+#endif
+    free(s->names), s->names = NULL;
   }
   return status;
 }
@@ -388,6 +423,12 @@ static void make_ready(loom_sched_t *s, int id) {
     t->state = TASK_RUNNING;
     t->job = (struct loom_worker_job){
         .fn = t->d.run, .arg = t->d.arg, .priority = t->d.priority, .id = id};
+#ifdef LOOM_HAVE_CUDA
+    if (s->gpu) {
+      t->job.fn = loom_sched_gpu_worker_trampoline;
+      t->job.arg = &t->gpu;
+    }
+#endif
     s->worker_inflight++;
     loom_worker_pool_submit(s->pool, &t->job);
   } // comm tasks start in comm_seq order: see launch_comm
@@ -442,7 +483,15 @@ static void launch_comm(loom_sched_t *s) {
     loom_error_clear();
     t->req = NULL;
     t->t_start = loom_sched_now_ns();
-    loom_status_t st = t->d.start(t->d.arg, &t->req);
+    loom_status_t st = LOOM_OK;
+#ifdef LOOM_HAVE_CUDA
+    if (s->gpu) {
+      st = loom_sched_gpu_order(&t->gpu);
+    }
+#endif
+    if (st == LOOM_OK) {
+      st = t->d.start(t->d.arg, &t->req);
+    }
     int slot = free_slot(s);
     if (st != LOOM_OK || !t->req) { // failed, or completed at once
       char msg[LOOM_SCHED_ERR_MAX];
@@ -546,7 +595,15 @@ static void run_compute(loom_sched_t *s, int id) {
   t->state = TASK_RUNNING;
   loom_error_clear();
   int64_t t0 = loom_sched_now_ns();
-  loom_status_t st = t->d.run(t->d.arg);
+  loom_status_t st;
+#ifdef LOOM_HAVE_CUDA
+  if (s->gpu) {
+    st = loom_sched_gpu_run(&t->gpu, 0);
+  } else
+#endif
+  {
+    st = t->d.run(t->d.arg);
+  }
   int64_t t1 = loom_sched_now_ns();
   s->compute_ns += t1 - t0;
   char msg[LOOM_SCHED_ERR_MAX];
@@ -594,6 +651,12 @@ loom_status_t loom_sched_run(loom_sched_t *s) {
     s->t[i].state = TASK_WAITING;
     s->t[i].req = NULL;
   }
+#ifdef LOOM_HAVE_CUDA
+  if (s->gpu && (status = loom_sched_gpu_step_begin(s->gpu)) != LOOM_OK) {
+    s->running = 0;
+    return status;
+  }
+#endif
   for (int i = 0; i < s->n; i++) {
     if (s->t[i].npred == 0) {
       make_ready(s, i);
@@ -618,6 +681,15 @@ loom_status_t loom_sched_run(loom_sched_t *s) {
                         "loom_sched_run: step %lld ended with %d tasks not run", (long long)s->step,
                         s->remaining);
   }
+  s->gpu_ms = 0.0;
+#ifdef LOOM_HAVE_CUDA
+  if (s->gpu) {
+    loom_status_t gst = loom_sched_gpu_step_end(s->gpu, s->tl, s->names, s->step, &s->gpu_ms);
+    if (status == LOOM_OK) {
+      status = gst;
+    }
+  }
+#endif
   int64_t wall = loom_sched_now_ns() - t_begin;
   loom_step_stats_t *st = &s->last;
   *st = (loom_step_stats_t){
@@ -634,6 +706,7 @@ loom_status_t loom_sched_run(loom_sched_t *s) {
       .polls = s->polls,
       .sleeps = s->sleeps,
       .progress_polls = loom_progress_polls(s->progress) - s->progress_polls0,
+      .gpu_ms = s->gpu_ms,
   };
   if (st->idle_ms < 0) {
     st->idle_ms = 0;
@@ -693,6 +766,10 @@ loom_status_t loom_sched_destroy(loom_sched_t *s) {
   free(s->inflight);
   free(s->slot_busy);
   free(s->collected);
+#ifdef LOOM_HAVE_CUDA
+  loom_sched_gpu_destroy(s->gpu);
+#endif
+  free(s->names);
   free(s);
   return status;
 }

@@ -129,6 +129,41 @@ int64_t loom_progress_polls(const struct loom_progress *p);
 // Stop and join the thread. NULL is fine.
 void loom_progress_destroy(struct loom_progress *p);
 
+// ---------------------------------------------------------------------------------------------
+// CUDA lanes (sched/sched_cuda.c, built with the CUDA backend): streams per lane, an event per
+// task, GPU spans on the timeline. See the comment atop sched_cuda.c.
+
+struct loom_sched_gpu;
+struct loom_timeline;
+
+// One task as the CUDA lanes see it (filled when the graph freezes).
+struct loom_gpu_task {
+  struct loom_sched_gpu *g;
+  int id;
+  const int *pred; // (npred) the task's predecessors
+  int npred;
+  loom_status_t (*run)(void *arg);
+  void *arg;
+};
+
+// Streams and events for ntasks tasks on the current CUDA device.
+loom_status_t loom_sched_gpu_create(loom_ctx_t *ctx, int ntasks, struct loom_sched_gpu **out);
+void loom_sched_gpu_destroy(struct loom_sched_gpu *g); // NULL is fine
+// On the run thread at the start of a step: the compute stream becomes the current stream.
+loom_status_t loom_sched_gpu_step_begin(struct loom_sched_gpu *g);
+// Run a compute (on_worker 0, run thread) or worker task on its lane's stream, after the end
+// events of its GPU predecessors; records its own.
+loom_status_t loom_sched_gpu_run(struct loom_gpu_task *gt, int on_worker);
+// The worker-pool job function of a CUDA worker task (arg: its struct loom_gpu_task).
+loom_status_t loom_sched_gpu_worker_trampoline(void *arg);
+// Before a comm task starts: the compute stream waits for its GPU predecessors.
+loom_status_t loom_sched_gpu_order(const struct loom_gpu_task *gt);
+// At the end of a step: wait for every lane stream, write the GPU spans to tl (may be NULL;
+// names[i] is task i's name), *gpu_ms = GPU time of the compute stream's tasks; restores the
+// run thread's current stream.
+loom_status_t loom_sched_gpu_step_end(struct loom_sched_gpu *g, struct loom_timeline *tl,
+                                      const char *const *names, int64_t step, double *gpu_ms);
+
 #ifdef __cplusplus
 }
 #endif

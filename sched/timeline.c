@@ -122,6 +122,14 @@ int loom_timeline_path(const char *pattern, int rank, char *out, size_t len) {
 }
 
 static void track_name(int tid, char *buf, size_t len) {
+  if (tid >= LOOM_TL_TID_GPU) {
+    if (tid == LOOM_TL_TID_GPU) {
+      snprintf(buf, len, "gpu compute stream");
+    } else {
+      snprintf(buf, len, "gpu worker stream %d", tid - LOOM_TL_TID_GPU);
+    }
+    return;
+  }
   const char *lane = tid >= LOOM_TL_TID_WORKER ? "worker"
                      : tid >= LOOM_TL_TID_COMM ? "comm"
                                                : "compute";

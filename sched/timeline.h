@@ -17,6 +17,7 @@ extern "C" {
 #define LOOM_TL_TID_COMPUTE 1    // the compute lane
 #define LOOM_TL_TID_COMM    1001 // comm lane: 1001 + slot (requests in flight together)
 #define LOOM_TL_TID_WORKER  2001 // worker lane: 2001 + worker thread index
+#define LOOM_TL_TID_GPU     3001 // GPU time of CUDA lanes: 3001 compute stream, 3002 + k worker k
 
 struct loom_timeline;
 

@@ -43,7 +43,10 @@ static inline float exp_bounded(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int32_t bits = ((int32_t)n + 127) << 23; // n in -126..127: a normal power of two
+  // n in -126..127: a normal power of two. A NaN x (a NaN input) has no integer n: take 0, the
+  // result is NaN through p anyway; the shift is unsigned (a negative int shifted left is UB).
+  const float n_int = n == n ? n : 0.0f;
+  uint32_t bits = (uint32_t)((int32_t)n_int + 127) << 23;
   float scale;
   memcpy(&scale, &bits, sizeof scale);
   return p * scale;

@@ -13,9 +13,12 @@
 #include "params.h"
 
 static const char *const bad[LOOM_P_COUNT] = {
-    [LOOM_P_DEBUG] = "LOUD",     [LOOM_P_DEBUG_SUBSYS] = "NOPE", [LOOM_P_DEBUG_FILE] = NULL,
-    [LOOM_P_BIND] = "socket",    [LOOM_P_BLAS_THREADS] = "-4",   [LOOM_P_GPU] = "first",
-    [LOOM_P_NODE_SIZE] = "half", [LOOM_P_EP_SIZE] = "0",         [LOOM_P_ATTN_SERVERS] = "all",
+    [LOOM_P_DEBUG] = "LOUD",           [LOOM_P_DEBUG_SUBSYS] = "NOPE",
+    [LOOM_P_DEBUG_FILE] = NULL,        [LOOM_P_BIND] = "socket",
+    [LOOM_P_BLAS_THREADS] = "-4",      [LOOM_P_GPU] = "first",
+    [LOOM_P_NODE_SIZE] = "half",       [LOOM_P_EP_SIZE] = "0",
+    [LOOM_P_ATTN_SERVERS] = "all",     [LOOM_P_TIMEOUT] = "soon",
+    [LOOM_P_CHECK_CONSISTENCY] = "on",
 };
 
 // loom_init must fail with want on every rank and the message must contain both strings.

@@ -397,11 +397,12 @@ static void test_bad_args(void) {
                    LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "NaN dloss");
   test_expect_fail(loom_cross_entropy_backward(&dlogits, &logits, &targets, IGNORE, INFINITY),
                    LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "Inf dloss");
-  // A CUDA first tensor is unsupported for now; a CUDA tensor beside a host one is a bad call.
+  // A CUDA first tensor: unsupported without CUDA, else no device visible or logits on the host;
+  // a CUDA tensor beside a host one is a bad call.
   loom_tensor_t on_gpu = losses;
   on_gpu.device = 0;
   test_expect_fail(loom_cross_entropy_forward(&on_gpu, &mean, &logits, &targets, IGNORE),
-                   LOOM_ERR_UNSUPPORTED, LOOM_ERR_UNSUPPORTED, fwd, NULL, "CUDA losses");
+                   LOOM_ERR_UNSUPPORTED, LOOM_ERR_INVALID_ARG, fwd, NULL, "CUDA losses");
   on_gpu = logits;
   on_gpu.device = 0;
   test_expect_fail(loom_cross_entropy_forward(&losses, &mean, &on_gpu, &targets, IGNORE),

@@ -389,7 +389,7 @@ static void test_bad_args(void) {
   on_gpu.device = 0;
   list[0] = &on_gpu;
   test_expect_fail(loom_clip_grad_norm(list, 2, 1e-3f, &norm), LOOM_ERR_UNSUPPORTED,
-                   LOOM_ERR_UNSUPPORTED, co, NULL, "CUDA grads[0]");
+                   LOOM_ERR_INVALID_ARG, co, NULL, "CUDA grads[0]");
   list[0] = &g;
   list[1] = &on_gpu;
   test_expect_fail(loom_clip_grad_norm(list, 2, 1e-3f, &norm), LOOM_ERR_INVALID_ARG,

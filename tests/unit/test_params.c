@@ -6,6 +6,8 @@
 #include <string.h>
 
 #include "../check.h"
+#include "comm_internal.h"
+#include "ctx.h"
 #include "error.h"
 #include "log.h"
 #include "loom.h"
@@ -22,6 +24,8 @@ static const char *const bad_values[LOOM_P_COUNT][5] = {
     [LOOM_P_NODE_SIZE] = {"-1", "x", "65537", NULL},
     [LOOM_P_EP_SIZE] = {"0", "abc", "2.5", "", NULL},
     [LOOM_P_ATTN_SERVERS] = {"all", "-2", "65536", NULL},
+    [LOOM_P_TIMEOUT] = {"-1", "5s", "forever", "31536001", NULL},
+    [LOOM_P_CHECK_CONSISTENCY] = {"2", "yes", "-1", "", NULL},
 };
 
 static void unset_all(void) {
@@ -39,6 +43,8 @@ int main(void) {
   CHECK(p.debug_level == LOOM_LOG_WARN && p.debug_mask == LOOM_SUB_ALL, "log defaults");
   CHECK(p.bind == LOOM_BIND_CORE && p.blas_threads == 0 && p.gpu == LOOM_GPU_AUTO, "placement");
   CHECK(p.node_size == 0 && p.ep_size == 1 && p.attn_servers == 0, "group defaults");
+  CHECK(p.timeout == 300 && p.check_consistency == 0, "watchdog defaults %d %d", p.timeout,
+        p.check_consistency);
   for (int i = 0; i < LOOM_P_COUNT; i++) {
     CHECK(p.source[i] == LOOM_SRC_DEFAULT, "%s source", loom_param_table[i].env);
     CHECK(!strcmp(p.text[i], loom_param_table[i].def), "%s text", loom_param_table[i].env);
@@ -105,6 +111,45 @@ int main(void) {
   cfg.ep_size = LOOM_UNSET;
   cfg.blas_threads = 2000;
   CHECK(loom_params_resolve(&cfg, &p) == LOOM_ERR_INVALID_ARG, "blas_threads 2000 rejected");
+
+  // LOOM_TIMEOUT: a value in seconds, 0 disables the watchdog (an operation entered on a group
+  // gets no deadline); LOOM_CHECK_CONSISTENCY 0 or 1.
+  setenv("LOOM_TIMEOUT", "0", 1);
+  setenv("LOOM_CHECK_CONSISTENCY", "1", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK && p.timeout == 0 && p.check_consistency == 1,
+        "LOOM_TIMEOUT=0, LOOM_CHECK_CONSISTENCY=1: %s", loom_last_error(NULL));
+  unset_all();
+  loom_config_init(&cfg);
+  cfg.timeout = 7;
+  CHECK(loom_params_resolve(&cfg, &p) == LOOM_OK && p.timeout == 7 &&
+            p.source[LOOM_P_TIMEOUT] == LOOM_SRC_CONFIG,
+        "timeout from config");
+  setenv("LOOM_TIMEOUT", "bad", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_ERR_INVALID_ARG &&
+            strstr(loom_last_error(NULL), "environment variable LOOM_TIMEOUT='bad' is invalid") &&
+            strstr(loom_last_error(NULL), "0..31536000"),
+        "LOOM_TIMEOUT=bad: %s", loom_last_error(NULL));
+  unset_all();
+  struct loom_group grp = {.kind = LOOM_GROUP_WORLD, .rank = 0, .size = 1};
+  struct loom_op_desc d;
+  struct loom_watch w;
+  loom_op_desc_set(&d, LOOM_OPK_ALLREDUCE, "grad.x", LOOM_F32, 4, LOOM_SUM, -1, 0);
+  grp.timeout = 0;
+  loom_watch_enter(&w, &grp, &d, 1);
+  CHECK(w.deadline_ns == 0 && w.seq == 0, "timeout 0: no deadline (%lld)",
+        (long long)w.deadline_ns);
+  loom_watch_check(&w); // never aborts without a deadline
+  grp.timeout = 3;
+  loom_watch_enter(&w, &grp, &d, 1);
+  CHECK(w.deadline_ns == w.start_ns + 3000000000ll, "timeout 3: deadline 3 s after the start");
+  CHECK(w.d.group_kind == LOOM_GROUP_WORLD && w.d.group_size == 1 && !strcmp(w.d.name, "grad.x"),
+        "descriptor completed");
+  // loom_test finding the deadline passed after a long time without a test extends it once.
+  w.start_ns -= 5000000000ll;
+  w.deadline_ns -= 5000000000ll;
+  loom_watch_test(&w);
+  CHECK(w.extended == 1 && w.deadline_ns > loom_watch_now_ns() + 2000000000ll,
+        "first late test: deadline extended by min(timeout, 10 s)");
 
   // Parsers directly.
   long v;

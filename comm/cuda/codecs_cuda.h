@@ -1,0 +1,40 @@
+/* codecs_cuda.h — the compressors' encode and decode-add on device memory, producing and reading
+ * payloads byte-compatible with the CPU codecs (compress_codecs.c), so either side can decode. */
+#ifndef LOOM_CODECS_CUDA_H
+#define LOOM_CODECS_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compress_internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// As loom_codec_encode, with x (n floats) and payload (cap bytes) in device memory of the
+// current device; *bytes_host receives the payload size on the host. Runs on the current stream
+// (compute/cuda/cuda_ctx.h) and waits for it when the size depends on the data (top-k; the
+// non-finite check). c is none, fp16, bf16, int8 (deterministic or stochastic), topk, randomk or
+// efsign (powersgd: LOOM_ERR_UNSUPPORTED). The payload has the same header and body layout as
+// the CPU codec's: fp16, bf16, int8 (deterministic), randomk and efsign payloads are the same
+// bytes; top-k keeps the same set of values (ties broken to the lower index, as the CPU does)
+// in ascending index order.
+loom_status_t loom_cuda_codec_encode(const loom_compressor_t *c, const float *x, int64_t n,
+                                     uint64_t seed, uint8_t *payload, size_t cap,
+                                     size_t *bytes_host);
+// As loom_codec_decode_add: acc (n floats, device) += decode(payload) where payload (bytes
+// bytes, device) is validated first (header copied to the host; indices range-checked on the
+// device): a malformed payload is LOOM_ERR_CORRUPT with acc untouched.
+loom_status_t loom_cuda_codec_decode_add(const loom_compressor_t *c, const uint8_t *payload,
+                                         size_t bytes, int64_t n, uint64_t seed, float *acc);
+// As loom_ef_encode on device memory: y = x + res; payload = encode(y); res = y - decode(payload)
+// (non-finite entries dropped). res may be NULL (plain encode into y's scratch).
+loom_status_t loom_cuda_ef_encode(const loom_compressor_t *c, float *res, float *y, const float *x,
+                                  int64_t n, uint64_t seed, uint8_t *payload, size_t cap,
+                                  size_t *bytes_host);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

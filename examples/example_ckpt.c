@@ -1,0 +1,290 @@
+/* example_ckpt.c — checkpoint directories of the example trainers: per-rank files through
+ * loom_checkpoint_save, a "latest" pointer written last, and agreement on failure. */
+#include "config.h"
+
+#include "example_ckpt.h"
+#include "example_util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+int ex_parse_ckpt(const char *flag, const char *v, ex_ckpt_opts_t *o, char *err, size_t errlen) {
+  if (!strcmp(flag, "--resume")) {
+    o->resume = 1;
+  } else if (!strcmp(flag, "--ckpt")) {
+    o->dir = v;
+  } else if (!strcmp(flag, "--save-every")) {
+    return ex_parse_long(flag, v, 0, 1L << 40, &o->save_every, err, errlen) ? -1 : 1;
+  } else if (!strcmp(flag, "--die-at")) {
+    return ex_parse_long(flag, v, 0, 1L << 40, &o->die_at, err, errlen) ? -1 : 1;
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+int ex_check_ckpt(const ex_ckpt_opts_t *o, char *err, size_t errlen) {
+  if ((o->save_every > 0 || o->resume) && !o->dir) {
+    snprintf(err, errlen, "--save-every and --resume need --ckpt DIR (where checkpoints live)");
+    return -1;
+  }
+  return 0;
+}
+
+int ex_any(const loom_group_t *g, int bad) {
+  int32_t v = bad != 0;
+  int64_t one = 1;
+  loom_tensor_t t;
+  if (loom_tensor_wrap(&t, &v, LOOM_I32, LOOM_DEVICE_HOST, 1, &one, "any") != LOOM_OK ||
+      loom_allreduce(g, &t, &t, LOOM_MAX) != LOOM_OK) {
+    fprintf(stderr, "checkpoint: agreeing over the group failed: %s\n", loom_last_error(NULL));
+    return 1;
+  }
+  return v != 0;
+}
+
+int ex_ckpt_path(char *out, size_t cap, const char *dir, long step, int rank) {
+  int n = snprintf(out, cap, "%s/step-%08ld/rank-%05d.ckpt", dir, step, rank);
+  return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+static int make_dir(const char *path) {
+  if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+    fprintf(stderr, "checkpoint: cannot create directory %s: %s\n", path, strerror(errno));
+    return -1;
+  }
+  return 0;
+}
+
+// DIR/latest = step, through a temporary file, fsync and rename.
+static int write_latest(const char *dir, long step) {
+  char tmp[4096], path[4096], text[32];
+  snprintf(path, sizeof path, "%s/latest", dir);
+  snprintf(tmp, sizeof tmp, "%s/latest.tmp", dir);
+  int len = snprintf(text, sizeof text, "%ld\n", step);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int ok = fd >= 0 && write(fd, text, (size_t)len) == len && fsync(fd) == 0;
+  if (fd >= 0 && close(fd) != 0) {
+    ok = 0;
+  }
+  ok = ok && rename(tmp, path) == 0;
+  int dfd = ok ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+  ok = ok && dfd >= 0 && fsync(dfd) == 0;
+  if (dfd >= 0) {
+    close(dfd);
+  }
+  if (!ok) {
+    fprintf(stderr, "checkpoint: cannot update %s: %s\n", path, strerror(errno));
+    unlink(tmp);
+    return -1;
+  }
+  return 0;
+}
+
+int ex_ckpt_save(const char *dir, const loom_group_t *g, long step, long drop,
+                 const loom_tensor_t *const *t, int n) {
+  const int rank = loom_group_rank(g);
+  char sub[4096], path[4096];
+  int bad = 0;
+  snprintf(sub, sizeof sub, "%s/step-%08ld", dir, step);
+  if (rank == 0) {
+    bad = make_dir(dir) != 0 || make_dir(sub) != 0;
+  }
+  if (ex_any(g, bad)) {
+    return -1;
+  }
+  loom_ckpt_info_t info = {.world_size = loom_group_size(g), .rank = rank, .step = step};
+  if (ex_ckpt_path(path, sizeof path, dir, step, rank) != 0) {
+    fprintf(stderr, "checkpoint: the path under %s is too long\n", dir);
+    bad = 1;
+  } else if (loom_checkpoint_save(path, &info, t, n) != LOOM_OK) {
+    fprintf(stderr, "checkpoint: rank %d: %s\n", rank, loom_last_error(NULL));
+    bad = 1;
+  }
+  if (ex_any(g, bad)) {
+    return -1;
+  }
+  if (rank == 0) {
+    bad = write_latest(dir, step) != 0;
+  }
+  if (ex_any(g, bad)) {
+    return -1;
+  }
+  if (drop >= 0 && ex_ckpt_path(path, sizeof path, dir, drop, rank) == 0) {
+    unlink(path); // (missing already: nothing to do)
+    if (ex_any(g, 0) == 0 && rank == 0) {
+      snprintf(sub, sizeof sub, "%s/step-%08ld", dir, drop);
+      rmdir(sub);
+    }
+  }
+  return 0;
+}
+
+long ex_ckpt_latest(const char *dir, const loom_group_t *g) {
+  int64_t step = -1;
+  if (loom_group_rank(g) == 0) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/latest", dir);
+    FILE *f = fopen(path, "r");
+    if (f) {
+      long v = -1;
+      step = fscanf(f, "%ld", &v) == 1 && v >= 0 ? v : -2;
+      if (step == -2) {
+        fprintf(stderr,
+                "checkpoint: %s does not hold a step number: remove it or point --ckpt "
+                "elsewhere\n",
+                path);
+      }
+      fclose(f);
+    } else if (errno != ENOENT) {
+      fprintf(stderr, "checkpoint: cannot read %s: %s\n", path, strerror(errno));
+      step = -2;
+    }
+  }
+  int64_t one = 1;
+  loom_tensor_t t;
+  if (loom_tensor_wrap(&t, &step, LOOM_I64, LOOM_DEVICE_HOST, 1, &one, "latest") != LOOM_OK ||
+      loom_broadcast(g, &t, 0) != LOOM_OK) {
+    fprintf(stderr, "checkpoint: broadcast of the latest step failed: %s\n", loom_last_error(NULL));
+    return -2;
+  }
+  return (long)step;
+}
+
+// ---- the tensors of a checkpoint ------------------------------------------------------------
+
+static void fatal_oom(void) {
+  fprintf(stderr, "checkpoint: out of memory\n");
+  MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+void ex_ckpt_set_init(ex_ckpt_set_t *cs, int cap, const loom_ef_t *ef, int nplan) {
+  memset(cs, 0, sizeof *cs);
+  cs->cap = cap + (ef ? loom_ef_count(ef) : 0) + 2;
+  cs->t = calloc((size_t)cs->cap, sizeof *cs->t);
+  cs->p = calloc((size_t)cs->cap, sizeof *cs->p);
+  cs->plan = calloc(2 * (size_t)nplan + 1, sizeof *cs->plan);
+  if (!cs->t || !cs->p || !cs->plan) {
+    fatal_oom();
+  }
+}
+
+void ex_ckpt_set_add(ex_ckpt_set_t *cs, const loom_tensor_t *src, const char *name) {
+  if (cs->n == cs->cap) {
+    fprintf(stderr, "checkpoint: more tensors than the set was made for (%d)\n", cs->cap);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  loom_tensor_t *v = &cs->t[cs->n];
+  if (loom_tensor_wrap(v, src->data, src->dtype, src->device, src->ndim, src->shape, name) !=
+      LOOM_OK) {
+    fprintf(stderr, "checkpoint: %s: %s\n", name, loom_last_error(NULL));
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  cs->p[cs->n++] = v;
+}
+
+void ex_ckpt_set_add_ef(ex_ckpt_set_t *cs, const loom_ef_t *ef) {
+  for (int i = 0; ef && i < loom_ef_count(ef); i++) {
+    const char *ename = NULL;
+    const float *data = NULL;
+    int64_t n = 0;
+    char name[LOOM_NAME_MAX];
+    loom_tensor_t r;
+    if (loom_ef_entry(ef, i, &ename, &data, &n) != LOOM_OK ||
+        loom_tensor_wrap(&r, (void *)data, LOOM_F32, LOOM_DEVICE_HOST, 1, &n, "ef") != LOOM_OK) {
+      fprintf(stderr, "checkpoint: residual %d: %s\n", i, loom_last_error(NULL));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    snprintf(name, sizeof name, "ef:%s", ename);
+    ex_ckpt_set_add(cs, &r, name);
+  }
+}
+
+void ex_ckpt_set_add_plan(ex_ckpt_set_t *cs, const int *codec, const loom_scheme_t *scheme, int n) {
+  for (int k = 0; k < n; k++) {
+    cs->plan[k] = codec[k];
+    cs->plan[n + k] = (int32_t)scheme[k];
+  }
+  int64_t len = n;
+  loom_tensor_t c, s;
+  loom_tensor_wrap(&c, cs->plan, LOOM_I32, LOOM_DEVICE_HOST, 1, &len, "auto.codec");
+  loom_tensor_wrap(&s, cs->plan + n, LOOM_I32, LOOM_DEVICE_HOST, 1, &len, "auto.scheme");
+  ex_ckpt_set_add(cs, &c, "auto.codec");
+  ex_ckpt_set_add(cs, &s, "auto.scheme");
+}
+
+void ex_ckpt_set_free(ex_ckpt_set_t *cs) {
+  free(cs->t);
+  free(cs->p);
+  free(cs->plan);
+  memset(cs, 0, sizeof *cs);
+}
+
+// One entry beyond the fixed tensors: a residual or half of a plan. Returns 0, or -1 (printed).
+static int load_extra(const char *prog, const char *path, int rank, const loom_tensor_t *v,
+                      loom_ef_t *ef, int *codec, loom_scheme_t *scheme, int n, int ncand,
+                      int *planned) {
+  if (!strncmp(v->name, "ef:", 3)) { // residuals come back by name
+    if (!ef || v->dtype != LOOM_F32 || v->ndim != 1 ||
+        loom_ef_set(ef, v->name + 3, v->data, v->shape[0]) != LOOM_OK) {
+      fprintf(stderr,
+              "%s: --resume: rank %d: %s holds error-feedback residuals but this run %s: "
+              "resume with the --compress it was saved with\n",
+              prog, rank, path, ef ? "cannot take them" : "compresses nothing");
+      return -1;
+    }
+    return 0;
+  }
+  int is_codec = !strcmp(v->name, "auto.codec"), is_scheme = !strcmp(v->name, "auto.scheme");
+  if (!is_codec && !is_scheme) {
+    return 0; // a fixed tensor, loaded already
+  }
+  if (!codec || v->dtype != LOOM_I32 || v->ndim != 1 || v->shape[0] != n) {
+    fprintf(stderr,
+            "%s: --resume: rank %d: %s holds a --compress auto plan of %lld parts but this "
+            "run is not --compress auto with %d parts\n",
+            prog, rank, path, (long long)v->shape[0], n);
+    return -1;
+  }
+  const int32_t *x = v->data;
+  for (int k = 0; k < n; k++) {
+    if (is_codec) {
+      codec[k] = x[k] >= 0 && x[k] < ncand ? x[k] : -1;
+    } else {
+      scheme[k] = (loom_scheme_t)x[k];
+    }
+  }
+  *planned = 1;
+  return 0;
+}
+
+int ex_ckpt_load(const char *prog, const char *dir, const loom_group_t *g, long step,
+                 const ex_ckpt_set_t *fixed, loom_ef_t *ef, int *codec, loom_scheme_t *scheme,
+                 int n, int ncand, int *planned) {
+  const int rank = loom_group_rank(g);
+  char path[4096];
+  loom_ckpt_info_t me = {.world_size = loom_group_size(g), .rank = rank};
+  int bad = ex_ckpt_path(path, sizeof path, dir, step, rank) != 0;
+  loom_checkpoint_t *ck = NULL;
+  if (!bad && (loom_checkpoint_load(path, &me, (loom_tensor_t *const *)fixed->p, fixed->n, NULL) !=
+                   LOOM_OK ||
+               loom_checkpoint_open(path, &ck) != LOOM_OK)) {
+    fprintf(stderr, "%s: --resume: rank %d: %s\n", prog, rank, loom_last_error(NULL));
+    bad = 1;
+  }
+  *planned = 0;
+  for (int i = 0; !bad && i < loom_checkpoint_count(ck); i++) {
+    loom_tensor_t v;
+    bad = loom_checkpoint_entry(ck, i, &v) != LOOM_OK ||
+          load_extra(prog, path, rank, &v, ef, codec, scheme, n, ncand, planned) != 0;
+  }
+  loom_checkpoint_close(ck);
+  return ex_any(g, bad) ? -1 : 0;
+}

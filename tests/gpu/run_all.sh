@@ -1,0 +1,57 @@
+#!/bin/sh
+# run_all.sh — on a machine with a GPU: build loom with CUDA, run every GPU test and the GPU
+# benchmarks, and write a summary (tests/gpu/summary.txt in the build directory, or $OUT).
+# usage: tests/gpu/run_all.sh [BUILD_DIR]   (default: _build_gpu; configure runs if needed)
+set -u
+src=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:-$src/_build_gpu}
+out=${OUT:-$build}
+jobs=$(nproc 2>/dev/null || echo 4)
+summary=$out/gpu_summary.txt
+mkdir -p "$build" "$out"
+: > "$summary"
+say() { echo "$*" | tee -a "$summary"; }
+
+say "loom GPU suite, $(date -u +%Y-%m-%dT%H:%M:%SZ), host $(hostname)"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version \
+  --format=csv,noheader | sed 's/^/gpu: /' | tee -a "$summary"
+
+cd "$build" || exit 1
+if [ ! -f Makefile ]; then
+  [ -x "$src/configure" ] || (cd "$src" && ./autogen.sh) || exit 1
+  "$src/configure" --with-cuda ${LOOM_CONFIGURE_FLAGS:-} > configure.log 2>&1 ||
+    { say "FAIL: configure (see $build/configure.log)"; tail -20 configure.log; exit 1; }
+fi
+t0=$(date +%s)
+make -j"$jobs" > make.log 2>&1 || { say "FAIL: build (see $build/make.log)"; tail -30 make.log; exit 1; }
+gpu_tests="test_gpu_ops test_gpu_gemm test_gpu_attention test_gpu_codecs test_gpu_sched"
+make -j"$jobs" $(for t in $gpu_tests; do printf 'tests/gpu/%s ' "$t"; done) \
+  tests/bench/gpu_gemm_perf tests/bench/gpu_attn_perf >> make.log 2>&1 ||
+  { say "FAIL: building the GPU tests (see $build/make.log)"; tail -30 make.log; exit 1; }
+say "build: $(($(date +%s) - t0)) s"
+
+fails=0
+for t in $gpu_tests; do
+  start=$(date +%s)
+  ./tests/gpu/$t > "$out/$t.log" 2>&1
+  rc=$?
+  case $rc in
+    0) verdict=PASS ;;
+    77) verdict=SKIP ;;
+    *) verdict="FAIL (exit $rc)"; fails=$((fails + 1)) ;;
+  esac
+  say "$verdict: $t ($(($(date +%s) - start)) s)"
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && tail -15 "$out/$t.log" | sed 's/^/    /' | tee -a "$summary"
+done
+
+say "--- benchmarks"
+./tests/bench/gpu_gemm_perf --json "$out/gpu_gemm_perf.json" 2>&1 | tee -a "$summary"
+./tests/bench/gpu_attn_perf --json "$out/gpu_attn_perf.json" 2>&1 | tee -a "$summary"
+if [ -x ./examples/train_gpt ]; then
+  say "--- train_gpt --device cuda (one rank, 60 steps)"
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np 1 ./examples/train_gpt \
+    --device cuda --steps 60 --layers 4 --width 512 --heads 8 --ctx 512 --batch 16 \
+    --json "$out/train_gpt_cuda.json" 2>&1 | tail -8 | tee -a "$summary"
+fi
+say "--- $fails GPU test(s) failed"
+exit $((fails > 0))

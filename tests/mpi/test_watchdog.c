@@ -1,0 +1,322 @@
+/* test_watchdog.c — LOOM_TIMEOUT and LOOM_CHECK_CONSISTENCY under mpirun: a rank that skips a
+ * collective gets the job aborted with one message; mismatched calls fail on every rank. */
+#include "config.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../check_mpi.h"
+#include "../testutil.h"
+
+// Modes (argv[1]):
+//   skip R [wait|finalize]  every rank runs two allreduces on world; rank R skips the third
+//                           ('grad.skip') and then sleeps outside MPI (wait) or finalizes; the
+//                           others wait in it. Under LOOM_TIMEOUT=3 the job must abort with one
+//                           message naming the ranks that arrived and rank R.
+//   skip-test R             the same, the waiting ranks polling loom_iallreduce with loom_test
+//                           (the scheduler's path).
+//   skip-first R [...]      as skip, R skipping the group's first collective (the others wait
+//                           while the group's private communicator is created).
+//   skip-moe R              an MoE forward on the ep group that rank R skips.
+//   skip-attn R             an attention-server forward on world that rank R skips.
+//   lost-recv               rank 0 receives a message rank 1 never sends.
+//   slow S                  the last rank enters the allreduce S seconds late; every rank must
+//                           complete (LOOM_TIMEOUT=0, or a timeout above S).
+//   consistency             consistent calls of every collective pass; mismatched ones (name,
+//                           count, dtype, op, root, operation, alltoallv counts, compressor seed)
+//                           fail on every rank with LOOM_ERR_INVALID_ARG naming both sides when
+//                           LOOM_CHECK_CONSISTENCY=1, and pass unchecked when it is 0.
+
+static int rank, size;
+
+#define OK(call)                                                                                   \
+  do {                                                                                             \
+    loom_status_t ok_status_ = (call);                                                             \
+    CHECK(ok_status_ == LOOM_OK, "%s: %s", loom_strerror(ok_status_), loom_last_error(NULL));      \
+  } while (0)
+
+static loom_tensor_t mk(loom_dtype_t dt, int64_t n, const char *name) {
+  loom_tensor_t t = test_tensor(dt, 1, &n, name);
+  if (t.data) {
+    memset(t.data, 0, (size_t)n * loom_dtype_size(dt));
+  }
+  return t;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// ---- timeouts ---------------------------------------------------------------------------------
+
+static int skip(loom_ctx_t *ctx, int skipper, int warm, int poll, const char *after) {
+  const loom_group_t *w = loom_group(ctx, LOOM_GROUP_WORLD);
+  loom_tensor_t a = mk(LOOM_F32, 256, "grad.a"), s = mk(LOOM_F32, 256, "grad.skip");
+  for (int i = 0; i < warm; i++) {
+    OK(loom_allreduce(w, &a, &a, LOOM_SUM));
+  }
+  if (rank == skipper) {
+    if (after && !strcmp(after, "finalize")) {
+      loom_finalize(ctx); // blocks in the group's teardown: its peers never get there
+      return 0;
+    }
+    sleep(60); // outside MPI: its slot is still readable
+    return 0;
+  }
+  if (poll) {
+    loom_request_t *req = NULL;
+    OK(loom_iallreduce(w, &s, &s, LOOM_SUM, &req));
+    int done = 0;
+    while (!done) {
+      OK(loom_test(&req, &done));
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+    }
+  } else {
+    OK(loom_allreduce(w, &s, &s, LOOM_SUM));
+  }
+  fprintf(stderr, "rank %d: the skipped allreduce completed\n", rank);
+  return 1;
+}
+
+static int skip_moe(loom_ctx_t *ctx, int skipper) {
+  const loom_group_t *ep = loom_group(ctx, LOOM_GROUP_EP);
+  loom_moe_config_t cfg;
+  loom_moe_config_init(&cfg);
+  cfg.num_experts = 2 * loom_group_size(ep);
+  cfg.top_k = 2;
+  cfg.hidden = 8;
+  cfg.ffn = 16;
+  cfg.seed = 3;
+  loom_moe_t *m = NULL;
+  OK(loom_moe_create(ctx, ep, &cfg, &m));
+  int64_t shape[2] = {4, 8};
+  loom_tensor_t x = test_tensor(LOOM_F32, 2, shape, "moe.x"),
+                y = test_tensor(LOOM_F32, 2, shape, "moe.y");
+  float *xp = x.data;
+  for (int i = 0; i < 32; i++) {
+    xp[i] = (float)((i * 7 + rank) % 5) - 2.0f;
+  }
+  OK(loom_moe_forward(m, &x, &y, NULL));
+  if (rank == skipper) {
+    sleep(60);
+    return 0;
+  }
+  OK(loom_moe_forward(m, &x, &y, NULL));
+  fprintf(stderr, "rank %d: the skipped MoE forward completed\n", rank);
+  return 1;
+}
+
+static int skip_attn(loom_ctx_t *ctx, int skipper) {
+  const loom_group_t *w = loom_group(ctx, LOOM_GROUP_WORLD);
+  enum { H = 2, D = 4, ROWS = 6 };
+  loom_attn_doc_t *docs = calloc((size_t)size, sizeof *docs);
+  loom_attn_task_t *tasks = calloc((size_t)size, sizeof *tasks);
+  for (int r = 0; r < size; r++) { // rank r's document is served by the next rank
+    docs[r] = (loom_attn_doc_t){.owner = r, .len = ROWS};
+    tasks[r] =
+        (loom_attn_task_t){.doc = r, .q_lo = 0, .q_hi = ROWS, .owner = r, .server = (r + 1) % size};
+  }
+  loom_attn_exec_t *x = NULL;
+  OK(loom_attn_exec_create(w, docs, size, tasks, size, H, H, D, 1, 0.0f, &x));
+  int64_t sq[3] = {ROWS, H, D}, sl[2] = {H, ROWS};
+  loom_tensor_t q = test_tensor_f32(3, sq, "attn.q"), k = test_tensor_f32(3, sq, "attn.k");
+  loom_tensor_t v = test_tensor_f32(3, sq, "attn.v"), o = test_tensor_f32(3, sq, "attn.out");
+  loom_tensor_t l = test_tensor_f32(2, sl, "attn.lse");
+  test_rng_t rng = test_rng(5u + (uint64_t)rank);
+  test_fill_uniform(&rng, test_floats(&q), ROWS * H * D, -1, 1);
+  test_fill_uniform(&rng, test_floats(&k), ROWS * H * D, -1, 1);
+  test_fill_uniform(&rng, test_floats(&v), ROWS * H * D, -1, 1);
+  OK(loom_attn_exec_forward(x, &q, &k, &v, &o, &l));
+  if (rank == skipper) {
+    sleep(60);
+    return 0;
+  }
+  OK(loom_attn_exec_forward(x, &q, &k, &v, &o, &l));
+  fprintf(stderr, "rank %d: the skipped attention forward completed\n", rank);
+  return 1;
+}
+
+// Rank 0 receives from rank 1, which never sends.
+static int lost_recv(loom_ctx_t *ctx) {
+  const loom_group_t *w = loom_group(ctx, LOOM_GROUP_WORLD);
+  loom_tensor_t a = mk(LOOM_F32, 16, "msg");
+  if (rank != 0) {
+    sleep(60);
+    return 0;
+  }
+  OK(loom_recv(w, &a, 1, 7));
+  fprintf(stderr, "rank %d: the lost message arrived\n", rank);
+  return 1;
+}
+
+static void slow(loom_ctx_t *ctx, int delay) {
+  const loom_group_t *w = loom_group(ctx, LOOM_GROUP_WORLD);
+  loom_tensor_t a = mk(LOOM_F32, 256, "grad.slow");
+  OK(loom_allreduce(w, &a, &a, LOOM_SUM));
+  double t0 = now_s();
+  if (rank == size - 1) {
+    sleep((unsigned)delay);
+  }
+  OK(loom_allreduce(w, &a, &a, LOOM_SUM));
+  double waited = now_s() - t0;
+  CHECK(waited >= delay - 0.5, "rank %d waited %.1f s for a peer %d s late", rank, waited, delay);
+  test_free_tensors((loom_tensor_t *[]){&a}, 1);
+}
+
+// ---- consistency ------------------------------------------------------------------------------
+
+// st must be the outcome the check predicts: LOOM_OK when off; when on, LOOM_ERR_INVALID_ARG
+// whose message contains want (on every rank).
+static void expect_mismatch(int on, loom_status_t st, const char *what, const char *want) {
+  if (!on) {
+    CHECK(st == LOOM_OK, "%s without the check: %s", what, loom_last_error(NULL));
+    return;
+  }
+  const char *msg = loom_last_error(NULL);
+  CHECK(st == LOOM_ERR_INVALID_ARG, "%s: status %d (%s)", what, st, msg);
+  CHECK(strstr(msg, want) != NULL, "%s: message lacks \"%s\": %s", what, want, msg);
+  if (rank == 0 && st == LOOM_ERR_INVALID_ARG) {
+    printf("%s: %s\n", what, msg);
+  }
+}
+
+static void consistency(loom_ctx_t *ctx) {
+  const char *v = loom_tunable(ctx, "LOOM_CHECK_CONSISTENCY");
+  const int on = v && !strcmp(v, "1");
+  const loom_group_t *w = loom_group(ctx, LOOM_GROUP_WORLD);
+  const int last = size - 1, me_last = rank == last;
+  char want[256];
+  loom_tensor_t a = mk(LOOM_F32, 1024, "grad.h0"), b = mk(LOOM_F32, 1024, "grad.h1");
+  loom_tensor_t big = mk(LOOM_F32, 1024 * size, "grad.big");
+  loom_tensor_t h = mk(LOOM_F16, 1024, "grad.h0"), i32 = mk(LOOM_I32, 1024, "grad.h0");
+
+  // Consistent calls of every collective pass.
+  int64_t *counts = malloc(sizeof(int64_t) * (size_t)size);
+  int64_t total = 0;
+  for (int r = 0; r < size; r++) {
+    counts[r] = r + 1;
+    total += counts[r];
+  }
+  loom_tensor_t mine = mk(LOOM_F32, rank + 1, "gv.part"), all = mk(LOOM_F32, total, "gv.part");
+  loom_tensor_t blk = mk(LOOM_F32, 1024, "rs.out");
+  OK(loom_allreduce(w, &a, &a, LOOM_SUM));
+  OK(loom_reduce_scatter(w, &big, &blk, NULL, LOOM_SUM));
+  OK(loom_allgather(w, &blk, &big));
+  OK(loom_allgatherv(w, &mine, &all, counts));
+  OK(loom_broadcast(w, &a, last));
+  loom_tensor_t big2 = mk(LOOM_F32, 1024 * size, "grad.big");
+  OK(loom_alltoall(w, &big, &big2));
+  // alltoallv: rank r sends (r + j) % 3 elements to rank j.
+  int64_t *sc = malloc(sizeof(int64_t) * (size_t)size),
+          *rc = malloc(sizeof(int64_t) * (size_t)size);
+  int64_t ns = 0, nr = 0;
+  for (int j = 0; j < size; j++) {
+    sc[j] = (rank + j) % 3;
+    rc[j] = (j + rank) % 3;
+    ns += sc[j];
+    nr += rc[j];
+  }
+  loom_tensor_t vs = mk(LOOM_F32, ns, "a2av"), vr = mk(LOOM_F32, nr, "a2av");
+  OK(loom_alltoallv(w, &vs, sc, &vr, rc));
+  loom_compressor_t *c = NULL;
+  OK(loom_compressor_create("fp16", &c));
+  OK(loom_compressed_allreduce(w, c, LOOM_SCHEME_INDIVISIBLE, NULL, &a, LOOM_SUM, 11, NULL));
+
+  // The same count and dtype under another name on the last rank.
+  loom_status_t st = loom_allreduce(w, me_last ? &b : &a, me_last ? &b : &a, LOOM_SUM);
+  snprintf(want, sizeof want,
+           "rank 0 calls allreduce('grad.h0', 1024 f32, sum) but rank %d calls "
+           "allreduce('grad.h1', 1024 f32, sum)",
+           last);
+  expect_mismatch(on, st, "name", want);
+  // Another count (without the check this would go wrong: not run then).
+  if (on) {
+    loom_tensor_t shorter = mk(LOOM_F32, 1000, "grad.h0");
+    st = loom_allreduce(w, me_last ? &shorter : &a, me_last ? &shorter : &a, LOOM_SUM);
+    snprintf(want, sizeof want, "but rank %d calls allreduce('grad.h0', 1000 f32, sum)", last);
+    expect_mismatch(on, st, "count", want);
+    // Another dtype, another op, another root, another operation.
+    st = loom_allreduce(w, me_last ? &h : &a, me_last ? &h : &a, LOOM_SUM);
+    expect_mismatch(on, st, "dtype", "allreduce('grad.h0', 1024 f16, sum)");
+    st = loom_allreduce(w, &a, &a, me_last ? LOOM_MAX : LOOM_SUM);
+    expect_mismatch(on, st, "redop", "allreduce('grad.h0', 1024 f32, max)");
+    st = loom_broadcast(w, &a, me_last ? 0 : last);
+    snprintf(want, sizeof want,
+             "rank 0 calls broadcast('grad.h0', 1024 f32, root %d) but rank %d calls "
+             "broadcast('grad.h0', 1024 f32, root 0)",
+             last, last);
+    expect_mismatch(on, st, "root", want);
+    st = me_last ? loom_broadcast(w, &a, 0) : loom_allreduce(w, &a, &a, LOOM_SUM);
+    expect_mismatch(on, st, "operation", "calls broadcast('grad.h0', 1024 f32, root 0)");
+    st = loom_allreduce(w, me_last ? &i32 : &a, me_last ? &i32 : &a, LOOM_SUM);
+    expect_mismatch(on, st, "dtype i32", "1024 i32, sum");
+    // alltoallv: the last rank expects one more element from rank 0 than rank 0 sends it.
+    int64_t keep = rc[0];
+    if (me_last) {
+      rc[0] += 1;
+    }
+    loom_tensor_t vr2 = mk(LOOM_F32, nr + (me_last ? 1 : 0), "a2av");
+    st = loom_alltoallv(w, &vs, sc, &vr2, rc);
+    snprintf(want, sizeof want, "rank 0 sends %lld elements to rank %d, which expects %lld",
+             (long long)((0 + last) % 3), last, (long long)((0 + last) % 3 + 1));
+    expect_mismatch(on, st, "alltoallv counts", want);
+    rc[0] = keep;
+    test_free_tensors((loom_tensor_t *[]){&shorter, &vr2}, 2);
+    // Compressed allreduce with another seed on the last rank.
+    st = loom_compressed_allreduce(w, c, LOOM_SCHEME_INDIVISIBLE, NULL, &a, LOOM_SUM,
+                                   me_last ? 12 : 11, NULL);
+    expect_mismatch(on, st, "compressed seed", "with a different compressor, scheme or seed");
+  }
+  // The group still works after the refused calls.
+  OK(loom_allreduce(w, &a, &a, LOOM_SUM));
+  OK(loom_alltoallv(w, &vs, sc, &vr, rc));
+  loom_compressor_destroy(c);
+  free(counts);
+  free(sc);
+  free(rc);
+  test_free_tensors((loom_tensor_t *[]){&a, &b, &big, &big2, &h, &i32, &mine, &all, &blk, &vs, &vr},
+                    11);
+}
+
+int main(int argc, char **argv) {
+  loom_ctx_t *ctx = NULL;
+  OK(loom_init(&argc, &argv, NULL, &ctx));
+  if (!ctx) {
+    return 1;
+  }
+  rank = loom_rank(ctx);
+  size = loom_size(ctx);
+  const char *mode = argc > 1 ? argv[1] : "consistency";
+  int arg = argc > 2 ? atoi(argv[2]) : 0;
+  if (!strcmp(mode, "skip") || !strcmp(mode, "skip-test") || !strcmp(mode, "skip-first")) {
+    const int warm = strcmp(mode, "skip-first") ? 2 : 0;
+    if (!skip(ctx, arg, warm, !strcmp(mode, "skip-test"), argc > 3 ? argv[3] : NULL)) {
+      return 0; // the skipping rank: the job is aborted meanwhile
+    }
+  } else if (!strcmp(mode, "skip-moe")) {
+    if (!skip_moe(ctx, arg)) {
+      return 0;
+    }
+  } else if (!strcmp(mode, "skip-attn")) {
+    if (!skip_attn(ctx, arg)) {
+      return 0;
+    }
+  } else if (!strcmp(mode, "lost-recv")) {
+    if (!lost_recv(ctx)) {
+      return 0;
+    }
+  } else if (!strcmp(mode, "slow")) {
+    slow(ctx, arg);
+  } else {
+    consistency(ctx);
+  }
+  int rc = check_exit_all("test_watchdog");
+  loom_finalize(ctx);
+  return rc;
+}

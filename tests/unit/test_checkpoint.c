@@ -1,0 +1,168 @@
+/* test_checkpoint.c — checkpoints: a save/load round trip of every dtype and empty tensors, every
+ * truncation and every single-byte flip of a file rejected as corrupt, and mismatches named. */
+#include "config.h"
+#include "loom.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../check.h"
+#include "../quiet.h"
+#include "../testutil.h"
+
+static char dir[] = "/tmp/loom_ckpt_test_XXXXXX";
+
+static void path_of(char *out, size_t cap, const char *name) {
+  snprintf(out, cap, "%s/%s", dir, name);
+}
+
+static unsigned char *read_all(const char *path, size_t *size) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    return NULL;
+  }
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char *b = malloc((size_t)n + 1);
+  if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
+    free(b);
+    b = NULL;
+  }
+  fclose(f);
+  *size = (size_t)n;
+  return b;
+}
+
+int main(void) {
+  CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+  char path[256];
+  path_of(path, sizeof path, "rank0.ckpt");
+
+  // Tensors of several dtypes and shapes, one of them empty.
+  const int64_t s_w[2] = {3, 5}, s_b[1] = {7}, s_e[2] = {0, 4}, s_i[1] = {3};
+  loom_tensor_t w = test_tensor(LOOM_F32, 2, s_w, "w"), b = test_tensor(LOOM_BF16, 1, s_b, "b"),
+                e = test_tensor(LOOM_F32, 2, s_e, "empty"),
+                i = test_tensor(LOOM_I64, 1, s_i, "cur");
+  test_rng_t rng = test_rng(3);
+  test_fill_uniform(&rng, test_floats(&w), 15, -1.0, 1.0);
+  for (int k = 0; k < 7; k++) {
+    ((uint16_t *)b.data)[k] = (uint16_t)(0x3f80 + k);
+  }
+  int64_t cursor[3] = {42, -1, 1ll << 40};
+  memcpy(i.data, cursor, sizeof cursor);
+  const loom_tensor_t *all[4] = {&w, &b, &e, &i};
+  loom_ckpt_info_t info = {.world_size = 2, .rank = 0, .step = 17};
+  loom_status_t st = loom_checkpoint_save(path, &info, all, 4);
+  CHECK(st == LOOM_OK, "save: %s", loom_last_error(NULL));
+
+  // Round trip into fresh tensors.
+  loom_tensor_t w2 = test_tensor(LOOM_F32, 2, s_w, "w"), b2 = test_tensor(LOOM_BF16, 1, s_b, "b"),
+                e2 = test_tensor(LOOM_F32, 2, s_e, "empty"),
+                i2 = test_tensor(LOOM_I64, 1, s_i, "cur");
+  loom_tensor_t *dst[4] = {&w2, &b2, &e2, &i2};
+  int64_t step = -1;
+  st = loom_checkpoint_load(path, &info, dst, 4, &step);
+  CHECK(st == LOOM_OK, "load: %s", loom_last_error(NULL));
+  CHECK(step == 17, "step %lld", (long long)step);
+  CHECK(memcmp(w.data, w2.data, loom_tensor_bytes(&w)) == 0, "w differs after the round trip");
+  CHECK(memcmp(b.data, b2.data, loom_tensor_bytes(&b)) == 0, "b differs after the round trip");
+  CHECK(memcmp(i.data, i2.data, loom_tensor_bytes(&i)) == 0, "cursor differs");
+
+  // Open, enumerate and find.
+  loom_checkpoint_t *ck = NULL;
+  CHECK(loom_checkpoint_open(path, &ck) == LOOM_OK, "open: %s", loom_last_error(NULL));
+  CHECK(loom_checkpoint_count(ck) == 4, "count %d", loom_checkpoint_count(ck));
+  loom_tensor_t view;
+  CHECK(loom_checkpoint_find(ck, "cur", &view) == LOOM_OK && view.dtype == LOOM_I64 &&
+            ((int64_t *)view.data)[2] == (1ll << 40),
+        "find cur");
+  CHECK(((uintptr_t)view.data % 8) == 0, "entry data not 8-byte aligned");
+  test_expect_fail(loom_checkpoint_find(ck, "nope", &view), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, "loom_checkpoint_find", "nope", "missing tensor");
+  loom_checkpoint_close(ck);
+
+  // Mismatches are named and write nothing.
+  test_fill_value(test_floats(&w2), 15, 9.0f);
+  loom_ckpt_info_t other = {.world_size = 4, .rank = 0};
+  test_expect_fail(loom_checkpoint_load(path, &other, dst, 4, NULL), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, "loom_checkpoint_load", "of 2 ranks", "world size");
+  const int64_t s_w_bad[2] = {5, 3};
+  loom_tensor_t wbad = test_tensor(LOOM_F32, 2, s_w_bad, "w");
+  loom_tensor_t *dst_bad[2] = {&w2, &wbad};
+  dst_bad[0] = &i2;
+  dst_bad[1] = &wbad;
+  test_expect_fail(loom_checkpoint_load(path, &info, dst_bad, 2, NULL), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, "loom_checkpoint_load", "(3, 5) f32", "shape");
+  CHECK(test_all_equal(test_floats(&w2), 15, 9.0f), "a failed load wrote w2");
+  loom_tensor_t missing = test_tensor(LOOM_F32, 1, s_b, "not_saved");
+  loom_tensor_t *dst_miss[2] = {&w2, &missing};
+  test_expect_fail(loom_checkpoint_load(path, &info, dst_miss, 2, NULL), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, "loom_checkpoint_load", "not_saved", "missing");
+  CHECK(test_all_equal(test_floats(&w2), 15, 9.0f), "a failed load wrote w2 (missing)");
+
+  // Every truncation and every single-byte change of the file is LOOM_ERR_CORRUPT.
+  size_t size = 0;
+  unsigned char *good = read_all(path, &size);
+  CHECK(good != NULL && size > 100, "read back %zu bytes", size);
+  int bad_trunc = 0, bad_flip = 0;
+  quiet_begin(); // every call below logs its (expected) error
+  for (size_t n = 0; good && n < size; n++) {
+    loom_checkpoint_t *c = NULL;
+    if (loom_checkpoint_open_memory(good, n, &c) != LOOM_ERR_CORRUPT) {
+      bad_trunc++;
+    }
+    loom_checkpoint_close(c);
+  }
+  for (size_t k = 0; good && k < size; k++) {
+    good[k] ^= 0x5a;
+    loom_checkpoint_t *c = NULL;
+    if (loom_checkpoint_open_memory(good, size, &c) != LOOM_ERR_CORRUPT) {
+      bad_flip++;
+    }
+    loom_checkpoint_close(c);
+    good[k] ^= 0x5a;
+  }
+  quiet_end();
+  CHECK(bad_trunc == 0, "%d truncations were accepted", bad_trunc);
+  CHECK(bad_flip == 0, "%d single-byte changes were accepted", bad_flip);
+  loom_error_clear();
+  // One byte more is corrupt too.
+  unsigned char *longer = good ? malloc(size + 1) : NULL;
+  if (longer) {
+    memcpy(longer, good, size);
+    longer[size] = 0;
+    loom_checkpoint_t *c = NULL;
+    CHECK(loom_checkpoint_open_memory(longer, size + 1, &c) == LOOM_ERR_CORRUPT, "trailing byte");
+    CHECK(strstr(loom_last_error(NULL), "follow the trailer") != NULL, "message: %s",
+          loom_last_error(NULL));
+    loom_checkpoint_close(c);
+    free(longer);
+  }
+  free(good);
+
+  // A failed save leaves the old file; bad arguments are named.
+  const loom_tensor_t *dup[2] = {&w, &w};
+  test_expect_fail(loom_checkpoint_save(path, &info, dup, 2), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, "loom_checkpoint_save", "unique", "duplicate names");
+  char nodir[300];
+  snprintf(nodir, sizeof nodir, "%s/missing/x.ckpt", dir);
+  test_expect_fail(loom_checkpoint_save(nodir, &info, all, 4), LOOM_ERR_SYSTEM, LOOM_ERR_SYSTEM,
+                   "loom_checkpoint_save", "cannot create", "missing directory");
+  st = loom_checkpoint_load(path, &info, dst, 4, NULL);
+  CHECK(st == LOOM_OK, "the file survives failed saves: %s", loom_last_error(NULL));
+  test_expect_fail(loom_checkpoint_open("/nonexistent/x", &ck), LOOM_ERR_SYSTEM, LOOM_ERR_SYSTEM,
+                   "loom_checkpoint_open", "cannot open", "no file");
+
+  // CRC32C check value (RFC 3720): "123456789" -> 0xE3069283.
+  CHECK(loom_crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c %08x",
+        loom_crc32c(0, "123456789", 9));
+
+  unlink(path);
+  rmdir(dir);
+  loom_tensor_t *frees[] = {&w, &b, &e, &i, &w2, &b2, &e2, &i2, &wbad, &missing};
+  test_free_tensors(frees, sizeof frees / sizeof frees[0]);
+  return check_exit("test_checkpoint");
+}
