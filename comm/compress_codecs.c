@@ -523,8 +523,8 @@ small:
 // ---------------------------------------------------------------------------------------------
 // Decoders: check the header and the whole body first, then accumulate.
 
-static loom_status_t check_header(const loom_compressor_t *c, const uint8_t *p, size_t bytes,
-                                  int64_t n, uint32_t *flags) {
+loom_status_t loom_codec_check_header(const loom_compressor_t *c, const uint8_t *p, size_t bytes,
+                                      int64_t n, uint32_t *flags) {
   if (bytes < LOOM_PAYLOAD_HEADER) {
     return corrupt(c, "shorter than its 16-byte header");
   }
@@ -551,7 +551,8 @@ static loom_status_t check_header(const loom_compressor_t *c, const uint8_t *p, 
   return LOOM_OK;
 }
 
-static loom_status_t check_scale(const loom_compressor_t *c, const uint8_t *body, float *scale) {
+loom_status_t loom_codec_check_scale(const loom_compressor_t *c, const uint8_t *body,
+                                     float *scale) {
   memcpy(scale, body, 4);
   if (!isfinite(*scale) || *scale < 0.0f) {
     return corrupt(c, "the scale is negative or not finite");
@@ -562,7 +563,7 @@ static loom_status_t check_scale(const loom_compressor_t *c, const uint8_t *body
 loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *payload,
                                     size_t bytes, int64_t n, uint64_t seed, float *acc) {
   uint32_t flags = 0;
-  loom_status_t status = check_header(c, payload, bytes, n, &flags);
+  loom_status_t status = loom_codec_check_header(c, payload, bytes, n, &flags);
   if (status != LOOM_OK) {
     return status;
   }
@@ -598,7 +599,7 @@ loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *p
     }
     break;
   case LOOM_CODEC_INT8: {
-    if ((status = check_scale(c, body, &scale)) != LOOM_OK) {
+    if ((status = loom_codec_check_scale(c, body, &scale)) != LOOM_OK) {
       return status;
     }
     const int8_t *q = (const int8_t *)(body + 4);
@@ -649,7 +650,7 @@ loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *p
     return status;
   }
   case LOOM_CODEC_EFSIGN: {
-    if ((status = check_scale(c, body, &scale)) != LOOM_OK) {
+    if ((status = loom_codec_check_scale(c, body, &scale)) != LOOM_OK) {
       return status;
     }
     const uint8_t *bits = body + 4;

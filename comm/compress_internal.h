@@ -61,6 +61,14 @@ loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *p
 loom_status_t loom_ef_encode(const loom_compressor_t *c, float *res, float *y, const float *x,
                              int64_t n, uint64_t seed, uint8_t *payload, size_t cap, size_t *bytes);
 
+// The checks of a received payload of bytes bytes for n values, shared by the CPU and CUDA
+// decoders: the header (its first 16 bytes at p: magic, version, compressor, count, flags) and
+// the total size; then, for int8 and efsign, the f32 scale at body (finite, >= 0). Each failure
+// is LOOM_ERR_CORRUPT naming what is wrong. *flags receives the header's flags.
+loom_status_t loom_codec_check_header(const loom_compressor_t *c, const uint8_t *p, size_t bytes,
+                                      int64_t n, uint32_t *flags);
+loom_status_t loom_codec_check_scale(const loom_compressor_t *c, const uint8_t *body, float *scale);
+
 // The k indices randomk keeps of n values for seed, ascending (Floyd's sampling; the CUDA codec
 // calls it too, so that both pick the same values). LOOM_ERR_NOMEM when the bitmap fails.
 loom_status_t loom_codec_random_indices(int64_t n, int64_t k, uint64_t seed, uint32_t *out);

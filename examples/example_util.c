@@ -120,6 +120,44 @@ const char *ex_compress_spec(const char *prog, const char *flag, const loom_ctx_
   return "none";
 }
 
+int ex_parse_device(const char *v, int *cuda, char *err, size_t errlen) {
+  if (strcmp(v, "host") != 0 && strcmp(v, "cuda") != 0) {
+    snprintf(err, errlen, "--device wants host or cuda, got '%s'", v);
+    return -1;
+  }
+  *cuda = !strcmp(v, "cuda");
+  return 0;
+}
+
+int ex_device(const char *prog, const loom_ctx_t *ctx, int cuda, int rank) {
+  if (!cuda) {
+    return LOOM_DEVICE_HOST;
+  }
+  if (loom_gpu(ctx) >= 0) {
+    return loom_gpu(ctx);
+  }
+  if (rank == 0) {
+    const char *gpu = loom_tunable(ctx, "LOOM_GPU");
+    fprintf(stderr,
+            "%s: --device cuda, but this rank has no GPU (LOOM_GPU=%s, %d visible): run where "
+            "CUDA devices are visible, or use --device host\n",
+            prog, gpu ? gpu : "auto", loom_cuda_device_count());
+  }
+  return -2;
+}
+
+const char *ex_device_compress(const char *prog, const char *spec, int cuda, int rank) {
+  if (!cuda || !spec || !strcmp(spec, "none")) {
+    return spec;
+  }
+  if (rank == 0) {
+    printf("%s: --device cuda: gradients travel uncompressed (compression %s runs on host "
+           "tensors)\n",
+           prog, spec);
+  }
+  return "none";
+}
+
 // ---- random numbers ---------------------------------------------------------------------------
 
 uint64_t ex_splitmix64(uint64_t *state) {

@@ -69,6 +69,15 @@ int ex_compare_dumps(const char *pa, const char *pb, double rtol);
 
 // ---- results
 
+// --device host|cuda into *cuda (0 or 1). Returns 0, or -1 with err.
+int ex_parse_device(const char *v, int *cuda, char *err, size_t errlen);
+// The device a trainer with --device cuda (cuda != 0) runs on: loom_gpu(ctx), or LOOM_DEVICE_HOST
+// without --device cuda. -2 when cuda is asked for but this rank has no GPU (rank 0 says why).
+int ex_device(const char *prog, const loom_ctx_t *ctx, int cuda, int rank);
+// The compression spec a --device cuda run can use: "none" when spec asks for compression
+// (compressed collectives take host tensors; rank 0 says so), else spec.
+const char *ex_device_compress(const char *prog, const char *spec, int cuda, int rank);
+
 // fopen(path, "w"), fputs(text), fclose, with errors printed. Returns 0 or -1.
 int ex_write_text(const char *path, const char *text);
 

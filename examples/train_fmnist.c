@@ -168,11 +168,7 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
     } else if ((rc = ex_parse_ckpt(flag, v, &o->ck, err, errlen)) != 0) {
       rc = rc < 0 ? -1 : 0;
     } else if (!strcmp(flag, "--device")) {
-      if (strcmp(v, "host") != 0 && strcmp(v, "cuda") != 0) {
-        snprintf(err, errlen, "--device wants host or cuda, got '%s'", v);
-        rc = -1;
-      }
-      o->cuda = !strcmp(v, "cuda");
+      rc = ex_parse_device(v, &o->cuda, err, errlen);
     } else if (!strcmp(flag, "--rtol")) {
       rc = ex_parse_double(flag, v, 0.0, 1.0, &o->rtol, err, errlen);
     } else if ((rc = ex_parse_compress(flag, v, &o->compress, &o->scheme, err, errlen)) != 0) {
@@ -758,21 +754,13 @@ int main(int argc, char **argv) {
   // ---- model: the same seeded init everywhere, then rank 0's copy to make sure
   mlp_t m;
   acts_t a;
-  int device = LOOM_DEVICE_HOST;
-  if (o.cuda) {
-    if ((device = loom_gpu(ctx)) < 0) {
-      if (rank == 0) {
-        fprintf(stderr,
-                "train_fmnist: --device cuda, but this rank has no GPU (%d visible): "
-                "run where CUDA devices are visible, or use --device host\n",
-                loom_cuda_device_count());
-      }
-      free(perm);
-      fmnist_free(&train);
-      fmnist_free(&test);
-      loom_finalize(ctx);
-      return 2;
-    }
+  const int device = ex_device("train_fmnist", ctx, o.cuda, rank);
+  if (device == -2) {
+    free(perm);
+    fmnist_free(&train);
+    fmnist_free(&test);
+    loom_finalize(ctx);
+    return 2;
   }
   mlp_alloc(&m, o.hidden, device);
   acts_alloc(&a, o.batch, o.hidden, device);
@@ -803,14 +791,7 @@ int main(int argc, char **argv) {
   // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
   const char *spec =
       ex_compress_spec("train_fmnist", o.compress, ctx, loom_group_size(dp), !o.no_overlap, rank);
-  if (o.cuda && spec && strcmp(spec, "none") != 0) { // auto (or LOOM_COMPRESS): host tensors only
-    if (rank == 0) {
-      printf("train_fmnist: --device cuda: gradients travel uncompressed (compression %s runs on "
-             "host tensors)\n",
-             spec);
-    }
-    spec = "none";
-  }
+  spec = ex_device_compress("train_fmnist", spec, o.cuda, rank);
   const int use_auto = spec && !strcmp(spec, "auto");
   const loom_tensor_t *layer_t[3] = {&m.gbuf[0], &m.gbuf[1], &m.gbuf[2]};
   ex_auto_t plan_auto;

@@ -300,11 +300,7 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
     } else if ((rc = ex_parse_ckpt(flag, v, &o->ck, err, errlen)) != 0) {
       rc = rc < 0 ? -1 : 0;
     } else if (!strcmp(flag, "--device")) {
-      if (strcmp(v, "host") != 0 && strcmp(v, "cuda") != 0) {
-        snprintf(err, errlen, "--device wants host or cuda, got '%s'", v);
-        rc = -1;
-      }
-      o->cuda = !strcmp(v, "cuda");
+      rc = ex_parse_device(v, &o->cuda, err, errlen);
     } else if (!strcmp(flag, "--sync")) {
       int k = 0;
       while (k < 4 && strcmp(v, sync_names[k])) {
@@ -1083,21 +1079,13 @@ int main(int argc, char **argv) {
   gpt_model_t m;
   gpt_acts_t a;
   gpt_batch_t batch, vbatch;
-  if (o.cuda) {
-    if (loom_gpu(ctx) < 0) {
-      if (rank == 0) {
-        fprintf(stderr,
-                "train_gpt: --device cuda, but this rank has no GPU (LOOM_GPU=%s, %d "
-                "visible): run where CUDA devices are visible, or use --device host\n",
-                loom_tunable(ctx, "LOOM_GPU") ? loom_tunable(ctx, "LOOM_GPU") : "auto",
-                loom_cuda_device_count());
-      }
-      loom_finalize(ctx);
-      return 2;
-    }
-    o.cfg.cuda = 1;
-    o.cfg.cuda_device = loom_gpu(ctx);
+  const int device = ex_device("train_gpt", ctx, o.cuda, rank);
+  if (device == -2) {
+    loom_finalize(ctx);
+    return 2;
   }
+  o.cfg.cuda = o.cuda;
+  o.cfg.cuda_device = o.cuda ? device : 0;
   EX_CHECK(gpt_model_alloc(&m, &o.cfg));
   EX_CHECK(gpt_acts_alloc(&a, &o.cfg, (int64_t)o.batch * o.cfg.ctx));
   EX_CHECK(gpt_batch_alloc(&batch, o.batch, o.cfg.ctx));
@@ -1189,14 +1177,7 @@ int main(int argc, char **argv) {
   // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
   const char *spec = ex_compress_spec("train_gpt", o.compress, ctx, loom_group_size(dp),
                                       o.sync == SYNC_OVERLAP || o.sync == SYNC_COMM_ONLY, rank);
-  if (o.cuda && spec && strcmp(spec, "none") != 0) { // auto (or LOOM_COMPRESS): host tensors only
-    if (rank == 0) {
-      printf("train_gpt: --device cuda: gradients travel uncompressed (compression %s runs on "
-             "host tensors)\n",
-             spec);
-    }
-    spec = "none";
-  }
+  spec = ex_device_compress("train_gpt", spec, o.cuda, rank);
   const int use_auto = spec && !strcmp(spec, "auto");
   ex_auto_t plan_auto;
   int nslots = 0, *slot = calloc(2 * (size_t)m.nunits, sizeof(int)); // the parts that exist

@@ -820,48 +820,28 @@ fail:
 }
 
 // ---------------------------------------------------------------------------------------------
-// Decode: the header (and the scale) come to the host and are checked as check_header and
-// check_scale do; the body's checks run on the device; nothing is added to acc before every
-// check passed.
+// Decode: the header (and the scale) come to the host and go through the CPU decoder's checks
+// (loom_codec_check_header, loom_codec_check_scale); the body's checks run on the device; nothing
+// is added to acc before every check passed.
 
 extern "C" loom_status_t loom_cuda_codec_decode_add(const loom_compressor_t *c,
                                                     const uint8_t *payload, size_t bytes, int64_t n,
                                                     uint64_t seed, float *acc) {
   loom_status_t status = LOOM_OK;
-  uint8_t head[LOOM_PAYLOAD_HEADER + 4];
-  loom_payload_header_t h;
-  uint32_t *flag = NULL, bad = 0;
+  uint8_t head[LOOM_PAYLOAD_HEADER + 4] = {0};
+  uint32_t *flag = NULL, bad = 0, flags = 0;
   if (c->kind == LOOM_CODEC_POWERSGD) {
     return unsupported(c, "loom_cuda_codec_decode_add");
   }
-  if (bytes < LOOM_PAYLOAD_HEADER) {
-    return corrupt(c, "shorter than its 16-byte header");
-  }
   const int has_scale = c->kind == LOOM_CODEC_INT8 || c->kind == LOOM_CODEC_EFSIGN;
-  const size_t head_bytes =
-      has_scale && bytes >= LOOM_PAYLOAD_HEADER + 4 ? LOOM_PAYLOAD_HEADER + 4 : LOOM_PAYLOAD_HEADER;
-  LOOM_CHECK(loom_cuda_to_host(head, payload, head_bytes));
-  memcpy(&h, head, sizeof h);
-  if (h.magic != LOOM_PAYLOAD_MAGIC || h.version != LOOM_PAYLOAD_VERSION) {
-    return corrupt(c, "bad magic or version");
+  if (bytes >= LOOM_PAYLOAD_HEADER) { // (a shorter payload is refused without reading it)
+    const size_t head_bytes = has_scale && bytes >= LOOM_PAYLOAD_HEADER + 4
+                                  ? LOOM_PAYLOAD_HEADER + 4
+                                  : LOOM_PAYLOAD_HEADER;
+    LOOM_CHECK(loom_cuda_to_host(head, payload, head_bytes));
   }
-  if (h.kind != (uint8_t)c->kind) {
-    return corrupt(c, "the header names another compressor");
-  }
-  if (h.n != (uint64_t)n) {
-    return corrupt(c, "the header's element count differs from the tensor's");
-  }
-  if (h.flags & ~(uint32_t)LOOM_PAYLOAD_NONFINITE) {
-    return corrupt(c, "unknown flags");
-  }
-  {
-    const size_t want =
-        (h.flags & LOOM_PAYLOAD_NONFINITE) ? LOOM_PAYLOAD_HEADER : loom_codec_max_bytes(c, n);
-    if (bytes != want) {
-      return corrupt(c, bytes < want ? "truncated" : "longer than its contents");
-    }
-  }
-  if (h.flags & LOOM_PAYLOAD_NONFINITE) {
+  LOOM_CHECK(loom_codec_check_header(c, head, bytes, n, &flags));
+  if (flags & LOOM_PAYLOAD_NONFINITE) {
     if (n > 0) {
       add_nan_kernel<<<blocks_for(n), kThreads, 0, loom_cuda_stream()>>>(acc, n);
       return loom_cuda_launch_check("add_nan_kernel");
@@ -872,11 +852,8 @@ extern "C" loom_status_t loom_cuda_codec_decode_add(const loom_compressor_t *c,
     const uint8_t *body = payload + LOOM_PAYLOAD_HEADER;
     const cudaStream_t stream = loom_cuda_stream();
     float scale = 0.0f;
-    if (has_scale) { // check_scale; bytes == want >= 20 here
-      memcpy(&scale, head + LOOM_PAYLOAD_HEADER, 4);
-      if (!std::isfinite(scale) || scale < 0.0f) {
-        return corrupt(c, "the scale is negative or not finite");
-      }
+    if (has_scale) { // bytes is the full size (>= 20) here
+      LOOM_CHECK(loom_codec_check_scale(c, head + LOOM_PAYLOAD_HEADER, &scale));
     }
     switch (c->kind) {
     case LOOM_CODEC_INT8: {

@@ -50,10 +50,7 @@ loom_status_t loom_cuda_layernorm_backward(int64_t N, int64_t C, const float *do
                                            const float *rstd, float *din, float *dweight,
                                            float *dbias);
 
-// ---- loss (loss_cuda.cu). *count_host and *sum_host are written on the host (the call waits
-// for the stream).
-loom_status_t loom_cuda_cross_entropy_count(int64_t n, const int32_t *targets, int32_t ignore_index,
-                                            int64_t *count_host);
+// ---- loss (loss_cuda.cu). *sum_host is written on the host (the call waits for the stream).
 loom_status_t loom_cuda_cross_entropy_forward(int64_t n, int64_t v, const float *logits,
                                               const int32_t *targets, int32_t ignore_index,
                                               float *losses, double *sum_host);
@@ -69,8 +66,6 @@ loom_status_t loom_cuda_embedding_backward(int64_t n, int64_t c, float *dtable, 
                                            const float *dout);
 loom_status_t loom_cuda_residual_forward(int64_t n, float *out, const float *a, const float *b);
 loom_status_t loom_cuda_accumulate(int64_t n, float *acc, const float *x);
-// Any id outside 0..V-1: *bad_host = 1 (else 0), for the public op's range check.
-loom_status_t loom_cuda_ids_check(int64_t n, const int32_t *ids, int64_t V, int *bad_host);
 
 // ---- vector utilities (util_cuda.cu). sumsq is deterministic (fixed reduction tree, doubles).
 loom_status_t loom_cuda_scale(int64_t n, float alpha, float *x);

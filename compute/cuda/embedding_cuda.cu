@@ -70,17 +70,6 @@ __global__ void accumulate_kernel(int64_t n, float *acc, // (n)
   }
 }
 
-// *bad = 1 when any id is outside 0..V-1 (every writer stores the same value).
-__global__ void ids_check_kernel(int64_t n, const int32_t *ids, // (n)
-                                 int64_t V, int *bad) {         // (1)
-  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-    if (ids[i] < 0 || (int64_t)ids[i] >= V) {
-      *bad = 1;
-    }
-  }
-}
-
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -125,27 +114,4 @@ extern "C" loom_status_t loom_cuda_accumulate(int64_t n, float *acc, const float
   }
   accumulate_kernel<<<loom_cuda_blocks(n, kThreads), kThreads, 0, loom_cuda_stream()>>>(n, acc, x);
   return loom_cuda_launch_check("accumulate_kernel");
-}
-
-extern "C" loom_status_t loom_cuda_ids_check(int64_t n, const int32_t *ids, int64_t V,
-                                             int *bad_host) {
-  loom_status_t status = LOOM_OK;
-  cudaStream_t stream = loom_cuda_stream();
-  int *bad = NULL; // (1)
-
-  *bad_host = 0;
-  if (n <= 0) {
-    return LOOM_OK;
-  }
-  LOOM_CHECK(loom_cuda_scratch(sizeof(int), (void **)&bad));
-  LOOM_CHECK_CUDA(NULL, cudaMemsetAsync(bad, 0, sizeof(int), stream));
-  ids_check_kernel<<<loom_cuda_blocks(n, kThreads), kThreads, 0, stream>>>(n, ids, V, bad);
-  LOOM_CHECK(loom_cuda_launch_check("ids_check_kernel"));
-  LOOM_CHECK(loom_cuda_to_host(bad_host, bad, sizeof(int)));
-
-fail:
-  if (bad) {
-    loom_cuda_scratch_free(bad);
-  }
-  return status;
 }

@@ -21,15 +21,6 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Terms of the fixed-tree sums (reduce_cuda.cuh).
 
-// 1 for a target that is not ignore_index: the count is exact (integers below 2^53).
-struct valid_term {
-  const int32_t *targets; // (n)
-  int32_t ignore_index;
-  __device__ double operator()(int64_t i) const {
-    return targets[i] != ignore_index ? 1.0 : 0.0;
-  }
-};
-
 // The loss of row i as the CPU adds it, (double) of the float loss; ignored rows hold 0.
 struct loss_term {
   const float *losses; // (n)
@@ -115,17 +106,6 @@ __global__ void cross_entropy_backward_kernel(int64_t n, int64_t v, float *dlogi
 
 // ---------------------------------------------------------------------------------------------
 // Entry points
-
-extern "C" loom_status_t loom_cuda_cross_entropy_count(int64_t n, const int32_t *targets,
-                                                       int32_t ignore_index, int64_t *count_host) {
-  loom_status_t status = LOOM_OK;
-  double count = 0.0;
-  valid_term term = {targets, ignore_index};
-  LOOM_CHECK(device_sum(n, term, "cross_entropy_count", &count));
-  *count_host = (int64_t)count;
-fail:
-  return status;
-}
 
 extern "C" loom_status_t loom_cuda_cross_entropy_forward(int64_t n, int64_t v, const float *logits,
                                                          const int32_t *targets,

@@ -299,7 +299,7 @@ static void embedding_case(test_rng_t *rng, int64_t V, int64_t n, int64_t c) {
   TEST_FREE(&table, &dtable, &ids, &out, &dout, &dtab, &ddtab, &dids, &dout_d, &ddout);
 }
 
-// An id outside 0..V-1 is rejected on the device (loom_cuda_ids_check) and nothing is written.
+// An id outside 0..V-1 on the device is rejected (checked on a host copy) and nothing is written.
 static void embedding_bad_ids(void) {
   int64_t n = 4, tshape[2] = {6, 3}, oshape[2] = {4, 3};
   loom_tensor_t table = test_tensor_f32(2, tshape, "table"), out = test_tensor_f32(2, oshape, "o");
