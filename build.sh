@@ -15,7 +15,8 @@ CONFIGURE_FLAGS=${CONFIGURE_FLAGS:-}
 PACKAGES=(build-essential autoconf automake libtool pkg-config
           openmpi-bin libopenmpi-dev libhwloc-dev hwloc libopenblas-dev zlib1g-dev
           clang-format cppcheck dataset-fashion-mnist fortunes iproute2
-          clang libclang-rt-14-dev)  # clang + libFuzzer: tests/fuzz/build_and_run.sh
+          clang libclang-rt-14-dev   # clang + libFuzzer: tests/fuzz/build_and_run.sh
+          gnuplot-nox)               # tests/scaling/plot.sh and loom_sim plots
 
 log() { printf '\n== build.sh: %s\n' "$*"; }
 

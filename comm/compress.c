@@ -296,14 +296,19 @@ int loom_ef_count(const loom_ef_t *ef) {
   return ef ? ef->residual.count : 0;
 }
 
-loom_status_t loom_ef_entry(const loom_ef_t *ef, int i, const char **name, const float **data,
-                            int64_t *n) {
-  if (!ef || i < 0 || i >= ef->residual.count) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "loom_ef_entry: entry %d of %d: pass 0 <= i < loom_ef_count", i,
-                      loom_ef_count(ef));
+int loom_ef_state_count(const loom_ef_t *ef) {
+  return ef ? ef->side.count : 0;
+}
+
+// Entry i of table t (the residuals or the codec state) for loom_ef_entry / loom_ef_state_entry.
+static loom_status_t table_entry(const char *op, const ef_table_t *t, int i, const char **name,
+                                 const float **data, int64_t *n) {
+  const int count = t ? t->count : 0;
+  if (!t || i < 0 || i >= count) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: entry %d of %d: pass 0 <= i < the count", op,
+                      i, count);
   }
-  const ef_entry_t *e = &ef->residual.e[i];
+  const ef_entry_t *e = &t->e[i];
   if (name) {
     *name = e->name;
   }
@@ -316,10 +321,22 @@ loom_status_t loom_ef_entry(const loom_ef_t *ef, int i, const char **name, const
   return LOOM_OK;
 }
 
-loom_status_t loom_ef_set(loom_ef_t *ef, const char *name, const float *data, int64_t n) {
-  loom_status_t status = check_name("loom_ef_set", ef, name, n);
+loom_status_t loom_ef_entry(const loom_ef_t *ef, int i, const char **name, const float **data,
+                            int64_t *n) {
+  return table_entry("loom_ef_entry", ef ? &ef->residual : NULL, i, name, data, n);
+}
+
+loom_status_t loom_ef_state_entry(const loom_ef_t *ef, int i, const char **name, const float **data,
+                                  int64_t *n) {
+  return table_entry("loom_ef_state_entry", ef ? &ef->side : NULL, i, name, data, n);
+}
+
+// Create or overwrite name in table t with data[0..n) (loom_ef_set / loom_ef_state_set).
+static loom_status_t table_set(const char *op, loom_ef_t *ef, ef_table_t *t, const char *name,
+                               const float *data, int64_t n) {
+  loom_status_t status = check_name(op, ef, name, n);
   if (status == LOOM_OK && n > 0 && !data) {
-    status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_ef_set: data is NULL for %lld values",
+    status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: data is NULL for %lld values", op,
                         (long long)n);
   }
   if (status != LOOM_OK) {
@@ -327,13 +344,21 @@ loom_status_t loom_ef_set(loom_ef_t *ef, const char *name, const float *data, in
   }
   ef_entry_t *e = NULL;
   int fresh = 0;
-  if ((status = entry_sized(&ef->residual, name, n, &e, &fresh)) != LOOM_OK) {
+  if ((status = entry_sized(t, name, n, &e, &fresh)) != LOOM_OK) {
     return status;
   }
   if (n > 0) {
     memcpy(e->data, data, (size_t)n * sizeof(float));
   }
   return LOOM_OK;
+}
+
+loom_status_t loom_ef_set(loom_ef_t *ef, const char *name, const float *data, int64_t n) {
+  return table_set("loom_ef_set", ef, ef ? &ef->residual : NULL, name, data, n);
+}
+
+loom_status_t loom_ef_state_set(loom_ef_t *ef, const char *name, const float *data, int64_t n) {
+  return table_set("loom_ef_state_set", ef, ef ? &ef->side : NULL, name, data, n);
 }
 
 loom_status_t loom_ef_side(loom_ef_t *ef, const char *name, int64_t n, float **out, int *fresh) {

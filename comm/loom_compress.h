@@ -64,8 +64,8 @@ LOOM_API loom_status_t loom_compressor_decode_add(const loom_compressor_t *c, co
 //
 // A residual per tensor name: what compression dropped from the last gradient, added back to
 // the next one before it is compressed. Keyed by name, not by bucket, so it survives a change
-// of buckets or plan. A checkpoint saves every entry (loom_ef_entry) and restores it
-// (loom_ef_set).
+// of buckets or plan. A checkpoint saves every entry (loom_ef_entry, loom_ef_state_entry) and
+// restores it (loom_ef_set, loom_ef_state_set).
 typedef struct loom_ef loom_ef_t;
 
 LOOM_API loom_status_t loom_ef_create(loom_ef_t **out);
@@ -79,6 +79,13 @@ LOOM_API loom_status_t loom_ef_entry(const loom_ef_t *ef, int i, const char **na
                                      const float **data, int64_t *n);
 // Create or overwrite the residual of name with data[0..n).
 LOOM_API loom_status_t loom_ef_set(loom_ef_t *ef, const char *name, const float *data, int64_t n);
+// Codec state kept beside the residuals, per tensor name: PowerSGD's warm-started Q. A bit-exact
+// resume saves and restores it like the residuals (same rules, its own table).
+LOOM_API int loom_ef_state_count(const loom_ef_t *ef);
+LOOM_API loom_status_t loom_ef_state_entry(const loom_ef_t *ef, int i, const char **name,
+                                           const float **data, int64_t *n);
+LOOM_API loom_status_t loom_ef_state_set(loom_ef_t *ef, const char *name, const float *data,
+                                         int64_t n);
 // Encode with error feedback: y = x + residual(name); payload = encode(y);
 // residual(name) = y - decode(payload). With ef NULL it is loom_compressor_encode.
 LOOM_API loom_status_t loom_compressor_encode_ef(const loom_compressor_t *c, loom_ef_t *ef,

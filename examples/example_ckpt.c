@@ -167,7 +167,7 @@ static void fatal_oom(void) {
 
 void ex_ckpt_set_init(ex_ckpt_set_t *cs, int cap, const loom_ef_t *ef, int nplan) {
   memset(cs, 0, sizeof *cs);
-  cs->cap = cap + (ef ? loom_ef_count(ef) : 0) + 2;
+  cs->cap = cap + loom_ef_count(ef) + loom_ef_state_count(ef) + 2;
   cs->t = calloc((size_t)cs->cap, sizeof *cs->t);
   cs->p = calloc((size_t)cs->cap, sizeof *cs->p);
   cs->plan = calloc(2 * (size_t)nplan + 1, sizeof *cs->plan);
@@ -190,19 +190,23 @@ void ex_ckpt_set_add(ex_ckpt_set_t *cs, const loom_tensor_t *src, const char *na
   cs->p[cs->n++] = v;
 }
 
+// Residuals as "ef:NAME", codec state (PowerSGD's Q) as "efq:NAME".
 void ex_ckpt_set_add_ef(ex_ckpt_set_t *cs, const loom_ef_t *ef) {
-  for (int i = 0; ef && i < loom_ef_count(ef); i++) {
+  const int nres = loom_ef_count(ef), nall = nres + loom_ef_state_count(ef);
+  for (int i = 0; ef && i < nall; i++) {
     const char *ename = NULL;
     const float *data = NULL;
     int64_t n = 0;
     char name[LOOM_NAME_MAX];
     loom_tensor_t r;
-    if (loom_ef_entry(ef, i, &ename, &data, &n) != LOOM_OK ||
+    loom_status_t st = i < nres ? loom_ef_entry(ef, i, &ename, &data, &n)
+                                : loom_ef_state_entry(ef, i - nres, &ename, &data, &n);
+    if (st != LOOM_OK ||
         loom_tensor_wrap(&r, (void *)data, LOOM_F32, LOOM_DEVICE_HOST, 1, &n, "ef") != LOOM_OK) {
-      fprintf(stderr, "checkpoint: residual %d: %s\n", i, loom_last_error(NULL));
+      fprintf(stderr, "checkpoint: error-feedback entry %d: %s\n", i, loom_last_error(NULL));
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    snprintf(name, sizeof name, "ef:%s", ename);
+    snprintf(name, sizeof name, "%s:%s", i < nres ? "ef" : "efq", ename);
     ex_ckpt_set_add(cs, &r, name);
   }
 }
@@ -231,9 +235,12 @@ void ex_ckpt_set_free(ex_ckpt_set_t *cs) {
 static int load_extra(const char *prog, const char *path, int rank, const loom_tensor_t *v,
                       loom_ef_t *ef, int *codec, loom_scheme_t *scheme, int n, int ncand,
                       int *planned) {
-  if (!strncmp(v->name, "ef:", 3)) { // residuals come back by name
+  const int is_res = !strncmp(v->name, "ef:", 3), is_state = !strncmp(v->name, "efq:", 4);
+  if (is_res || is_state) { // residuals and codec state come back by name
+    const char *key = v->name + (is_res ? 3 : 4);
     if (!ef || v->dtype != LOOM_F32 || v->ndim != 1 ||
-        loom_ef_set(ef, v->name + 3, v->data, v->shape[0]) != LOOM_OK) {
+        (is_res ? loom_ef_set(ef, key, v->data, v->shape[0])
+                : loom_ef_state_set(ef, key, v->data, v->shape[0])) != LOOM_OK) {
       fprintf(stderr,
               "%s: --resume: rank %d: %s holds error-feedback residuals but this run %s: "
               "resume with the --compress it was saved with\n",

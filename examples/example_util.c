@@ -311,3 +311,29 @@ int ex_write_text(const char *path, const char *text) {
   }
   return ok ? 0 : -1;
 }
+
+int ex_nonfinite_skip(const loom_ctx_t *ctx) {
+  const char *mode = loom_tunable(ctx, "LOOM_NONFINITE");
+  return mode && !strcmp(mode, "skip");
+}
+
+void ex_nonfinite_step(const char *prog, const loom_ctx_t *ctx, long step, long total, double norm,
+                       int rank, long *count) {
+  (*count)++;
+  if (!ex_nonfinite_skip(ctx)) {
+    if (rank == 0) {
+      fprintf(stderr,
+              "%s: step %ld: the averaged gradient is not finite (global norm %g): aborting "
+              "(LOOM_NONFINITE=abort; LOOM_NONFINITE=skip drops such steps; lower --lr or raise "
+              "--clip if it recurs)\n",
+              prog, step + 1, norm);
+    }
+    MPI_Abort(MPI_COMM_WORLD, 3);
+  }
+  if (rank == 0) {
+    printf("step %5ld/%ld  non-finite gradient (norm %g): step skipped on every rank (%ld so "
+           "far)\n",
+           step + 1, total, norm, *count);
+    fflush(stdout);
+  }
+}

@@ -78,6 +78,15 @@ int ex_device(const char *prog, const loom_ctx_t *ctx, int cuda, int rank);
 // (compressed collectives take host tensors; rank 0 says so), else spec.
 const char *ex_device_compress(const char *prog, const char *spec, int cuda, int rank);
 
+// LOOM_NONFINITE for a step whose averaged gradient norm is not finite (every rank sees the same
+// norm, so every rank decides alike): abort (default) ends the job with MPI_Abort after rank 0
+// names the step; skip counts it in *count and rank 0 logs it; the caller then drops the update.
+// 1 when LOOM_NONFINITE is skip: the updates must then wait for the norm of every averaged
+// gradient (under abort the job ends anyway, so they need not).
+int ex_nonfinite_skip(const loom_ctx_t *ctx);
+void ex_nonfinite_step(const char *prog, const loom_ctx_t *ctx, long step, long total, double norm,
+                       int rank, long *count);
+
 // fopen(path, "w"), fputs(text), fclose, with errors printed. Returns 0 or -1.
 int ex_write_text(const char *path, const char *text);
 

@@ -37,6 +37,7 @@ typedef struct opts {
   loom_scheme_t scheme; // --compress-scheme
   int cuda;             // --device cuda: model, momentum and activations on this rank's GPU
   ex_ckpt_opts_t ck;    // --ckpt, --save-every, --resume, --die-at
+  long inject_nan;      // --inject-nan S (testing): a NaN in rank 0's gradient at step S; -1 off
   int help;
 } opts_t;
 
@@ -83,6 +84,8 @@ static void usage(FILE *out) {
       "  --device D          host or cuda: cuda keeps the model, momentum and activations on\n"
       "                      this rank's GPU (LOOM_GPU picks it; NCCL averages the gradients;\n"
       "                      overlapped step, uncompressed gradients) (default host)\n" EX_CKPT_HELP
+      "  --inject-nan S      testing: rank 0 puts a NaN in its gradient at step S (before the\n"
+      "                      allreduce); LOOM_NONFINITE=abort|skip decides what follows\n"
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n",
       FMNIST_DEFAULT_DIR);
@@ -100,6 +103,7 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
                 .data = FMNIST_DEFAULT_DIR,
                 .rtol = 1e-5,
                 .ck = EX_CKPT_OPTS_DEFAULT,
+                .inject_nan = -1,
                 .scheme = LOOM_SCHEME_DIVISIBLE};
   static const char *const switches[] = {"--help", "--no-overlap", "--compare", "--resume", NULL};
   for (int i = 1; i < argc; i++) {
@@ -169,6 +173,8 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       rc = rc < 0 ? -1 : 0;
     } else if (!strcmp(flag, "--device")) {
       rc = ex_parse_device(v, &o->cuda, err, errlen);
+    } else if (!strcmp(flag, "--inject-nan")) {
+      rc = ex_parse_long(flag, v, 0, 1L << 40, &o->inject_nan, err, errlen);
     } else if (!strcmp(flag, "--rtol")) {
       rc = ex_parse_double(flag, v, 0.0, 1.0, &o->rtol, err, errlen);
     } else if ((rc = ex_parse_compress(flag, v, &o->compress, &o->scheme, err, errlen)) != 0) {
@@ -409,6 +415,15 @@ static loom_status_t backward_layer(mlp_t *m, acts_t *a, int layer, loom_sched_t
   return LOOM_OK;
 }
 
+// --inject-nan: a NaN in the first element of the last layer's weight gradient, before averaging.
+static loom_status_t poison_grad(mlp_t *m) {
+  loom_tensor_t first;
+  int64_t one = 1;
+  const loom_tensor_t *g = &m->grad[W3];
+  TRY(loom_tensor_wrap(&first, g->data, LOOM_F32, g->device, 1, &one, "nan"));
+  return loom_tensor_fill(&first, NAN);
+}
+
 // All three layers, last first (the --no-overlap path).
 static void backward(mlp_t *m, acts_t *a) {
   for (int layer = 3; layer >= 1; layer--) {
@@ -531,9 +546,12 @@ typedef struct step {
   double t_step;   // MPI_Wtime at the step start
   loom_ef_t *ef;   // its error feedback, keyed by gradient name
   loom_scheme_t scheme;
-  uint64_t seed; // of the step's compressed allreduces (the step number)
-  int die;       // --die-at: this step ends the process (SIGKILL) after the forward
-  size_t sent;   // bytes the step's compressed allreduces sent from this rank
+  uint64_t seed;      // of the step's compressed allreduces (the step number)
+  int die;            // --die-at: this step ends the process (SIGKILL) after the forward
+  int inject_nan;     // --inject-nan: rank 0 poisons its last layer's gradient in this step
+  int skip;           // the averaged gradient is not finite: no update (LOOM_NONFINITE)
+  int nonfinite_skip; // LOOM_NONFINITE=skip: the updates wait for the norm
+  size_t sent;        // bytes the step's compressed allreduces sent from this rank
 } step_t;
 
 typedef struct layer_arg {
@@ -559,7 +577,11 @@ static loom_status_t task_loss_allreduce(void *arg, loom_request_t **req) {
 
 static loom_status_t task_backward(void *arg) {
   const layer_arg_t *la = arg;
-  return backward_layer(la->st->m, la->st->a, la->layer, la->st->s);
+  TRY(backward_layer(la->st->m, la->st->a, la->layer, la->st->s));
+  if (la->layer == 3 && la->st->inject_nan && loom_group_rank(la->st->dp) == 0) {
+    return poison_grad(la->st->m);
+  }
+  return LOOM_OK;
 }
 
 static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
@@ -584,12 +606,17 @@ static loom_status_t task_clip(void *arg) {
   for (int i = 0; i < NPARAM; i++) {
     grads[i] = &st->m->grad[i];
   }
-  return loom_clip_grad_norm(grads, NPARAM, st->clip, &st->norm);
+  loom_status_t status = loom_clip_grad_norm(grads, NPARAM, st->clip, &st->norm);
+  st->skip = status == LOOM_OK && !isfinite(st->norm); // the same on every rank
+  return status;
 }
 
 static loom_status_t task_update(void *arg) {
   const layer_arg_t *la = arg;
   mlp_t *m = la->st->m;
+  if (la->st->skip) {
+    return LOOM_OK;
+  }
   for (int i = 2 * (la->layer - 1); i < 2 * la->layer; i++) {
     TRY(loom_sgd_update(&m->param[i], &m->grad[i], la->st->momentum ? &m->mom[i] : NULL,
                         &la->st->hp));
@@ -657,7 +684,9 @@ static void build_step(loom_sched_t *s, step_t *st, layer_arg_t la[3]) {
                            .arg = &la[l - 1]};
     EX_CHECK(loom_sched_add(s, &d, &upd));
     EX_CHECK(loom_sched_depend(s, upd, ar[l]));
-    if (st->clip > 0) { // the clip rescales every gradient: wait for it
+    // The clip rescales every gradient, and a non-finite norm (LOOM_NONFINITE=skip) drops the
+    // update: wait for it.
+    if (st->clip > 0 || st->nonfinite_skip) {
       EX_CHECK(loom_sched_depend(s, upd, clip));
     }
   }
@@ -827,6 +856,7 @@ int main(int argc, char **argv) {
     loom_sched_opts_t sopts = {.cuda = o.cuda}; // CUDA: lanes on streams, deps on events
     EX_CHECK(loom_sched_create(ctx, &sopts, &sched));
     st.s = sched;
+    st.nonfinite_skip = ex_nonfinite_skip(ctx);
     build_step(sched, &st, layer_args);
   }
   loom_step_stats_t sum_stats = {0};
@@ -889,6 +919,7 @@ int main(int argc, char **argv) {
   // ---- train
   int epoch = (int)(step / per_epoch);
   double train_time = 0.0;
+  long nonfinite_steps = 0; // skipped under LOOM_NONFINITE=skip
   float epoch_loss = 0.0f, acc = 0.0f, test_loss = 0.0f;
   while (step < total) {
     fmnist_permutation(perm, train.n, (uint64_t)o.seed, epoch);
@@ -904,6 +935,7 @@ int main(int argc, char **argv) {
         st.hp = hp;
         st.seed = (uint64_t)step;
         st.die = step == o.ck.die_at;
+        st.inject_nan = step == o.inject_nan;
         st.sent = 0;
         st.t_step = MPI_Wtime();
         EX_CHECK(loom_sched_run(sched));
@@ -934,13 +966,22 @@ int main(int argc, char **argv) {
         sum_stats.idle_ms += ss.idle_ms;
         step_loss = st.loss;
         norm = st.norm;
+        if (st.skip) { // every rank saw the same averaged norm
+          ex_nonfinite_step("train_fmnist", ctx, step, total, (double)norm, rank, &nonfinite_steps);
+        }
       } else {
         load_batch(&a, &train, idx, 0, o.batch);
         step_loss = forward(&m, &a, o.batch);
         backward(&m, &a);
+        if (step == o.inject_nan && rank == 0) {
+          EX_CHECK(poison_grad(&m));
+        }
         EX_CHECK(loom_fusion_allreduce(fusion, reduce, NPARAM + 1, LOOM_AVG));
         EX_CHECK(loom_clip_grad_norm(reduce, NPARAM, (float)o.clip, &norm)); // gradients, not loss
-        for (int i = 0; i < NPARAM; i++) {
+        if (!isfinite(norm)) {
+          ex_nonfinite_step("train_fmnist", ctx, step, total, (double)norm, rank, &nonfinite_steps);
+        }
+        for (int i = 0; isfinite(norm) && i < NPARAM; i++) {
           EX_CHECK(
               loom_sgd_update(&m.param[i], &m.grad[i], o.momentum > 0 ? &m.mom[i] : NULL, &hp));
         }

@@ -397,6 +397,7 @@ typedef struct step {
   loom_ef_t *ef;                  // error feedback, keyed by gradient name
   int die;                        // --die-at: this step ends the process (SIGKILL) mid-step
   int inject_nan;                 // --inject-nan: rank 0 poisons a gradient before the allreduce
+  int nonfinite_skip;             // LOOM_NONFINITE=skip: the updates wait for the norm
   int skip;                       // the averaged gradient is not finite: no update this step
   uint64_t seed;                  // of the step's compressed allreduces (the step number)
   size_t sent;                    // bytes the step's compressed allreduces sent from this rank
@@ -775,7 +776,7 @@ static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua, moe_arg_t *m
           EX_CHECK(loom_sched_depend(s, id, mar[(u - 1) * LOOM_MOE_PARAM_COUNT + q]));
         }
       }
-      if (st->o->clip > 0) {
+      if (st->o->clip > 0 || st->nonfinite_skip) { // rescaled, or dropped when not finite
         EX_CHECK(loom_sched_depend(s, id, clip));
       }
     }
@@ -1229,6 +1230,7 @@ int main(int argc, char **argv) {
     loom_sched_opts_t sopts = {.cuda = o.cuda};
     EX_CHECK(loom_sched_create(ctx, &sopts, &sched));
     st.s = sched;
+    st.nonfinite_skip = ex_nonfinite_skip(ctx);
     build_step(sched, &st, ua, ma);
   }
 
@@ -1330,8 +1332,6 @@ int main(int argc, char **argv) {
   }
 
   // ---- train
-  const char *nf = loom_tunable(ctx, "LOOM_NONFINITE");
-  const int nonfinite_skip = nf && !strcmp(nf, "skip");
   long nonfinite_steps = 0;
   double train_time = 0.0, wall0 = MPI_Wtime(), tlog = MPI_Wtime(), log_loss = 0.0, pairs_sum = 0.0,
          last_train_loss = 0.0, log_aux = 0.0, last_aux = 0.0;
@@ -1386,23 +1386,7 @@ int main(int argc, char **argv) {
     }
     attn_release(&st);
     if (st.skip && o.sync != SYNC_COMM_ONLY) { // every rank saw the same averaged norm
-      nonfinite_steps++;
-      if (!nonfinite_skip) {
-        if (rank == 0) {
-          fprintf(stderr,
-                  "train_gpt: step %ld: the averaged gradient is not finite (global norm %g): "
-                  "aborting (LOOM_NONFINITE=abort; LOOM_NONFINITE=skip drops such steps; lower "
-                  "--lr or raise --clip if it recurs)\n",
-                  step + 1, (double)st.norm);
-        }
-        MPI_Abort(MPI_COMM_WORLD, 3);
-      }
-      if (rank == 0) {
-        printf("step %5ld/%ld  non-finite gradient (norm %g): step skipped on every rank (%ld "
-               "so far)\n",
-               step + 1, o.steps, (double)st.norm, nonfinite_steps);
-        fflush(stdout);
-      }
+      ex_nonfinite_step("train_gpt", ctx, step, o.steps, (double)st.norm, rank, &nonfinite_steps);
     }
     double t1 = MPI_Wtime();
     train_time += t1 - t0 - plan_time;

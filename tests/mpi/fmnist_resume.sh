@@ -1,7 +1,8 @@
 #!/bin/sh
 # fmnist_resume.sh — train_fmnist checkpoint and resume are bit-exact across an epoch boundary:
 # 16 steps straight equal 10 steps, a SIGKILL of both ranks mid-step 13 and a --resume to 16
-# (np 2, int8 compression with error feedback, momentum buffers).
+# (np 2, momentum buffers), once with int8 compression and error feedback, once with PowerSGD
+# (whose warm-started Q must be saved too).
 set -u
 b=${LOOM_BUILDDIR:-.}
 sh=${SHELL:-/bin/sh}
@@ -12,23 +13,26 @@ exe=$b/examples/train_fmnist
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # 12 steps per epoch (--batch 2500 at np 2 of 60000 rows): the resume crosses into epoch 2.
-common="--hidden 32 --batch 2500 --steps 16 --seed 9 --lr 0.05 --compress int8"
 fail=0
 spec() { # name args expect: write and run one mpirun spec
   printf "np=2\nprog=examples/train_fmnist\nargs='%s'\nexpect=%s\n" "$2" "$3" >"$tmp/$1.mpi"
   "$sh" "$b/tests/mpirun.sh" "$tmp/$1.mpi" >"$tmp/$1.log" 2>&1 ||
     { cat "$tmp/$1.log"; echo "FAIL: the $1 run"; exit 1; }
 }
-spec straight "$common --dump-params $tmp/straight.bin" pass
-spec killed "$common --ckpt $tmp/ck --save-every 10 --die-at 13" fail
-[ "$(cat "$tmp/ck/latest" 2>/dev/null)" = 10 ] && echo "ok: the killed run left step 10" ||
-  { echo "FAIL: no checkpoint of step 10"; exit 1; }
-spec resumed "$common --ckpt $tmp/ck --save-every 10 --resume --dump-params $tmp/resumed.bin" pass
-grep -q "resume: step 10" "$tmp/resumed.log" && echo "ok: resumed at step 10" ||
-  { echo "FAIL: the resumed run did not start at step 10"; fail=1; }
-if cmp -s "$tmp/straight.bin" "$tmp/resumed.bin"; then
-  echo "ok: 16 steps straight equal 10 + SIGKILL mid-step 13 + resume, bitwise"
-else
-  echo "FAIL: the resumed parameters differ from the straight run's"; fail=1
-fi
+for c in int8 powersgd:2; do
+  rm -rf "$tmp/ck"
+  common="--hidden 32 --batch 2500 --steps 16 --seed 9 --lr 0.05 --compress $c"
+  spec straight "$common --dump-params $tmp/straight.bin" pass
+  spec killed "$common --ckpt $tmp/ck --save-every 10 --die-at 13" fail
+  [ "$(cat "$tmp/ck/latest" 2>/dev/null)" = 10 ] && echo "ok: $c: the killed run left step 10" ||
+    { echo "FAIL: $c: no checkpoint of step 10"; exit 1; }
+  spec resumed "$common --ckpt $tmp/ck --save-every 10 --resume --dump-params $tmp/resumed.bin" pass
+  grep -q "resume: step 10" "$tmp/resumed.log" && echo "ok: $c: resumed at step 10" ||
+    { echo "FAIL: $c: the resumed run did not start at step 10"; fail=1; }
+  if cmp -s "$tmp/straight.bin" "$tmp/resumed.bin"; then
+    echo "ok: $c: 16 steps straight equal 10 + SIGKILL mid-step 13 + resume, bitwise"
+  else
+    echo "FAIL: $c: the resumed parameters differ from the straight run's"; fail=1
+  fi
+done
 exit $fail

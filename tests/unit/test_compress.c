@@ -1675,6 +1675,20 @@ static void test_ef_table(void) {
   CHECK(loom_ef_residual(ef, "b", 4, &res) == LOOM_ERR_INVALID_ARG, "residual b with n 4");
   CHECK(loom_ef_residual(ef, "d", -1, &res) != LOOM_OK, "residual with n = -1 succeeded");
   CHECK(loom_ef_count(ef) == 3, "count %d after failed calls, want 3", loom_ef_count(ef));
+  // Codec state (PowerSGD's Q): its own table, the same rules, the residuals untouched.
+  CHECK(loom_ef_state_count(ef) == 0, "state count %d, want 0", loom_ef_state_count(ef));
+  const float qvals[4] = {0.5f, -0.25f, 2.0f, 1.0f};
+  CHECK(loom_ef_state_set(ef, "a", qvals, 4) == LOOM_OK, "state set a");
+  CHECK(loom_ef_state_count(ef) == 1 && loom_ef_count(ef) == 3, "counts %d / %d after state set",
+        loom_ef_state_count(ef), loom_ef_count(ef));
+  CHECK(loom_ef_state_entry(ef, 0, &name, &data, &n) == LOOM_OK && !strcmp(name, "a") && n == 4 &&
+            memcmp(data, qvals, sizeof qvals) == 0,
+        "state entry 0 is not a with its 4 values");
+  check_entry(ef, 0, "a", avals, 3); // the residual of a is another entry
+  CHECK(loom_ef_state_entry(ef, 1, &name, &data, &n) != LOOM_OK, "state entry 1 of 1 succeeded");
+  CHECK(loom_ef_state_set(ef, "q", NULL, 2) != LOOM_OK, "state set with NULL data succeeded");
+  CHECK(loom_ef_state_set(NULL, "q", qvals, 2) != LOOM_OK, "state set on NULL succeeded");
+  CHECK(loom_ef_state_count(NULL) == 0, "state count of NULL");
   loom_ef_destroy(ef);
   loom_ef_destroy(NULL);
 
