@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const char *ex_prog = "loom example";
 
@@ -336,4 +337,15 @@ void ex_nonfinite_step(const char *prog, const loom_ctx_t *ctx, long step, long 
            step + 1, total, norm, *count);
     fflush(stdout);
   }
+}
+
+double ex_rss_mib(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  long pages_total = 0, pages_resident = 0;
+  int ok = f && fscanf(f, "%ld %ld", &pages_total, &pages_resident) == 2;
+  if (f) {
+    fclose(f);
+  }
+  long page = sysconf(_SC_PAGESIZE);
+  return ok && page > 0 ? (double)pages_resident * (double)page / (1024.0 * 1024.0) : -1.0;
 }

@@ -87,6 +87,9 @@ int ex_nonfinite_skip(const loom_ctx_t *ctx);
 void ex_nonfinite_step(const char *prog, const loom_ctx_t *ctx, long step, long total, double norm,
                        int rank, long *count);
 
+// This process's resident set size in MiB (/proc/self/statm), or -1 where it cannot be read.
+double ex_rss_mib(void);
+
 // fopen(path, "w"), fputs(text), fclose, with errors printed. Returns 0 or -1.
 int ex_write_text(const char *path, const char *text);
 

@@ -5,9 +5,17 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "example_util.h"
 #include "gpt_data.h"
+
+// Monotonic seconds (the profile's attention timer).
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 #define TRY(call)                                                                                  \
   do {                                                                                             \
@@ -100,14 +108,15 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
   m->grad = calloc((size_t)m->nparams, sizeof *m->grad);
   m->m = calloc((size_t)m->nparams, sizeof *m->m);
   m->v = calloc((size_t)m->nparams, sizeof *m->v);
+  m->timers = calloc(1, sizeof *m->timers);
   m->unit_grad = calloc((size_t)m->nunits, sizeof *m->unit_grad);
   m->unit_first = calloc((size_t)m->nunits + 1, sizeof *m->unit_first);
   m->part_grad = calloc(2 * (size_t)m->nunits, sizeof *m->part_grad);
   m->moe = calloc((size_t)cfg->layers, sizeof *m->moe);
   m->moe_m = calloc((size_t)cfg->layers * LOOM_MOE_PARAM_COUNT, sizeof *m->moe_m);
   m->moe_v = calloc((size_t)cfg->layers * LOOM_MOE_PARAM_COUNT, sizeof *m->moe_v);
-  if (!m->param || !m->grad || !m->m || !m->v || !m->unit_grad || !m->unit_first || !m->part_grad ||
-      !m->moe || !m->moe_m || !m->moe_v) {
+  if (!m->param || !m->grad || !m->m || !m->v || !m->timers || !m->unit_grad || !m->unit_first ||
+      !m->part_grad || !m->moe || !m->moe_m || !m->moe_v) {
     gpt_model_free(m);
     return LOOM_ERR_NOMEM;
   }
@@ -190,6 +199,7 @@ void gpt_model_free(gpt_model_t *m) {
   free(m->moe);
   free(m->moe_m);
   free(m->moe_v);
+  free(m->timers);
   free(m->param);
   free(m->grad);
   free(m->m);
@@ -396,7 +406,9 @@ static loom_status_t block_forward(const gpt_model_t *m, gpt_acts_t *a, int l) {
   if (a->attn && a->attn[l]) { // q, k, v, att: (n, H, D) contiguous; lse (H, n)
     TRY(loom_attn_exec_forward(a->attn[l], &q3, &k3, &v3, &att3, &lse));
   } else {
+    double t0 = now_s();
     TRY(loom_attention_forward(&att3, &lse, &q3, &k3, &v3, &a->cu, &a->cu, 1, 0.0f));
+    m->timers->attn_s += now_s() - t0;
   }
   TRY(loom_tensor_copy(&xmid, &x));
   TRY(loom_gemm(&xmid, &att, 0, &p[GPT_WO], 1, &p[GPT_BO], 1.0f, 1.0f));
@@ -406,6 +418,9 @@ static loom_status_t block_forward(const gpt_model_t *m, gpt_acts_t *a, int l) {
     loom_tensor_t tmp = rows(&a->dtmp, n, 0);
     float aux = 0.0f;
     TRY(loom_moe_forward(m->moe[l], &ln2, &tmp, &aux));
+    loom_moe_stats_t ms;
+    loom_moe_stats(m->moe[l], &ms);
+    m->timers->moe_compute_s += 1e-3 * ms.compute_ms;
     a->aux += aux;
     TRY(loom_tensor_copy(&out, &xmid));
     return loom_axpy(&out, 1.0f, &tmp);
@@ -542,6 +557,9 @@ static loom_status_t block_backward_mlp(gpt_model_t *m, gpt_acts_t *a, int l, lo
   // dres is d out = d xmid (residual) + the MLP branch's contribution
   if (m->moe[l]) {
     TRY(moe_backward(m->moe[l], &dres, &dtmp)); // d ln2
+    loom_moe_stats_t ms;
+    loom_moe_stats(m->moe[l], &ms);
+    m->timers->moe_compute_s += 1e-3 * ms.compute_ms;
   } else {
     TRY(mlp_backward(m, a, l, s)); // d ln2 in dtmp
   }
@@ -573,8 +591,10 @@ static loom_status_t block_backward_attn(gpt_model_t *m, gpt_acts_t *a, int l, l
   if (a->attn && a->attn[l]) { // the executor kept this block's forward batch
     TRY(loom_attn_exec_backward(a->attn[l], &dy3, &dq3, &dk3, &dv3));
   } else {
+    double t0 = now_s();
     TRY(loom_attention_backward(&dq3, &dk3, &dv3, &dy3, &q3, &k3, &v3, &att3, &lse, &a->cu, &a->cu,
                                 1, 0.0f));
+    m->timers->attn_s += now_s() - t0;
   }
   poll(s);
   const loom_tensor_t *dqkv[3] = {&dq, &dk, &dv};

@@ -46,6 +46,12 @@ enum gpt_block_param {
 // A unit is what one backward task computes and one allreduce averages: unit 0 the embeddings
 // (wte (V, C), wpe (T, C)), units 1..L the blocks, unit L+1 the head (final LayerNorm (C) (C),
 // lm_head (V, C), not tied to wte). The gradients of a unit are one contiguous buffer.
+// Seconds since creation in local core attention (forward and backward; not through attention
+// servers) and in the MoE layers' expert GEMMs: train_gpt --profile reads them.
+typedef struct gpt_timers {
+  double attn_s, moe_compute_s;
+} gpt_timers_t;
+
 typedef struct gpt_model {
   gpt_config_t cfg;
   int nparams;                 // tensors: 2 + 16 L + 3
@@ -67,6 +73,7 @@ typedef struct gpt_model {
   loom_tensor_t *moe_m, *moe_v; // (L * LOOM_MOE_PARAM_COUNT)
   const loom_group_t *moe_ep;   // the group the MoE layers span (gpt_generate agrees on every
                                 // byte over it), or NULL
+  gpt_timers_t *timers;         // written by the forward and backward (which take the model const)
 } gpt_model_t;
 
 // Saved activations of the last forward, with room for cap tokens.

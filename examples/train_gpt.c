@@ -11,6 +11,7 @@
 #include "example_util.h"
 #include "gpt_data.h"
 #include "gpt_model.h"
+#include "gpt_profile.h"
 #include "loom.h"
 
 #define MAX_DATA 64
@@ -44,6 +45,7 @@ typedef struct opts {
   int sample;         // bytes generated at the end (0: none)
   double temperature; // of the sample
   const char *json, *dump;
+  const char *profile; // --profile FILE: a loom_sim profile of this run (rank 0)
   const char *cmp[2];
   double rtol;
   sync_mode_t sync;
@@ -104,6 +106,9 @@ static void usage(FILE *out) {
       "  --sample N          bytes of text generated at the end by rank 0, 0 = none (default 200)\n"
       "  --temperature X     sampling temperature (default 0.8)\n"
       "  --json FILE         final numbers as JSON (rank 0; -1 where a number was not measured)\n"
+      "  --profile FILE      write a profile for loom_sim (rank 0): per-step compute, gradient\n"
+      "                      sizes and ready times, attention and MoE time, document lengths\n"
+      "                      and codec costs, averaged after the first steps (default none)\n"
       "  --dump-params FILE  every parameter as raw f32 at the end (rank 0, or every rank\n"
       "                      when FILE contains %%r)\n"
       "  --compare A B       compare two dumps without MPI: exit 0 when every element agrees\n"
@@ -258,6 +263,8 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       rc = ex_parse_double(flag, v, 0.01, 100.0, &o->temperature, err, errlen);
     } else if (!strcmp(flag, "--json")) {
       o->json = v;
+    } else if (!strcmp(flag, "--profile")) {
+      o->profile = v;
     } else if (!strcmp(flag, "--dump-params")) {
       o->dump = v;
     } else if (!strcmp(flag, "--rtol")) {
@@ -326,6 +333,10 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
     }
   }
   if (ex_check_ckpt(&o->ck, err, errlen) != 0) {
+    return -1;
+  }
+  if (o->profile && (o->sync == SYNC_FUSED || o->sync == SYNC_COMM_ONLY)) {
+    snprintf(err, errlen, "--profile times the scheduled step: use --sync overlap (or none)");
     return -1;
   }
   if (o->cuda) {
@@ -1202,12 +1213,18 @@ int main(int argc, char **argv) {
     }
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
+  if (use_auto || o.profile) { // when each gradient is ready: auto's profile, --profile
+    st.ready = calloc(2 * (size_t)m.nunits, sizeof(double));
+    if (!st.ready) {
+      fprintf(stderr, "train_gpt: out of memory\n");
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+  }
   if (use_auto) {
     if (ex_auto_init(&plan_auto, nslots, slot_t) != 0) {
       fprintf(stderr, "train_gpt: --compress auto: %s\n", loom_last_error(NULL));
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    st.ready = calloc(2 * (size_t)m.nunits, sizeof(double));
     EX_CHECK(loom_ef_create(&st.ef));
   } else if (spec && strcmp(spec, "none") != 0) {
     EX_CHECK(loom_compressor_create(spec, &st.codec));
@@ -1333,6 +1350,13 @@ int main(int argc, char **argv) {
 
   // ---- train
   long nonfinite_steps = 0;
+  gpt_profile_t prof; // --profile: the steps after a short warm-up
+  const long prof_warm = (o.steps - start) / 4 < 5 ? (o.steps - start) / 4 : 5;
+  if (o.profile && gpt_profile_init(&prof, start + prof_warm, nslots) != 0) {
+    fprintf(stderr, "train_gpt: out of memory\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  double last_rss = -1.0; // MiB, the largest over the ranks at the last progress line
   double train_time = 0.0, wall0 = MPI_Wtime(), tlog = MPI_Wtime(), log_loss = 0.0, pairs_sum = 0.0,
          last_train_loss = 0.0, log_aux = 0.0, last_aux = 0.0;
   long log_from = start;
@@ -1375,6 +1399,12 @@ int main(int argc, char **argv) {
       } else if (use_auto) {
         planned_wall += ss.wall_ms;
         planned_steps++;
+      }
+      if (o.profile) {
+        for (int k = 0; k < nslots; k++) {
+          slot_ready[k] = st.ready[slot[k]];
+        }
+        gpt_profile_step(&prof, step, &ss, slot_ready, &batch, &m);
       }
       sum_stats.wall_ms += ss.wall_ms;
       sum_stats.compute_ms += ss.compute_ms;
@@ -1434,15 +1464,21 @@ int main(int argc, char **argv) {
           snprintf(moe_text + len, sizeof moe_text - len, " dropped %lld", (long long)moe_count[E]);
         }
       }
+      float rss = (float)ex_rss_mib(); // the largest resident set over the ranks
+      loom_tensor_t rss_t;
+      int64_t one = 1;
+      EX_CHECK(loom_tensor_wrap(&rss_t, &rss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "rss"));
+      EX_CHECK(loom_allreduce(dp, &rss_t, &rss_t, LOOM_MAX));
+      last_rss = rss;
       if (rank == 0 && o.sync == SYNC_COMM_ONLY) { // no compute: no loss, norm or MFU
-        printf("step %5ld/%ld  %.0f tokens/s  %.1f ms/step  (communication only)\n", step + 1,
-               o.steps, tps, 1e3 * dt / (double)n);
+        printf("step %5ld/%ld  %.0f tokens/s  %.1f ms/step  rss %.1f MiB  (communication only)\n",
+               step + 1, o.steps, tps, 1e3 * dt / (double)n, (double)rss);
         fflush(stdout);
       } else if (rank == 0) {
         printf("step %5ld/%ld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  %.1f ms/step  "
-               "mfu %.3f%s%s\n",
+               "mfu %.3f  rss %.1f MiB%s%s\n",
                step + 1, o.steps, last_train_loss, st.hp.lr, st.norm, tps, 1e3 * dt / (double)n,
-               tps / np * flops_per_token / sgemm, moe_text, attn_text);
+               tps / np * flops_per_token / sgemm, (double)rss, moe_text, attn_text);
         fflush(stdout);
       }
       log_loss = log_aux = 0.0;
@@ -1557,7 +1593,8 @@ int main(int argc, char **argv) {
         "\"moe_experts\": %d, \"moe_every\": %d, \"moe_topk\": %d, \"moe_ffn\": %d, "
         "\"moe_params\": %lld, \"moe_aux\": %.6f, \"attn_servers\": \"%s\", "
         "\"doc_lengths\": \"%s\", \"attn_max_over_mean_before\": %.4f, "
-        "\"attn_max_over_mean\": %.4f, \"device\": \"%s\"}\n",
+        "\"attn_max_over_mean\": %.4f, \"device\": \"%s\", \"nonfinite_steps\": %ld, "
+        "\"rss_mib\": %.1f}\n",
         o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
         (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
         1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
@@ -1567,7 +1604,7 @@ int main(int argc, char **argv) {
         sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0, nmoe ? o.cfg.moe_every : 0,
         nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0, (long long)moe_params, nmoe ? last_aux : 0.0,
         st.attn ? "inplace" : "off", o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0],
-        st.attn_ratio[1], o.cuda ? "cuda" : "host");
+        st.attn_ratio[1], o.cuda ? "cuda" : "host", nonfinite_steps, last_rss);
     rc |= ex_write_text(o.json, text) != 0;
   }
   if (loom_sched_destroy(sched) != LOOM_OK) { // writes the rest of the timeline
@@ -1583,6 +1620,13 @@ int main(int argc, char **argv) {
   free(st.ready);
   free(st.part_codec);
   free(st.part_scheme);
+  if (o.profile && rank == 0) {
+    rc |= gpt_profile_write(&prof, o.profile, &m, slot_t, np, (int64_t)o.batch * o.cfg.ctx,
+                            o.moe_topk) != 0;
+  }
+  if (o.profile) {
+    gpt_profile_free(&prof);
+  }
   free(slot);
   free(slot_t);
   free(slot_ready);

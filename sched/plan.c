@@ -40,12 +40,17 @@ static const loom_link_t *slow_link(const loom_plan_problem_t *p) {
   return p->nodes > 1 ? &p->inter : &p->intra;
 }
 
-// Uncompressed ordered allreduce (reduce-scatter + allgather): 2 (np - 1) messages of b / np.
+// Uncompressed ordered allreduce: the cheaper of a ring (reduce-scatter + allgather: 2 (np - 1)
+// messages of b / np) and recursive halving and doubling (2 ceil(log2 np) latencies, the same
+// bytes), which MPI libraries switch to when the latencies dominate (many ranks, small tensors).
 static double allreduce_us(double bytes, int np, const loom_link_t *l) {
   if (np <= 1) {
     return 0.0;
   }
-  return 2.0 * (np - 1) * link_us(l, bytes / np);
+  const double ring = 2.0 * (np - 1) * link_us(l, bytes / np);
+  const double halving =
+      2.0 * ceil(log2((double)np)) * l->alpha_us + 2.0 * (np - 1) / np * bytes / (l->gbps * 125.0);
+  return ring < halving ? ring : halving;
 }
 
 // How a compressed tensor moves: the encode before, the comm phases and the codec work between

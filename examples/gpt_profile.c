@@ -1,0 +1,119 @@
+/* gpt_profile.c — train_gpt --profile: accumulates the profiled steps and writes them as a
+ * loom_sim profile (loom_sim_profile_save) with the measured codec costs. */
+#include "gpt_profile.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom_plan.h"
+#include "loom_sim.h"
+
+int gpt_profile_init(gpt_profile_t *pf, long from, int nslots) {
+  memset(pf, 0, sizeof *pf);
+  pf->from = from;
+  pf->nslots = nslots;
+  pf->ready_ms = calloc((size_t)(nslots > 0 ? nslots : 1), sizeof(double));
+  pf->docs = calloc(GPT_PROFILE_MAX_DOCS, sizeof(int64_t));
+  return pf->ready_ms && pf->docs ? 0 : -1;
+}
+
+void gpt_profile_free(gpt_profile_t *pf) {
+  free(pf->ready_ms);
+  free(pf->docs);
+  memset(pf, 0, sizeof *pf);
+}
+
+void gpt_profile_step(gpt_profile_t *pf, long step, const loom_step_stats_t *ss,
+                      const double *ready, const gpt_batch_t *b, const gpt_model_t *m) {
+  if (step < pf->from) {
+    pf->attn_s0 = m->timers->attn_s; // the timers as the first profiled step begins
+    pf->moe_s0 = m->timers->moe_compute_s;
+    return;
+  }
+  pf->steps++;
+  pf->compute_ms += ss->compute_ms;
+  pf->wall_ms += ss->wall_ms;
+  pf->exposed_ms += ss->exposed_comm_ms + ss->exposed_worker_ms;
+  for (int k = 0; k < pf->nslots; k++) {
+    pf->ready_ms[k] += ready[k];
+  }
+  pf->pairs += (double)b->attn_pairs;
+  const int32_t *cu = b->cu.data;
+  for (int i = 0; i < b->nseq && pf->ndocs < GPT_PROFILE_MAX_DOCS; i++) {
+    pf->docs[pf->ndocs++] = cu[i + 1] - cu[i];
+  }
+}
+
+int gpt_profile_write(const gpt_profile_t *pf, const char *path, const gpt_model_t *m,
+                      const loom_tensor_t *const *slot_t, int np, int64_t tokens, int moe_topk) {
+  if (pf->steps < 1) {
+    fprintf(stderr,
+            "train_gpt: --profile: no step after the warm-up (%ld) was profiled: raise "
+            "--steps\n",
+            pf->from);
+    return -1;
+  }
+  const double n = (double)pf->steps;
+  const int C = m->cfg.width, H = m->cfg.heads, L = m->cfg.layers;
+  loom_sim_profile_t p = {.np = np,
+                          .tokens = tokens,
+                          .ctx = m->cfg.ctx,
+                          .compute_ms = pf->compute_ms / n,
+                          .step_ms = pf->wall_ms / n,
+                          .attn_ms = 1e3 * (m->timers->attn_s - pf->attn_s0) / n,
+                          .attn_pairs = L * pf->pairs / n,
+                          // Per layer, forward and backward, f32 (loom_attn_balance_opts_t):
+                          // 4 (4 H D + H) per query row and 4 (4 H D) per key/value row.
+                          .attn_q_bytes = L * 4.0 * (4.0 * C + H),
+                          .attn_kv_bytes = L * 4.0 * 4.0 * C,
+                          .moe_ms = 1e3 * (m->timers->moe_compute_s - pf->moe_s0) / n,
+                          .ndocs = pf->ndocs,
+                          .docs = pf->docs};
+  p.overhead_ms = p.step_ms - p.compute_ms - pf->exposed_ms / n;
+  p.overhead_ms = p.overhead_ms > 0 ? p.overhead_ms : 0.0;
+  for (int l = 0; l < L; l++) {
+    if (m->moe[l]) {
+      loom_moe_stats_t ms;
+      loom_moe_stats(m->moe[l], &ms);
+      p.moe_layers++;
+      p.moe_experts = ms.num_experts;
+    }
+  }
+  p.moe_topk = p.moe_layers ? moe_topk : 0;
+  p.moe_hidden = p.moe_layers ? C : 0;
+  loom_plan_tensor_t *t = calloc((size_t)(pf->nslots > 0 ? pf->nslots : 1), sizeof *t);
+  loom_codec_cost_t codecs[2];
+  static const char *const specs[2] = {"fp16", "int8"};
+  int rc = t ? 0 : -1;
+  for (int k = 0; rc == 0 && k < pf->nslots; k++) {
+    t[k] = (loom_plan_tensor_t){.name = slot_t[k]->name,
+                                .n = loom_tensor_numel(slot_t[k]),
+                                .ready_us = 1e3 * pf->ready_ms[k] / n};
+  }
+  for (int k = 0; rc == 0 && k < 2; k++) {
+    if (loom_plan_measure_codec(specs[k], &codecs[k]) != LOOM_OK) {
+      fprintf(stderr, "train_gpt: --profile: %s\n", loom_last_error(NULL));
+      rc = -1;
+    }
+  }
+  if (rc == 0) {
+    p.ntensors = pf->nslots;
+    p.tensors = t;
+    p.ncodecs = 2;
+    p.codecs = codecs;
+    if (loom_sim_profile_save(path, &p) != LOOM_OK) {
+      fprintf(stderr, "train_gpt: --profile: %s\n", loom_last_error(NULL));
+      rc = -1;
+    } else {
+      printf("profile: %s: %ld steps after %ld of warm-up: compute %.2f ms (attention %.2f, MoE "
+             "experts %.2f), step %.2f ms, %d gradients, %d document lengths (loom_sim "
+             "--profile %s --cluster FILE)\n",
+             path, pf->steps, pf->from, p.compute_ms, p.attn_ms, p.moe_ms, p.step_ms, pf->nslots,
+             pf->ndocs, path);
+    }
+  } else if (!t) {
+    fprintf(stderr, "train_gpt: --profile: out of memory\n");
+  }
+  free(t);
+  return rc;
+}

@@ -1,0 +1,271 @@
+/* sim.c — loom_sim's model: compute scaled by oversubscription and the attention straggler
+ * (or balanced by the attention servers), MoE all-to-all under each overlap mode, and the
+ * gradient synchronisation through the compression planner's step simulator. */
+#include "config.h"
+#include "loom_sim.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "loom_attn_plan.h"
+#include "loom_moe.h"
+
+#define SIM_TRIALS            8  // steps drawn to estimate the attention imbalance
+#define SIM_BALANCE_MAX_RANKS 64 // the balancer runs on at most this many ranks (see below)
+#define SIM_COARSE_CHUNKS     4  // the coarse MoE overlap's pipeline depth (loom_moe.h default)
+
+static uint64_t mix(uint64_t *s) { // splitmix64
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Bytes per microsecond of a link for one rank when `sharers` ranks use it at once.
+static double rate(const loom_link_t *l, int shared, int sharers) {
+  return l->gbps * 125.0 / (shared && sharers > 1 ? sharers : 1);
+}
+
+// One rank's documents of one step: drawn from the sample, each cut at ctx, packed into tokens
+// rows (the last one cut to fit), as the trainer packs its rows. Appends to docs; returns the
+// causal pairs.
+static double draw_rank(const loom_sim_profile_t *p, uint64_t *s, int owner, loom_attn_doc_t *docs,
+                        int *nd, int cap) {
+  int64_t left = p->tokens;
+  double pairs = 0.0;
+  while (left > 0) {
+    int64_t len = p->docs[mix(s) % (uint64_t)p->ndocs];
+    len = len < p->ctx ? len : p->ctx;
+    len = len < left ? len : left;
+    left -= len;
+    pairs += 0.5 * (double)len * (double)(len + 1);
+    if (docs && *nd < cap) {
+      docs[*nd] = (loom_attn_doc_t){.len = len, .owner = owner};
+      (*nd)++;
+    }
+  }
+  return pairs;
+}
+
+// The attention imbalance (max over mean of the ranks' pairs) without servers, averaged over
+// SIM_TRIALS drawn steps.
+static double imbalance(const loom_sim_profile_t *p, int ranks, uint64_t seed) {
+  double sum = 0.0;
+  for (int t = 0; t < SIM_TRIALS; t++) {
+    uint64_t s = seed ^ (0x5157ull * (uint64_t)(t + 1));
+    double max = 0.0, total = 0.0;
+    for (int r = 0; r < ranks; r++) {
+      double pr = draw_rank(p, &s, r, NULL, NULL, 0);
+      max = pr > max ? pr : max;
+      total += pr;
+    }
+    sum += total > 0.0 ? max / (total / ranks) : 1.0;
+  }
+  return sum / SIM_TRIALS;
+}
+
+// With attention servers in place: the balancer's max / mean and the bytes a rank ships per
+// step, averaged over drawn steps. The balancer runs on min(ranks, SIM_BALANCE_MAX_RANKS) ranks:
+// it moves work until max / mean is within its tolerance whatever the rank count, and the bytes
+// per rank depend on the documents per rank, not on how many ranks there are.
+static loom_status_t balanced(const loom_sim_profile_t *p, int ranks, uint64_t seed, double *ratio,
+                              double *bytes_per_rank) {
+  const int R = ranks < SIM_BALANCE_MAX_RANKS ? ranks : SIM_BALANCE_MAX_RANKS;
+  const int cap = (int)(R * (p->tokens + 1));
+  loom_attn_doc_t *docs = malloc((size_t)cap * sizeof *docs);
+  if (!docs) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_sim: out of memory for %d documents", cap);
+  }
+  loom_attn_balance_opts_t o;
+  loom_attn_balance_opts_init(&o);
+  o.bytes_per_q_row = p->attn_q_bytes > 0 ? p->attn_q_bytes : o.bytes_per_q_row;
+  o.bytes_per_kv_row = p->attn_kv_bytes > 0 ? p->attn_kv_bytes : o.bytes_per_kv_row;
+  double rsum = 0.0, bsum = 0.0;
+  loom_status_t st = LOOM_OK;
+  for (int t = 0; t < SIM_TRIALS && st == LOOM_OK; t++) {
+    uint64_t s = seed ^ (0x5157ull * (uint64_t)(t + 1));
+    int nd = 0;
+    for (int r = 0; r < R; r++) {
+      draw_rank(p, &s, r, docs, &nd, cap);
+    }
+    loom_attn_plan_t plan;
+    st = loom_attn_balance(docs, nd, R, &o, &plan);
+    if (st == LOOM_OK) {
+      rsum += plan.max_over_mean;
+      bsum += plan.bytes_moved / R;
+      loom_attn_plan_free(&plan);
+    }
+  }
+  free(docs);
+  *ratio = rsum / SIM_TRIALS;
+  *bytes_per_rank = bsum / SIM_TRIALS;
+  return st;
+}
+
+static loom_status_t check(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks,
+                           const loom_sim_strategy_t *s, const loom_sim_result_t *out) {
+  if (!p || !c || !s || !out) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_sim_predict: profile, cluster, strategy and out must not be NULL");
+  }
+  if (c->nodes < 1 || c->ranks_per_node < 1 || c->cores_per_node < 1 || c->intra.gbps <= 0 ||
+      c->inter.gbps <= 0) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_sim_predict: cluster '%s' needs nodes, ranks_per_node, "
+                      "cores_per_node >= 1 and links with gbps > 0",
+                      c->name);
+  }
+  if (ranks < 1 || (int64_t)ranks > (int64_t)c->nodes * c->ranks_per_node) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_sim_predict: %d ranks on cluster '%s' of %d x %d: pass 1 .. %lld",
+                      ranks, c->name, c->nodes, c->ranks_per_node,
+                      (long long)c->nodes * c->ranks_per_node);
+  }
+  if (s->grad < LOOM_SIM_GRAD_NONE || s->grad >= p->ncodecs) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_sim_predict: gradient strategy %d: pass NONE, PLAN or a codec index "
+                      "below %d (the profile's codecs)",
+                      s->grad, p->ncodecs);
+  }
+  if (s->moe_overlap < LOOM_MOE_OVERLAP_NONE || s->moe_overlap > LOOM_MOE_OVERLAP_FINE ||
+      s->attn_servers < 0 || s->attn_servers > 1) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_sim_predict: moe_overlap %d (0..2) or attn_servers %d (0 or 1)",
+                      s->moe_overlap, s->attn_servers);
+  }
+  if (p->np < 1 || p->tokens < 1 || p->ctx < 1 || p->compute_ms < 0) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_sim_predict: the profile has no run (np, tokens, ctx, compute)");
+  }
+  return LOOM_OK;
+}
+
+// The MoE layers' all-to-all per step and what the overlap mode leaves exposed, given the
+// expert compute E (ms). Expert parallelism spans min(ranks, experts) ranks; each of the four
+// exchanges per layer (dispatch and combine, forward and backward) sends the rows routed off
+// the rank: tokens x top-k x hidden f32 x (ep - 1) / ep.
+static void moe_cost(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks,
+                     int on_node, int overlap, double E, double *a2a, double *exposed) {
+  *a2a = *exposed = 0.0;
+  if (p->moe_layers < 1 || ranks < 2) {
+    return;
+  }
+  const int ep = ranks < p->moe_experts ? ranks : p->moe_experts;
+  if (ep < 2) {
+    return;
+  }
+  const int inside = ep <= c->ranks_per_node;
+  const loom_link_t *l = inside ? &c->intra : &c->inter;
+  const int shared = inside ? c->intra_shared : c->inter_shared;
+  const double bytes = (double)p->tokens * p->moe_topk * p->moe_hidden * 4.0 * (ep - 1) / ep;
+  const double one_us = (ep - 1) * l->alpha_us + bytes / rate(l, shared, on_node);
+  const double A = p->moe_layers * 4.0 * one_us / 1000.0;
+  const double lo = A < E ? A : E;
+  double hidden = 0.0;
+  if (overlap == LOOM_MOE_OVERLAP_COARSE) {
+    hidden = lo * (1.0 - 1.0 / SIM_COARSE_CHUNKS);
+  } else if (overlap == LOOM_MOE_OVERLAP_FINE) {
+    hidden = lo * (p->moe_fine_hidden > 0 ? p->moe_fine_hidden : 0.75);
+  }
+  *a2a = A;
+  *exposed = A - hidden;
+}
+
+loom_status_t loom_sim_predict(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks,
+                               const loom_sim_strategy_t *s, uint64_t seed,
+                               loom_sim_result_t *out) {
+  loom_status_t st = check(p, c, ranks, s, out);
+  if (st != LOOM_OK) {
+    return st;
+  }
+  memset(out, 0, sizeof *out);
+  const int rpn = c->ranks_per_node;
+  const int nodes = (ranks + rpn - 1) / rpn, on_node = ranks < rpn ? ranks : rpn;
+  const double oversub = on_node > c->cores_per_node ? (double)on_node / c->cores_per_node : 1.0;
+  out->ranks = ranks;
+  out->nodes = nodes;
+
+  // Compute: attention with its straggler (or balanced by the servers), the rest as profiled.
+  const double attn = p->attn_ms < p->compute_ms ? p->attn_ms : p->compute_ms;
+  const double moe = p->moe_ms < p->compute_ms - attn ? p->moe_ms : p->compute_ms - attn;
+  const double other = p->compute_ms - attn - moe;
+  double ratio = 1.0, ship_bytes = 0.0;
+  if (p->ndocs > 0 && attn > 0.0 && ranks > 1) {
+    if (s->attn_servers) {
+      st = balanced(p, ranks, seed, &ratio, &ship_bytes);
+      if (st != LOOM_OK) {
+        return st;
+      }
+    } else {
+      ratio = imbalance(p, ranks, seed);
+    }
+  }
+  out->attn_imbalance = ratio;
+  if (ship_bytes > 0.0) { // Q/K/V out and back, both passes: among the node's ranks or across
+    const int inside = ranks <= rpn;
+    const loom_link_t *l = inside ? &c->intra : &c->inter;
+    const int shared = inside ? c->intra_shared : c->inter_shared;
+    out->attn_ship_ms = (4.0 * l->alpha_us + ship_bytes / rate(l, shared, on_node)) / 1000.0;
+  }
+  const double E = moe * oversub;
+  moe_cost(p, c, ranks, on_node, s->moe_overlap, E, &out->moe_a2a_ms, &out->moe_exposed_ms);
+  out->compute_ms = (other + attn * ratio) * oversub + E;
+
+  // Gradients: the planner's simulator over the profiled tensors, their ready times stretched
+  // with the compute; the MoE and attention exposure delay the backward like compute.
+  const double busy = out->compute_ms + out->moe_exposed_ms + out->attn_ship_ms;
+  const double stretch = p->compute_ms > 0 ? busy / p->compute_ms : 1.0;
+  loom_plan_tensor_t *t = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof *t);
+  loom_plan_choice_t *ch = calloc((size_t)(p->ntensors ? p->ntensors : 1), sizeof *ch);
+  if (!t || !ch) {
+    free(t);
+    free(ch);
+    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_sim: out of memory for %d tensors", p->ntensors);
+  }
+  for (int i = 0; i < p->ntensors; i++) {
+    t[i] = p->tensors[i];
+    t[i].ready_us *= stretch;
+    if (t[i].ready_us > 1000.0 * busy) {
+      t[i].ready_us = 1000.0 * busy;
+    }
+  }
+  // A ring allreduce on one node runs every rank's flow at once (a shared link splits); across
+  // nodes one flow per node crosses its NIC.
+  loom_plan_problem_t prob = {.ntensors = p->ntensors,
+                              .tensors = t,
+                              .compute_us = 1000.0 * busy,
+                              .ranks = ranks,
+                              .nodes = nodes,
+                              .intra = c->intra,
+                              .inter = c->inter,
+                              .ncodecs = p->ncodecs,
+                              .codecs = p->codecs,
+                              .workers = 1};
+  prob.intra.gbps = rate(&c->intra, c->intra_shared, on_node) / 125.0;
+  loom_plan_result_t r = {.step_us = 1000.0 * busy};
+  if (p->ntensors > 0 && s->grad == LOOM_SIM_GRAD_PLAN) {
+    st = loom_plan_greedy(&prob, ch, &r);
+  } else if (p->ntensors > 0) {
+    for (int i = 0; i < p->ntensors; i++) {
+      ch[i] = (loom_plan_choice_t){.codec = s->grad >= 0 ? s->grad : -1,
+                                   .scheme = LOOM_SCHEME_DIVISIBLE,
+                                   .lane = 0}; // the compute lane
+    }
+    st = loom_plan_simulate(&prob, ch, &r);
+  }
+  free(t);
+  free(ch);
+  if (st != LOOM_OK) {
+    return st;
+  }
+  out->grad_exposed_ms = r.step_us / 1000.0 - busy;
+  out->grad_bytes = r.bytes_per_rank;
+  out->step_ms = r.step_us / 1000.0 + p->overhead_ms * oversub;
+  out->tokens_per_s = out->step_ms > 0 ? 1000.0 * ranks * (double)p->tokens / out->step_ms : 0.0;
+  out->grad_strategy = s->grad == LOOM_SIM_GRAD_NONE   ? "none"
+                       : s->grad == LOOM_SIM_GRAD_PLAN ? "plan"
+                                                       : p->codecs[s->grad].compressor;
+  return LOOM_OK;
+}

@@ -1,0 +1,373 @@
+/* sim_io.c — loom_sim's files: the profile a run records (save, and a loader that treats the
+ * bytes as untrusted) and the cluster description. */
+#include "config.h"
+#include "loom_sim.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+// Limits on what a profile may hold (a damaged count must not become a huge allocation).
+#define SIM_MAX_TENSORS 100000
+#define SIM_MAX_CODECS  64
+#define SIM_MAX_DOCS    1000000
+#define SIM_LINE_MAX    4096
+
+// The format, one record per line (numbers in C locale, names without spaces):
+//   loom-profile 1
+//   run NP TOKENS CTX COMPUTE_MS STEP_MS OVERHEAD_MS
+//   attn ATTN_MS PAIRS Q_ROW_BYTES KV_ROW_BYTES
+//   moe LAYERS EXPERTS TOPK HIDDEN MOE_MS FINE_HIDDEN
+//   tensor NAME FLOATS READY_US                     (one per gradient, in ready order)
+//   codec SPEC ENC_US ENC_NS DEC_US DEC_NS BYTES_PER_VALUE FIXED_BYTES
+//   docs LEN LEN ...                                (any number of lines)
+//   end
+loom_status_t loom_sim_profile_save(const char *path, const loom_sim_profile_t *p) {
+  if (!path || !p) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_sim_profile_save: path or profile is NULL");
+  }
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    return loom_error(NULL, LOOM_ERR_SYSTEM, "cannot write the profile %s: %s (check the folder)",
+                      path, strerror(errno));
+  }
+  fprintf(f, "loom-profile 1\n");
+  fprintf(f, "run %d %lld %lld %.6f %.6f %.6f\n", p->np, (long long)p->tokens, (long long)p->ctx,
+          p->compute_ms, p->step_ms, p->overhead_ms);
+  fprintf(f, "attn %.6f %.1f %.1f %.1f\n", p->attn_ms, p->attn_pairs, p->attn_q_bytes,
+          p->attn_kv_bytes);
+  fprintf(f, "moe %d %d %d %d %.6f %.4f\n", p->moe_layers, p->moe_experts, p->moe_topk,
+          p->moe_hidden, p->moe_ms, p->moe_fine_hidden);
+  for (int i = 0; i < p->ntensors; i++) {
+    fprintf(f, "tensor %s %lld %.3f\n", p->tensors[i].name ? p->tensors[i].name : "grad",
+            (long long)p->tensors[i].n, p->tensors[i].ready_us);
+  }
+  for (int i = 0; i < p->ncodecs; i++) {
+    const loom_codec_cost_t *c = &p->codecs[i];
+    fprintf(f, "codec %s %.4f %.4f %.4f %.4f %.6f %.1f\n", c->compressor, c->enc_us, c->enc_ns,
+            c->dec_us, c->dec_ns, c->bytes_per_value, c->fixed_bytes);
+  }
+  for (int i = 0; i < p->ndocs; i++) {
+    fprintf(f, "%s%lld%s", i % 32 == 0 ? "docs " : " ", (long long)p->docs[i],
+            i % 32 == 31 || i == p->ndocs - 1 ? "\n" : "");
+  }
+  fprintf(f, "end\n");
+  int bad = ferror(f);
+  bad |= fclose(f) != 0;
+  return bad ? loom_error(NULL, LOOM_ERR_SYSTEM, "writing the profile %s failed (disk full?)", path)
+             : LOOM_OK;
+}
+
+void loom_sim_profile_free(loom_sim_profile_t *p) {
+  if (!p) {
+    return;
+  }
+  for (int i = 0; p->tensors && i < p->ntensors; i++) {
+    free((char *)p->tensors[i].name);
+  }
+  for (int i = 0; p->codecs && i < p->ncodecs; i++) {
+    free((char *)p->codecs[i].compressor);
+  }
+  free(p->tensors);
+  free(p->codecs);
+  free(p->docs);
+  memset(p, 0, sizeof *p);
+}
+
+// ---- the untrusted reader ---------------------------------------------------------------------
+
+typedef struct reader {
+  const char *path;
+  int line;
+  char *save;         // strtok_r state
+  loom_status_t code; // what a malformed line is: CORRUPT (profile) or INVALID_ARG (cluster)
+  loom_status_t err;  // the first error
+} reader_t;
+
+// The next token of the line as a finite double in [lo, hi]; 0 or -1 (error set).
+static int num(reader_t *r, const char *what, double lo, double hi, double *out) {
+  const char *tok = strtok_r(NULL, " \t\r\n", &r->save);
+  char *end = NULL;
+  double v = tok ? strtod(tok, &end) : NAN;
+  if (!tok || *end || !isfinite(v) || v < lo || v > hi) {
+    r->err = loom_error(NULL, r->code, "%s line %d: %s is %s%s%s, expected a number in [%g, %g]",
+                        r->path, r->line, what, tok ? "'" : "missing", tok ? tok : "",
+                        tok ? "'" : "", lo, hi);
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+static int inum(reader_t *r, const char *what, double lo, double hi, int64_t *out) {
+  double v;
+  if (num(r, what, lo, hi, &v) != 0) {
+    return -1;
+  }
+  if (v != floor(v)) {
+    r->err = loom_error(NULL, r->code, "%s line %d: %s is %g, expected an integer", r->path,
+                        r->line, what, v);
+    return -1;
+  }
+  *out = (int64_t)v;
+  return 0;
+}
+
+static char *word(reader_t *r, const char *what) {
+  const char *tok = strtok_r(NULL, " \t\r\n", &r->save);
+  if (!tok || strlen(tok) >= LOOM_NAME_MAX) {
+    r->err = loom_error(NULL, r->code, "%s line %d: %s is %s (at most %d characters)", r->path,
+                        r->line, what, tok ? "too long" : "missing", LOOM_NAME_MAX - 1);
+    return NULL;
+  }
+  char *s = strdup(tok);
+  if (!s) {
+    r->err = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", r->path);
+  }
+  return s;
+}
+
+// Grow *arr (elements of size) to hold n + 1 entries, up to max. 0 or -1 (error set).
+static int grow(reader_t *r, void **arr, int n, int *cap, size_t size, int max, const char *what) {
+  if (n >= max) {
+    r->err = loom_error(NULL, r->code, "%s line %d: more than %d %s", r->path, r->line, max, what);
+    return -1;
+  }
+  if (n < *cap) {
+    return 0;
+  }
+  int ncap = *cap ? 2 * *cap : 64;
+  void *a = realloc(*arr, (size_t)ncap * size);
+  if (!a) {
+    r->err = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", r->path);
+    return -1;
+  }
+  *arr = a;
+  *cap = ncap;
+  return 0;
+}
+
+static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int caps[3],
+                       int *seen) {
+  int64_t i64[5];
+  double d[6];
+  if (!strcmp(key, "run")) {
+    if (inum(r, "np", 1, 1 << 20, &i64[0]) || inum(r, "tokens", 1, 1e12, &i64[1]) ||
+        inum(r, "ctx", 1, 1e9, &i64[2]) || num(r, "compute_ms", 0, 1e9, &d[0]) ||
+        num(r, "step_ms", 0, 1e9, &d[1]) || num(r, "overhead_ms", 0, 1e9, &d[2])) {
+      return -1;
+    }
+    p->np = (int)i64[0];
+    p->tokens = i64[1];
+    p->ctx = i64[2];
+    p->compute_ms = d[0];
+    p->step_ms = d[1];
+    p->overhead_ms = d[2];
+    seen[0] = 1;
+  } else if (!strcmp(key, "attn")) {
+    if (num(r, "attn_ms", 0, 1e9, &p->attn_ms) || num(r, "pairs", 0, 1e18, &p->attn_pairs) ||
+        num(r, "q_row_bytes", 0, 1e12, &p->attn_q_bytes) ||
+        num(r, "kv_row_bytes", 0, 1e12, &p->attn_kv_bytes)) {
+      return -1;
+    }
+  } else if (!strcmp(key, "moe")) {
+    if (inum(r, "layers", 0, 1e6, &i64[0]) || inum(r, "experts", 0, 1e6, &i64[1]) ||
+        inum(r, "topk", 0, 1e6, &i64[2]) || inum(r, "hidden", 0, 1e9, &i64[3]) ||
+        num(r, "moe_ms", 0, 1e9, &p->moe_ms) || num(r, "fine_hidden", 0, 1, &p->moe_fine_hidden)) {
+      return -1;
+    }
+    p->moe_layers = (int)i64[0];
+    p->moe_experts = (int)i64[1];
+    p->moe_topk = (int)i64[2];
+    p->moe_hidden = (int)i64[3];
+  } else if (!strcmp(key, "tensor")) {
+    if (grow(r, (void **)&p->tensors, p->ntensors, &caps[0], sizeof *p->tensors, SIM_MAX_TENSORS,
+             "tensors")) {
+      return -1;
+    }
+    loom_plan_tensor_t *t = &p->tensors[p->ntensors];
+    memset(t, 0, sizeof *t);
+    if (!(t->name = word(r, "the tensor name"))) {
+      return -1;
+    }
+    p->ntensors++; // owns the name from here
+    if (inum(r, "floats", 0, 1e13, &t->n) || num(r, "ready_us", 0, 1e12, &t->ready_us)) {
+      return -1;
+    }
+  } else if (!strcmp(key, "codec")) {
+    if (grow(r, (void **)&p->codecs, p->ncodecs, &caps[1], sizeof *p->codecs, SIM_MAX_CODECS,
+             "codecs")) {
+      return -1;
+    }
+    loom_codec_cost_t *c = &p->codecs[p->ncodecs];
+    memset(c, 0, sizeof *c);
+    if (!(c->compressor = word(r, "the codec spec"))) {
+      return -1;
+    }
+    p->ncodecs++;
+    if (num(r, "enc_us", 0, 1e9, &c->enc_us) || num(r, "enc_ns", 0, 1e9, &c->enc_ns) ||
+        num(r, "dec_us", 0, 1e9, &c->dec_us) || num(r, "dec_ns", 0, 1e9, &c->dec_ns) ||
+        num(r, "bytes_per_value", 0, 64, &c->bytes_per_value) ||
+        num(r, "fixed_bytes", 0, 1e9, &c->fixed_bytes)) {
+      return -1;
+    }
+  } else if (!strcmp(key, "docs")) {
+    int64_t len;
+    while (r->save && *r->save && strspn(r->save, " \t\r\n") < strlen(r->save)) {
+      if (grow(r, (void **)&p->docs, p->ndocs, &caps[2], sizeof *p->docs, SIM_MAX_DOCS, "docs") ||
+          inum(r, "a document length", 1, 1e9, &len)) {
+        return -1;
+      }
+      p->docs[p->ndocs++] = len;
+    }
+  } else if (!strcmp(key, "end")) {
+    seen[1] = 1;
+  } else {
+    r->err =
+        loom_error(NULL, r->code, "profile %s line %d: unknown record '%s'", r->path, r->line, key);
+    return -1;
+  }
+  return 0;
+}
+
+loom_status_t loom_sim_profile_load(const char *path, loom_sim_profile_t *p) {
+  if (!path || !p) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_sim_profile_load: path or profile is NULL");
+  }
+  memset(p, 0, sizeof *p);
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    return loom_error(NULL, LOOM_ERR_SYSTEM,
+                      "cannot read the profile %s: %s (record one with train_gpt --profile FILE)",
+                      path, strerror(errno));
+  }
+  char line[SIM_LINE_MAX];
+  reader_t r = {.path = path, .code = LOOM_ERR_CORRUPT};
+  int caps[3] = {0, 0, 0}, seen[2] = {0, 0}, bad = 0;
+  while (!bad && !seen[1] && fgets(line, sizeof line, f)) {
+    r.line++;
+    if (!strchr(line, '\n') && !feof(f)) {
+      r.err = loom_error(NULL, LOOM_ERR_CORRUPT, "profile %s line %d: longer than %d bytes", path,
+                         r.line, SIM_LINE_MAX - 1);
+      bad = 1;
+      break;
+    }
+    char *key = strtok_r(line, " \t\r\n", &r.save);
+    if (r.line == 1) {
+      const char *v = strtok_r(NULL, " \t\r\n", &r.save);
+      if (!key || strcmp(key, "loom-profile") != 0 || !v || strcmp(v, "1") != 0) {
+        r.err = loom_error(NULL, LOOM_ERR_CORRUPT,
+                           "%s is not a loom profile of version 1 (its first line should be "
+                           "'loom-profile 1')",
+                           path);
+        bad = 1;
+      }
+      continue;
+    }
+    if (!key || key[0] == '#') {
+      continue;
+    }
+    bad = read_record(&r, key, p, caps, seen) != 0;
+  }
+  fclose(f);
+  if (!bad && (!seen[0] || !seen[1])) {
+    r.err = loom_error(NULL, LOOM_ERR_CORRUPT, "profile %s is truncated: no '%s' line", path,
+                       seen[0] ? "end" : "run");
+    bad = 1;
+  }
+  if (!bad && p->moe_layers > 0 && (p->moe_experts < 1 || p->moe_topk < 1 || p->moe_hidden < 1)) {
+    r.err = loom_error(
+        NULL, LOOM_ERR_CORRUPT,
+        "profile %s: %d MoE layers but experts %d, top-k %d, hidden %d (all must be >= 1)", path,
+        p->moe_layers, p->moe_experts, p->moe_topk, p->moe_hidden);
+    bad = 1;
+  }
+  if (bad) {
+    loom_sim_profile_free(p);
+    return r.err;
+  }
+  return LOOM_OK;
+}
+
+// ---- the cluster ------------------------------------------------------------------------------
+
+static int cluster_link(reader_t *r, loom_link_t *l, int *shared) {
+  if (num(r, "alpha_us", 0, 1e7, &l->alpha_us) || num(r, "gbps", 1e-6, 1e6, &l->gbps)) {
+    return -1;
+  }
+  const char *opt = strtok_r(NULL, " \t\r\n", &r->save);
+  *shared = opt && !strcmp(opt, "shared");
+  if (opt && !*shared) {
+    r->err = loom_error(NULL, r->code, "%s line %d: '%s' after the link: only 'shared'", r->path,
+                        r->line, opt);
+    return -1;
+  }
+  return 0;
+}
+
+loom_status_t loom_sim_cluster_load(const char *path, loom_sim_cluster_t *c) {
+  if (!path || !c) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_sim_cluster_load: path or cluster is NULL");
+  }
+  memset(c, 0, sizeof *c);
+  FILE *f = fopen(path, "r");
+  if (!f) {
+    return loom_error(NULL, LOOM_ERR_SYSTEM, "cannot read the cluster file %s: %s", path,
+                      strerror(errno));
+  }
+  char line[SIM_LINE_MAX];
+  reader_t r = {.path = path, .code = LOOM_ERR_INVALID_ARG};
+  int bad = 0, have_intra = 0, have_inter = 0;
+  int64_t v;
+  while (!bad && fgets(line, sizeof line, f)) {
+    r.line++;
+    char *key = strtok_r(line, " \t\r\n", &r.save);
+    if (!key || key[0] == '#') {
+      continue;
+    }
+    if (!strcmp(key, "name")) {
+      const char *n = strtok_r(NULL, " \t\r\n", &r.save);
+      snprintf(c->name, sizeof c->name, "%s", n ? n : "");
+    } else if (!strcmp(key, "nodes") || !strcmp(key, "ranks_per_node") ||
+               !strcmp(key, "cores_per_node")) {
+      bad = inum(&r, key, 1, 1 << 24, &v) != 0;
+      int *dst = key[0] == 'n'   ? &c->nodes
+                 : key[0] == 'r' ? &c->ranks_per_node
+                                 : &c->cores_per_node;
+      *dst = (int)v;
+    } else if (!strcmp(key, "intra")) {
+      bad = cluster_link(&r, &c->intra, &c->intra_shared) != 0;
+      have_intra = 1;
+    } else if (!strcmp(key, "inter")) {
+      bad = cluster_link(&r, &c->inter, &c->inter_shared) != 0;
+      have_inter = 1;
+    } else {
+      r.err = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                         "cluster %s line %d: unknown key '%s' (name, nodes, ranks_per_node, "
+                         "cores_per_node, intra, inter)",
+                         path, r.line, key);
+      bad = 1;
+    }
+  }
+  fclose(f);
+  if (bad) {
+    return r.err;
+  }
+  if (!c->nodes || !c->ranks_per_node || !c->cores_per_node || !have_intra) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "cluster %s: nodes, ranks_per_node, cores_per_node and intra are required "
+                      "(see loom_sim --help for the format)",
+                      path);
+  }
+  if (!have_inter) { // one node, or the same link everywhere
+    c->inter = c->intra;
+    c->inter_shared = c->intra_shared;
+  }
+  if (!c->name[0]) {
+    snprintf(c->name, sizeof c->name, "%dx%d", c->nodes, c->ranks_per_node);
+  }
+  return LOOM_OK;
+}

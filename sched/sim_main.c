@@ -1,0 +1,318 @@
+/* sim_main.c — the loom_sim program: predicts train_gpt's step at many rank counts from a
+ * recorded profile and a cluster file, for each strategy; prints a table, writes CSV and a PNG. */
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "loom_moe.h"
+#include "loom_sim.h"
+
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: loom_sim --profile FILE --cluster FILE [options]\n"
+          "Predicts the training step of the profiled model at each rank count of a cluster,\n"
+          "for every strategy asked for, from a profile recorded by a real run\n"
+          "(train_gpt --profile FILE) and a cluster description.\n"
+          "  --profile FILE   the profile (train_gpt --profile)\n"
+          "  --cluster FILE   the cluster: lines 'name NAME', 'nodes N', 'ranks_per_node R',\n"
+          "                   'cores_per_node C', 'intra ALPHA_US GBPS [shared]',\n"
+          "                   'inter ALPHA_US GBPS [shared]' ('#' starts a comment); shared: the\n"
+          "                   link's bandwidth is split among the node's ranks using it at once\n"
+          "  --ranks LIST     comma-separated rank counts (default 8,16,...,4096 up to the\n"
+          "                   cluster's size)\n"
+          "  --grad LIST      gradient strategies: none, plan, and codecs of the profile\n"
+          "                   (fp16, int8...) (default: none,plan and every codec)\n"
+          "  --moe LIST       MoE overlap modes none,coarse,fine (default all three when the\n"
+          "                   profile has MoE layers)\n"
+          "  --attn LIST      attention servers off,inplace (default off,inplace when the\n"
+          "                   profile has documents)\n"
+          "  --csv FILE       write every prediction as CSV\n"
+          "  --png FILE       plot tokens/s and scaling efficiency against ranks (gnuplot)\n"
+          "  --seed N         seed of the drawn documents (default 1)\n"
+          "  --help           this text\n");
+}
+
+typedef struct opts {
+  const char *profile, *cluster, *csv, *png;
+  int ranks[64], nranks;
+  int grad[16], ngrad; // loom_sim_grad_t or codec indices (after the profile is read)
+  const char *grad_list;
+  int moe[3], nmoe;
+  int attn[2], nattn;
+  unsigned long long seed;
+} opts_t;
+
+static int parse_list_int(const char *s, int *out, int cap, int *n) {
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", s);
+  *n = 0;
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char *end;
+    long v = strtol(tok, &end, 10);
+    if (*end || v < 1 || v > (1L << 24) || *n >= cap) {
+      fprintf(stderr, "loom_sim: --ranks: '%s' is not a rank count in 1..16777216 (at most %d)\n",
+              tok, cap);
+      return -1;
+    }
+    out[(*n)++] = (int)v;
+  }
+  return *n > 0 ? 0 : -1;
+}
+
+// Names in list (comma-separated) mapped through names[] to their index; -1 on an unknown one.
+static int parse_names(const char *flag, const char *s, const char *const *names, int count,
+                       int *out, int *n) {
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", s);
+  *n = 0;
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    int k = 0;
+    while (k < count && strcmp(names[k], tok) != 0) {
+      k++;
+    }
+    if (k == count || *n >= count) {
+      fprintf(stderr, "loom_sim: %s: unknown or repeated '%s'\n", flag, tok);
+      return -1;
+    }
+    out[(*n)++] = k;
+  }
+  return 0;
+}
+
+static const char *const moe_names[3] = {"none", "coarse", "fine"};
+static const char *const attn_names[2] = {"off", "inplace"};
+
+static int parse(int argc, char **argv, opts_t *o) {
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i];
+    if (!strcmp(f, "--help")) {
+      usage(stdout);
+      exit(0);
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "loom_sim: %s needs a value (see --help)\n", f);
+      return -1;
+    }
+    const char *v = argv[++i];
+    int rc = 0;
+    if (!strcmp(f, "--profile")) {
+      o->profile = v;
+    } else if (!strcmp(f, "--cluster")) {
+      o->cluster = v;
+    } else if (!strcmp(f, "--csv")) {
+      o->csv = v;
+    } else if (!strcmp(f, "--png")) {
+      o->png = v;
+    } else if (!strcmp(f, "--ranks")) {
+      rc = parse_list_int(v, o->ranks, 64, &o->nranks);
+    } else if (!strcmp(f, "--grad")) {
+      o->grad_list = v;
+    } else if (!strcmp(f, "--moe")) {
+      rc = parse_names(f, v, moe_names, 3, o->moe, &o->nmoe);
+    } else if (!strcmp(f, "--attn")) {
+      rc = parse_names(f, v, attn_names, 2, o->attn, &o->nattn);
+    } else if (!strcmp(f, "--seed")) {
+      char *end;
+      o->seed = strtoull(v, &end, 10);
+      rc = *end ? -1 : 0;
+    } else {
+      fprintf(stderr, "loom_sim: unknown flag '%s' (see --help)\n", f);
+      return -1;
+    }
+    if (rc) {
+      fprintf(stderr, "loom_sim: bad value '%s' for %s\n", v, f);
+      return -1;
+    }
+  }
+  if (!o->profile || !o->cluster) {
+    fprintf(stderr, "loom_sim: --profile and --cluster are required (see --help)\n");
+    return -1;
+  }
+  return 0;
+}
+
+static int parse_grad(opts_t *o, const loom_sim_profile_t *p) {
+  o->ngrad = 0;
+  if (!o->grad_list) {
+    o->grad[o->ngrad++] = LOOM_SIM_GRAD_NONE;
+    o->grad[o->ngrad++] = LOOM_SIM_GRAD_PLAN;
+    for (int k = 0; k < p->ncodecs && o->ngrad < 16; k++) {
+      o->grad[o->ngrad++] = k;
+    }
+    return 0;
+  }
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", o->grad_list);
+  for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    int g = !strcmp(tok, "none")   ? LOOM_SIM_GRAD_NONE
+            : !strcmp(tok, "plan") ? LOOM_SIM_GRAD_PLAN
+                                   : -3;
+    for (int k = 0; g == -3 && k < p->ncodecs; k++) {
+      g = !strcmp(p->codecs[k].compressor, tok) ? k : -3;
+    }
+    if (g == -3 || o->ngrad >= 16) {
+      fprintf(stderr, "loom_sim: --grad: '%s' is neither none, plan nor a codec of the profile (",
+              tok);
+      for (int k = 0; k < p->ncodecs; k++) {
+        fprintf(stderr, "%s%s", k ? ", " : "", p->codecs[k].compressor);
+      }
+      fprintf(stderr, ")\n");
+      return -1;
+    }
+    o->grad[o->ngrad++] = g;
+  }
+  return 0;
+}
+
+// gnuplot: tokens/s and efficiency against ranks, one line per strategy, from the CSV.
+static int plot(const char *png, const char *csv, char labels[][96], int nstrat) {
+  FILE *g = popen("gnuplot", "w");
+  if (!g) {
+    fprintf(stderr, "loom_sim: cannot run gnuplot (install the Debian package gnuplot-nox)\n");
+    return -1;
+  }
+  fprintf(g,
+          "set terminal pngcairo size 1300,520\nset output '%s'\nset datafile separator ','\n"
+          "set multiplot layout 1,2\nset logscale x 2\nset key left top font ',8'\n"
+          "set xlabel 'ranks'\nset grid\n",
+          png);
+  for (int pass = 0; pass < 2; pass++) {
+    fprintf(g, pass ? "unset logscale y\nset yrange [0:1.1]\nset ylabel 'scaling efficiency'\n"
+                      "set title 'predicted efficiency (tokens/s per rank vs 1 rank)'\nplot "
+                    : "set logscale y\nset ylabel 'tokens/s'\nset title 'predicted throughput'\n"
+                      "plot ");
+    for (int k = 0; k < nstrat; k++) {
+      fprintf(g, "%s'%s' every ::1 using ($14==%d ? $1 : 1/0):%d with linespoints title '%s'",
+              k ? ", " : "", csv, k, pass ? 11 : 10, labels[k]);
+    }
+    fprintf(g, "\n");
+  }
+  fprintf(g, "unset multiplot\n");
+  int rc = pclose(g);
+  if (rc != 0) {
+    fprintf(stderr,
+            "loom_sim: gnuplot failed (status %d; install the Debian package gnuplot-nox): no %s\n",
+            rc, png);
+    return -1;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  opts_t o = {.seed = 1};
+  if (parse(argc, argv, &o) != 0) {
+    return 2;
+  }
+  loom_sim_profile_t p;
+  loom_sim_cluster_t c;
+  if (loom_sim_profile_load(o.profile, &p) != LOOM_OK) {
+    fprintf(stderr, "loom_sim: %s\n", loom_last_error(NULL));
+    return 1;
+  }
+  if (loom_sim_cluster_load(o.cluster, &c) != LOOM_OK) {
+    fprintf(stderr, "loom_sim: %s\n", loom_last_error(NULL));
+    loom_sim_profile_free(&p);
+    return 1;
+  }
+  int rc = parse_grad(&o, &p) == 0 ? 0 : 2;
+  const long long size = (long long)c.nodes * c.ranks_per_node;
+  if (!o.nranks) {
+    for (long long r = 8; r <= 4096 && r <= size; r *= 2) {
+      o.ranks[o.nranks++] = (int)r;
+    }
+    if (!o.nranks) {
+      o.ranks[o.nranks++] = (int)size;
+    }
+  }
+  if (!o.nmoe) {
+    o.moe[o.nmoe++] = p.moe_layers > 0 ? LOOM_MOE_OVERLAP_NONE : LOOM_MOE_OVERLAP_FINE;
+    if (p.moe_layers > 0) {
+      o.moe[o.nmoe++] = LOOM_MOE_OVERLAP_COARSE;
+      o.moe[o.nmoe++] = LOOM_MOE_OVERLAP_FINE;
+    }
+  }
+  if (!o.nattn) {
+    o.attn[o.nattn++] = 0;
+    if (p.ndocs > 0 && p.attn_ms > 0) {
+      o.attn[o.nattn++] = 1;
+    }
+  }
+  FILE *csv = NULL;
+  if (rc == 0 && o.csv && !(csv = fopen(o.csv, "w"))) {
+    fprintf(stderr, "loom_sim: cannot write %s: %s\n", o.csv, strerror(errno));
+    rc = 1;
+  }
+  if (csv) {
+    fprintf(csv, "ranks,nodes,step_ms,compute_ms,grad_exposed_ms,grad_bytes,moe_a2a_ms,"
+                 "moe_exposed_ms,attn_ship_ms,tokens_per_s,efficiency,attn_imbalance,cluster,"
+                 "strategy_id,strategy\n");
+  }
+  if (rc == 0) {
+    printf("loom_sim: profile %s (np %d, %lld tokens per rank, compute %.2f ms, measured step "
+           "%.2f ms, %d gradients, %d codecs%s), cluster %s: %d nodes x %d ranks, %d cores per "
+           "node, intra %.1f us %.1f Gbit/s%s, inter %.1f us %.1f Gbit/s%s\n",
+           o.profile, p.np, (long long)p.tokens, p.compute_ms, p.step_ms, p.ntensors, p.ncodecs,
+           p.moe_layers ? ", MoE" : "", c.name, c.nodes, c.ranks_per_node, c.cores_per_node,
+           c.intra.alpha_us, c.intra.gbps, c.intra_shared ? " shared" : "", c.inter.alpha_us,
+           c.inter.gbps, c.inter_shared ? " shared" : "");
+    printf("%-30s %6s %5s %10s %10s %9s %9s %9s %6s %12s %6s\n", "strategy", "ranks", "nodes",
+           "step_ms", "compute", "grad_exp", "moe_exp", "attn_ship", "imbal", "tokens/s", "eff");
+  }
+  int sid = 0;
+  static char labels[16 * 3 * 2][96];
+  for (int gi = 0; rc == 0 && gi < o.ngrad; gi++) {
+    for (int mi = 0; rc == 0 && mi < o.nmoe; mi++) {
+      for (int ai = 0; rc == 0 && ai < o.nattn; ai++, sid++) {
+        loom_sim_strategy_t s = {
+            .grad = o.grad[gi], .moe_overlap = o.moe[mi], .attn_servers = o.attn[ai]};
+        loom_sim_result_t one;
+        if (loom_sim_predict(&p, &c, 1, &s, o.seed, &one) != LOOM_OK) {
+          fprintf(stderr, "loom_sim: %s\n", loom_last_error(NULL));
+          rc = 1;
+          break;
+        }
+        char *label = labels[sid];
+        snprintf(label, sizeof labels[sid], "grad=%s%s%s attn=%s", one.grad_strategy,
+                 p.moe_layers ? " moe=" : "", p.moe_layers ? moe_names[s.moe_overlap] : "",
+                 attn_names[s.attn_servers]);
+        for (int k = 0; k < o.nranks; k++) {
+          loom_sim_result_t r;
+          if (loom_sim_predict(&p, &c, o.ranks[k], &s, o.seed, &r) != LOOM_OK) {
+            fprintf(stderr, "loom_sim: %s\n", loom_last_error(NULL));
+            rc = 1;
+            break;
+          }
+          double eff = one.tokens_per_s > 0 ? r.tokens_per_s / (o.ranks[k] * one.tokens_per_s) : 0;
+          printf("%-30s %6d %5d %10.2f %10.2f %9.2f %9.2f %9.2f %6.2f %12.0f %6.3f\n", label,
+                 r.ranks, r.nodes, r.step_ms, r.compute_ms, r.grad_exposed_ms, r.moe_exposed_ms,
+                 r.attn_ship_ms, r.attn_imbalance, r.tokens_per_s, eff);
+          if (csv) {
+            fprintf(csv, "%d,%d,%.4f,%.4f,%.4f,%.0f,%.4f,%.4f,%.4f,%.1f,%.4f,%.4f,%s,%d,%s\n",
+                    r.ranks, r.nodes, r.step_ms, r.compute_ms, r.grad_exposed_ms, r.grad_bytes,
+                    r.moe_a2a_ms, r.moe_exposed_ms, r.attn_ship_ms, r.tokens_per_s, eff,
+                    r.attn_imbalance, c.name, sid, label);
+          }
+        }
+      }
+    }
+  }
+  if (csv && fclose(csv) != 0) {
+    fprintf(stderr, "loom_sim: writing %s failed\n", o.csv);
+    rc = 1;
+  }
+  if (rc == 0 && o.png) {
+    if (!o.csv) {
+      fprintf(stderr, "loom_sim: --png plots the CSV: pass --csv FILE too\n");
+      rc = 2;
+    } else if (plot(o.png, o.csv, labels, sid) != 0) {
+      rc = 1;
+    } else {
+      printf("loom_sim: wrote %s and %s\n", o.csv, o.png);
+    }
+  }
+  loom_sim_profile_free(&p);
+  return rc;
+}

@@ -1,0 +1,295 @@
+/* test_sim.c — loom_sim: the profile file round-trips and its loader rejects damaged bytes,
+ * the cluster parser, and the model's invariants (one rank, links, overlap modes, servers). */
+#include "config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../check.h"
+#include "loom_moe.h"
+#include "loom_sim.h"
+#include "../quiet.h"
+
+static char dir[64];
+
+static void path_of(char *out, size_t cap, const char *name) {
+  snprintf(out, cap, "%s/%s", dir, name);
+}
+
+static void write_text(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  CHECK(f != NULL, "cannot write %s", path);
+  if (f) {
+    fputs(text, f);
+    fclose(f);
+  }
+}
+
+static char *read_all(const char *path, long *len) {
+  FILE *f = fopen(path, "rb");
+  char *buf = NULL;
+  if (f && fseek(f, 0, SEEK_END) == 0 && (*len = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0) {
+    buf = malloc((size_t)*len + 1);
+    if (buf && fread(buf, 1, (size_t)*len, f) != (size_t)*len) {
+      free(buf);
+      buf = NULL;
+    }
+  }
+  if (f) {
+    fclose(f);
+  }
+  return buf;
+}
+
+// A profile like train_gpt's: 4 gradients, two codecs, documents of skewed lengths, MoE.
+static void make_profile(loom_sim_profile_t *p, loom_plan_tensor_t *t, loom_codec_cost_t *c,
+                         int64_t *docs, int moe) {
+  static const char *const names[4] = {"grad.head", "grad.h1", "grad.h0", "grad.embed"};
+  memset(p, 0, sizeof *p);
+  p->np = 1;
+  p->tokens = 1024;
+  p->ctx = 256;
+  p->compute_ms = 40.0;
+  p->step_ms = 41.0;
+  p->overhead_ms = 0.5;
+  p->attn_ms = 8.0;
+  p->attn_pairs = 1e5;
+  p->attn_q_bytes = 4128;
+  p->attn_kv_bytes = 4096;
+  for (int i = 0; i < 4; i++) {
+    t[i] = (loom_plan_tensor_t){.name = names[i], .n = 250000, .ready_us = 15000.0 + 8000.0 * i};
+  }
+  p->ntensors = 4;
+  p->tensors = t;
+  c[0] = (loom_codec_cost_t){
+      .compressor = "fp16", .enc_ns = 0.2, .dec_ns = 0.3, .bytes_per_value = 2, .fixed_bytes = 16};
+  c[1] = (loom_codec_cost_t){
+      .compressor = "int8", .enc_ns = 0.3, .dec_ns = 0.5, .bytes_per_value = 1, .fixed_bytes = 20};
+  p->ncodecs = 2;
+  p->codecs = c;
+  uint64_t s = 7;
+  for (int i = 0; i < 200; i++) { // a heavy tail: mostly short, a few long
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    docs[i] = (s >> 60) == 0 ? 256 : 8 + (int64_t)((s >> 33) % 60);
+  }
+  p->ndocs = 200;
+  p->docs = docs;
+  if (moe) {
+    p->moe_layers = 2;
+    p->moe_experts = 8;
+    p->moe_topk = 2;
+    p->moe_hidden = 128;
+    p->moe_ms = 10.0;
+    p->moe_fine_hidden = 0.85;
+  }
+}
+
+static loom_sim_cluster_t cluster(int nodes, int rpn, int cores, double gbps, int shared) {
+  loom_sim_cluster_t c = {.nodes = nodes, .ranks_per_node = rpn, .cores_per_node = cores};
+  snprintf(c.name, sizeof c.name, "test");
+  c.intra = (loom_link_t){.alpha_us = 2, .gbps = gbps};
+  c.inter = (loom_link_t){.alpha_us = 5, .gbps = gbps / 4};
+  c.intra_shared = shared;
+  c.inter_shared = 1;
+  return c;
+}
+
+static void test_roundtrip_and_damage(void) {
+  loom_sim_profile_t p, q;
+  loom_plan_tensor_t t[4];
+  loom_codec_cost_t c[2];
+  int64_t docs[200];
+  make_profile(&p, t, c, docs, 1);
+  char path[128], bad[128];
+  path_of(path, sizeof path, "p.txt");
+  path_of(bad, sizeof bad, "bad.txt");
+  CHECK(loom_sim_profile_save(path, &p) == LOOM_OK, "save: %s", loom_last_error(NULL));
+  CHECK(loom_sim_profile_load(path, &q) == LOOM_OK, "load: %s", loom_last_error(NULL));
+  CHECK(q.np == 1 && q.tokens == 1024 && q.ctx == 256 && fabs(q.compute_ms - 40.0) < 1e-6 &&
+            fabs(q.overhead_ms - 0.5) < 1e-6 && q.ntensors == 4 && q.ncodecs == 2 &&
+            q.ndocs == 200 && q.moe_layers == 2 && q.moe_topk == 2,
+        "the loaded profile differs from the saved one");
+  for (int i = 0; i < 4 && q.ntensors == 4; i++) {
+    CHECK(!strcmp(q.tensors[i].name, t[i].name) && q.tensors[i].n == t[i].n &&
+              fabs(q.tensors[i].ready_us - t[i].ready_us) < 1e-3,
+          "tensor %d differs", i);
+  }
+  for (int i = 0; i < 200 && q.ndocs == 200; i++) {
+    CHECK(q.docs[i] == docs[i], "doc %d: %lld vs %lld", i, (long long)q.docs[i],
+          (long long)docs[i]);
+  }
+  CHECK(q.ncodecs == 2 && !strcmp(q.codecs[1].compressor, "int8") &&
+            q.codecs[1].bytes_per_value == 1.0,
+        "codec 1 differs");
+  loom_sim_profile_free(&q);
+  loom_sim_profile_free(&q); // twice is fine
+  // Every truncation is rejected (the 'end' line is required), and so is every single damaged
+  // byte that breaks a number or a keyword, as corrupt, never a crash.
+  long len = 0;
+  char *text = read_all(path, &len);
+  CHECK(text != NULL, "cannot read %s back", path);
+  int rejected = 0, tried = 0;
+  quiet_begin(); // every rejected file logs a warning (TEST_VERBOSE=1 shows them and failures)
+  for (long cut = 0; text && cut < len - 4; cut += 7) {
+    FILE *f = fopen(bad, "wb");
+    fwrite(text, 1, (size_t)cut, f);
+    fclose(f);
+    loom_status_t st = loom_sim_profile_load(bad, &q);
+    CHECK(st == LOOM_ERR_CORRUPT, "a profile cut at %ld of %ld bytes: status %d", cut, len, st);
+    CHECK(q.ntensors == 0 && q.tensors == NULL, "a failed load left tensors");
+    tried++;
+  }
+  for (long at = 0; text && at < len; at += 5) {
+    char saved = text[at];
+    text[at] = saved == '\n' ? 'x' : (saved >= '0' && saved <= '9') ? 'q' : '\x01';
+    FILE *f = fopen(bad, "wb");
+    fwrite(text, 1, (size_t)len, f);
+    fclose(f);
+    loom_status_t st = loom_sim_profile_load(bad, &q);
+    rejected += st == LOOM_ERR_CORRUPT;
+    CHECK(st == LOOM_OK || st == LOOM_ERR_CORRUPT, "byte %ld damaged: status %d", at, st);
+    loom_sim_profile_free(&q);
+    text[at] = saved;
+  }
+  quiet_end();
+  CHECK(rejected > 0, "no damaged byte was rejected");
+  quiet_begin();
+  printf("test_sim: %d truncations rejected, %d damaged bytes rejected\n", tried, rejected);
+  free(text);
+  write_text(bad, "loom-profile 1\nrun 1 -5 128 10 10 0\nend\n");
+  CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "negative tokens accepted");
+  CHECK(strstr(loom_last_error(NULL), "tokens") != NULL, "the message does not name tokens: %s",
+        loom_last_error(NULL));
+  write_text(bad, "loom-profile 2\nend\n");
+  CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "version 2 accepted");
+  write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\nmoe 2 0 0 0 1 0.5\nend\n");
+  CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "MoE layers without experts accepted");
+  path_of(bad, sizeof bad, "missing.txt");
+  CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_SYSTEM, "a missing file is not SYSTEM");
+  CHECK(loom_sim_profile_load(NULL, &q) == LOOM_ERR_INVALID_ARG, "NULL path accepted");
+  quiet_end();
+}
+
+static void test_cluster_file(void) {
+  char path[128];
+  path_of(path, sizeof path, "c.cluster");
+  loom_sim_cluster_t c;
+  write_text(path, "# comment\nname x\nnodes 4\nranks_per_node 8\ncores_per_node 8\n"
+                   "intra 1 100\ninter 5 25 shared\n");
+  CHECK(loom_sim_cluster_load(path, &c) == LOOM_OK, "cluster: %s", loom_last_error(NULL));
+  CHECK(c.nodes == 4 && c.ranks_per_node == 8 && c.inter.gbps == 25 && c.inter_shared &&
+            !c.intra_shared && !strcmp(c.name, "x"),
+        "cluster fields");
+  quiet_begin();
+  write_text(path, "nodes 4\nranks_per_node 8\ncores_per_node 8\n");
+  CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG, "no intra link accepted");
+  write_text(path, "nodes 4\nranks_per_node 8\ncores_per_node 8\nintra 1 0\n");
+  CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG, "0 Gbit/s accepted");
+  write_text(path, "nodes 4\nranks_per_node 8\ncores_per_node 8\nintra 1 10 fast\n");
+  CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG, "'fast' accepted");
+  write_text(path, "nodez 4\n");
+  CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG, "unknown key accepted");
+  quiet_end();
+  CHECK(strstr(loom_last_error(NULL), "nodez") != NULL, "the message does not name the key");
+}
+
+static double step(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks, int grad,
+                   int moe, int attn, loom_sim_result_t *r) {
+  loom_sim_strategy_t s = {.grad = grad, .moe_overlap = moe, .attn_servers = attn};
+  loom_status_t st = loom_sim_predict(p, c, ranks, &s, 1, r);
+  CHECK(st == LOOM_OK, "predict %d ranks: %s", ranks, loom_last_error(NULL));
+  return st == LOOM_OK ? r->step_ms : NAN;
+}
+
+static void test_model(void) {
+  loom_sim_profile_t p;
+  loom_plan_tensor_t t[4];
+  loom_codec_cost_t cd[2];
+  int64_t docs[200];
+  make_profile(&p, t, cd, docs, 0);
+  loom_sim_cluster_t c = cluster(64, 8, 8, 100, 0);
+  loom_sim_result_t r, r2;
+  // One rank: nothing to communicate, compute and overhead as profiled.
+  double one = step(&p, &c, 1, LOOM_SIM_GRAD_NONE, 0, 0, &r);
+  CHECK(fabs(one - 40.5) < 1e-6 && r.grad_exposed_ms == 0.0 && r.attn_imbalance == 1.0,
+        "one rank: step %.4f (want 40.5), exposed %.4f", one, r.grad_exposed_ms);
+  // More ranks never run faster per step; a faster link never slows it.
+  double prev = one;
+  for (int ranks = 2; ranks <= 512; ranks *= 2) {
+    double s = step(&p, &c, ranks, LOOM_SIM_GRAD_NONE, 0, 0, &r);
+    // (the attention straggler is a Monte Carlo estimate: 2% of slack)
+    CHECK(s >= 0.98 * prev, "%d ranks: %.4f ms < %.4f at half the ranks", ranks, s, prev);
+    CHECK(r.attn_imbalance >= 1.0, "imbalance %.3f < 1", r.attn_imbalance);
+    prev = s;
+  }
+  loom_sim_cluster_t slow = cluster(64, 8, 8, 1, 0);
+  CHECK(step(&p, &slow, 64, LOOM_SIM_GRAD_NONE, 0, 0, &r) >
+            step(&p, &c, 64, LOOM_SIM_GRAD_NONE, 0, 0, &r2),
+        "a 1 Gbit/s cluster is not slower than a 100 Gbit/s one");
+  // On the slow link compression pays: int8 and the plan beat none, the plan is no worse than
+  // any uniform codec.
+  double none = step(&p, &slow, 64, LOOM_SIM_GRAD_NONE, 0, 0, &r);
+  double plan = step(&p, &slow, 64, LOOM_SIM_GRAD_PLAN, 0, 0, &r);
+  double i8 = step(&p, &slow, 64, 1, 0, 0, &r2);
+  CHECK(i8 < none && plan <= none, "1 Gbit/s: none %.2f, plan %.2f, int8 %.2f", none, plan, i8);
+  CHECK(r2.grad_bytes < 0.3 * 4.0 * 1e6 * 2, "int8 bytes %.0f", r2.grad_bytes);
+  // A shared link is slower than the same link per rank.
+  loom_sim_cluster_t shared = cluster(1, 8, 8, 1, 1), own = cluster(1, 8, 8, 1, 0);
+  CHECK(step(&p, &shared, 8, LOOM_SIM_GRAD_NONE, 0, 0, &r) >
+            step(&p, &own, 8, LOOM_SIM_GRAD_NONE, 0, 0, &r2),
+        "a shared link is not slower");
+  // Oversubscription: 8 ranks on 2 cores compute 4x as long.
+  loom_sim_cluster_t small = cluster(1, 8, 2, 100, 0);
+  step(&p, &small, 8, LOOM_SIM_GRAD_NONE, 0, 0, &r);
+  step(&p, &c, 8, LOOM_SIM_GRAD_NONE, 0, 0, &r2);
+  CHECK(fabs(r.compute_ms - 4.0 * r2.compute_ms) < 1e-6, "oversubscribed compute %.3f vs %.3f",
+        r.compute_ms, r2.compute_ms);
+  // Attention servers bring the imbalance within the balancer's tolerance (0.1, plus rounding).
+  step(&p, &c, 256, LOOM_SIM_GRAD_NONE, 0, 0, &r);
+  step(&p, &c, 256, LOOM_SIM_GRAD_NONE, 0, 1, &r2);
+  CHECK(r.attn_imbalance > 1.2 && r2.attn_imbalance <= 1.15 && r2.attn_ship_ms > 0,
+        "256 ranks: imbalance %.3f without servers, %.3f with (ship %.3f ms)", r.attn_imbalance,
+        r2.attn_imbalance, r2.attn_ship_ms);
+  // MoE: the all-to-all is exposed least under fine overlap, most under none.
+  make_profile(&p, t, cd, docs, 1);
+  double e[3];
+  for (int m = 0; m < 3; m++) {
+    step(&p, &slow, 64, LOOM_SIM_GRAD_NONE, m, 0, &r);
+    e[m] = r.moe_exposed_ms;
+    CHECK(r.moe_a2a_ms > 0, "no all-to-all at 64 ranks");
+  }
+  CHECK(e[0] > e[1] && e[1] > e[2] && e[2] > 0, "MoE exposed none %.3f coarse %.3f fine %.3f", e[0],
+        e[1], e[2]);
+  // Bad arguments.
+  quiet_begin();
+  loom_sim_strategy_t s = {.grad = LOOM_SIM_GRAD_NONE};
+  CHECK(loom_sim_predict(&p, &c, 0, &s, 1, &r) == LOOM_ERR_INVALID_ARG, "0 ranks accepted");
+  CHECK(loom_sim_predict(&p, &c, 513, &s, 1, &r) == LOOM_ERR_INVALID_ARG, "513 of 512 accepted");
+  s.grad = 2;
+  CHECK(loom_sim_predict(&p, &c, 8, &s, 1, &r) == LOOM_ERR_INVALID_ARG, "codec 2 of 2 accepted");
+  s.grad = LOOM_SIM_GRAD_NONE;
+  s.moe_overlap = 3;
+  CHECK(loom_sim_predict(&p, &c, 8, &s, 1, &r) == LOOM_ERR_INVALID_ARG, "overlap 3 accepted");
+  CHECK(loom_sim_predict(NULL, &c, 8, &s, 1, &r) == LOOM_ERR_INVALID_ARG, "NULL profile");
+  quiet_end();
+}
+
+int main(void) {
+  snprintf(dir, sizeof dir, "/tmp/test_sim.XXXXXX");
+  if (!mkdtemp(dir)) {
+    perror("mkdtemp");
+    return 99;
+  }
+  test_roundtrip_and_damage();
+  test_cluster_file();
+  test_model();
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  if (system(cmd) != 0) {
+    fprintf(stderr, "test_sim: could not remove %s\n", dir);
+  }
+  return check_exit("test_sim");
+}
