@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "attn_internal.h"
 #include "comm_internal.h"
 #include "error.h"
@@ -40,6 +41,7 @@ struct loom_attn_exec {
   struct loom_watch watch;     // the phase in progress, for the watchdog (LOOM_TIMEOUT)
   char name[LOOM_OP_NAME_MAX]; // the q tensor's name at the last ship (for compute)
   int np, me, H, Hkv, D, causal;
+  int phase; // the forward's steps in order: 0 idle (finished), 1 shipped, 2 computed
   float scale;
   int ndocs, ntasks;
   loom_attn_doc_t *docs;
@@ -78,14 +80,24 @@ static loom_status_t check_plan(const loom_attn_doc_t *docs, int ndocs,
   if (!covered) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_create: out of memory");
   }
+  int64_t *rows = calloc((size_t)np, sizeof(int64_t)); // each owner's rows
+  if (!rows) {
+    free(covered);
+    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_create: out of memory");
+  }
   for (int i = 0; i < ndocs && status == LOOM_OK; i++) {
-    if (docs[i].owner < 0 || docs[i].owner >= np || docs[i].len < 0) {
+    if (docs[i].owner < 0 || docs[i].owner >= np || docs[i].len < 0 ||
+        docs[i].len > INT32_MAX - rows[docs[i].owner]) {
       status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
                           "loom_attn_exec_create: document %d has owner %d and length %lld: use "
-                          "an owner in 0..%d and a length >= 0",
+                          "an owner in 0..%d and a length >= 0, at most 2^31 - 1 rows per owner "
+                          "(the attention kernels count rows in i32)",
                           i, docs[i].owner, (long long)docs[i].len, np - 1);
+    } else {
+      rows[docs[i].owner] += docs[i].len;
     }
   }
+  free(rows);
   for (int i = 0; i < ntasks && status == LOOM_OK; i++) {
     const loom_attn_task_t *t = &tasks[i];
     if (t->doc < 0 || t->doc >= ndocs || t->server < 0 || t->server >= np ||
@@ -175,12 +187,26 @@ loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t
                                     int kv_heads, int head_dim, int causal, float scale,
                                     loom_attn_exec_t **out) {
   loom_status_t status = LOOM_OK;
-  if (!g || !out || ndocs < 0 || ntasks < 0 || (ndocs && !docs) || (ntasks && !tasks) ||
-      heads < 1 || kv_heads < 1 || heads % kv_heads != 0 || head_dim < 1) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "loom_attn_exec_create: pass a group, the docs and tasks arrays, heads a "
-                      "multiple of kv_heads >= 1 and head_dim >= 1 (got %d, %d, %d)",
-                      heads, kv_heads, head_dim);
+  char why[160] = "";
+  if (!g) {
+    snprintf(why, sizeof why, "g is NULL: pass a group from loom_group(ctx, kind)");
+  } else if (!out) {
+    snprintf(why, sizeof why, "out is NULL: pass where to store the exchanges");
+  } else if (ndocs < 0 || (ndocs && !docs)) {
+    snprintf(why, sizeof why, "docs is %s with ndocs = %d: pass an array of ndocs >= 0 documents",
+             docs ? "set" : "NULL", ndocs);
+  } else if (ntasks < 0 || (ntasks && !tasks)) {
+    snprintf(why, sizeof why, "tasks is %s with ntasks = %d: pass an array of ntasks >= 0 tasks",
+             tasks ? "set" : "NULL", ntasks);
+  } else if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0) {
+    snprintf(why, sizeof why,
+             "heads = %d, kv_heads = %d: need both >= 1 and heads a multiple of kv_heads", heads,
+             kv_heads);
+  } else if (head_dim < 1) {
+    snprintf(why, sizeof why, "head_dim = %d: need head_dim >= 1", head_dim);
+  }
+  if (why[0]) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_attn_exec_create: %s", why);
   }
   *out = NULL;
   if (loom_group_rank(g) < 0) {
@@ -445,7 +471,8 @@ static loom_status_t check_rows(const char *op, const char *name, const loom_ten
                       "of the plan)",
                       op, name, (long long)rows, (long long)width);
   }
-  return LOOM_OK;
+  // Negative or overflowing extents (which loom_tensor_numel counts as empty).
+  return loom_arg_tensor(op, name, t, LOOM_F32, LOOM_DEVICE_HOST);
 }
 
 // ---- forward ------------------------------------------------------------------------------------
@@ -454,10 +481,14 @@ loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
                                   const loom_tensor_t *k, const loom_tensor_t *v) {
   static const char op[] = "loom_attn_exec_ship";
   loom_status_t status = LOOM_OK;
+  if (!x) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: x is NULL", op);
+  }
   const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
   LOOM_CHECK(check_rows(op, "q", q, x->rows, hd));
   LOOM_CHECK(check_rows(op, "k", k, x->rows, kvd));
   LOOM_CHECK(check_rows(op, "v", v, x->rows, kvd));
+  x->phase = 1;
   snprintf(x->name, sizeof x->name, "%.*s", (int)sizeof x->name - 1, q->name);
   enter(x, LOOM_OPK_ATTN_SHIP, x->name);
   memset(&x->st, 0, sizeof x->st);
@@ -533,6 +564,15 @@ static int find_in_pair(const pair_t *p, int task) {
 
 loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
   loom_status_t status = LOOM_OK;
+  if (!x) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_attn_exec_compute: x is NULL");
+  }
+  if (x->phase != 1) { // nothing shipped: it would wait for messages no rank sends
+    return loom_error(NULL, LOOM_ERR_STATE,
+                      "loom_attn_exec_compute: call loom_attn_exec_ship first (every rank ships, "
+                      "computes and finishes, in that order)");
+  }
+  x->phase = 2;
   const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
   enter(x, LOOM_OPK_ATTN_COMPUTE, x->name);
   const float **in = calloc((size_t)x->np, sizeof(float *));
@@ -624,10 +664,20 @@ fail:
 loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out, loom_tensor_t *lse) {
   static const char op[] = "loom_attn_exec_finish";
   loom_status_t status = LOOM_OK;
+  if (!x) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: x is NULL", op);
+  }
+  if (x->phase != 2) { // no results computed: it would wait for messages no rank sends
+    return loom_error(NULL, LOOM_ERR_STATE,
+                      "%s: call loom_attn_exec_compute first (every rank ships, computes and "
+                      "finishes, in that order)",
+                      op);
+  }
   const int64_t hd = (int64_t)x->H * x->D;
   uint8_t *keep = NULL;
   LOOM_CHECK(check_rows(op, "out", out, x->rows, hd));
   LOOM_CHECK(check_rows(op, "lse", lse, x->H, x->rows));
+  x->phase = 0;
   enter(x, LOOM_OPK_ATTN_FINISH, out->name);
   for (int s = 0; s < x->np; s++) {
     const pair_t *p = &x->to[s];
@@ -660,9 +710,14 @@ loom_status_t loom_attn_exec_forward(loom_attn_exec_t *x, const loom_tensor_t *q
                                      const loom_tensor_t *k, const loom_tensor_t *v,
                                      loom_tensor_t *out, loom_tensor_t *lse) {
   loom_status_t status = LOOM_OK;
+  static const char op[] = "loom_attn_exec_forward";
   if (!x) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_attn_exec_forward: x is NULL");
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: x is NULL", op);
   }
+  // out and lse too before anything is sent: a bad one found at the finish would leave the
+  // results the servers sent unreceived.
+  LOOM_CHECK(check_rows(op, "out", out, x->rows, (int64_t)x->H * x->D));
+  LOOM_CHECK(check_rows(op, "lse", lse, x->H, x->rows));
   LOOM_CHECK(loom_attn_exec_ship(x, q, k, v));
   LOOM_CHECK(loom_attn_exec_compute(x));
   LOOM_CHECK(loom_attn_exec_finish(x, out, lse));

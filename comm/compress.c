@@ -123,7 +123,14 @@ int loom_compressor_lowrank(const loom_compressor_t *c) {
 }
 
 size_t loom_compressor_max_bytes(const loom_compressor_t *c, int64_t n) {
-  return c && n >= 0 ? loom_codec_max_bytes(c, n) : 0;
+  if (!c || n < 0) {
+    return 0;
+  }
+  // At most 8 bytes a value (top-k: index and value) and the header: past this, size_t wraps.
+  if (c->kind != LOOM_CODEC_POWERSGD && (uint64_t)n > (SIZE_MAX - LOOM_PAYLOAD_HEADER) / 8 - 1) {
+    return SIZE_MAX;
+  }
+  return loom_codec_max_bytes(c, n);
 }
 
 static loom_status_t check_codec_args(const char *op, const loom_compressor_t *c, const void *p,
@@ -139,6 +146,12 @@ static loom_status_t check_codec_args(const char *op, const loom_compressor_t *c
                       "%s: %s is a low-rank scheme, not a payload codec: use "
                       "loom_compressed_allreduce",
                       op, c->name);
+  }
+  if (loom_compressor_max_bytes(c, n) == SIZE_MAX) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: n = %lld values: the %s payload would not fit in memory; split the "
+                      "tensor",
+                      op, (long long)n, c->name);
   }
   return LOOM_OK;
 }
@@ -277,6 +290,11 @@ loom_status_t loom_ef_residual(loom_ef_t *ef, const char *name, int64_t n, float
   loom_status_t status = check_name("loom_ef_residual", ef, name, n);
   if (status != LOOM_OK) {
     return status;
+  }
+  if (!res) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_ef_residual: res is NULL: pass where to store the residual of '%s'",
+                      name);
   }
   ef_entry_t *e = find(&ef->residual, name);
   if (e && e->n != n) {
@@ -434,6 +452,10 @@ const char *loom_scheme_name(loom_scheme_t s) {
 }
 
 loom_status_t loom_scheme_parse(const char *name, loom_scheme_t *out) {
+  if (!out) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_scheme_parse: out is NULL: pass where to store the scheme");
+  }
   for (int s = 0; s < LOOM_SCHEME_COUNT && name; s++) {
     if (strcmp(name, scheme_names[s]) == 0) {
       *out = (loom_scheme_t)s;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "comm_internal.h"
 #include "compress_internal.h"
 #include "ctx.h"
@@ -508,6 +509,7 @@ static loom_status_t prepare(const char *name, const loom_group_t *g, const loom
                       "tensors (allreduce others with loom_allreduce)",
                       name, t->name, loom_dtype_name(t->dtype), t->device);
   }
+  LOOM_CHECK(loom_arg_tensor(name, "t", t, LOOM_F32, LOOM_DEVICE_HOST)); // extents and data
   if (ef && !t->name[0]) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "%s: error feedback is keyed by tensor name: set the tensor's name", name);

@@ -33,8 +33,8 @@ typedef struct loom_attn_exec loom_attn_exec_t;
 
 // Prepare the exchanges of a plan on group g (collective over g: every rank passes the same
 // docs and tasks, heads H, key/value heads Hkv, head size D, causal, scale <= 0 for 1/sqrt(D)).
-// The plan is checked (every row of every document in exactly one task, ranks in range):
-// LOOM_ERR_INVALID_ARG names what is wrong.
+// The plan is checked (every row of every document in exactly one task, ranks in range, at most
+// 2^31 - 1 rows per owner): LOOM_ERR_INVALID_ARG names what is wrong.
 LOOM_API loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t *docs,
                                              int ndocs, const loom_attn_task_t *tasks, int ntasks,
                                              int heads, int kv_heads, int head_dim, int causal,
@@ -48,7 +48,8 @@ LOOM_API void loom_attn_exec_destroy(loom_attn_exec_t *x);
 // this rank serves (sizes checked: a message that does not match the plan is LOOM_ERR_CORRUPT),
 // runs every task it serves in one varlen batch and posts the results; finish receives the
 // results of this rank's documents. loom_attn_exec_forward runs the three. The server keeps
-// its batch for the backward (memory: its tasks' q, k, v, out and lse).
+// its batch for the backward (memory: its tasks' q, k, v, out and lse). compute before a ship,
+// or finish before a compute, is LOOM_ERR_STATE (it would wait for messages nobody sends).
 LOOM_API loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
                                            const loom_tensor_t *k, const loom_tensor_t *v);
 LOOM_API loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x);

@@ -46,7 +46,8 @@ LOOM_API const char *loom_compressor_name(const loom_compressor_t *c);
 LOOM_API int loom_compressor_summable(const loom_compressor_t *c);
 // 1 for powersgd (no payload codec: loom_compressor_encode/decode_add refuse it).
 LOOM_API int loom_compressor_lowrank(const loom_compressor_t *c);
-// Largest payload, in bytes, for n values (0 for powersgd).
+// Largest payload, in bytes, for n values (0 for powersgd or n < 0; SIZE_MAX when it would not
+// fit in a size_t, which encode and decode_add refuse).
 LOOM_API size_t loom_compressor_max_bytes(const loom_compressor_t *c, int64_t n);
 
 // Encode x[0..n) into payload (cap bytes available); *bytes is the size written. seed selects

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "args.h"
 #include "compress_internal.h" // loom_mix64
 #include "cpu/linear_cpu.h"
 #include "ctx.h"
@@ -25,7 +26,11 @@ const char *loom_moe_overlap_name(int overlap) {
 }
 
 loom_status_t loom_moe_overlap_parse(const char *name, int *out) {
-  for (int i = 0; name && out && i < LOOM_MOE_OVERLAP_COUNT; i++) {
+  if (!out) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_moe_overlap_parse: out is NULL: pass where to store the mode");
+  }
+  for (int i = 0; name && i < LOOM_MOE_OVERLAP_COUNT; i++) {
     if (strcmp(name, overlap_names[i]) == 0) {
       *out = i;
       return LOOM_OK;
@@ -307,10 +312,16 @@ void loom_moe_stats(const loom_moe_t *m, loom_moe_stats_t *out) {
 static loom_status_t check_rows(const char *op, const char *name, const loom_tensor_t *t, int64_t H,
                                 int64_t *rows) {
   if (!t || t->dtype != LOOM_F32 || t->device != LOOM_DEVICE_HOST || t->ndim < 1 ||
-      t->shape[t->ndim - 1] != H || (!t->data && loom_tensor_numel(t) > 0)) {
+      t->ndim > LOOM_MAX_DIMS || t->shape[t->ndim - 1] != H ||
+      (!t->data && loom_tensor_numel(t) > 0)) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "%s: %s must be an f32 host tensor of rows of hidden = %lld values", op, name,
                       (long long)H);
+  }
+  // Negative or overflowing extents (which loom_tensor_numel counts as empty).
+  loom_status_t status = loom_arg_tensor(op, name, t, LOOM_F32, LOOM_DEVICE_HOST);
+  if (status != LOOM_OK) {
+    return status;
   }
   *rows = loom_tensor_numel(t) / H;
   return LOOM_OK;

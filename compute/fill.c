@@ -134,6 +134,7 @@ loom_status_t loom_tensor_fill(loom_tensor_t *t, double value) {
                       "loom_tensor_fill: tensor '%.*s' has ndim %d: use 0..%d", LOOM_NAME_MAX - 1,
                       t->name, t->ndim, LOOM_MAX_DIMS);
   }
+  int empty = 0;
   for (int i = 0; i < t->ndim; i++) {
     if (t->shape[i] < 0) {
       return loom_error(NULL, LOOM_ERR_INVALID_ARG,
@@ -141,9 +142,17 @@ loom_status_t loom_tensor_fill(loom_tensor_t *t, double value) {
                         ": extents must be >= 0",
                         LOOM_NAME_MAX - 1, t->name, i, t->shape[i]);
     }
+    empty |= t->shape[i] == 0;
   }
   LOOM_CHECK(loom_device_check(t->device));
   int64_t numel = loom_tensor_numel(t);
+  // No zero extent and no elements: the product of the extents overflowed.
+  if ((numel == 0 && !empty) || (uint64_t)numel > SIZE_MAX / elem_size) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_tensor_fill: tensor '%.*s' has more elements than fit in memory (the "
+                      "product of its extents overflows)",
+                      LOOM_NAME_MAX - 1, t->name);
+  }
   if (numel == 0) {
     return LOOM_OK;
   }

@@ -44,6 +44,9 @@ static void crc_init(void) {
 }
 
 uint32_t loom_crc32c(uint32_t crc, const void *bytes, size_t len) {
+  if (!bytes) { // nothing to add (a NULL buffer with len > 0 is read as empty, never through)
+    return crc;
+  }
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   pthread_once(&once, crc_init);
   const uint8_t *p = bytes;
@@ -115,6 +118,24 @@ static loom_status_t check_save_args(const char *path, const loom_ckpt_info_t *i
                         "%s: tensors[%d] is NULL, unnamed, of an invalid dtype or shape, or has no "
                         "data: every tensor needs a unique name (its identity in the file)",
                         op, i);
+    }
+    // Every extent >= 0 and the byte count within int64: the loader rejects anything else as
+    // corrupt, so such a tensor must not be written.
+    const double elem = (double)loom_dtype_size(t->dtype);
+    double bytes = elem;
+    for (int d = 0; d < t->ndim; d++) {
+      if (t->shape[d] < 0) {
+        return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                          "%s: tensors[%d] '%s' has extent %lld in dimension %d: extents must be "
+                          ">= 0",
+                          op, i, t->name, (long long)t->shape[d], d);
+      }
+      bytes *= (double)t->shape[d];
+    }
+    if (bytes > 9.0e18) {
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "%s: tensors[%d] '%s' would take %.3g bytes: its shape overflows", op, i,
+                        t->name, bytes);
     }
     for (int j = 0; j < i; j++) {
       if (strcmp(tensors[j]->name, t->name) == 0) {

@@ -114,24 +114,36 @@ float loom_bf16_to_f32(uint16_t h) {
 // Bulk variants.
 
 void loom_f32_to_f16_n(const float *src, uint16_t *dst, size_t n) {
+  if (!src || !dst) {
+    return;
+  }
   for (size_t i = 0; i < n; i++) {
     dst[i] = loom_f32_to_f16(src[i]);
   }
 }
 
 void loom_f16_to_f32_n(const uint16_t *src, float *dst, size_t n) {
+  if (!src || !dst) {
+    return;
+  }
   for (size_t i = 0; i < n; i++) {
     dst[i] = loom_f16_to_f32(src[i]);
   }
 }
 
 void loom_f32_to_bf16_n(const float *src, uint16_t *dst, size_t n) {
+  if (!src || !dst) {
+    return;
+  }
   for (size_t i = 0; i < n; i++) {
     dst[i] = loom_f32_to_bf16(src[i]);
   }
 }
 
 void loom_bf16_to_f32_n(const uint16_t *src, float *dst, size_t n) {
+  if (!src || !dst) {
+    return;
+  }
   for (size_t i = 0; i < n; i++) {
     dst[i] = loom_bf16_to_f32(src[i]);
   }

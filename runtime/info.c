@@ -61,6 +61,9 @@ static const char *source_name(int source) {
 }
 
 void loom_print_info(const loom_ctx_t *ctx, FILE *out) {
+  if (!out) {
+    return;
+  }
   fprintf(out, "loom %s\n", loom_version());
   fprintf(out, "build features:\n");
   print_features(out);
@@ -94,6 +97,9 @@ static void markdown_cell(FILE *out, const char *text) {
 }
 
 void loom_print_tunables_markdown(FILE *out) {
+  if (!out) {
+    return;
+  }
   fprintf(out, "| variable | config field | default | valid values | what it does |\n");
   fprintf(out, "|---|---|---|---|---|\n");
   for (int i = 0; i < LOOM_P_COUNT; i++) {
@@ -108,7 +114,11 @@ void loom_print_tunables_markdown(FILE *out) {
 }
 
 loom_status_t loom_print_layout(FILE *out, int max_np) {
-  if (!out || max_np < 1 || max_np > 64) {
+  if (!out) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_print_layout: out is NULL: pass a stream such as stdout");
+  }
+  if (max_np < 1 || max_np > 64) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_print_layout: np %d is outside 1..64",
                       max_np);
   }

@@ -277,13 +277,21 @@ const loom_topology_t *loom_topology(const loom_ctx_t *ctx) {
 }
 
 void loom_bound_cores(const loom_ctx_t *ctx, int *first, int *count) {
-  *first = ctx ? ctx->bind_first : 0;
-  *count = ctx ? ctx->bind_count : 0;
+  if (first) {
+    *first = ctx ? ctx->bind_first : 0;
+  }
+  if (count) {
+    *count = ctx ? ctx->bind_count : 0;
+  }
 }
 
 loom_status_t loom_describe_placement(const loom_ctx_t *ctx, char *buf, size_t len) {
   if (!ctx || !buf || len == 0) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_describe_placement: NULL argument");
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_describe_placement: %s: pass the context and a buffer of len > 0 bytes",
+                      !ctx   ? "ctx is NULL"
+                      : !buf ? "buf is NULL"
+                             : "len is 0");
   }
   static const char *const modes[] = {"core", "numa", "none"};
   char gpu[16] = "none";

@@ -58,7 +58,7 @@ LOOM_API loom_status_t loom_checkpoint_find(const loom_checkpoint_t *ck, const c
 LOOM_API loom_status_t loom_checkpoint_load(const char *path, const loom_ckpt_info_t *expect,
                                             loom_tensor_t *const *tensors, int n, int64_t *step);
 
-// CRC32C (Castagnoli) of bytes, continuing from crc (start with 0).
+// CRC32C (Castagnoli) of bytes, continuing from crc (start with 0). NULL bytes add nothing.
 LOOM_API uint32_t loom_crc32c(uint32_t crc, const void *bytes, size_t len);
 
 #ifdef __cplusplus

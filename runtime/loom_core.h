@@ -116,7 +116,8 @@ typedef struct loom_topology {
 
 LOOM_API const loom_topology_t *loom_topology(const loom_ctx_t *ctx);
 // Cores (by hwloc logical index) this rank is bound to: [first, first + count). With
-// LOOM_BIND=numa or none the range is the NUMA node's or the whole host's.
+// LOOM_BIND=numa or none the range is the NUMA node's or the whole host's. A NULL output is
+// skipped; a NULL ctx gives 0 and 0.
 LOOM_API void loom_bound_cores(const loom_ctx_t *ctx, int *first, int *count);
 LOOM_API int loom_blas_threads(const loom_ctx_t *ctx); // BLAS threads set for this rank
 LOOM_API int loom_gpu(const loom_ctx_t *ctx);          // CUDA device of this rank, -1 if none
@@ -157,12 +158,13 @@ LOOM_API int loom_role(const loom_ctx_t *ctx); // bitwise OR of loom_role_t
 // ---------------------------------------------------------------------------------------------
 // Introspection (what the loom_info program prints).
 
-// Print version, build features, topology, and every tunable with value, default and help.
+// Print version, build features, topology, and every tunable with value, default and help
+// (nothing when out is NULL).
 LOOM_API void loom_print_info(const loom_ctx_t *ctx, FILE *out);
 // Print the Markdown table of which rank is in which group for np = 1..max_np (1..64) under the
 // LOOM_NODE_SIZE, LOOM_EP_SIZE and LOOM_ATTN_SERVERS of the environment. Needs no MPI.
 LOOM_API loom_status_t loom_print_layout(FILE *out, int max_np);
-// Print the tunables as the Markdown table that README.md carries.
+// Print the tunables as the Markdown table that README.md carries (nothing when out is NULL).
 LOOM_API void loom_print_tunables_markdown(FILE *out);
 
 #ifdef __cplusplus

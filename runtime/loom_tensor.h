@@ -73,7 +73,7 @@ LOOM_API uint16_t loom_f32_to_f16(float x);
 LOOM_API float loom_f16_to_f32(uint16_t h);
 LOOM_API uint16_t loom_f32_to_bf16(float x);
 LOOM_API float loom_bf16_to_f32(uint16_t h);
-// Bulk conversions of n elements.
+// Bulk conversions of n elements (none when src or dst is NULL).
 LOOM_API void loom_f32_to_f16_n(const float *src, uint16_t *dst, size_t n);
 LOOM_API void loom_f16_to_f32_n(const uint16_t *src, float *dst, size_t n);
 LOOM_API void loom_f32_to_bf16_n(const float *src, uint16_t *dst, size_t n);

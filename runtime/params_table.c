@@ -286,7 +286,8 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
     [LOOM_P_SCHED_SPIN_US] = {"LOOM_SCHED_SPIN_US", "sched_spin_us", INT_FIELD(sched_spin_us),
                               SPIN_DEFAULT_TEXT, "0..10000000", 0, 10000000, parse_spin,
                               "microseconds the scheduler polls communication without sleeping "
-                              "when it has nothing to compute, before it backs off"},
+                              "when it has nothing to compute, before it backs off (0 by "
+                              "default when a host has more ranks than cores)"},
     [LOOM_P_SCHED_PROGRESS_US] = {"LOOM_SCHED_PROGRESS_US", "sched_progress_us",
                                   INT_FIELD(sched_progress_us), PROGRESS_DEFAULT_TEXT, "0..1000000",
                                   0, 1000000, parse_progress,

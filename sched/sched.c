@@ -121,6 +121,15 @@ loom_status_t loom_sched_create(loom_ctx_t *ctx, const loom_sched_opts_t *opts,
   s->origin_ns = loom_sched_now_ns();
   s->spin_ns = 1000 * (int64_t)(ctx ? ctx->params.sched_spin_us : LOOM_SCHED_SPIN_US_DEFAULT);
   s->progress_us = ctx ? ctx->params.sched_progress_us : LOOM_SCHED_PROGRESS_US_DEFAULT;
+  // More ranks than cores on this host: a rank that spins takes the core from the rank it shares
+  // it with, which is still computing, so waits sleep with backoff from the first poll (unless
+  // LOOM_SCHED_SPIN_US was set).
+  if (ctx && ctx->params.source[LOOM_P_SCHED_SPIN_US] == LOOM_SRC_DEFAULT &&
+      ctx->local_size > ctx->topo.pub.cores && ctx->topo.pub.cores > 0) {
+    s->spin_ns = 0;
+    LOOM_INFO(LOOM_SUB_SCHED, "%d ranks on %d cores: the scheduler waits without spinning",
+              ctx->local_size, ctx->topo.pub.cores);
+  }
   s->cuda = o.cuda != 0;
 #ifndef LOOM_HAVE_CUDA
   if (s->cuda) {
@@ -128,6 +137,14 @@ loom_status_t loom_sched_create(loom_ctx_t *ctx, const loom_sched_opts_t *opts,
     return loom_error(ctx, LOOM_ERR_UNSUPPORTED,
                       "loom_sched_create: opts.cuda is set but this loom was built without CUDA: "
                       "reconfigure with --with-cuda, or leave opts.cuda at 0");
+  }
+#else
+  if (s->cuda && loom_cuda_device_count() < 1) {
+    free(s);
+    return loom_error(ctx, LOOM_ERR_UNSUPPORTED,
+                      "loom_sched_create: opts.cuda is set but this process sees no CUDA device "
+                      "(no driver or GPU, or CUDA_VISIBLE_DEVICES hides them): leave opts.cuda at "
+                      "0 on CPU-only ranks");
   }
 #endif
 

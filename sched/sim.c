@@ -104,6 +104,18 @@ static loom_status_t balanced(const loom_sim_profile_t *p, int ranks, uint64_t s
   return st;
 }
 
+// Earlier ready first; ties by size, then name, so that the order does not depend on qsort.
+static int by_ready(const void *a, const void *b) {
+  const loom_plan_tensor_t *x = a, *y = b;
+  if (x->ready_us != y->ready_us) {
+    return x->ready_us < y->ready_us ? -1 : 1;
+  }
+  if (x->n != y->n) {
+    return x->n < y->n ? -1 : 1;
+  }
+  return strcmp(x->name ? x->name : "", y->name ? y->name : "");
+}
+
 static loom_status_t check(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks,
                            const loom_sim_strategy_t *s, const loom_sim_result_t *out) {
   if (!p || !c || !s || !out) {
@@ -183,7 +195,10 @@ loom_status_t loom_sim_predict(const loom_sim_profile_t *p, const loom_sim_clust
   memset(out, 0, sizeof *out);
   const int rpn = c->ranks_per_node;
   const int nodes = (ranks + rpn - 1) / rpn, on_node = ranks < rpn ? ranks : rpn;
-  const double oversub = on_node > c->cores_per_node ? (double)on_node / c->cores_per_node : 1.0;
+  // More ranks than cores: loom binds rank i to core i % cores (LOOM_BIND=core), so the busiest
+  // core holds ceil(ranks / cores) of them, and every step waits for its ranks.
+  const int per_core = (on_node + c->cores_per_node - 1) / c->cores_per_node;
+  const double oversub = per_core > 1 ? (double)per_core : 1.0;
   out->ranks = ranks;
   out->nodes = nodes;
 
@@ -231,6 +246,9 @@ loom_status_t loom_sim_predict(const loom_sim_profile_t *p, const loom_sim_clust
       t[i].ready_us = 1000.0 * busy;
     }
   }
+  // The planner's simulator takes the tensors in the order they become ready (a profile lists
+  // them in the trainer's order: train_gpt's embeddings first, ready last).
+  qsort(t, (size_t)p->ntensors, sizeof *t, by_ready);
   // A ring allreduce on one node runs every rank's flow at once (a shared link splits); across
   // nodes one flow per node crosses its NIC.
   loom_plan_problem_t prob = {.ntensors = p->ntensors,

@@ -1,0 +1,153 @@
+/* test_error_paths.c — after errors in every layer the runtime stays usable and loom_finalize
+ * works: a failed loom_init leaves MPI to a second one, failed calls leave the context, the
+ * scheduler, fusion and compression usable, and finalize returns LOOM_OK (np 2..4). */
+#include "config.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../check.h"
+#include "../quiet.h"
+#include "loom.h"
+#include "loom_sched.h"
+
+static int fail_next; // the task below fails while this is set
+
+static loom_status_t task_maybe_fail(void *arg) {
+  (void)arg;
+  if (fail_next) {
+    return LOOM_ERR_INVALID_ARG; // a planted failure
+  }
+  return LOOM_OK;
+}
+
+// A correct allreduce of ones: every rank must see the group size (the context still works).
+static void check_allreduce_works(const loom_group_t *g, const char *after) {
+  float v[5];
+  int64_t n = 5;
+  loom_tensor_t t;
+  for (int i = 0; i < 5; i++) {
+    v[i] = 1.0f;
+  }
+  CHECK(loom_tensor_wrap(&t, v, LOOM_F32, LOOM_DEVICE_HOST, 1, &n, "ones") == LOOM_OK, "wrap");
+  loom_status_t st = loom_allreduce(g, &t, &t, LOOM_SUM);
+  CHECK(st == LOOM_OK && v[4] == (float)loom_group_size(g), "allreduce after %s: %s, %g", after,
+        loom_strerror(st), (double)v[4]);
+}
+
+int main(int argc, char **argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided); // adopted by loom_init
+  loom_ctx_t *ctx = NULL;
+  // 1. A bad config fails loom_init on every rank with a message; MPI (the caller's) survives,
+  //    and a second loom_init with a good config succeeds.
+  loom_config_t bad;
+  loom_config_init(&bad);
+  bad.bind = "socket";
+  quiet_begin();
+  loom_status_t st = loom_init(&argc, &argv, &bad, &ctx);
+  quiet_end();
+  CHECK(st == LOOM_ERR_INVALID_ARG && ctx == NULL, "bad LOOM_BIND: %s", loom_strerror(st));
+  CHECK(strstr(loom_last_error(NULL), "socket") != NULL, "message: %s", loom_last_error(NULL));
+  int finalized = 1;
+  MPI_Finalized(&finalized);
+  CHECK(!finalized, "a failed loom_init finalized the caller's MPI");
+  st = loom_init(&argc, &argv, NULL, &ctx);
+  CHECK(st == LOOM_OK && ctx != NULL, "second loom_init: %s", loom_last_error(NULL));
+  if (!ctx) {
+    MPI_Finalize();
+    return 1;
+  }
+  const loom_group_t *world = loom_group(ctx, LOOM_GROUP_WORLD);
+  const int rank = loom_rank(ctx);
+
+  // 2. Collectives: bad arguments fail locally (every rank alike), nothing is left in flight.
+  float a[4] = {0}, b[6] = {0};
+  int64_t n4 = 4, n6 = 6;
+  loom_tensor_t ta, tb;
+  loom_tensor_wrap(&ta, a, LOOM_F32, LOOM_DEVICE_HOST, 1, &n4, "a");
+  loom_tensor_wrap(&tb, b, LOOM_F32, LOOM_DEVICE_HOST, 1, &n6, "b");
+  quiet_begin();
+  st = loom_allreduce(world, &ta, &tb, LOOM_SUM);
+  quiet_end();
+  CHECK(st == LOOM_ERR_INVALID_ARG, "allreduce of 4 into 6: %s", loom_strerror(st));
+  check_allreduce_works(world, "a rejected allreduce");
+
+  // 3. The scheduler: a failing task ends the step with its error; the next step runs clean.
+  loom_sched_t *s = NULL;
+  loom_sched_opts_t so = {.timeline = ""};
+  CHECK(loom_sched_create(ctx, &so, &s) == LOOM_OK, "sched create");
+  loom_task_desc_t d = {.name = "maybe", .lane = LOOM_LANE_COMPUTE, .run = task_maybe_fail};
+  int id;
+  CHECK(loom_sched_add(s, &d, &id) == LOOM_OK, "sched add");
+  fail_next = 1;
+  quiet_begin();
+  st = loom_sched_run(s);
+  quiet_end();
+  CHECK(st == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), "maybe") != NULL,
+        "failing step: %s: %s", loom_strerror(st), loom_last_error(NULL));
+  fail_next = 0;
+  CHECK(loom_sched_run(s) == LOOM_OK, "the step after a failed one: %s", loom_last_error(NULL));
+  CHECK(loom_sched_destroy(s) == LOOM_OK, "sched destroy");
+
+  // 4. Fusion and compression: bad calls fail, the objects keep working.
+  loom_fusion_t *fu = NULL;
+  CHECK(loom_fusion_create(ctx, world, 0, &fu) == LOOM_OK, "fusion create");
+  loom_tensor_t *list[2] = {&ta, NULL};
+  quiet_begin();
+  st = loom_fusion_allreduce(fu, list, 2, LOOM_SUM);
+  quiet_end();
+  CHECK(st == LOOM_ERR_INVALID_ARG, "fusion with a NULL tensor: %s", loom_strerror(st));
+  a[0] = 1.0f;
+  CHECK(loom_fusion_allreduce(fu, list, 1, LOOM_SUM) == LOOM_OK &&
+            a[0] == (float)loom_group_size(world),
+        "fusion after an error: %g", (double)a[0]);
+  loom_fusion_destroy(fu);
+  loom_compressor_t *c = NULL;
+  quiet_begin();
+  st = loom_compressor_create("topk:7", &c);
+  quiet_end();
+  CHECK(st == LOOM_ERR_INVALID_ARG && c == NULL, "topk:7: %s", loom_strerror(st));
+
+  // 5. A checkpoint that is not there, and one that is damaged: errors, nothing written.
+  char path[96];
+  snprintf(path, sizeof path, "/tmp/loom-errpath-%d-%d.ckpt", (int)getpid(), rank);
+  loom_ckpt_info_t info = {.world_size = loom_size(ctx), .rank = rank, .step = 3};
+  const loom_tensor_t *save[1] = {&ta};
+  CHECK(loom_checkpoint_save(path, &info, save, 1) == LOOM_OK, "save: %s", loom_last_error(NULL));
+  FILE *f = fopen(path, "r+b");
+  if (f) {
+    fseek(f, 40, SEEK_SET);
+    fputc(0x5a, f);
+    fclose(f);
+  }
+  a[0] = 42.0f;
+  loom_tensor_t *load[1] = {&ta};
+  int64_t step = -1;
+  quiet_begin();
+  st = loom_checkpoint_load(path, &info, load, 1, &step);
+  quiet_end();
+  CHECK(st == LOOM_ERR_CORRUPT && a[0] == 42.0f, "damaged checkpoint: %s, a[0] %g",
+        loom_strerror(st), (double)a[0]);
+  remove(path);
+  quiet_begin();
+  st = loom_checkpoint_load(path, &info, load, 1, &step);
+  quiet_end();
+  CHECK(st == LOOM_ERR_SYSTEM, "missing checkpoint: %s", loom_strerror(st));
+  check_allreduce_works(world, "the errors above");
+
+  // 6. Finalize after all of that: LOOM_OK, and MPI (the caller's) is still ours to finalize.
+  CHECK(loom_finalize(ctx) == LOOM_OK, "loom_finalize after errors: %s", loom_last_error(NULL));
+  MPI_Finalized(&finalized);
+  CHECK(!finalized, "loom_finalize ended the caller's MPI");
+  int failed = check_failures;
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Finalize();
+  if (rank == 0) {
+    printf("test_error_paths: %s\n", failed ? "FAILED" : "all checks passed on every rank");
+  }
+  return failed ? 1 : 0;
+}
