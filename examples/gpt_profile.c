@@ -14,12 +14,14 @@ int gpt_profile_init(gpt_profile_t *pf, long from, int nslots) {
   pf->nslots = nslots;
   pf->ready_ms = calloc((size_t)(nslots > 0 ? nslots : 1), sizeof(double));
   pf->docs = calloc(GPT_PROFILE_MAX_DOCS, sizeof(int64_t));
-  return pf->ready_ms && pf->docs ? 0 : -1;
+  pf->batch_end = calloc(GPT_PROFILE_MAX_DOCS, sizeof(int));
+  return pf->ready_ms && pf->docs && pf->batch_end ? 0 : -1;
 }
 
 void gpt_profile_free(gpt_profile_t *pf) {
   free(pf->ready_ms);
   free(pf->docs);
+  free(pf->batch_end);
   memset(pf, 0, sizeof *pf);
 }
 
@@ -39,8 +41,11 @@ void gpt_profile_step(gpt_profile_t *pf, long step, const loom_step_stats_t *ss,
   }
   pf->pairs += (double)b->attn_pairs;
   const int32_t *cu = b->cu.data;
-  for (int i = 0; i < b->nseq && pf->ndocs < GPT_PROFILE_MAX_DOCS; i++) {
-    pf->docs[pf->ndocs++] = cu[i + 1] - cu[i];
+  if (b->nseq > 0 && pf->ndocs + b->nseq <= GPT_PROFILE_MAX_DOCS) { // whole batches only
+    for (int i = 0; i < b->nseq; i++) {
+      pf->docs[pf->ndocs++] = cu[i + 1] - cu[i];
+    }
+    pf->batch_end[pf->nbatches++] = pf->ndocs;
   }
 }
 
@@ -68,7 +73,9 @@ int gpt_profile_write(const gpt_profile_t *pf, const char *path, const gpt_model
                           .attn_kv_bytes = L * 4.0 * 4.0 * C,
                           .moe_ms = 1e3 * (m->timers->moe_compute_s - pf->moe_s0) / n,
                           .ndocs = pf->ndocs,
-                          .docs = pf->docs};
+                          .docs = pf->docs,
+                          .nbatches = pf->nbatches,
+                          .batch_end = pf->batch_end};
   p.overhead_ms = p.step_ms - p.compute_ms - pf->exposed_ms / n;
   p.overhead_ms = p.overhead_ms > 0 ? p.overhead_ms : 0.0;
   for (int l = 0; l < L; l++) {

@@ -21,6 +21,8 @@ typedef struct gpt_profile {
   double pairs;           // summed causal pairs per layer
   int64_t *docs;          // (ndocs) document lengths of the profiled batches
   int ndocs;
+  int *batch_end; // (nbatches) where each batch's documents end in docs
+  int nbatches;
 } gpt_profile_t;
 
 // Profile the steps from `from` on, nslots gradient allreduces. Returns 0 or -1 (out of memory).

@@ -36,7 +36,9 @@ typedef struct loom_sim_profile {
   int ncodecs;
   loom_codec_cost_t *codecs; // (ncodecs) measured compressor costs
   int ndocs;
-  int64_t *docs; // (ndocs) a sample of the document lengths the run trained on
+  int64_t *docs;  // (ndocs) document lengths of the batches the run trained on, batch by batch
+  int nbatches;   // batches in docs (0: docs are a plain sample, drawn one by one)
+  int *batch_end; // (nbatches) batch k is docs[batch_end[k - 1] .. batch_end[k])
 } loom_sim_profile_t;
 
 // Write p to path (text; see the format in sim.c). LOOM_ERR_SYSTEM names the path on failure.

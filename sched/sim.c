@@ -28,13 +28,26 @@ static double rate(const loom_link_t *l, int shared, int sharers) {
   return l->gbps * 125.0 / (shared && sharers > 1 ? sharers : 1);
 }
 
-// One rank's documents of one step: drawn from the sample, each cut at ctx, packed into tokens
-// rows (the last one cut to fit), as the trainer packs its rows. Appends to docs; returns the
-// causal pairs.
+// One rank's documents of one step: one of the profiled batches, drawn whole (the documents of a
+// batch are correlated: a skewed batch is all short or holds a long one); without batches,
+// documents drawn one by one, each cut at ctx, packed into tokens rows (the last one cut to
+// fit). Appends to docs; returns the causal pairs.
 static double draw_rank(const loom_sim_profile_t *p, uint64_t *s, int owner, loom_attn_doc_t *docs,
                         int *nd, int cap) {
   int64_t left = p->tokens;
   double pairs = 0.0;
+  if (p->nbatches > 0) {
+    const int k = (int)(mix(s) % (uint64_t)p->nbatches);
+    for (int i = k ? p->batch_end[k - 1] : 0; i < p->batch_end[k]; i++) {
+      const int64_t len = p->docs[i];
+      pairs += 0.5 * (double)len * (double)(len + 1);
+      if (docs && *nd < cap) {
+        docs[*nd] = (loom_attn_doc_t){.len = len, .owner = owner};
+        (*nd)++;
+      }
+    }
+    return pairs;
+  }
   while (left > 0) {
     int64_t len = p->docs[mix(s) % (uint64_t)p->ndocs];
     len = len < p->ctx ? len : p->ctx;
@@ -73,8 +86,22 @@ static double imbalance(const loom_sim_profile_t *p, int ranks, uint64_t seed) {
 static loom_status_t balanced(const loom_sim_profile_t *p, int ranks, uint64_t seed, double *ratio,
                               double *bytes_per_rank) {
   const int R = ranks < SIM_BALANCE_MAX_RANKS ? ranks : SIM_BALANCE_MAX_RANKS;
-  const int cap = (int)(R * (p->tokens + 1));
-  loom_attn_doc_t *docs = malloc((size_t)cap * sizeof *docs);
+  int64_t per_rank = p->tokens; // documents of at least one token each
+  if (p->nbatches > 0) {
+    per_rank = 0;
+    for (int k = 0; k < p->nbatches; k++) {
+      int64_t nk = p->batch_end[k] - (k ? p->batch_end[k - 1] : 0);
+      per_rank = nk > per_rank ? nk : per_rank;
+    }
+  }
+  if (per_rank * R > (int64_t)1 << 26) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_sim: %lld documents per rank x %d ranks is too many to balance (at "
+                      "most 2^26): record the profile with whole batches (train_gpt --profile)",
+                      (long long)per_rank, R);
+  }
+  const int cap = (int)(per_rank * R);
+  loom_attn_doc_t *docs = malloc((size_t)(cap > 0 ? cap : 1) * sizeof *docs);
   if (!docs) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "loom_sim: out of memory for %d documents", cap);
   }
@@ -150,6 +177,13 @@ static loom_status_t check(const loom_sim_profile_t *p, const loom_sim_cluster_t
   if (p->np < 1 || p->tokens < 1 || p->ctx < 1 || p->compute_ms < 0) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "loom_sim_predict: the profile has no run (np, tokens, ctx, compute)");
+  }
+  if (p->tokens > (int64_t)1 << 24 || (p->ndocs > 0 && !p->docs) ||
+      (p->nbatches > 0 && (!p->batch_end || p->batch_end[p->nbatches - 1] > p->ndocs))) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_sim_predict: the profile's %lld tokens per rank (at most 2^24) or its "
+                      "documents (%d in %d batches) are inconsistent",
+                      (long long)p->tokens, p->ndocs, p->nbatches);
   }
   return LOOM_OK;
 }

@@ -14,7 +14,7 @@
 #define SIM_MAX_TENSORS 100000
 #define SIM_MAX_CODECS  64
 #define SIM_MAX_DOCS    1000000
-#define SIM_LINE_MAX    4096
+#define SIM_LINE_MAX    65536 // a batch of documents is one line
 
 // The format, one record per line (numbers in C locale, names without spaces):
 //   loom-profile 1
@@ -23,7 +23,8 @@
 //   moe LAYERS EXPERTS TOPK HIDDEN MOE_MS FINE_HIDDEN
 //   tensor NAME FLOATS READY_US                     (one per gradient, in ready order)
 //   codec SPEC ENC_US ENC_NS DEC_US DEC_NS BYTES_PER_VALUE FIXED_BYTES
-//   docs LEN LEN ...                                (any number of lines)
+//   docs LEN LEN ...            (a sample of document lengths, drawn one by one; any lines), or
+//   batch LEN LEN ...           (the documents of one rank's batch, drawn whole; one per line)
 //   end
 loom_status_t loom_sim_profile_save(const char *path, const loom_sim_profile_t *p) {
   if (!path || !p) {
@@ -50,7 +51,14 @@ loom_status_t loom_sim_profile_save(const char *path, const loom_sim_profile_t *
     fprintf(f, "codec %s %.4f %.4f %.4f %.4f %.6f %.1f\n", c->compressor, c->enc_us, c->enc_ns,
             c->dec_us, c->dec_ns, c->bytes_per_value, c->fixed_bytes);
   }
-  for (int i = 0; i < p->ndocs; i++) {
+  for (int k = 0; k < p->nbatches; k++) { // whole batches: one line each
+    fprintf(f, "batch");
+    for (int i = k ? p->batch_end[k - 1] : 0; i < p->batch_end[k]; i++) {
+      fprintf(f, " %lld", (long long)p->docs[i]);
+    }
+    fprintf(f, "\n");
+  }
+  for (int i = 0; p->nbatches == 0 && i < p->ndocs; i++) { // a plain sample, 32 a line
     fprintf(f, "%s%lld%s", i % 32 == 0 ? "docs " : " ", (long long)p->docs[i],
             i % 32 == 31 || i == p->ndocs - 1 ? "\n" : "");
   }
@@ -74,6 +82,7 @@ void loom_sim_profile_free(loom_sim_profile_t *p) {
   free(p->tensors);
   free(p->codecs);
   free(p->docs);
+  free(p->batch_end);
   memset(p, 0, sizeof *p);
 }
 
@@ -150,7 +159,7 @@ static int grow(reader_t *r, void **arr, int n, int *cap, size_t size, int max, 
   return 0;
 }
 
-static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int caps[3],
+static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int caps[4],
                        int *seen) {
   int64_t i64[5];
   double d[6];
@@ -214,7 +223,15 @@ static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int 
         num(r, "fixed_bytes", 0, 1e9, &c->fixed_bytes)) {
       return -1;
     }
-  } else if (!strcmp(key, "docs")) {
+  } else if (!strcmp(key, "docs") || !strcmp(key, "batch")) {
+    const int batch = key[0] == 'b';
+    if (p->ndocs > 0 && batch != (p->nbatches > 0)) {
+      r->err = loom_error(NULL, r->code,
+                          "profile %s line %d: 'docs' and 'batch' lines mixed (a profile holds "
+                          "a plain sample or whole batches)",
+                          r->path, r->line);
+      return -1;
+    }
     int64_t len;
     while (r->save && *r->save && strspn(r->save, " \t\r\n") < strlen(r->save)) {
       if (grow(r, (void **)&p->docs, p->ndocs, &caps[2], sizeof *p->docs, SIM_MAX_DOCS, "docs") ||
@@ -222,6 +239,13 @@ static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int 
         return -1;
       }
       p->docs[p->ndocs++] = len;
+    }
+    if (batch && (p->nbatches == 0 || p->batch_end[p->nbatches - 1] < p->ndocs)) {
+      if (grow(r, (void **)&p->batch_end, p->nbatches, &caps[3], sizeof *p->batch_end, SIM_MAX_DOCS,
+               "batches")) {
+        return -1;
+      }
+      p->batch_end[p->nbatches++] = p->ndocs;
     }
   } else if (!strcmp(key, "end")) {
     seen[1] = 1;
@@ -244,10 +268,14 @@ loom_status_t loom_sim_profile_load(const char *path, loom_sim_profile_t *p) {
                       "cannot read the profile %s: %s (record one with train_gpt --profile FILE)",
                       path, strerror(errno));
   }
-  char line[SIM_LINE_MAX];
+  char *line = malloc(SIM_LINE_MAX);
+  if (!line) {
+    fclose(f);
+    return loom_error(NULL, LOOM_ERR_NOMEM, "profile %s: out of memory", path);
+  }
   reader_t r = {.path = path, .code = LOOM_ERR_CORRUPT};
-  int caps[3] = {0, 0, 0}, seen[2] = {0, 0}, bad = 0;
-  while (!bad && !seen[1] && fgets(line, sizeof line, f)) {
+  int caps[4] = {0, 0, 0, 0}, seen[2] = {0, 0}, bad = 0;
+  while (!bad && !seen[1] && fgets(line, SIM_LINE_MAX, f)) {
     r.line++;
     if (!strchr(line, '\n') && !feof(f)) {
       r.err = loom_error(NULL, LOOM_ERR_CORRUPT, "profile %s line %d: longer than %d bytes", path,
@@ -273,6 +301,7 @@ loom_status_t loom_sim_profile_load(const char *path, loom_sim_profile_t *p) {
     bad = read_record(&r, key, p, caps, seen) != 0;
   }
   fclose(f);
+  free(line);
   if (!bad && (!seen[0] || !seen[1])) {
     r.err = loom_error(NULL, LOOM_ERR_CORRUPT, "profile %s is truncated: no '%s' line", path,
                        seen[0] ? "end" : "run");
@@ -318,7 +347,7 @@ loom_status_t loom_sim_cluster_load(const char *path, loom_sim_cluster_t *c) {
     return loom_error(NULL, LOOM_ERR_SYSTEM, "cannot read the cluster file %s: %s", path,
                       strerror(errno));
   }
-  char line[SIM_LINE_MAX];
+  char line[4096];
   reader_t r = {.path = path, .code = LOOM_ERR_INVALID_ARG};
   int bad = 0, have_intra = 0, have_inter = 0;
   int64_t v;

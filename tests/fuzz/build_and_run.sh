@@ -13,7 +13,8 @@ case $BUILD_DIR in /*) ;; *) BUILD_DIR=$ROOT/$BUILD_DIR ;; esac
 SECONDS_EACH=${1:-20}
 [ $# -gt 0 ] && shift
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(fuzz_codec_decode fuzz_tunables fuzz_attn_msg fuzz_moe_msg fuzz_checkpoint)
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=(fuzz_codec_decode fuzz_tunables fuzz_attn_msg fuzz_moe_msg fuzz_checkpoint
+                                        fuzz_sim_profile)
 
 log() { printf '\n== fuzz: %s\n' "$*"; }
 

@@ -126,6 +126,18 @@ static void test_roundtrip_and_damage(void) {
         "codec 1 differs");
   loom_sim_profile_free(&q);
   loom_sim_profile_free(&q); // twice is fine
+  // Whole batches round-trip as batches (the simulator then draws a batch per rank).
+  int ends[4] = {50, 100, 150, 200};
+  p.nbatches = 4;
+  p.batch_end = ends;
+  CHECK(loom_sim_profile_save(path, &p) == LOOM_OK, "save batches: %s", loom_last_error(NULL));
+  CHECK(loom_sim_profile_load(path, &q) == LOOM_OK, "load batches: %s", loom_last_error(NULL));
+  CHECK(q.nbatches == 4 && q.ndocs == 200 && q.batch_end[1] == 100 && q.batch_end[3] == 200 &&
+            q.docs[120] == docs[120],
+        "batches: %d batches, %d docs", q.nbatches, q.ndocs);
+  loom_sim_profile_free(&q);
+  p.nbatches = 0;
+  p.batch_end = NULL;
   // Every truncation is rejected (the 'end' line is required), and so is every single damaged
   // byte that breaks a number or a keyword, as corrupt, never a crash.
   long len = 0;
