@@ -526,3 +526,52 @@ loom_status_t loom_nccl_irecv(const loom_group_t *g, void *buf, int64_t count, l
                               int peer, int device, loom_request_t *r) {
   return queue_p2p(g, buf, count, dtype, peer, 0, device, r);
 }
+
+// ---- the compressed allreduce's exchanges (compress_coll_nccl.c) --------------------------------
+
+loom_status_t loom_nccl_exchange_blocks(const char *op, const loom_group_t *g, int device,
+                                        const void *send, void *recv, size_t bytes,
+                                        int all_to_all) {
+  loom_status_t status = LOOM_OK;
+  struct nccl_group *ng = NULL;
+  cudaEvent_t done = NULL;
+  const cudaStream_t current = loom_cuda_stream();
+  int prev_device = -1, grouped = 0;
+  LOOM_CHECK_CUDA(NULL, cudaGetDevice(&prev_device));
+  LOOM_CHECK(get_nccl_group(op, g, device, 1, &ng));
+  LOOM_CHECK_CUDA(NULL, cudaSetDevice(device));
+  LOOM_CHECK_CUDA(NULL, cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  // The group's stream starts after everything queued on the current stream (the encodes).
+  LOOM_CHECK_CUDA(NULL, cudaEventRecord(ng->ready, current));
+  LOOM_CHECK_CUDA(NULL, cudaStreamWaitEvent(ng->stream, ng->ready, 0));
+  if (bytes > 0 && !all_to_all) {
+    LOOM_CHECK_NCCL(NULL, ncclAllGather(send, recv, bytes, ncclUint8, ng->comm, ng->stream));
+  } else if (bytes > 0) {
+    LOOM_CHECK_NCCL(NULL, ncclGroupStart());
+    grouped = 1;
+    for (int j = 0; j < g->size; j++) {
+      LOOM_CHECK_NCCL(NULL,
+                      ncclSend(ELEM(send, j, bytes), bytes, ncclUint8, j, ng->comm, ng->stream));
+      LOOM_CHECK_NCCL(NULL,
+                      ncclRecv(ELEM(recv, j, bytes), bytes, ncclUint8, j, ng->comm, ng->stream));
+    }
+    grouped = 0;
+    LOOM_CHECK_NCCL(NULL, ncclGroupEnd());
+  }
+fail:
+  if (grouped) {
+    ncclGroupEnd();
+  }
+  // The current stream (the decodes, the frees of the blocks) waits for whatever was queued on
+  // the group's stream, success or not.
+  if (done) {
+    if (cudaEventRecord(done, ng->stream) == cudaSuccess) {
+      cudaStreamWaitEvent(current, done, 0);
+    }
+    cudaEventDestroy(done);
+  }
+  if (prev_device >= 0) {
+    cudaSetDevice(prev_device);
+  }
+  return status;
+}

@@ -248,6 +248,14 @@ loom_status_t loom_nccl_isend(const loom_group_t *g, const void *buf, int64_t co
                               loom_dtype_t dtype, int peer, int device, loom_request_t *r);
 loom_status_t loom_nccl_irecv(const loom_group_t *g, void *buf, int64_t count, loom_dtype_t dtype,
                               int peer, int device, loom_request_t *r);
+// The exchanges of the compressed allreduce of device tensors, in the calling thread's current
+// stream's order (no request, no host wait): the group's stream waits for the current stream,
+// runs the exchange, and the current stream waits for the group's stream (also after a failure,
+// so that buffers freed on the current stream outlive the exchange). Blocks of bytes bytes;
+// all_to_all: block j of send goes to rank j (grouped ncclSend/ncclRecv); else send's one block
+// goes to every rank (ncclAllGather). Block j of recv comes from rank j.
+loom_status_t loom_nccl_exchange_blocks(const char *op, const loom_group_t *g, int device,
+                                        const void *send, void *recv, size_t bytes, int all_to_all);
 #endif
 
 #ifdef __cplusplus

@@ -191,7 +191,19 @@ struct loom_ef {
   ef_table_t residual, side;
   float *scratch; // (scratch_n) y = x + residual during an encode
   int64_t scratch_n;
+  // The residuals of CUDA tensors: the device code's table (compress_internal.h), NULL until a
+  // device tensor uses error feedback, and its operations.
+  void *dev;
+  const loom_ef_device_ops_t *dev_ops;
 };
+
+// Copy the device residuals written since their last copy into the host table (a no-op without
+// device residuals). The table is const to the readers of entries; the copy is a cache refresh.
+static void mirror_device(const loom_ef_t *ef) {
+  if (ef && ef->dev && ef->dev_ops) {
+    ef->dev_ops->mirror((loom_ef_t *)ef, ef->dev);
+  }
+}
 
 static ef_entry_t *find(ef_table_t *t, const char *name) {
   for (int i = 0; i < t->count; i++) {
@@ -269,6 +281,9 @@ loom_status_t loom_ef_create(loom_ef_t **out) {
 
 void loom_ef_destroy(loom_ef_t *ef) {
   if (ef) {
+    if (ef->dev && ef->dev_ops) {
+      ef->dev_ops->destroy(ef->dev);
+    }
     free_table(&ef->residual);
     free_table(&ef->side);
     free(ef->scratch);
@@ -311,6 +326,7 @@ loom_status_t loom_ef_residual(loom_ef_t *ef, const char *name, int64_t n, float
 }
 
 int loom_ef_count(const loom_ef_t *ef) {
+  mirror_device(ef);
   return ef ? ef->residual.count : 0;
 }
 
@@ -341,6 +357,7 @@ static loom_status_t table_entry(const char *op, const ef_table_t *t, int i, con
 
 loom_status_t loom_ef_entry(const loom_ef_t *ef, int i, const char **name, const float **data,
                             int64_t *n) {
+  mirror_device(ef);
   return table_entry("loom_ef_entry", ef ? &ef->residual : NULL, i, name, data, n);
 }
 
@@ -372,11 +389,40 @@ static loom_status_t table_set(const char *op, loom_ef_t *ef, ef_table_t *t, con
 }
 
 loom_status_t loom_ef_set(loom_ef_t *ef, const char *name, const float *data, int64_t n) {
-  return table_set("loom_ef_set", ef, ef ? &ef->residual : NULL, name, data, n);
+  loom_status_t status = table_set("loom_ef_set", ef, ef ? &ef->residual : NULL, name, data, n);
+  if (status == LOOM_OK && ef->dev && ef->dev_ops) {
+    ef->dev_ops->forget(ef->dev, name); // its next device use starts from data
+  }
+  return status;
 }
 
 loom_status_t loom_ef_state_set(loom_ef_t *ef, const char *name, const float *data, int64_t n) {
   return table_set("loom_ef_state_set", ef, ef ? &ef->side : NULL, name, data, n);
+}
+
+void **loom_ef_device_slot(loom_ef_t *ef, const loom_ef_device_ops_t *ops) {
+  ef->dev_ops = ops;
+  return &ef->dev;
+}
+
+const float *loom_ef_host_residual(const loom_ef_t *ef, const char *name, int64_t n) {
+  for (int i = 0; i < ef->residual.count; i++) {
+    const ef_entry_t *e = &ef->residual.e[i];
+    if (strcmp(e->name, name) == 0) {
+      return e->n == n ? e->data : NULL;
+    }
+  }
+  return NULL;
+}
+
+loom_status_t loom_ef_host_slot(loom_ef_t *ef, const char *name, int64_t n, float **data) {
+  ef_entry_t *e = NULL;
+  int fresh = 0;
+  loom_status_t status = entry_sized(&ef->residual, name, n, &e, &fresh);
+  if (status == LOOM_OK) {
+    *data = e->data;
+  }
+  return status;
 }
 
 loom_status_t loom_ef_side(loom_ef_t *ef, const char *name, int64_t n, float **out, int *fresh) {

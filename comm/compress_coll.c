@@ -7,6 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef LOOM_HAVE_NCCL
+#include <cuda_runtime_api.h>
+#endif
+
 #include "args.h"
 #include "comm_internal.h"
 #include "compress_internal.h"
@@ -18,8 +22,8 @@
 // Every payload travels in a fixed-size block (so that one allgather or alltoall carries them):
 // an 8-byte length, then the payload, then padding up to the block size. A block whose length
 // is all ones marks a chunk its sender could not encode: its receivers fail with CORRUPT.
-#define LEN_BYTES  8
-#define LEN_FAILED UINT64_MAX
+#define LEN_BYTES  LOOM_BLOCK_LEN_BYTES
+#define LEN_FAILED LOOM_BLOCK_FAILED
 
 static size_t block_bytes(const loom_compressor_t *c, int64_t n) {
   size_t b = LEN_BYTES + loom_codec_max_bytes(c, n);
@@ -487,6 +491,58 @@ fail:
 
 // ---------------------------------------------------------------------------------------------
 
+// The checks of a CUDA tensor: the device path exists (NCCL, a visible device), t is well formed
+// and its data is memory of its device, the scheme and the compressor have a device form. Its
+// residual lives on the device (compress_coll_nccl.c), not in *res.
+static loom_status_t prepare_device(const char *name, const loom_compressor_t *c,
+                                    loom_scheme_t scheme, const loom_ef_t *ef,
+                                    const loom_tensor_t *t) {
+#ifdef LOOM_HAVE_NCCL
+  loom_status_t status = LOOM_OK;
+  LOOM_CHECK(loom_comm_check_backend(name, "t", t));
+  LOOM_CHECK(loom_arg_tensor(name, "t", t, LOOM_F32, t->device));
+  if (loom_tensor_numel(t) > 0) {
+    struct cudaPointerAttributes a;
+    if (cudaPointerGetAttributes(&a, t->data) != cudaSuccess ||
+        (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) ||
+        a.device != t->device) {
+      (void)cudaGetLastError();
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "%s: tensor '%s' says CUDA device %d, but its data %p is not memory of "
+                        "that device: allocate it with loom_tensor_alloc on the device",
+                        name, t->name, t->device, t->data);
+    }
+  }
+  if (ef && !t->name[0]) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: error feedback is keyed by tensor name: set the tensor's name", name);
+  }
+  if (c->kind == LOOM_CODEC_POWERSGD) {
+    return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                      "%s: %s on CUDA tensor '%s': PowerSGD runs on host tensors only; use a "
+                      "payload compressor (fp16, int8, topk, ...) on the device, or a host copy",
+                      name, c->name, t->name);
+  }
+  if (scheme == LOOM_SCHEME_HIERARCHICAL) {
+    return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                      "%s: the hierarchical scheme on CUDA tensor '%s' is host-only: use "
+                      "LOOM_SCHEME_INDIVISIBLE or LOOM_SCHEME_DIVISIBLE for device tensors",
+                      name, t->name);
+  }
+fail:
+  return status;
+#else
+  (void)c;
+  (void)scheme;
+  (void)ef;
+  return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                    "%s: tensor '%s' is on CUDA device %d, but loom was built without NCCL: "
+                    "compressed collectives on device tensors need it (reconfigure with "
+                    "--with-nccl), or pass f32 host tensors",
+                    name, t->name, t->device);
+#endif
+}
+
 // Checks shared by the blocking and non-blocking entry points; *res is the residual of t (or
 // NULL without error feedback).
 static loom_status_t prepare(const char *name, const loom_group_t *g, const loom_compressor_t *c,
@@ -503,11 +559,14 @@ static loom_status_t prepare(const char *name, const loom_group_t *g, const loom
                       name, c ? "set" : "NULL", t ? "set" : "NULL", (int)scheme,
                       loom_redop_name(op));
   }
-  if (t->dtype != LOOM_F32 || t->device != LOOM_DEVICE_HOST) {
+  if (t->dtype != LOOM_F32) {
     return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
                       "%s: tensor '%s' is %s on device %d: compressed collectives take f32 host "
-                      "tensors (allreduce others with loom_allreduce)",
+                      "or CUDA tensors (allreduce others with loom_allreduce)",
                       name, t->name, loom_dtype_name(t->dtype), t->device);
+  }
+  if (t->device != LOOM_DEVICE_HOST) {
+    return prepare_device(name, c, scheme, ef, t);
   }
   LOOM_CHECK(loom_arg_tensor(name, "t", t, LOOM_F32, LOOM_DEVICE_HOST)); // extents and data
   if (ef && !t->name[0]) {
@@ -562,6 +621,25 @@ fail:
   return status;
 }
 
+// A CUDA tensor (checked by prepare_device): the device form of the flat schemes.
+static loom_status_t run_device(const loom_group_t *g, const loom_compressor_t *c,
+                                loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
+                                loom_redop_t op, uint64_t seed, size_t *sent) {
+#ifdef LOOM_HAVE_NCCL
+  return loom_compressed_allreduce_cuda(g, c, scheme, ef, t, op, seed, sent);
+#else
+  (void)g;
+  (void)c;
+  (void)scheme;
+  (void)ef;
+  (void)op;
+  (void)seed;
+  (void)sent;
+  return loom_error(NULL, LOOM_ERR_INTERNAL,
+                    "compressed allreduce of CUDA tensor '%s' without NCCL", t->name);
+#endif
+}
+
 loom_status_t loom_compressed_allreduce(const loom_group_t *g, const loom_compressor_t *c,
                                         loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
                                         loom_redop_t op, uint64_t seed, size_t *bytes_sent) {
@@ -573,7 +651,9 @@ loom_status_t loom_compressed_allreduce(const loom_group_t *g, const loom_compre
   if (status == LOOM_OK) {
     status = enter(g, c, scheme, t, op, seed, &w);
   }
-  if (status == LOOM_OK) {
+  if (status == LOOM_OK && t->device != LOOM_DEVICE_HOST) {
+    status = run_device(g, c, scheme, ef, t, op, seed, &sent);
+  } else if (status == LOOM_OK) {
     status = run_blocking(g, c, scheme, ef, res, t, op, seed, &sent, &w);
   }
   if (bytes_sent) {
@@ -599,7 +679,10 @@ loom_status_t loom_icompressed_allreduce(const loom_group_t *g, const loom_compr
   if (status == LOOM_OK) {
     status = enter(g, c, scheme, t, op, seed, &w);
   }
-  if (status == LOOM_OK && (c->kind == LOOM_CODEC_POWERSGD || scheme == LOOM_SCHEME_HIERARCHICAL)) {
+  if (status == LOOM_OK && t->device != LOOM_DEVICE_HOST) {
+    status = run_device(g, c, scheme, ef, t, op, seed, &sent); // done in stream order: no request
+  } else if (status == LOOM_OK &&
+             (c->kind == LOOM_CODEC_POWERSGD || scheme == LOOM_SCHEME_HIERARCHICAL)) {
     status = run_blocking(g, c, scheme, ef, res, t, op, seed, &sent, &w);
   } else if (status == LOOM_OK) {
     r = loom_request_new(name);
@@ -620,4 +703,24 @@ loom_status_t loom_icompressed_allreduce(const loom_group_t *g, const loom_compr
     *bytes_sent = status == LOOM_OK ? sent : 0;
   }
   return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared with the device form of the flat schemes (compress_coll_nccl.c): the same blocks, chunks
+// and shard seeds, so that a device tensor gets the bits a host tensor would.
+
+size_t loom_compress_block_bytes(const loom_compressor_t *c, int64_t n) {
+  return block_bytes(c, n);
+}
+
+int64_t loom_compress_chunk_values(const loom_group_t *g, const loom_compressor_t *c, int64_t n) {
+  return chunk_values(g, c, n);
+}
+
+uint64_t loom_compress_shard_seed(uint64_t seed, int i) {
+  return shard_seed(seed, i);
+}
+
+void loom_compress_shard_range(int64_t len, int np, int i, int64_t *lo, int64_t *cnt) {
+  shard_range(len, np, i, lo, cnt);
 }

@@ -86,6 +86,52 @@ loom_status_t loom_powersgd_allreduce(const loom_group_t *g, const loom_compress
 // zero when new; a different n reallocates (and zeroes).
 loom_status_t loom_ef_side(loom_ef_t *ef, const char *name, int64_t n, float **out, int *fresh);
 
+// ---- what the flat schemes share with their device form (compress_coll.c, compress_coll_nccl.c)
+//
+// A payload travels in a fixed-size block: an 8-byte length, the payload, zero padding up to the
+// block size; a length of all ones marks a part its sender could not encode.
+#define LOOM_BLOCK_LEN_BYTES 8
+#define LOOM_BLOCK_FAILED    UINT64_MAX
+// Bytes of one block for payloads of up to n values (a multiple of 8).
+size_t loom_compress_block_bytes(const loom_compressor_t *c, int64_t n);
+// Values per pipelined chunk of an n-value tensor on g (LOOM_COMPRESS_CHUNK; top-k never cut).
+int64_t loom_compress_chunk_values(const loom_group_t *g, const loom_compressor_t *c, int64_t n);
+// Seed of shard i of a chunk encoded with seed (every rank derives the same one).
+uint64_t loom_compress_shard_seed(uint64_t seed, int i);
+// Shard i of len values cut into np nearly equal parts: [*lo, *lo + *cnt).
+void loom_compress_shard_range(int64_t len, int np, int i, int64_t *lo, int64_t *cnt);
+
+// ---- error feedback of CUDA tensors (compress_coll_nccl.c) ------------------------------------
+//
+// Residuals of device tensors live in device memory, in a table of their own that the device code
+// hangs on the loom_ef_t (the host table hands out host pointers through loom_ef_entry). The
+// host table calls back into it: destroy from loom_ef_destroy; mirror from loom_ef_count and
+// loom_ef_entry (copy every device residual written since its last copy into the host table, so
+// that a checkpoint sees it); forget from loom_ef_set (drop the device residual of that name:
+// its next device use starts from the host value just set).
+typedef struct loom_ef_device_ops {
+  void (*destroy)(void *dev);
+  void (*mirror)(loom_ef_t *ef, void *dev);
+  void (*forget)(void *dev, const char *name);
+} loom_ef_device_ops_t;
+// The slot holding ef's device table (NULL until the first device use); ops are kept with it.
+void **loom_ef_device_slot(loom_ef_t *ef, const loom_ef_device_ops_t *ops);
+// The host residual of name when it has n values (the device residual's first value), or NULL.
+const float *loom_ef_host_residual(const loom_ef_t *ef, const char *name, int64_t n);
+// The host residual of name with n values, created or resized (zeroed) when needed, for the
+// mirror to copy into; unlike loom_ef_set it keeps the device residual.
+loom_status_t loom_ef_host_slot(loom_ef_t *ef, const char *name, int64_t n, float **data);
+
+#ifdef LOOM_HAVE_NCCL
+// The flat schemes (indivisible, divisible) on an f32 tensor t on a visible CUDA device, checked
+// by the caller (compress_coll.c's prepare and enter), c a payload codec: encode, exchange and
+// decode on the device, the exchanges on g's NCCL communicator; *sent grows by the bytes this
+// rank sends. Completes in the calling thread's current stream's order (see the .c file).
+loom_status_t loom_compressed_allreduce_cuda(const loom_group_t *g, const loom_compressor_t *c,
+                                             loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
+                                             loom_redop_t op, uint64_t seed, size_t *sent);
+#endif
+
 #ifdef __cplusplus
 }
 #endif

@@ -67,6 +67,12 @@ LOOM_API loom_status_t loom_compressor_decode_add(const loom_compressor_t *c, co
 // the next one before it is compressed. Keyed by name, not by bucket, so it survives a change
 // of buckets or plan. A checkpoint saves every entry (loom_ef_entry, loom_ef_state_entry) and
 // restores it (loom_ef_set, loom_ef_state_set).
+// CUDA tensors keep their residuals in device memory, in a table of their own freed by
+// loom_ef_destroy: a device residual starts from the host entry of the same name and length when
+// there is one (else zeros); loom_ef_count and loom_ef_entry first copy every device residual
+// written since its last copy into the host table (waiting for the device), so a checkpoint sees
+// them; loom_ef_set drops the device residual of its name (its next use starts from the value
+// set). loom_ef_residual returns the host entry only. Use a name on one side, host or device.
 typedef struct loom_ef loom_ef_t;
 
 LOOM_API loom_status_t loom_ef_create(loom_ef_t **out);
@@ -107,8 +113,14 @@ LOOM_API loom_status_t loom_compressor_encode_ef(const loom_compressor_t *c, loo
 // powersgd ignores the scheme (it always runs its two allreduces) and needs ef (its warm-started
 // Q is kept there too). The divisible scheme re-encodes each summed shard without error
 // feedback (the owner's re-encoding error is not carried). Every rank ends with the same bits.
-// Only f32 host tensors; op is LOOM_SUM or LOOM_AVG. Calls on one group are serialised by the
+// f32 tensors, host or CUDA; op is LOOM_SUM or LOOM_AVG. Calls on one group are serialised by the
 // caller (as for every collective); payload buffers are kept with the group and reused.
+// CUDA tensors (with NCCL): the indivisible and divisible schemes encode and decode on the device
+// with the CUDA codecs and exchange the payloads on the group's NCCL communicator, chunk by chunk
+// with the host path's chunks, seeds and sums, so the result has the host path's bits; the work
+// is ordered on the calling thread's current stream (the result is there for kernels queued after
+// the call), the host waits for the stream a few times per chunk (payload lengths, headers), and
+// the chunks do not pipeline. Hierarchical and powersgd on CUDA tensors: LOOM_ERR_UNSUPPORTED.
 // Pipelining: the flat schemes (and the leaders' part of hierarchical) cut a tensor into chunks
 // of LOOM_COMPRESS_CHUNK / 4 values (default 4 MiB of f32; 0 = whole tensors), so that the
 // encoding, the transfer and the decoding of successive chunks overlap. Chunk k is compressed on
@@ -138,8 +150,8 @@ LOOM_API loom_status_t loom_compressed_allreduce(const loom_group_t *g, const lo
 // first exchange and returns; the codec work between the exchanges and the final decode run as the
 // request is advanced (loom_test, loom_wait, or the scheduler's progress thread). t must stay
 // untouched until the request completes. Several may be in flight on one group, started in the
-// same order on every rank. The hierarchical scheme and powersgd complete inside the call
-// (*req = NULL), as the blocking form.
+// same order on every rank. The hierarchical scheme, powersgd and CUDA tensors complete inside
+// the call (*req = NULL), as the blocking form (CUDA: in the current stream's order).
 LOOM_API loom_status_t loom_icompressed_allreduce(const loom_group_t *g, const loom_compressor_t *c,
                                                   loom_scheme_t scheme, loom_ef_t *ef,
                                                   loom_tensor_t *t, loom_redop_t op, uint64_t seed,

@@ -388,6 +388,13 @@ __global__ void ef_residual_kernel(const float *y, float *res, int64_t n) {
   }
 }
 
+// LOOM_AVG of the compressed allreduce: the host's x[i] / np.
+__global__ void div_kernel(float *dst, const float *src, int64_t n, float d) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    dst[i] = __fdiv_rn(src[i], d); // dst, src: (n)
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Host helpers.
 
@@ -936,4 +943,28 @@ extern "C" loom_status_t loom_cuda_ef_encode(const loom_compressor_t *c, float *
   return LOOM_OK;
 fail:
   return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers of the compressed allreduce of device tensors.
+
+extern "C" loom_status_t loom_cuda_div(float *dst, const float *src, int64_t n, float d) {
+  if (n <= 0) {
+    return LOOM_OK;
+  }
+  div_kernel<<<blocks_for(n), kThreads, 0, loom_cuda_stream()>>>(dst, src, n, d);
+  return loom_cuda_launch_check("div_kernel");
+}
+
+extern "C" loom_status_t loom_cuda_put_bytes(uint8_t *dst, const void *src, int count) {
+  head_bytes_t hb;
+  if (count < 0 || count > (int)sizeof hb.b) {
+    return loom_error(NULL, LOOM_ERR_INTERNAL, "loom_cuda_put_bytes: %d bytes (at most %d)", count,
+                      (int)sizeof hb.b);
+  }
+  memset(&hb, 0, sizeof hb);
+  memcpy(hb.b, src, (size_t)count);
+  hb.count = count;
+  put_bytes_kernel<<<1, 1, 0, loom_cuda_stream()>>>(dst, hb);
+  return loom_cuda_launch_check("put_bytes_kernel");
 }

@@ -34,6 +34,13 @@ loom_status_t loom_cuda_ef_encode(const loom_compressor_t *c, float *res, float 
                                   int64_t n, uint64_t seed, uint8_t *payload, size_t cap,
                                   size_t *bytes_host);
 
+// For the compressed allreduce of device tensors (compress_coll_nccl.c), on the current stream:
+// dst[0..n) = src[0..n) / d, one IEEE division a value (LOOM_AVG, as the host path divides);
+// and count <= 20 bytes from host memory src to device memory dst, passed by value to a kernel
+// (src may be reused as soon as the call returns).
+loom_status_t loom_cuda_div(float *dst, const float *src, int64_t n, float d);
+loom_status_t loom_cuda_put_bytes(uint8_t *dst, const void *src, int count);
+
 #ifdef __cplusplus
 }
 #endif

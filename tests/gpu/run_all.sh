@@ -25,7 +25,8 @@ fi
 t0=$(date +%s)
 make -j"$jobs" > make.log 2>&1 || { say "FAIL: build (see $build/make.log)"; tail -30 make.log; exit 1; }
 gpu_tests="test_gpu_ops test_gpu_gemm test_gpu_attention test_gpu_codecs test_gpu_sched"
-make -j"$jobs" $(for t in $gpu_tests; do printf 'tests/gpu/%s ' "$t"; done) \
+gpu_mpi_tests="test_gpu_compress_coll" # under mpirun (not in make check's TESTS)
+make -j"$jobs" $(for t in $gpu_tests $gpu_mpi_tests; do printf 'tests/gpu/%s ' "$t"; done) \
   tests/bench/gpu_gemm_perf tests/bench/gpu_attn_perf >> make.log 2>&1 ||
   { say "FAIL: building the GPU tests (see $build/make.log)"; tail -30 make.log; exit 1; }
 say "build: $(($(date +%s) - t0)) s"
@@ -41,6 +42,25 @@ for t in $gpu_tests; do
     *) verdict="FAIL (exit $rc)"; fails=$((fails + 1)) ;;
   esac
   say "$verdict: $t ($(($(date +%s) - start)) s)"
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && tail -15 "$out/$t.log" | sed 's/^/    /' | tee -a "$summary"
+done
+
+# The MPI GPU tests: np 2 where there are two GPUs (NCCL needs one GPU per rank), else np 1 (the
+# device path still runs: encode, an NCCL exchange among one rank, decode).
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+np=2
+[ "${ngpu:-0}" -lt 2 ] && np=1
+for t in $gpu_mpi_tests; do
+  start=$(date +%s)
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$np" --oversubscribe \
+    ./tests/gpu/$t > "$out/$t.log" 2>&1
+  rc=$?
+  case $rc in
+    0) verdict=PASS ;;
+    77) verdict=SKIP ;;
+    *) verdict="FAIL (exit $rc)"; fails=$((fails + 1)) ;;
+  esac
+  say "$verdict: $t (mpirun -np $np, ${ngpu:-0} GPU(s); $(($(date +%s) - start)) s)"
   [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && tail -15 "$out/$t.log" | sed 's/^/    /' | tee -a "$summary"
 done
 

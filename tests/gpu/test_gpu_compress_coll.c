@@ -1,0 +1,349 @@
+/* test_gpu_compress_coll.c — the compressed allreduce of CUDA tensors (CUDA codecs, NCCL) against
+ * the host one on the same inputs, under mpirun (tests/gpu/run_all.sh): the same bits everywhere.
+ */
+#include "config.h"
+#include "loom.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef LOOM_HAVE_NCCL
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_ctx.h"
+#endif
+
+#include "../check_mpi.h"
+#include "gpu_test.h"
+
+// What is checked, at the np of the run (one GPU per rank: NCCL refuses two ranks on one GPU):
+// - for none, fp16, int8, topk:0.01, randomk:0.01 and efsign, both flat schemes, sizes 0, 1, 5,
+//   3 np + 1, 1000 and 100003 (LOOM_COMPRESS_CHUNK is 40000 bytes unless set: the larger sizes
+//   run as several chunks, top-k excepted), three steps with error feedback (one of them
+//   LOOM_AVG), each rank's own inputs: the device result has the host result's bits, the bytes
+//   sent agree, and the device residual (seen through loom_ef_entry, which copies it to the host)
+//   has the host residual's bits;
+// - without error feedback, and through loom_icompressed_allreduce (no request: done in stream
+//   order);
+// - a residual restored with loom_ef_set on both tables before a step: the same bits again;
+// - the gradient written by a kernel on a non-blocking current stream just before the call (the
+//   encodes and the NCCL exchanges must come after it);
+// - hierarchical and powersgd on a device tensor are LOOM_ERR_UNSUPPORTED; host memory labelled
+//   as a device tensor is LOOM_ERR_INVALID_ARG.
+// Exits 77 (SKIP) without NCCL, without a visible GPU, or with fewer GPUs than ranks on a node.
+
+static const char *kTest = "test_gpu_compress_coll";
+
+#define OK(call)                                                                                   \
+  do {                                                                                             \
+    loom_status_t ok_status_ = (call);                                                             \
+    CHECK(ok_status_ == LOOM_OK, "%s: %s", loom_strerror(ok_status_), loom_last_error(NULL));      \
+  } while (0)
+
+#ifdef LOOM_HAVE_NCCL
+
+static const char *const kSpecs[] = {"none", "fp16", "int8", "topk:0.01", "randomk:0.01", "efsign"};
+#define NSPECS ((int)(sizeof kSpecs / sizeof kSpecs[0]))
+
+static int g_rank, g_gpu;
+
+// Rank r's input for a step (each rank its own).
+static void input(float *x, int64_t n, int r, int step) {
+  test_rng_t rng = test_rng(5000u + 31u * (uint64_t)r + 977u * (uint64_t)step);
+  test_fill_uniform(&rng, x, n, -2.0, 2.0);
+}
+
+static loom_tensor_t dev_tensor(int64_t n, const char *name) {
+  loom_tensor_t d;
+  loom_status_t st = loom_tensor_alloc(&d, LOOM_F32, g_gpu, 1, &n, name);
+  if (st != LOOM_OK) {
+    fprintf(stderr, "FAIL: device allocation of %s (%lld floats): %s\n", name, (long long)n,
+            loom_last_error(NULL));
+    exit(1);
+  }
+  return d;
+}
+
+// Host floats to device tensor d (and wait: the copy runs on the legacy stream).
+static void put(loom_tensor_t *d, const float *x) {
+  int64_t n = loom_tensor_numel(d);
+  loom_tensor_t h;
+  OK(loom_tensor_wrap(&h, (void *)x, LOOM_F32, LOOM_DEVICE_HOST, 1, &n, "h"));
+  OK(loom_tensor_copy(d, &h));
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "cudaDeviceSynchronize");
+}
+
+// 1 when got (n floats) has want's bits; else says where they first differ.
+static int same_bits(const char *what, const float *got, const float *want, int64_t n) {
+  int64_t first = -1, count = 0;
+  for (int64_t i = 0; i < n; i++) {
+    if (memcmp(&got[i], &want[i], sizeof(float)) != 0) {
+      first = first < 0 ? i : first;
+      count++;
+    }
+  }
+  if (count) {
+    fprintf(stderr, "rank %d: %s: %lld of %lld values differ; first [%lld] device %.9g host %.9g\n",
+            g_rank, what, (long long)count, (long long)n, (long long)first, (double)got[first],
+            (double)want[first]);
+  }
+  return count == 0;
+}
+
+// Device tensor d has host tensor h's bits.
+static int same_tensor(const char *what, const loom_tensor_t *d, const loom_tensor_t *h) {
+  CHECK(cudaDeviceSynchronize() == cudaSuccess, "cudaDeviceSynchronize");
+  loom_tensor_t got = gpu_download(d);
+  int same = same_bits(what, (const float *)got.data, (const float *)h->data, loom_tensor_numel(h));
+  loom_tensor_free(&got);
+  return same;
+}
+
+// The residual of "grad" in ef_d (copied from the device by loom_ef_entry) has ef_h's bits.
+static int same_residual(const char *what, const loom_ef_t *ef_d, const loom_ef_t *ef_h,
+                         int64_t n) {
+  const float *rd = NULL, *rh = NULL;
+  int64_t nd = -1, nh = -1;
+  const char *name_d = NULL, *name_h = NULL;
+  if (loom_ef_count(ef_d) != 1 || loom_ef_count(ef_h) != 1) {
+    fprintf(stderr, "rank %d: %s: %d device and %d host residuals, want 1 each\n", g_rank, what,
+            loom_ef_count(ef_d), loom_ef_count(ef_h));
+    return 0;
+  }
+  OK(loom_ef_entry(ef_d, 0, &name_d, &rd, &nd));
+  OK(loom_ef_entry(ef_h, 0, &name_h, &rh, &nh));
+  if (!name_d || !name_h || strcmp(name_d, "grad") != 0 || nd != n || nh != n) {
+    fprintf(stderr, "rank %d: %s: residual entries '%s' (%lld) and '%s' (%lld)\n", g_rank, what,
+            name_d ? name_d : "(null)", (long long)nd, name_h ? name_h : "(null)", (long long)nh);
+    return 0;
+  }
+  return same_bits(what, rd, rh, n);
+}
+
+// Three steps of spec/scheme on n values, host and device side by side. use_ef: with error
+// feedback; nonblocking: the device side through loom_icompressed_allreduce; restore: before the
+// last step both residuals are set with loom_ef_set.
+static void compare_case(const loom_group_t *g, const char *spec, loom_scheme_t scheme, int64_t n,
+                         int use_ef, int nonblocking, int restore) {
+  const int me = loom_group_rank(g);
+  char what[160];
+  loom_compressor_t *c = NULL;
+  loom_ef_t *ef_h = NULL, *ef_d = NULL;
+  OK(loom_compressor_create(spec, &c));
+  if (use_ef) {
+    OK(loom_ef_create(&ef_h));
+    OK(loom_ef_create(&ef_d));
+  }
+  loom_tensor_t th = test_tensor_f32(1, &n, "grad");
+  loom_tensor_t td = dev_tensor(n, "grad");
+  float *x = test_floats(&th);
+  float *r = malloc(sizeof(float) * (size_t)(n + 1));
+  for (int step = 0; step < 3 && c; step++) {
+    const loom_redop_t op = step == 1 ? LOOM_AVG : LOOM_SUM;
+    const uint64_t seed = 1000u + (uint64_t)step;
+    size_t sent_h = 0, sent_d = 1;
+    snprintf(what, sizeof what, "%s %s n=%lld ef=%d nb=%d restore=%d step %d", spec,
+             loom_scheme_name(scheme), (long long)n, use_ef, nonblocking, restore, step);
+    input(x, n, me, step);
+    put(&td, x);
+    if (restore && step == 2) { // a "checkpoint" value for both sides
+      for (int64_t i = 0; i < n; i++) {
+        r[i] = 0.25f * x[i] - 0.125f;
+      }
+      OK(loom_ef_set(ef_h, "grad", r, n));
+      OK(loom_ef_set(ef_d, "grad", r, n));
+    }
+    OK(loom_compressed_allreduce(g, c, scheme, ef_h, &th, op, seed, &sent_h));
+    if (nonblocking) {
+      loom_request_t *req = (loom_request_t *)&sent_d; // must come back NULL
+      OK(loom_icompressed_allreduce(g, c, scheme, ef_d, &td, op, seed, &sent_d, &req));
+      CHECK(req == NULL, "%s: a device call returned a request", what);
+      req = NULL;
+      OK(loom_wait(&req));
+    } else {
+      OK(loom_compressed_allreduce(g, c, scheme, ef_d, &td, op, seed, &sent_d));
+    }
+    CHECK(same_tensor(what, &td, &th), "%s: device result != host result", what);
+    CHECK(sent_d == sent_h, "%s: bytes sent %zu on the device, %zu on the host", what, sent_d,
+          sent_h);
+    if (use_ef) {
+      CHECK(same_residual(what, ef_d, ef_h, n), "%s: device residual != host residual", what);
+    }
+  }
+  free(r);
+  loom_tensor_free(&td);
+  TEST_FREE(&th);
+  loom_ef_destroy(ef_h);
+  loom_ef_destroy(ef_d);
+  loom_compressor_destroy(c);
+}
+
+// The gradient comes from a kernel on a non-blocking current stream right before the call: the
+// call must order its encodes and exchanges after it, and its result is in that stream's order.
+static void stream_case(const loom_group_t *g, const char *spec, loom_scheme_t scheme) {
+  const int me = loom_group_rank(g);
+  int64_t n = 100003;
+  char what[128];
+  snprintf(what, sizeof what, "%s %s on a non-blocking stream", spec, loom_scheme_name(scheme));
+  loom_compressor_t *c = NULL;
+  loom_ef_t *ef_h = NULL, *ef_d = NULL;
+  cudaStream_t s = NULL;
+  OK(loom_compressor_create(spec, &c));
+  OK(loom_ef_create(&ef_h));
+  OK(loom_ef_create(&ef_d));
+  loom_tensor_t th = test_tensor_f32(1, &n, "grad");
+  loom_tensor_t td = dev_tensor(n, "grad"), tx = dev_tensor(n, "x"), tz = dev_tensor(n, "z");
+  float *x = test_floats(&th), *junk = malloc(sizeof(float) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) {
+    junk[i] = 1e30f;
+  }
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  for (int step = 0; step < 2 && c && s; step++) {
+    size_t sent_h = 0, sent_d = 0;
+    input(x, n, me, 40 + step);
+    put(&tx, x);
+    put(&td, junk);
+    for (int64_t i = 0; i < n; i++) {
+      junk[i] = 0.0f;
+    }
+    put(&tz, junk);
+    OK(loom_compressed_allreduce(g, c, scheme, ef_h, &th, LOOM_SUM, 7u + (uint64_t)step, &sent_h));
+    loom_cuda_set_stream(s);
+    OK(loom_residual_forward(&td, &tx, &tz)); // td = x + 0, on s
+    OK(loom_compressed_allreduce(g, c, scheme, ef_d, &td, LOOM_SUM, 7u + (uint64_t)step, &sent_d));
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "cudaStreamSynchronize");
+    loom_cuda_set_stream(0);
+    CHECK(same_tensor(what, &td, &th), "%s: device result != host result (step %d)", what, step);
+    CHECK(same_residual(what, ef_d, ef_h, n), "%s: residuals differ (step %d)", what, step);
+    for (int64_t i = 0; i < n; i++) {
+      junk[i] = 1e30f;
+    }
+  }
+  loom_cuda_set_stream(0);
+  if (s) {
+    cudaStreamDestroy(s);
+  }
+  free(junk);
+  loom_tensor_free(&td);
+  loom_tensor_free(&tx);
+  loom_tensor_free(&tz);
+  TEST_FREE(&th);
+  loom_ef_destroy(ef_h);
+  loom_ef_destroy(ef_d);
+  loom_compressor_destroy(c);
+}
+
+static void error_cases(const loom_group_t *g) {
+  int64_t n = 64;
+  loom_compressor_t *c = NULL, *p = NULL;
+  loom_ef_t *ef = NULL;
+  OK(loom_compressor_create("int8", &c));
+  OK(loom_compressor_create("powersgd:1", &p));
+  OK(loom_ef_create(&ef));
+  loom_tensor_t td = dev_tensor(n, "grad");
+  loom_tensor_t th = test_tensor_f32(1, &n, "grad");
+  loom_status_t st =
+      loom_compressed_allreduce(g, c, LOOM_SCHEME_HIERARCHICAL, ef, &td, LOOM_SUM, 1, NULL);
+  CHECK(st == LOOM_ERR_UNSUPPORTED && strstr(loom_last_error(NULL), "hierarchical"),
+        "hierarchical on a device tensor: %s: %s", loom_strerror(st), loom_last_error(NULL));
+  st = loom_compressed_allreduce(g, p, LOOM_SCHEME_INDIVISIBLE, ef, &td, LOOM_SUM, 1, NULL);
+  CHECK(st == LOOM_ERR_UNSUPPORTED && strstr(loom_last_error(NULL), "powersgd"),
+        "powersgd on a device tensor: %s: %s", loom_strerror(st), loom_last_error(NULL));
+  loom_tensor_t fake = th; // host memory that claims to be on the GPU
+  fake.device = g_gpu;
+  fake.owns_data = 0;
+  st = loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, NULL, &fake, LOOM_SUM, 1, NULL);
+  CHECK(st == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), "not memory of"),
+        "host memory as a device tensor: %s: %s", loom_strerror(st), loom_last_error(NULL));
+  loom_tensor_free(&td);
+  TEST_FREE(&th);
+  loom_ef_destroy(ef);
+  loom_compressor_destroy(c);
+  loom_compressor_destroy(p);
+}
+
+// Why this run cannot test anything (the same on every rank), or NULL.
+static const char *skip_reason(loom_ctx_t *ctx) {
+  MPI_Comm node;
+  int local = 0, nlocal = 1, code = 0, any = 0;
+  const int devices = loom_cuda_device_count();
+  g_gpu = loom_gpu(ctx);
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_size(node, &nlocal);
+  int *gpus = calloc((size_t)nlocal, sizeof(int));
+  MPI_Allgather(&g_gpu, 1, MPI_INT, gpus, 1, MPI_INT, node);
+  code = devices <= 0 ? 1 : g_gpu < 0 ? 2 : 0;
+  for (int i = 0; i < nlocal && code == 0; i++) {
+    if (i != local && gpus[i] == g_gpu) {
+      code = 3;
+    }
+  }
+  free(gpus);
+  MPI_Comm_free(&node);
+  MPI_Allreduce(&code, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  switch (any) {
+  case 1:
+    return "no CUDA device visible; run tests/gpu/run_all.sh on a machine with a GPU";
+  case 2:
+    return "this rank has no GPU (LOOM_GPU=none?)";
+  case 3:
+    return "two ranks of a node share a GPU, and NCCL needs one GPU per rank: run at np <= the "
+           "GPU count (run_all.sh does)";
+  default:
+    return NULL;
+  }
+}
+
+#endif // LOOM_HAVE_NCCL
+
+int main(int argc, char **argv) {
+  setenv("LOOM_COMPRESS_CHUNK", "40000", 0); // several chunks at 100003 values (unless set)
+  loom_ctx_t *ctx = NULL;
+  if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {
+    fprintf(stderr, "%s: loom_init failed: %s\n", kTest, loom_last_error(NULL));
+    return 1;
+  }
+#ifndef LOOM_HAVE_NCCL
+  if (loom_rank(ctx) == 0) {
+    printf("%s: SKIP: loom was built without NCCL (device collectives need it)\n", kTest);
+  }
+  loom_finalize(ctx);
+  return GPU_SKIP;
+#else
+  g_rank = loom_rank(ctx);
+  const char *skip = skip_reason(ctx);
+  if (skip) {
+    if (g_rank == 0) {
+      printf("%s: SKIP: %s\n", kTest, skip);
+    }
+    loom_finalize(ctx);
+    return GPU_SKIP;
+  }
+  const loom_group_t *g = loom_group(ctx, LOOM_GROUP_WORLD);
+  const int np = loom_group_size(g);
+  const int64_t sizes[] = {0, 1, 5, 3 * (int64_t)np + 1, 1000, 100003};
+  const loom_scheme_t schemes[] = {LOOM_SCHEME_INDIVISIBLE, LOOM_SCHEME_DIVISIBLE};
+  if (g_rank == 0) {
+    printf("%s: %d ranks, GPU %d on rank 0, LOOM_COMPRESS_CHUNK=%s\n", kTest, np, g_gpu,
+           getenv("LOOM_COMPRESS_CHUNK"));
+  }
+  for (int s = 0; s < NSPECS; s++) {
+    for (int sc = 0; sc < 2; sc++) {
+      for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        compare_case(g, kSpecs[s], schemes[sc], sizes[k], 1, 0, 0);
+      }
+      compare_case(g, kSpecs[s], schemes[sc], 1000, 0, 0, 0);
+      compare_case(g, kSpecs[s], schemes[sc], 1000, 1, 1, 1);
+    }
+  }
+  stream_case(g, "int8", LOOM_SCHEME_DIVISIBLE);
+  stream_case(g, "topk:0.01", LOOM_SCHEME_INDIVISIBLE);
+  error_cases(g);
+  int rc = check_exit_all(kTest);
+  loom_finalize(ctx);
+  return rc;
+#endif
+}
