@@ -349,3 +349,16 @@ double ex_rss_mib(void) {
   long page = sysconf(_SC_PAGESIZE);
   return ok && page > 0 ? (double)pages_resident * (double)page / (1024.0 * 1024.0) : -1.0;
 }
+
+static int by_double(const void *a, const void *b) {
+  const double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y ? 1 : 0;
+}
+
+double ex_median(double *x, long n) {
+  if (n <= 0) {
+    return 0.0;
+  }
+  qsort(x, (size_t)n, sizeof *x, by_double);
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}

@@ -87,6 +87,9 @@ int ex_nonfinite_skip(const loom_ctx_t *ctx);
 void ex_nonfinite_step(const char *prog, const loom_ctx_t *ctx, long step, long total, double norm,
                        int rank, long *count);
 
+// The median of x[0..n) (sorts x in place); 0 when n is 0.
+double ex_median(double *x, long n);
+
 // This process's resident set size in MiB (/proc/self/statm), or -1 where it cannot be read.
 double ex_rss_mib(void);
 

@@ -22,6 +22,7 @@ void gpt_profile_free(gpt_profile_t *pf) {
   free(pf->ready_ms);
   free(pf->docs);
   free(pf->batch_end);
+  free(pf->moe_load);
   memset(pf, 0, sizeof *pf);
 }
 
@@ -41,6 +42,27 @@ void gpt_profile_step(gpt_profile_t *pf, long step, const loom_step_stats_t *ss,
   }
   pf->pairs += (double)b->attn_pairs;
   const int32_t *cu = b->cu.data;
+  // The step's routing: assignments per expert, summed over the MoE layers (at most 1000 steps).
+  for (int l = 0; l < m->cfg.layers && pf->moe_steps < 1000; l++) {
+    if (!m->moe[l]) {
+      continue;
+    }
+    loom_moe_stats_t ms;
+    loom_moe_stats(m->moe[l], &ms);
+    if (!pf->moe_load) {
+      pf->moe_experts = ms.num_experts;
+      pf->moe_load = calloc(1000 * (size_t)ms.num_experts, sizeof(double));
+      if (!pf->moe_load) {
+        break;
+      }
+    }
+    for (int e = 0; e < pf->moe_experts && ms.sent; e++) {
+      pf->moe_load[(size_t)pf->moe_steps * pf->moe_experts + e] += (double)ms.sent[e];
+    }
+  }
+  if (pf->moe_load && pf->moe_steps < 1000) {
+    pf->moe_steps++;
+  }
   if (b->nseq > 0 && pf->ndocs + b->nseq <= GPT_PROFILE_MAX_DOCS) { // whole batches only
     for (int i = 0; i < b->nseq; i++) {
       pf->docs[pf->ndocs++] = cu[i + 1] - cu[i];
@@ -87,15 +109,35 @@ int gpt_profile_write(const gpt_profile_t *pf, const char *path, const gpt_model
     }
   }
   p.moe_topk = p.moe_layers ? moe_topk : 0;
+  p.moe_steps = p.moe_layers && pf->moe_experts == p.moe_experts ? pf->moe_steps : 0;
+  p.moe_load = pf->moe_load;
   p.moe_hidden = p.moe_layers ? C : 0;
-  loom_plan_tensor_t *t = calloc((size_t)(pf->nslots > 0 ? pf->nslots : 1), sizeof *t);
+  // The dense gradients, then each MoE layer's (router and experts, allreduced over their own
+  // data-parallel group), ready with the MLP half of their block.
+  const int nmoe_t = p.moe_layers * LOOM_MOE_PARAM_COUNT;
+  loom_plan_tensor_t *t = calloc((size_t)(pf->nslots + nmoe_t + 1), sizeof *t);
+  char(*moe_names)[LOOM_NAME_MAX] = calloc((size_t)nmoe_t + 1, LOOM_NAME_MAX);
   loom_codec_cost_t codecs[2];
   static const char *const specs[2] = {"fp16", "int8"};
-  int rc = t ? 0 : -1;
+  int rc = t && moe_names ? 0 : -1, nt = 0;
   for (int k = 0; rc == 0 && k < pf->nslots; k++) {
-    t[k] = (loom_plan_tensor_t){.name = slot_t[k]->name,
-                                .n = loom_tensor_numel(slot_t[k]),
-                                .ready_us = 1e3 * pf->ready_ms[k] / n};
+    t[nt++] = (loom_plan_tensor_t){.name = slot_t[k]->name,
+                                   .n = loom_tensor_numel(slot_t[k]),
+                                   .ready_us = 1e3 * pf->ready_ms[k] / n};
+  }
+  for (int l = 0, j = 0; rc == 0 && l < L; l++) {
+    char mlp[LOOM_NAME_MAX];
+    snprintf(mlp, sizeof mlp, "grad.h%d.mlp", l);
+    double ready = p.compute_ms * 1e3; // the block's MLP half, or the end of the step
+    for (int k = 0; k < pf->nslots; k++) {
+      ready = strcmp(slot_t[k]->name, mlp) == 0 ? 1e3 * pf->ready_ms[k] / n : ready;
+    }
+    for (int q = 0; m->moe[l] && q < LOOM_MOE_PARAM_COUNT; q++, j++) {
+      snprintf(moe_names[j], LOOM_NAME_MAX, "moe.h%d.%d", l, q);
+      t[nt++] = (loom_plan_tensor_t){.name = moe_names[j],
+                                     .n = loom_tensor_numel(loom_moe_grad(m->moe[l], q)),
+                                     .ready_us = ready};
+    }
   }
   for (int k = 0; rc == 0 && k < 2; k++) {
     if (loom_plan_measure_codec(specs[k], &codecs[k]) != LOOM_OK) {
@@ -104,7 +146,7 @@ int gpt_profile_write(const gpt_profile_t *pf, const char *path, const gpt_model
     }
   }
   if (rc == 0) {
-    p.ntensors = pf->nslots;
+    p.ntensors = nt;
     p.tensors = t;
     p.ncodecs = 2;
     p.codecs = codecs;
@@ -122,5 +164,6 @@ int gpt_profile_write(const gpt_profile_t *pf, const char *path, const gpt_model
     fprintf(stderr, "train_gpt: --profile: out of memory\n");
   }
   free(t);
+  free(moe_names);
   return rc;
 }

@@ -23,6 +23,8 @@ typedef struct gpt_profile {
   int ndocs;
   int *batch_end; // (nbatches) where each batch's documents end in docs
   int nbatches;
+  double *moe_load; // (moe_steps x experts) assignments per expert, every MoE layer summed
+  int moe_steps, moe_experts;
 } gpt_profile_t;
 
 // Profile the steps from `from` on, nslots gradient allreduces. Returns 0 or -1 (out of memory).

@@ -1357,6 +1357,15 @@ int main(int argc, char **argv) {
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   double last_rss = -1.0; // MiB, the largest over the ranks at the last progress line
+  // Each step's time (up to 2^20 of them) for the median: the steady state, without the slower
+  // first steps that a mean over a short run includes.
+  const long step_times_cap = o.steps - start < (1L << 20) ? o.steps - start : (1L << 20);
+  double *step_times = calloc((size_t)(step_times_cap > 0 ? step_times_cap : 1), sizeof(double));
+  long nstep_times = 0;
+  if (!step_times) {
+    fprintf(stderr, "train_gpt: out of memory\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   double train_time = 0.0, wall0 = MPI_Wtime(), tlog = MPI_Wtime(), log_loss = 0.0, pairs_sum = 0.0,
          last_train_loss = 0.0, log_aux = 0.0, last_aux = 0.0;
   long log_from = start;
@@ -1419,6 +1428,9 @@ int main(int argc, char **argv) {
       ex_nonfinite_step("train_gpt", ctx, step, o.steps, (double)st.norm, rank, &nonfinite_steps);
     }
     double t1 = MPI_Wtime();
+    if (nstep_times < step_times_cap) {
+      step_times[nstep_times++] = t1 - t0 - plan_time;
+    }
     train_time += t1 - t0 - plan_time;
     plan_time = 0.0;
     sent_sum += (double)st.sent;
@@ -1594,7 +1606,7 @@ int main(int argc, char **argv) {
         "\"moe_params\": %lld, \"moe_aux\": %.6f, \"attn_servers\": \"%s\", "
         "\"doc_lengths\": \"%s\", \"attn_max_over_mean_before\": %.4f, "
         "\"attn_max_over_mean\": %.4f, \"device\": \"%s\", \"nonfinite_steps\": %ld, "
-        "\"rss_mib\": %.1f}\n",
+        "\"rss_mib\": %.1f, \"step_ms_median\": %.3f}\n",
         o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
         (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
         1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
@@ -1604,9 +1616,11 @@ int main(int argc, char **argv) {
         sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0, nmoe ? o.cfg.moe_every : 0,
         nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0, (long long)moe_params, nmoe ? last_aux : 0.0,
         st.attn ? "inplace" : "off", o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0],
-        st.attn_ratio[1], o.cuda ? "cuda" : "host", nonfinite_steps, last_rss);
+        st.attn_ratio[1], o.cuda ? "cuda" : "host", nonfinite_steps, last_rss,
+        1e3 * ex_median(step_times, nstep_times));
     rc |= ex_write_text(o.json, text) != 0;
   }
+  free(step_times);
   if (loom_sched_destroy(sched) != LOOM_OK) { // writes the rest of the timeline
     fprintf(stderr, "train_gpt: timeline: %s\n", loom_last_error(NULL));
     rc = 1;

@@ -31,6 +31,8 @@ typedef struct loom_sim_profile {
   int moe_experts, moe_topk, moe_hidden;
   double moe_ms;          // expert GEMMs (forward + backward, every MoE layer) per step
   double moe_fine_hidden; // fraction of the all-to-all fine overlap hides (moe_perf measures it)
+  int moe_steps;          // steps with recorded routing
+  double *moe_load;       // (moe_steps x moe_experts) assignments per expert in each step
   int ntensors;
   loom_plan_tensor_t *tensors; // (ntensors) gradients in ready order: name, floats, ready (us)
   int ncodecs;
@@ -76,6 +78,8 @@ typedef struct loom_sim_strategy {
   int grad;         // loom_sim_grad_t or a codec index
   int moe_overlap;  // loom_moe_overlap_t NONE, COARSE or FINE (ignored without MoE layers)
   int attn_servers; // 0: off; 1: in place (every rank trains and serves)
+  int ep_size;      // expert-parallel group size (LOOM_EP_SIZE; capped at the ranks and the
+                    // experts); 0: all the ranks, up to one expert each
 } loom_sim_strategy_t;
 
 // The predicted step of one rank count, in ms.
@@ -87,6 +91,7 @@ typedef struct loom_sim_result {
   double attn_ship_ms;       // attention servers: shipping Q/K/V and outputs (exposed)
   double moe_a2a_ms;         // MoE all-to-all time per step
   double moe_exposed_ms;     // the part of it the overlap mode does not hide
+  double moe_imbalance;      // max / mean expert work over the expert-parallel ranks
   double grad_exposed_ms;    // gradient synchronisation not hidden behind the compute
   double grad_bytes;         // bytes a rank sends per step for the gradients
   double tokens_per_s;       // ranks * tokens / step

@@ -188,18 +188,45 @@ static loom_status_t check(const loom_sim_profile_t *p, const loom_sim_cluster_t
   return LOOM_OK;
 }
 
+// The expert-parallel group's size: the strategy's, capped at the ranks and the experts.
+static int sim_ep(const loom_sim_profile_t *p, const loom_sim_strategy_t *s, int ranks) {
+  int ep = s->ep_size > 0 ? s->ep_size : ranks;
+  ep = ep < ranks ? ep : ranks;
+  return ep < p->moe_experts ? ep : (p->moe_experts > 0 ? p->moe_experts : 1);
+}
+
+// The slowest rank's share of the expert work over ep ranks (max / mean), averaged over the
+// profiled steps' routing: rank r holds the contiguous experts [r E / ep, (r + 1) E / ep).
+static double moe_imbalance(const loom_sim_profile_t *p, int ep) {
+  const int E = p->moe_experts;
+  if (p->moe_steps < 1 || ep < 2 || E < ep) {
+    return 1.0;
+  }
+  double sum = 0.0;
+  for (int k = 0; k < p->moe_steps; k++) {
+    const double *load = p->moe_load + (size_t)k * E;
+    double max = 0.0, total = 0.0;
+    for (int r = 0; r < ep; r++) {
+      double block = 0.0;
+      for (int e = (int)((int64_t)r * E / ep); e < (int)((int64_t)(r + 1) * E / ep); e++) {
+        block += load[e];
+      }
+      max = block > max ? block : max;
+      total += block;
+    }
+    sum += total > 0.0 ? max / (total / ep) : 1.0;
+  }
+  return sum / p->moe_steps;
+}
+
 // The MoE layers' all-to-all per step and what the overlap mode leaves exposed, given the
-// expert compute E (ms). Expert parallelism spans min(ranks, experts) ranks; each of the four
+// expert compute E (ms), over an expert-parallel group of ep ranks; each of the four
 // exchanges per layer (dispatch and combine, forward and backward) sends the rows routed off
 // the rank: tokens x top-k x hidden f32 x (ep - 1) / ep.
-static void moe_cost(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks,
-                     int on_node, int overlap, double E, double *a2a, double *exposed) {
+static void moe_cost(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ep, int on_node,
+                     int overlap, double E, double *a2a, double *exposed) {
   *a2a = *exposed = 0.0;
-  if (p->moe_layers < 1 || ranks < 2) {
-    return;
-  }
-  const int ep = ranks < p->moe_experts ? ranks : p->moe_experts;
-  if (ep < 2) {
+  if (p->moe_layers < 1 || ep < 2) {
     return;
   }
   const int inside = ep <= c->ranks_per_node;
@@ -258,8 +285,11 @@ loom_status_t loom_sim_predict(const loom_sim_profile_t *p, const loom_sim_clust
     const int shared = inside ? c->intra_shared : c->inter_shared;
     out->attn_ship_ms = (4.0 * l->alpha_us + ship_bytes / rate(l, shared, on_node)) / 1000.0;
   }
-  const double E = moe * oversub;
-  moe_cost(p, c, ranks, on_node, s->moe_overlap, E, &out->moe_a2a_ms, &out->moe_exposed_ms);
+  // The experts' GEMMs on the rank that holds the busiest experts: every all-to-all waits for it.
+  const int ep = sim_ep(p, s, ranks);
+  out->moe_imbalance = p->moe_layers > 0 ? moe_imbalance(p, ep) : 1.0;
+  const double E = moe * oversub * out->moe_imbalance;
+  moe_cost(p, c, ep, on_node, s->moe_overlap, E, &out->moe_a2a_ms, &out->moe_exposed_ms);
   out->compute_ms = (other + attn * ratio) * oversub + E;
 
   // Gradients: the planner's simulator over the profiled tensors, their ready times stretched

@@ -21,6 +21,7 @@
 //   run NP TOKENS CTX COMPUTE_MS STEP_MS OVERHEAD_MS
 //   attn ATTN_MS PAIRS Q_ROW_BYTES KV_ROW_BYTES
 //   moe LAYERS EXPERTS TOPK HIDDEN MOE_MS FINE_HIDDEN
+//   moe_load COUNT ... (one per profiled step: assignments per expert, every MoE layer summed)
 //   tensor NAME FLOATS READY_US                     (one per gradient, in ready order)
 //   codec SPEC ENC_US ENC_NS DEC_US DEC_NS BYTES_PER_VALUE FIXED_BYTES
 //   docs LEN LEN ...            (a sample of document lengths, drawn one by one; any lines), or
@@ -42,6 +43,13 @@ loom_status_t loom_sim_profile_save(const char *path, const loom_sim_profile_t *
           p->attn_kv_bytes);
   fprintf(f, "moe %d %d %d %d %.6f %.4f\n", p->moe_layers, p->moe_experts, p->moe_topk,
           p->moe_hidden, p->moe_ms, p->moe_fine_hidden);
+  for (int k = 0; k < p->moe_steps; k++) {
+    fprintf(f, "moe_load");
+    for (int e = 0; e < p->moe_experts; e++) {
+      fprintf(f, " %.0f", p->moe_load[(size_t)k * p->moe_experts + e]);
+    }
+    fprintf(f, "\n");
+  }
   for (int i = 0; i < p->ntensors; i++) {
     fprintf(f, "tensor %s %lld %.3f\n", p->tensors[i].name ? p->tensors[i].name : "grad",
             (long long)p->tensors[i].n, p->tensors[i].ready_us);
@@ -83,6 +91,7 @@ void loom_sim_profile_free(loom_sim_profile_t *p) {
   free(p->codecs);
   free(p->docs);
   free(p->batch_end);
+  free(p->moe_load);
   memset(p, 0, sizeof *p);
 }
 
@@ -159,7 +168,7 @@ static int grow(reader_t *r, void **arr, int n, int *cap, size_t size, int max, 
   return 0;
 }
 
-static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int caps[4],
+static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int caps[5],
                        int *seen) {
   int64_t i64[5];
   double d[6];
@@ -188,10 +197,45 @@ static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int 
         num(r, "moe_ms", 0, 1e9, &p->moe_ms) || num(r, "fine_hidden", 0, 1, &p->moe_fine_hidden)) {
       return -1;
     }
+    if (p->moe_steps > 0) {
+      r->err = loom_error(NULL, r->code, "profile %s line %d: a moe line after moe_load lines",
+                          r->path, r->line);
+      return -1;
+    }
     p->moe_layers = (int)i64[0];
     p->moe_experts = (int)i64[1];
     p->moe_topk = (int)i64[2];
     p->moe_hidden = (int)i64[3];
+  } else if (!strcmp(key, "moe_load")) {
+    if (p->moe_experts < 1 || p->moe_experts > 4096) {
+      r->err = loom_error(NULL, r->code,
+                          "profile %s line %d: moe_load before a moe line with 1..4096 experts",
+                          r->path, r->line);
+      return -1;
+    }
+    const int E = p->moe_experts;
+    const int64_t need = (int64_t)(p->moe_steps + 1) * E;
+    if (need > SIM_MAX_DOCS) {
+      r->err = loom_error(NULL, r->code, "%s line %d: more than %d expert loads", r->path, r->line,
+                          SIM_MAX_DOCS);
+      return -1;
+    }
+    if (need > caps[4]) {
+      const int64_t ncap = need > 2 * (int64_t)caps[4] ? need : 2 * (int64_t)caps[4];
+      void *a = realloc(p->moe_load, (size_t)ncap * sizeof *p->moe_load);
+      if (!a) {
+        r->err = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", r->path);
+        return -1;
+      }
+      p->moe_load = a;
+      caps[4] = (int)ncap;
+    }
+    for (int e = 0; e < E; e++) {
+      if (num(r, "an expert's assignments", 0, 1e15, &p->moe_load[(size_t)p->moe_steps * E + e])) {
+        return -1;
+      }
+    }
+    p->moe_steps++;
   } else if (!strcmp(key, "tensor")) {
     if (grow(r, (void **)&p->tensors, p->ntensors, &caps[0], sizeof *p->tensors, SIM_MAX_TENSORS,
              "tensors")) {
@@ -274,7 +318,7 @@ loom_status_t loom_sim_profile_load(const char *path, loom_sim_profile_t *p) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "profile %s: out of memory", path);
   }
   reader_t r = {.path = path, .code = LOOM_ERR_CORRUPT};
-  int caps[4] = {0, 0, 0, 0}, seen[2] = {0, 0}, bad = 0;
+  int caps[5] = {0, 0, 0, 0, 0}, seen[2] = {0, 0}, bad = 0;
   while (!bad && !seen[1] && fgets(line, SIM_LINE_MAX, f)) {
     r.line++;
     if (!strchr(line, '\n') && !feof(f)) {

@@ -31,6 +31,9 @@ static void usage(FILE *out) {
           "                   profile has documents)\n"
           "  --csv FILE       write every prediction as CSV\n"
           "  --png FILE       plot tokens/s and scaling efficiency against ranks (gnuplot)\n"
+          "  --ep N           expert-parallel group size, LOOM_EP_SIZE (default 1, loom's\n"
+          "                   default: every rank holds every expert); 0 = every rank, up to\n"
+          "                   one expert each\n"
           "  --seed N         seed of the drawn documents (default 1)\n"
           "  --help           this text\n");
 }
@@ -43,6 +46,7 @@ typedef struct opts {
   int moe[3], nmoe;
   int attn[2], nattn;
   unsigned long long seed;
+  int ep; // --ep
 } opts_t;
 
 static int parse_list_int(const char *s, int *out, int cap, int *n) {
@@ -114,6 +118,11 @@ static int parse(int argc, char **argv, opts_t *o) {
       rc = parse_names(f, v, moe_names, 3, o->moe, &o->nmoe);
     } else if (!strcmp(f, "--attn")) {
       rc = parse_names(f, v, attn_names, 2, o->attn, &o->nattn);
+    } else if (!strcmp(f, "--ep")) {
+      char *end;
+      long ep = strtol(v, &end, 10);
+      rc = *end || ep < 0 || ep > (1L << 24) ? -1 : 0;
+      o->ep = (int)ep;
     } else if (!strcmp(f, "--seed")) {
       char *end;
       o->seed = strtoull(v, &end, 10);
@@ -202,7 +211,7 @@ static int plot(const char *png, const char *csv, char labels[][96], int nstrat)
 }
 
 int main(int argc, char **argv) {
-  opts_t o = {.seed = 1};
+  opts_t o = {.seed = 1, .ep = 1};
   if (parse(argc, argv, &o) != 0) {
     return 2;
   }
@@ -248,7 +257,7 @@ int main(int argc, char **argv) {
   if (csv) {
     fprintf(csv, "ranks,nodes,step_ms,compute_ms,grad_exposed_ms,grad_bytes,moe_a2a_ms,"
                  "moe_exposed_ms,attn_ship_ms,tokens_per_s,efficiency,attn_imbalance,cluster,"
-                 "strategy_id,strategy\n");
+                 "strategy_id,strategy,moe_imbalance\n");
   }
   if (rc == 0) {
     printf("loom_sim: profile %s (np %d, %lld tokens per rank, compute %.2f ms, measured step "
@@ -266,8 +275,10 @@ int main(int argc, char **argv) {
   for (int gi = 0; rc == 0 && gi < o.ngrad; gi++) {
     for (int mi = 0; rc == 0 && mi < o.nmoe; mi++) {
       for (int ai = 0; rc == 0 && ai < o.nattn; ai++, sid++) {
-        loom_sim_strategy_t s = {
-            .grad = o.grad[gi], .moe_overlap = o.moe[mi], .attn_servers = o.attn[ai]};
+        loom_sim_strategy_t s = {.grad = o.grad[gi],
+                                 .moe_overlap = o.moe[mi],
+                                 .attn_servers = o.attn[ai],
+                                 .ep_size = o.ep};
         loom_sim_result_t one;
         if (loom_sim_predict(&p, &c, 1, &s, o.seed, &one) != LOOM_OK) {
           fprintf(stderr, "loom_sim: %s\n", loom_last_error(NULL));
@@ -290,10 +301,10 @@ int main(int argc, char **argv) {
                  r.ranks, r.nodes, r.step_ms, r.compute_ms, r.grad_exposed_ms, r.moe_exposed_ms,
                  r.attn_ship_ms, r.attn_imbalance, r.tokens_per_s, eff);
           if (csv) {
-            fprintf(csv, "%d,%d,%.4f,%.4f,%.4f,%.0f,%.4f,%.4f,%.4f,%.1f,%.4f,%.4f,%s,%d,%s\n",
+            fprintf(csv, "%d,%d,%.4f,%.4f,%.4f,%.0f,%.4f,%.4f,%.4f,%.1f,%.4f,%.4f,%s,%d,%s,%.4f\n",
                     r.ranks, r.nodes, r.step_ms, r.compute_ms, r.grad_exposed_ms, r.grad_bytes,
                     r.moe_a2a_ms, r.moe_exposed_ms, r.attn_ship_ms, r.tokens_per_s, eff,
-                    r.attn_imbalance, c.name, sid, label);
+                    r.attn_imbalance, c.name, sid, label, r.moe_imbalance);
           }
         }
       }

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # tests/scaling/validate_sim.sh — loom_sim against measurement on this machine: a profile at np 1
 # per model, then train_gpt at np 1..4 beside its prediction: the dense model unlimited and under
-# slownet 1 and 10 Gbit/s, a MoE model (fine overlap) and attention servers on skewed documents.
+# slownet 1 and 10 Gbit/s, a MoE model (fine overlap), skewed documents without attention servers
+# (the straggler) and with them.
 # Usage (from the build folder): ../tests/scaling/validate_sim.sh [OUT_DIR]   (root: slownet)
-# Environment: STEPS (default 40), CONFIGS (default "dense moe attn"), NETS (default
+# Environment: STEPS (default 40), CONFIGS (default "dense moe skew attn"), NETS (default
 # "shm 1gbit 10gbit", the dense model's).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 b=${LOOM_BUILDDIR:-$PWD}
 out=${1:-$b/sim-validate}
 steps=${STEPS:-40}
-configs=${CONFIGS:-dense moe attn}
+configs=${CONFIGS:-dense moe skew attn}
 nets=${NETS:-shm 1gbit 10gbit}
 model="--layers 2 --width 128 --heads 4 --ctx 128 --batch 4 --sample 0 --val-every 0 --compress none"
 [ -x "$b/examples/train_gpt" ] && [ -x "$b/loom_sim" ] ||
@@ -22,6 +23,7 @@ flags_of() { # CONFIG: train_gpt flags of the model; then the run's extra flags 
   case $1 in
     dense) echo "|" ;;
     moe) echo "--moe-experts 4 --moe-topk 2 --moe-every 2|" ;;
+    skew) echo "--doc-lengths skewed|" ;;
     attn) echo "--doc-lengths skewed|--attn-servers inplace" ;;
   esac
 }
@@ -29,6 +31,7 @@ sim_flags_of() { # CONFIG: the loom_sim strategy that matches the measured run
   case $1 in
     dense) echo "--grad none --attn off" ;;
     moe) echo "--grad none --attn off --moe fine" ;;
+    skew) echo "--grad none --attn off" ;;
     attn) echo "--grad none --attn inplace" ;;
   esac
 }
@@ -59,7 +62,7 @@ for config in $configs; do
     for np in 1 2 3 4; do
       # shellcheck disable=SC2086
       run "$config-$net-np$np" "$net" "$np" $model $model_flags $run_flags --steps "$steps"
-      m=$(sed -n 's/.*"step_ms": \([0-9.]*\).*/\1/p' "$out/$config-$net-np$np.json")
+      m=$(sed -n 's/.*"step_ms_median": \([0-9.]*\).*/\1/p' "$out/$config-$net-np$np.json")
       p=$(awk -F, -v np="$np" '$1 == np {print $3}' "$out/sim-$config-$net.csv")
       e=$(awk -v m="$m" -v p="$p" 'BEGIN {printf "%+.1f", 100 * (p - m) / m}')
       printf "%-6s %-7s %3s %12.2f %12.2f %7s%%\n" "$config" "$net" "$np" "$m" "$p" "$e"

@@ -210,7 +210,7 @@ static void test_cluster_file(void) {
 
 static double step(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks, int grad,
                    int moe, int attn, loom_sim_result_t *r) {
-  loom_sim_strategy_t s = {.grad = grad, .moe_overlap = moe, .attn_servers = attn};
+  loom_sim_strategy_t s = {.grad = grad, .moe_overlap = moe, .attn_servers = attn, .ep_size = 0};
   loom_status_t st = loom_sim_predict(p, c, ranks, &s, 1, r);
   CHECK(st == LOOM_OK, "predict %d ranks: %s", ranks, loom_last_error(NULL));
   return st == LOOM_OK ? r->step_ms : NAN;
@@ -275,6 +275,17 @@ static void test_model(void) {
   }
   CHECK(e[0] > e[1] && e[1] > e[2] && e[2] > 0, "MoE exposed none %.3f coarse %.3f fine %.3f", e[0],
         e[1], e[2]);
+  // Routing: one step sends everything to expert 0, one spreads it evenly: at 2 ranks (experts
+  // 0-3 and 4-7) the busiest rank does 2x then 1x the mean, 1.5x on average.
+  double load[16] = {800, 0, 0, 0, 0, 0, 0, 0, 100, 100, 100, 100, 100, 100, 100, 100};
+  p.moe_steps = 2;
+  p.moe_load = load;
+  step(&p, &c, 2, LOOM_SIM_GRAD_NONE, 2, 0, &r);
+  CHECK(fabs(r.moe_imbalance - 1.5) < 1e-9, "MoE imbalance %.4f, want 1.5", r.moe_imbalance);
+  step(&p, &c, 1, LOOM_SIM_GRAD_NONE, 2, 0, &r);
+  CHECK(r.moe_imbalance == 1.0, "MoE imbalance at one rank %.4f", r.moe_imbalance);
+  p.moe_steps = 0;
+  p.moe_load = NULL;
   // Bad arguments.
   quiet_begin();
   loom_sim_strategy_t s = {.grad = LOOM_SIM_GRAD_NONE};
