@@ -32,17 +32,25 @@ make -j"$jobs" $(for t in $gpu_tests $gpu_mpi_tests; do printf 'tests/gpu/%s ' "
 say "build: $(($(date +%s) - t0)) s"
 
 fails=0
-for t in $gpu_tests; do
-  start=$(date +%s)
-  ./tests/gpu/$t > "$out/$t.log" 2>&1
-  rc=$?
-  case $rc in
-    0) verdict=PASS ;;
-    77) verdict=SKIP ;;
-    *) verdict="FAIL (exit $rc)"; fails=$((fails + 1)) ;;
+# run_test NAME NOTE CMD...: run one test, log it, count a failure (77 is a SKIP).
+run_test() {
+  rt_name=$1 rt_note=$2
+  shift 2
+  rt_start=$(date +%s)
+  "$@" > "$out/$rt_name.log" 2>&1
+  rt_rc=$?
+  case $rt_rc in
+    0) rt_verdict=PASS ;;
+    77) rt_verdict=SKIP ;;
+    *) rt_verdict="FAIL (exit $rt_rc)"; fails=$((fails + 1)) ;;
   esac
-  say "$verdict: $t ($(($(date +%s) - start)) s)"
-  [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && tail -15 "$out/$t.log" | sed 's/^/    /' | tee -a "$summary"
+  say "$rt_verdict: $rt_name (${rt_note}$(($(date +%s) - rt_start)) s)"
+  if [ "$rt_rc" -ne 0 ] && [ "$rt_rc" -ne 77 ]; then
+    tail -15 "$out/$rt_name.log" | sed 's/^/    /' | tee -a "$summary"
+  fi
+}
+for t in $gpu_tests; do
+  run_test "$t" "" "./tests/gpu/$t"
 done
 
 # The MPI GPU tests: np 2 where there are two GPUs (NCCL needs one GPU per rank), else np 1 (the
@@ -51,17 +59,8 @@ ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 np=2
 [ "${ngpu:-0}" -lt 2 ] && np=1
 for t in $gpu_mpi_tests; do
-  start=$(date +%s)
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$np" --oversubscribe \
-    ./tests/gpu/$t > "$out/$t.log" 2>&1
-  rc=$?
-  case $rc in
-    0) verdict=PASS ;;
-    77) verdict=SKIP ;;
-    *) verdict="FAIL (exit $rc)"; fails=$((fails + 1)) ;;
-  esac
-  say "$verdict: $t (mpirun -np $np, ${ngpu:-0} GPU(s); $(($(date +%s) - start)) s)"
-  [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && tail -15 "$out/$t.log" | sed 's/^/    /' | tee -a "$summary"
+  run_test "$t" "mpirun -np $np, ${ngpu:-0} GPU(s); " env OMPI_ALLOW_RUN_AS_ROOT=1 \
+    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$np" --oversubscribe "./tests/gpu/$t"
 done
 
 say "--- benchmarks"
