@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ctx.h"
 #include "cuda/cuda_ctx.h"
@@ -180,7 +181,14 @@ static loom_status_t poll_req(loom_request_t *r, int block, int *done) {
   loom_status_t status = LOOM_OK;
   struct nccl_req *s = r->state;
   *done = 0;
-  cudaError_t rc = block ? cudaEventSynchronize(s->done) : cudaEventQuery(s->done);
+  // Never cudaEventSynchronize: a rank that skipped the collective would block this one inside
+  // the CUDA runtime for ever. A blocking wait polls instead (20 us apart), and loom_wait checks
+  // the watchdog (LOOM_TIMEOUT) between polls.
+  cudaError_t rc = cudaEventQuery(s->done);
+  if (rc == cudaErrorNotReady && block) {
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+  }
   if (rc == cudaErrorNotReady) {
     ncclResult_t async = ncclSuccess;
     LOOM_CHECK_NCCL(NULL, ncclCommGetAsyncError(s->comm, &async));

@@ -624,10 +624,12 @@ fail:
 // A CUDA tensor (checked by prepare_device): the device form of the flat schemes.
 static loom_status_t run_device(const loom_group_t *g, const loom_compressor_t *c,
                                 loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
-                                loom_redop_t op, uint64_t seed, size_t *sent) {
+                                loom_redop_t op, uint64_t seed, size_t *sent,
+                                struct loom_watch *w) {
 #ifdef LOOM_HAVE_NCCL
-  return loom_compressed_allreduce_cuda(g, c, scheme, ef, t, op, seed, sent);
+  return loom_compressed_allreduce_cuda(g, c, scheme, ef, t, op, seed, sent, w);
 #else
+  (void)w;
   (void)g;
   (void)c;
   (void)scheme;
@@ -652,7 +654,7 @@ loom_status_t loom_compressed_allreduce(const loom_group_t *g, const loom_compre
     status = enter(g, c, scheme, t, op, seed, &w);
   }
   if (status == LOOM_OK && t->device != LOOM_DEVICE_HOST) {
-    status = run_device(g, c, scheme, ef, t, op, seed, &sent);
+    status = run_device(g, c, scheme, ef, t, op, seed, &sent, &w);
   } else if (status == LOOM_OK) {
     status = run_blocking(g, c, scheme, ef, res, t, op, seed, &sent, &w);
   }
@@ -680,7 +682,8 @@ loom_status_t loom_icompressed_allreduce(const loom_group_t *g, const loom_compr
     status = enter(g, c, scheme, t, op, seed, &w);
   }
   if (status == LOOM_OK && t->device != LOOM_DEVICE_HOST) {
-    status = run_device(g, c, scheme, ef, t, op, seed, &sent); // done in stream order: no request
+    status =
+        run_device(g, c, scheme, ef, t, op, seed, &sent, &w); // done in stream order: no request
   } else if (status == LOOM_OK &&
              (c->kind == LOOM_CODEC_POWERSGD || scheme == LOOM_SCHEME_HIERARCHICAL)) {
     status = run_blocking(g, c, scheme, ef, res, t, op, seed, &sent, &w);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm_internal.h"
 #include "compress_internal.h"
@@ -201,16 +202,17 @@ typedef struct dflat {
   int64_t n, chunk; // values; values per chunk (the last one may be shorter)
   int nchunks;
   uint64_t seed;
-  size_t bsize;   // one block: the length word, a payload, padding
-  void *scratch;  // the device buffers below, one allocation from the stream-ordered pool
-  uint8_t *send;  // np blocks (divisible: shard i for rank i) or one block
-  uint8_t *recv;  // np blocks: block j from rank j
-  uint8_t *mine;  // divisible: one block, this rank's summed shard re-encoded
-  uint8_t *gath;  // divisible: np blocks, every rank's summed shard
-  float *out;     // (n) the result before it is written to x
-  float *y;       // (chunk) x + residual while encoding
-  float *acc;     // (widest shard) divisible: this rank's shard summed
-  uint64_t *lens; // (np) host: the length words of np received blocks
+  size_t bsize;             // one block: the length word, a payload, padding
+  void *scratch;            // the device buffers below, one allocation from the stream-ordered pool
+  uint8_t *send;            // np blocks (divisible: shard i for rank i) or one block
+  uint8_t *recv;            // np blocks: block j from rank j
+  uint8_t *mine;            // divisible: one block, this rank's summed shard re-encoded
+  uint8_t *gath;            // divisible: np blocks, every rank's summed shard
+  float *out;               // (n) the result before it is written to x
+  float *y;                 // (chunk) x + residual while encoding
+  float *acc;               // (widest shard) divisible: this rank's shard summed
+  uint64_t *lens;           // (np) host: the length words of np received blocks
+  struct loom_watch *watch; // the operation's LOOM_TIMEOUT, checked while the host waits
   loom_status_t status;
   char errmsg[256];
 } dflat_t;
@@ -246,6 +248,22 @@ static void fail_block(uint8_t *block) {
 
 // The length words of the np blocks at blocks into f->lens (waits for the current stream, hence
 // for the exchange that filled them).
+// Wait for stream like cudaStreamSynchronize, but polling (20 us apart) so that the watchdog can
+// end a wait for a peer that never joins the exchange.
+static loom_status_t wait_stream(cudaStream_t stream, struct loom_watch *w) {
+  for (;;) {
+    cudaError_t rc = cudaStreamQuery(stream);
+    if (rc != cudaErrorNotReady) {
+      return rc == cudaSuccess ? LOOM_OK
+                               : loom_error(NULL, LOOM_ERR_CUDA, "waiting for an exchange: %s",
+                                            cudaGetErrorString(rc));
+    }
+    loom_watch_check(w);
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 static loom_status_t read_lengths(dflat_t *f, const uint8_t *blocks) {
   loom_status_t status = LOOM_OK;
   const cudaStream_t stream = loom_cuda_stream();
@@ -258,7 +276,7 @@ static loom_status_t read_lengths(dflat_t *f, const uint8_t *blocks) {
                                             cudaMemcpyDeviceToHost, stream));
     }
   }
-  LOOM_CHECK_CUDA(NULL, cudaStreamSynchronize(stream));
+  LOOM_CHECK(wait_stream(stream, f->watch)); // after the exchange: a peer may never come
 fail:
   return status;
 }
@@ -387,7 +405,8 @@ fail:
 
 loom_status_t loom_compressed_allreduce_cuda(const loom_group_t *g, const loom_compressor_t *c,
                                              loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
-                                             loom_redop_t op, uint64_t seed, size_t *sent) {
+                                             loom_redop_t op, uint64_t seed, size_t *sent,
+                                             struct loom_watch *w) {
   loom_status_t status = LOOM_OK;
   dev_res_t *r = NULL;
   const int np = loom_group_size(g);
@@ -396,6 +415,7 @@ loom_status_t loom_compressed_allreduce_cuda(const loom_group_t *g, const loom_c
                .np = np,
                .me = loom_group_rank(g),
                .device = t->device,
+               .watch = w,
                .divisible = scheme == LOOM_SCHEME_DIVISIBLE,
                .x = t->data,
                .n = loom_tensor_numel(t),

@@ -123,13 +123,16 @@ const float *loom_ef_host_residual(const loom_ef_t *ef, const char *name, int64_
 loom_status_t loom_ef_host_slot(loom_ef_t *ef, const char *name, int64_t n, float **data);
 
 #ifdef LOOM_HAVE_NCCL
+struct loom_watch; // comm_internal.h
 // The flat schemes (indivisible, divisible) on an f32 tensor t on a visible CUDA device, checked
 // by the caller (compress_coll.c's prepare and enter), c a payload codec: encode, exchange and
 // decode on the device, the exchanges on g's NCCL communicator; *sent grows by the bytes this
-// rank sends. Completes in the calling thread's current stream's order (see the .c file).
+// rank sends. Completes in the calling thread's current stream's order (see the .c file). w is
+// the operation's watchdog (LOOM_TIMEOUT), checked while the host waits for an exchange.
 loom_status_t loom_compressed_allreduce_cuda(const loom_group_t *g, const loom_compressor_t *c,
                                              loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
-                                             loom_redop_t op, uint64_t seed, size_t *sent);
+                                             loom_redop_t op, uint64_t seed, size_t *sent,
+                                             struct loom_watch *w);
 #endif
 
 #ifdef __cplusplus
