@@ -4,6 +4,8 @@
 #include "memory.h"
 
 #include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +20,10 @@
 void *loom_host_alloc(size_t bytes) {
   void *p = NULL;
   if (bytes == 0) {
+    return NULL;
+  }
+  if (bytes > (size_t)PTRDIFF_MAX) { // no object can be that large: fail without asking
+    LOOM_INFO(LOOM_SUB_MEM, "host alloc of %zu bytes refused (more than PTRDIFF_MAX)", bytes);
     return NULL;
   }
   int rc = posix_memalign(&p, LOOM_HOST_ALIGN, bytes);
