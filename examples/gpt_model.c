@@ -404,7 +404,9 @@ static loom_status_t block_forward(const gpt_model_t *m, gpt_acts_t *a, int l) {
   TRY(loom_gemm(&k, &ln1, 0, &p[GPT_WK], 1, &p[GPT_BK], 1.0f, 0.0f));
   TRY(loom_gemm(&v, &ln1, 0, &p[GPT_WV], 1, &p[GPT_BV], 1.0f, 0.0f));
   if (a->attn && a->attn[l]) { // q, k, v, att: (n, H, D) contiguous; lse (H, n)
+    double t0 = now_s();       // with the servers' exchanges: what attention costs this rank
     TRY(loom_attn_exec_forward(a->attn[l], &q3, &k3, &v3, &att3, &lse));
+    m->timers->attn_s += now_s() - t0;
   } else {
     double t0 = now_s();
     TRY(loom_attention_forward(&att3, &lse, &q3, &k3, &v3, &a->cu, &a->cu, 1, 0.0f));
@@ -589,7 +591,9 @@ static loom_status_t block_backward_attn(gpt_model_t *m, gpt_acts_t *a, int l, l
                 dy3 = rows(&a->dy, n, H), q3 = rows(&y->q, n, H), k3 = rows(&y->k, n, H),
                 v3 = rows(&y->v, n, H), att3 = rows(&y->att, n, H);
   if (a->attn && a->attn[l]) { // the executor kept this block's forward batch
+    double t0 = now_s();
     TRY(loom_attn_exec_backward(a->attn[l], &dy3, &dq3, &dk3, &dv3));
+    m->timers->attn_s += now_s() - t0;
   } else {
     double t0 = now_s();
     TRY(loom_attention_backward(&dq3, &dk3, &dv3, &dy3, &q3, &k3, &v3, &att3, &lse, &a->cu, &a->cu,

@@ -46,8 +46,9 @@ enum gpt_block_param {
 // A unit is what one backward task computes and one allreduce averages: unit 0 the embeddings
 // (wte (V, C), wpe (T, C)), units 1..L the blocks, unit L+1 the head (final LayerNorm (C) (C),
 // lm_head (V, C), not tied to wte). The gradients of a unit are one contiguous buffer.
-// Seconds since creation in local core attention (forward and backward; not through attention
-// servers) and in the MoE layers' expert GEMMs: train_gpt --profile reads them.
+// Seconds since creation in core attention (forward and backward; through the attention servers
+// when they are on, their exchanges included) and in the MoE layers' expert GEMMs: train_gpt
+// --profile reads them.
 typedef struct gpt_timers {
   double attn_s, moe_compute_s;
 } gpt_timers_t;

@@ -2,6 +2,8 @@
  * loom_sim profile (loom_sim_profile_save) with the measured codec costs. */
 #include "gpt_profile.h"
 
+#include "example_util.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,13 +17,22 @@ int gpt_profile_init(gpt_profile_t *pf, long from, int nslots) {
   pf->ready_ms = calloc((size_t)(nslots > 0 ? nslots : 1), sizeof(double));
   pf->docs = calloc(GPT_PROFILE_MAX_DOCS, sizeof(int64_t));
   pf->batch_end = calloc(GPT_PROFILE_MAX_DOCS, sizeof(int));
-  return pf->ready_ms && pf->docs && pf->batch_end ? 0 : -1;
+  pf->step_compute = calloc(GPT_PROFILE_MAX_STEPS, sizeof(double));
+  pf->step_wall = calloc(GPT_PROFILE_MAX_STEPS, sizeof(double));
+  pf->step_idle = calloc(GPT_PROFILE_MAX_STEPS, sizeof(double));
+  return pf->ready_ms && pf->docs && pf->batch_end && pf->step_compute && pf->step_wall &&
+                 pf->step_idle
+             ? 0
+             : -1;
 }
 
 void gpt_profile_free(gpt_profile_t *pf) {
   free(pf->ready_ms);
   free(pf->docs);
   free(pf->batch_end);
+  free(pf->step_compute);
+  free(pf->step_wall);
+  free(pf->step_idle);
   free(pf->moe_load);
   memset(pf, 0, sizeof *pf);
 }
@@ -32,6 +43,12 @@ void gpt_profile_step(gpt_profile_t *pf, long step, const loom_step_stats_t *ss,
     pf->attn_s0 = m->timers->attn_s; // the timers as the first profiled step begins
     pf->moe_s0 = m->timers->moe_compute_s;
     return;
+  }
+  if (pf->steps < GPT_PROFILE_MAX_STEPS) {
+    pf->step_compute[pf->steps] = ss->compute_ms;
+    pf->step_wall[pf->steps] = ss->wall_ms;
+    pf->step_idle[pf->steps] =
+        ss->wall_ms - ss->compute_ms - ss->exposed_comm_ms - ss->exposed_worker_ms;
   }
   pf->steps++;
   pf->compute_ms += ss->compute_ms;
@@ -82,23 +99,28 @@ int gpt_profile_write(const gpt_profile_t *pf, const char *path, const gpt_model
   }
   const double n = (double)pf->steps;
   const int C = m->cfg.width, H = m->cfg.heads, L = m->cfg.layers;
+  // Medians of the per-step times (a few slow steps move a mean, not the steady state); the
+  // attention and MoE timers, kept as sums, scaled by the same median / mean of the compute.
+  const long kept = pf->steps < GPT_PROFILE_MAX_STEPS ? pf->steps : GPT_PROFILE_MAX_STEPS;
+  const double compute_med = ex_median(pf->step_compute, kept);
+  const double scale = pf->compute_ms > 0 ? compute_med / (pf->compute_ms / n) : 1.0;
   loom_sim_profile_t p = {.np = np,
                           .tokens = tokens,
                           .ctx = m->cfg.ctx,
-                          .compute_ms = pf->compute_ms / n,
-                          .step_ms = pf->wall_ms / n,
-                          .attn_ms = 1e3 * (m->timers->attn_s - pf->attn_s0) / n,
+                          .compute_ms = compute_med,
+                          .step_ms = ex_median(pf->step_wall, kept),
+                          .attn_ms = scale * 1e3 * (m->timers->attn_s - pf->attn_s0) / n,
                           .attn_pairs = L * pf->pairs / n,
                           // Per layer, forward and backward, f32 (loom_attn_balance_opts_t):
                           // 4 (4 H D + H) per query row and 4 (4 H D) per key/value row.
                           .attn_q_bytes = L * 4.0 * (4.0 * C + H),
                           .attn_kv_bytes = L * 4.0 * 4.0 * C,
-                          .moe_ms = 1e3 * (m->timers->moe_compute_s - pf->moe_s0) / n,
+                          .moe_ms = scale * 1e3 * (m->timers->moe_compute_s - pf->moe_s0) / n,
                           .ndocs = pf->ndocs,
                           .docs = pf->docs,
                           .nbatches = pf->nbatches,
                           .batch_end = pf->batch_end};
-  p.overhead_ms = p.step_ms - p.compute_ms - pf->exposed_ms / n;
+  p.overhead_ms = ex_median(pf->step_idle, kept);
   p.overhead_ms = p.overhead_ms > 0 ? p.overhead_ms : 0.0;
   for (int l = 0; l < L; l++) {
     if (m->moe[l]) {

@@ -8,13 +8,16 @@
 #include "loom.h"
 #include "loom_sched.h"
 
-#define GPT_PROFILE_MAX_DOCS 20000 // document lengths kept for the simulator's draws
+#define GPT_PROFILE_MAX_DOCS  20000  // document lengths kept for the simulator's draws
+#define GPT_PROFILE_MAX_STEPS 100000 // steps whose times are kept for the medians
 
 typedef struct gpt_profile {
   long from;                  // the first profiled step (the ones before are warm-up)
   long steps;                 // profiled steps so far
   double compute_ms, wall_ms; // summed per-step statistics of the scheduler
   double exposed_ms;
+  double *step_compute, *step_wall, *step_idle; // (steps, up to GPT_PROFILE_MAX_STEPS) per step
+
   int nslots;
   double *ready_ms;       // (nslots) summed ready times of the gradient allreduces
   double attn_s0, moe_s0; // the model's attention and MoE timers at the first profiled step

@@ -23,7 +23,7 @@ typedef struct loom_sim_profile {
   double compute_ms;    // busy time of the compute lane per step (attention and MoE included)
   double step_ms;       // the measured step
   double overhead_ms;   // wall - compute - exposed communication: launch, polling, idle
-  double attn_ms;       // local core attention (forward + backward) per step
+  double attn_ms;       // core attention (forward + backward, through the servers when on)
   double attn_pairs;    // causal (query, key) pairs per rank per step, summed over the layers
   double attn_q_bytes;  // bytes an attention server ships per query row, every layer, both
   double attn_kv_bytes; // passes (Q out, O and LSE back, dO, dQ...), and per key/value row

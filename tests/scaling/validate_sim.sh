@@ -24,7 +24,7 @@ flags_of() { # CONFIG: train_gpt flags of the model; then the run's extra flags 
     dense) echo "|" ;;
     moe) echo "--moe-experts 4 --moe-topk 2 --moe-every 2|" ;;
     skew) echo "--doc-lengths skewed|" ;;
-    attn) echo "--doc-lengths skewed|--attn-servers inplace" ;;
+    attn) echo "--doc-lengths skewed --attn-servers inplace|" ;; # profiled with the servers
   esac
 }
 sim_flags_of() { # CONFIG: the loom_sim strategy that matches the measured run
