@@ -3,6 +3,8 @@
 #include "config.h"
 
 #include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,14 +54,30 @@ struct loom_attn_exec {
   pair_t *from;     // (np) owner r, this rank as server
   // the server's batch (kept for the backward)
   int nserve;
-  int *serve; // (nserve) task indices, plan order
-  int64_t bq, bk;
+  int *serve;             // (nserve) task indices, plan order
+  int64_t *task_q;        // (ntasks) batch row of each task this rank serves
+  int64_t *task_k;        // (ntasks) batch key row of each task this rank serves
+  int64_t bq, bk;         // batch rows
+  int64_t cap_bq, cap_bk; // the rows the forward buffers hold
+  int64_t cap_gq, cap_gk; // the rows the backward buffers hold
+  int batch_ready;        // the batch holds the forward of the current plan (for the backward)
   float *Qb, *Kb, *Vb, *Ob, *Lb, *dOb, *dQb, *dKb, *dVb;
   int32_t *cu_q, *cu_k;
-  // messages
+  // this rank's own q, k, v between ship and compute: the tasks it serves for itself are
+  // read from them directly (no message to itself)
+  const float *q_in, *k_in, *v_in;
+  // messages: buffers kept between phases and steps, grown when a plan needs more
   uint8_t **sbuf; // (np) outgoing per peer
+  size_t *scap;
   MPI_Request *sreq;
-  uint8_t **rbuf; // (np) incoming per peer (forward ship kept for the batch)
+  uint8_t **rbuf; // (np) incoming per peer: forward shipments (posted at the ship), backward
+  size_t *rcap;
+  MPI_Request *rreq;
+  MPI_Status *rst;
+  uint8_t **fbuf; // (np) the forward results from each server (posted at the ship)
+  size_t *fcap;
+  MPI_Request *freq;
+  MPI_Status *fst;
   loom_attn_exec_stats_t st;
 };
 
@@ -180,6 +198,62 @@ static void free_pair(pair_t *p) {
   free(p->kv_doc);
   free(p->kv_rows);
   free(p->kv_off);
+  memset(p, 0, sizeof *p);
+}
+
+// Take a plan (checked): the documents' rows, the message layout of every (owner, server)
+// pair and the tasks this rank serves. Replaces what an earlier plan left.
+static loom_status_t set_plan(loom_attn_exec_t *x, const loom_attn_doc_t *docs, int ndocs,
+                              const loom_attn_task_t *tasks, int ntasks) {
+  loom_status_t status = LOOM_OK;
+  for (int s = 0; s < x->np; s++) {
+    free_pair(&x->to[s]);
+    free_pair(&x->from[s]);
+  }
+  free(x->docs);
+  free(x->tasks);
+  free(x->doc_row);
+  free(x->serve);
+  free(x->task_q);
+  free(x->task_k);
+  x->ndocs = ndocs;
+  x->ntasks = ntasks;
+  x->rows = 0;
+  x->nserve = 0;
+  x->bq = x->bk = 0;
+  x->batch_ready = 0;
+  x->docs = malloc(sizeof *docs * ((size_t)ndocs + 1));
+  x->tasks = malloc(sizeof *tasks * ((size_t)ntasks + 1));
+  x->doc_row = calloc((size_t)ndocs + 1, sizeof(int64_t));
+  x->serve = calloc((size_t)ntasks + 1, sizeof(int));
+  x->task_q = calloc((size_t)ntasks + 1, sizeof(int64_t));
+  x->task_k = calloc((size_t)ntasks + 1, sizeof(int64_t));
+  if (!x->docs || !x->tasks || !x->doc_row || !x->serve || !x->task_q || !x->task_k) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "attention servers: out of memory for the plan");
+  }
+  memcpy(x->docs, docs, sizeof *docs * (size_t)ndocs);
+  memcpy(x->tasks, tasks, sizeof *tasks * (size_t)ntasks);
+  for (int i = 0; i < ndocs; i++) {
+    if (docs[i].owner == x->me) {
+      x->doc_row[i] = x->rows;
+      x->rows += docs[i].len;
+    }
+  }
+  for (int s = 0; s < x->np; s++) {
+    LOOM_CHECK(make_pair(x, x->me, s, &x->to[s]));
+    LOOM_CHECK(make_pair(x, s, x->me, &x->from[s]));
+  }
+  for (int i = 0; i < ntasks; i++) {
+    if (tasks[i].server == x->me) {
+      x->task_q[i] = x->bq;
+      x->task_k[i] = x->bk;
+      x->serve[x->nserve++] = i;
+      x->bq += tasks[i].q_hi - tasks[i].q_lo;
+      x->bk += kv_len(x, &tasks[i]);
+    }
+  }
+fail:
+  return status;
 }
 
 loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t *docs, int ndocs,
@@ -214,9 +288,10 @@ loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t
                       "loom_attn_exec_create: this rank is not a member of the group");
   }
   const int np = loom_group_size(g);
-  loom_attn_exec_t *x = NULL;
-  LOOM_CHECK(check_plan(docs, ndocs, tasks, ntasks, np));
-  x = calloc(1, sizeof *x);
+  if ((status = check_plan(docs, ndocs, tasks, ntasks, np)) != LOOM_OK) {
+    return status;
+  }
+  loom_attn_exec_t *x = calloc(1, sizeof *x);
   if (!x) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_create: out of memory");
   }
@@ -228,43 +303,29 @@ loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t
                           .Hkv = kv_heads,
                           .D = head_dim,
                           .causal = causal,
-                          .scale = scale,
-                          .ndocs = ndocs,
-                          .ntasks = ntasks};
-  x->docs = malloc(sizeof *docs * ((size_t)ndocs + 1));
-  x->tasks = malloc(sizeof *tasks * ((size_t)ntasks + 1));
-  x->doc_row = calloc((size_t)ndocs + 1, sizeof(int64_t));
+                          .scale = scale};
   x->to = calloc((size_t)np, sizeof(pair_t));
   x->from = calloc((size_t)np, sizeof(pair_t));
-  x->serve = calloc((size_t)ntasks + 1, sizeof(int));
   x->sbuf = calloc((size_t)np, sizeof(uint8_t *));
   x->rbuf = calloc((size_t)np, sizeof(uint8_t *));
+  x->fbuf = calloc((size_t)np, sizeof(uint8_t *));
+  x->scap = calloc((size_t)np, sizeof(size_t));
+  x->rcap = calloc((size_t)np, sizeof(size_t));
+  x->fcap = calloc((size_t)np, sizeof(size_t));
   x->sreq = calloc((size_t)np, sizeof(MPI_Request));
-  if (!x->docs || !x->tasks || !x->doc_row || !x->to || !x->from || !x->serve || !x->sbuf ||
-      !x->rbuf || !x->sreq) {
+  x->rreq = calloc((size_t)np, sizeof(MPI_Request));
+  x->freq = calloc((size_t)np, sizeof(MPI_Request));
+  x->rst = calloc((size_t)np, sizeof(MPI_Status));
+  x->fst = calloc((size_t)np, sizeof(MPI_Status));
+  if (!x->to || !x->from || !x->sbuf || !x->rbuf || !x->fbuf || !x->scap || !x->rcap || !x->fcap ||
+      !x->sreq || !x->rreq || !x->freq || !x->rst || !x->fst) {
     status = loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_create: out of memory");
     goto fail;
   }
-  memcpy(x->docs, docs, sizeof *docs * (size_t)ndocs);
-  memcpy(x->tasks, tasks, sizeof *tasks * (size_t)ntasks);
-  for (int i = 0; i < ndocs; i++) {
-    if (docs[i].owner == x->me) {
-      x->doc_row[i] = x->rows;
-      x->rows += docs[i].len;
-    }
-  }
   for (int s = 0; s < np; s++) {
-    x->sreq[s] = MPI_REQUEST_NULL;
-    LOOM_CHECK(make_pair(x, x->me, s, &x->to[s]));
-    LOOM_CHECK(make_pair(x, s, x->me, &x->from[s]));
+    x->sreq[s] = x->rreq[s] = x->freq[s] = MPI_REQUEST_NULL;
   }
-  for (int i = 0; i < ntasks; i++) {
-    if (tasks[i].server == x->me) {
-      x->serve[x->nserve++] = i;
-      x->bq += tasks[i].q_hi - tasks[i].q_lo;
-      x->bk += kv_len(x, &tasks[i]);
-    }
-  }
+  LOOM_CHECK(set_plan(x, docs, ndocs, tasks, ntasks));
   if (MPI_Comm_dup(loom_group_comm(g), &x->comm) != MPI_SUCCESS) {
     status = loom_error(NULL, LOOM_ERR_MPI, "loom_attn_exec_create: MPI_Comm_dup failed");
     goto fail;
@@ -276,6 +337,33 @@ fail:
   return status;
 }
 
+loom_status_t loom_attn_exec_replan(loom_attn_exec_t *x, const loom_attn_doc_t *docs, int ndocs,
+                                    const loom_attn_task_t *tasks, int ntasks) {
+  static const char op[] = "loom_attn_exec_replan";
+  char why[160] = "";
+  if (!x) {
+    snprintf(why, sizeof why, "x is NULL: pass an executor from loom_attn_exec_create");
+  } else if (ndocs < 0 || (ndocs && !docs)) {
+    snprintf(why, sizeof why, "docs is %s with ndocs = %d: pass an array of ndocs >= 0 documents",
+             docs ? "set" : "NULL", ndocs);
+  } else if (ntasks < 0 || (ntasks && !tasks)) {
+    snprintf(why, sizeof why, "tasks is %s with ntasks = %d: pass an array of ntasks >= 0 tasks",
+             tasks ? "set" : "NULL", ntasks);
+  } else if (x->phase != 0) {
+    snprintf(why, sizeof why,
+             "a forward is in progress (shipped, not finished): finish it on every rank first");
+  }
+  if (why[0]) {
+    return loom_error(NULL, x && x->phase != 0 ? LOOM_ERR_STATE : LOOM_ERR_INVALID_ARG, "%s: %s",
+                      op, why);
+  }
+  loom_status_t status = check_plan(docs, ndocs, tasks, ntasks, x->np);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  return set_plan(x, docs, ndocs, tasks, ntasks);
+}
+
 static void free_batch(loom_attn_exec_t *x) {
   float **b[] = {&x->Qb, &x->Kb, &x->Vb, &x->Ob, &x->Lb, &x->dOb, &x->dQb, &x->dKb, &x->dVb};
   for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) {
@@ -285,6 +373,19 @@ static void free_batch(loom_attn_exec_t *x) {
   free(x->cu_q);
   free(x->cu_k);
   x->cu_q = x->cu_k = NULL;
+  x->cap_bq = x->cap_bk = x->cap_gq = x->cap_gk = 0;
+}
+
+// Complete or cancel a request a failed peer will never match.
+static void drop_request(MPI_Request *r) {
+  if (*r != MPI_REQUEST_NULL) {
+    int done = 0;
+    MPI_Test(r, &done, MPI_STATUS_IGNORE);
+    if (!done) {
+      MPI_Cancel(r);
+      MPI_Wait(r, MPI_STATUS_IGNORE);
+    }
+  }
 }
 
 void loom_attn_exec_destroy(loom_attn_exec_t *x) {
@@ -292,12 +393,14 @@ void loom_attn_exec_destroy(loom_attn_exec_t *x) {
     return;
   }
   for (int s = 0; s < x->np; s++) {
-    if (x->sreq && x->sreq[s] != MPI_REQUEST_NULL) { // a send a failed peer will never take
-      int done = 0;
-      MPI_Test(&x->sreq[s], &done, MPI_STATUS_IGNORE);
-      if (!done) {
-        MPI_Cancel(&x->sreq[s]);
-        MPI_Wait(&x->sreq[s], MPI_STATUS_IGNORE);
+    MPI_Request *reqs[] = {x->sreq, x->rreq, x->freq};
+    uint8_t **bufs[] = {x->sbuf, x->rbuf, x->fbuf};
+    for (int k = 0; k < 3; k++) {
+      if (reqs[k]) {
+        drop_request(&reqs[k][s]);
+      }
+      if (bufs[k]) {
+        free(bufs[k][s]);
       }
     }
     if (x->to) {
@@ -306,23 +409,14 @@ void loom_attn_exec_destroy(loom_attn_exec_t *x) {
     if (x->from) {
       free_pair(&x->from[s]);
     }
-    if (x->sbuf) {
-      free(x->sbuf[s]);
-    }
-    if (x->rbuf) {
-      free(x->rbuf[s]);
-    }
   }
   free_batch(x);
-  free(x->docs);
-  free(x->tasks);
-  free(x->doc_row);
-  free(x->to);
-  free(x->from);
-  free(x->serve);
-  free(x->sbuf);
-  free(x->rbuf);
-  free(x->sreq);
+  void *owned[] = {x->docs,   x->tasks, x->doc_row, x->to,   x->from, x->serve, x->task_q,
+                   x->task_k, x->sbuf,  x->rbuf,    x->fbuf, x->scap, x->rcap,  x->fcap,
+                   x->sreq,   x->rreq,  x->freq,    x->rst,  x->fst};
+  for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) {
+    free(owned[i]);
+  }
   if (x->comm != MPI_COMM_NULL) {
     MPI_Comm_free(&x->comm);
   }
@@ -344,23 +438,37 @@ static void enter(loom_attn_exec_t *x, enum loom_op_kind kind, const char *name)
   loom_watch_enter(&x->watch, x->g, &d, 1);
 }
 
+// Make *buf hold at least bytes (kept between calls and steps: a fresh buffer per message costs
+// a page fault per 4 KiB on every use). 0 when out of memory (*buf unchanged).
+static int reserve(uint8_t **buf, size_t *cap, size_t bytes) {
+  if (*cap >= bytes && *buf) {
+    return 1;
+  }
+  uint8_t *p = malloc(bytes);
+  if (!p) {
+    return 0;
+  }
+  free(*buf);
+  *buf = p;
+  *cap = bytes;
+  return 1;
+}
+
 // The outgoing message to peer (x->sbuf[peer]) for nfloats floats, header filled in. The send
 // of the previous message to peer completes first: its buffer is the one reused.
 static float *msg_new(loom_attn_exec_t *x, int peer, int phase, int ntasks, int64_t nfloats) {
-  uint8_t **slot = &x->sbuf[peer];
   if (x->sreq[peer] != MPI_REQUEST_NULL) {
     double t0 = now_ms();
     loom_watch_waitall(&x->watch, 1, &x->sreq[peer]);
     x->st.wait_ms += now_ms() - t0;
   }
-  free(*slot);
-  *slot = malloc(sizeof(msg_header_t) + sizeof(float) * (size_t)(nfloats > 0 ? nfloats : 1));
-  if (!*slot) {
+  if (!reserve(&x->sbuf[peer], &x->scap[peer],
+               sizeof(msg_header_t) + sizeof(float) * (size_t)(nfloats > 0 ? nfloats : 1))) {
     return NULL;
   }
   msg_header_t h = {MSG_MAGIC, (uint64_t)phase, (uint64_t)ntasks, (uint64_t)nfloats};
-  memcpy(*slot, &h, sizeof h);
-  void *payload = *slot + sizeof h; // malloc'd: aligned for floats at the 32-byte header's end
+  memcpy(x->sbuf[peer], &h, sizeof h);
+  void *payload = x->sbuf[peer] + sizeof h; // malloc'd: aligned for floats past the header
   return payload;
 }
 
@@ -409,10 +517,10 @@ loom_status_t loom_attn_msg_check(const uint8_t *msg, size_t bytes, int peer, in
   return LOOM_OK;
 }
 
-// The payload of the message of phase from peer (this rank's own buffer for itself), checked
-// against what the plan says it holds.
+// The payload of the message of phase from peer (this rank's own buffer for itself), received
+// into *buf (grown as needed) and checked against what the plan says it holds.
 static loom_status_t msg_recv(loom_attn_exec_t *x, int peer, int phase, int ntasks, int64_t nfloats,
-                              uint8_t **keep, const float **payload) {
+                              uint8_t **buf, size_t *cap, const float **payload) {
   const uint8_t *m = NULL;
   size_t size = sizeof(msg_header_t) + 4 * (size_t)nfloats; // what msg_new built for itself
   if (peer == x->me) {
@@ -425,17 +533,89 @@ static loom_status_t msg_recv(loom_attn_exec_t *x, int peer, int phase, int ntas
       return loom_error(NULL, LOOM_ERR_MPI, "attention servers: probing rank %d failed", peer);
     }
     MPI_Get_count(&st, MPI_BYTE, &bytes);
-    free(*keep);
-    *keep = malloc(bytes > 0 ? (size_t)bytes : 1);
-    if (!*keep) {
+    if (!reserve(buf, cap, bytes > 0 ? (size_t)bytes : 1)) {
       return loom_error(NULL, LOOM_ERR_NOMEM, "attention servers: out of memory");
     }
-    MPI_Recv(*keep, bytes, MPI_BYTE, peer, phase, x->comm, MPI_STATUS_IGNORE);
+    MPI_Recv(*buf, bytes, MPI_BYTE, peer, phase, x->comm, MPI_STATUS_IGNORE);
     x->st.wait_ms += now_ms() - t0;
     size = bytes > 0 ? (size_t)bytes : 0;
-    m = *keep;
+    m = *buf;
   }
   return loom_attn_msg_check(m, size, peer, phase, ntasks, nfloats, payload);
+}
+
+// Post the receive of the message of phase from peer (nfloats floats as the plan says) into
+// *buf, so that it can land while this rank computes. A longer message fails the receive
+// (truncated: reported as corrupt); a shorter one fails the check.
+static loom_status_t post_recv(loom_attn_exec_t *x, int peer, int phase, int64_t nfloats,
+                               uint8_t **buf, size_t *cap, MPI_Request *req) {
+  const size_t bytes = sizeof(msg_header_t) + 4 * (size_t)nfloats;
+  if (bytes > 2147483647) {
+    return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                      "attention servers: a %zu-byte message from rank %d exceeds MPI's int count",
+                      bytes, peer);
+  }
+  if (!reserve(buf, cap, bytes)) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "attention servers: out of memory");
+  }
+  return MPI_Irecv(*buf, (int)bytes, MPI_BYTE, peer, phase, x->comm, req) == MPI_SUCCESS
+             ? LOOM_OK
+             : loom_error(NULL, LOOM_ERR_MPI, "attention servers: receiving from rank %d failed",
+                          peer);
+}
+
+// 1 when every posted receive in reqs (np) completed; the statuses land in sts. A receive that
+// failed (a message longer than the plan says) completes with its error in sts[i].MPI_ERROR.
+static int test_posted(loom_attn_exec_t *x, MPI_Request *reqs, MPI_Status *sts) {
+  int all = 1;
+  for (int r = 0; r < x->np; r++) {
+    if (reqs[r] == MPI_REQUEST_NULL) {
+      continue;
+    }
+    int flag = 0;
+    MPI_Status st;
+    const int rc = MPI_Test(&reqs[r], &flag, &st);
+    if (rc != MPI_SUCCESS) { // MPI_ERRORS_RETURN on the group's communicators
+      st.MPI_ERROR = rc;
+      flag = 1;
+      reqs[r] = MPI_REQUEST_NULL;
+    } else if (flag) {
+      st.MPI_ERROR = MPI_SUCCESS;
+    }
+    if (flag) {
+      sts[r] = st;
+    } else {
+      all = 0;
+    }
+  }
+  return all;
+}
+
+// Wait for the posted receives in reqs, yielding the core between polls (it may be the one a
+// rank that shares it needs to compute what this rank waits for).
+static void wait_posted(loom_attn_exec_t *x, MPI_Request *reqs, MPI_Status *sts) {
+  double t0 = now_ms();
+  while (!test_posted(x, reqs, sts)) {
+    loom_watch_check(&x->watch);
+    sched_yield();
+  }
+  x->st.wait_ms += now_ms() - t0;
+}
+
+// The payload of a posted receive from peer that completed with status st, checked.
+static loom_status_t posted_payload(int peer, const MPI_Status *st, const uint8_t *buf, int phase,
+                                    int ntasks, int64_t nfloats, const float **payload) {
+  *payload = NULL;
+  if (st->MPI_ERROR != MPI_SUCCESS) {
+    return loom_error(NULL, LOOM_ERR_CORRUPT,
+                      "attention servers: the message from rank %d does not fit the %lld floats "
+                      "the plan says (MPI error %d): the ranks disagree on the plan",
+                      peer, (long long)nfloats, st->MPI_ERROR);
+  }
+  int bytes = 0;
+  MPI_Get_count(st, MPI_BYTE, &bytes);
+  return loom_attn_msg_check(buf, bytes > 0 ? (size_t)bytes : 0, peer, phase, ntasks, nfloats,
+                             payload);
 }
 
 // Complete every send in flight. Open MPI moves a large message only while its sender is inside
@@ -488,13 +668,37 @@ loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
   LOOM_CHECK(check_rows(op, "q", q, x->rows, hd));
   LOOM_CHECK(check_rows(op, "k", k, x->rows, kvd));
   LOOM_CHECK(check_rows(op, "v", v, x->rows, kvd));
+  if (x->phase != 0) { // a second shipment would be taken for the results of the first
+    return loom_error(NULL, LOOM_ERR_STATE,
+                      "%s: the last forward is not finished: call loom_attn_exec_compute and "
+                      "loom_attn_exec_finish first (every rank ships, computes and finishes, in "
+                      "that order)",
+                      op);
+  }
   x->phase = 1;
+  x->batch_ready = 0;
   snprintf(x->name, sizeof x->name, "%.*s", (int)sizeof x->name - 1, q->name);
   enter(x, LOOM_OPK_ATTN_SHIP, x->name);
   memset(&x->st, 0, sizeof x->st);
+  x->q_in = q->data;
+  x->k_in = k->data;
+  x->v_in = v->data;
+  // The receives first, so that what comes in lands while this rank computes: the shipments of
+  // the tasks it serves, and the results of its own documents.
+  for (int r = 0; r < x->np; r++) {
+    const pair_t *in = &x->from[r], *out = &x->to[r];
+    if (r != x->me && in->n > 0) {
+      LOOM_CHECK(post_recv(x, r, PH_SHIP, in->q_floats + in->kv_floats, &x->rbuf[r], &x->rcap[r],
+                           &x->rreq[r]));
+    }
+    if (r != x->me && out->n > 0) {
+      LOOM_CHECK(post_recv(x, r, PH_RETURN, out->q_floats + out->q_floats / hd * x->H, &x->fbuf[r],
+                           &x->fcap[r], &x->freq[r]));
+    }
+  }
   for (int s = 0; s < x->np; s++) {
     const pair_t *p = &x->to[s];
-    if (p->n == 0) {
+    if (p->n == 0 || s == x->me) { // what it serves itself is read from q, k, v at compute
       continue;
     }
     float *f = msg_new(x, s, PH_SHIP, p->n, p->q_floats + p->kv_floats);
@@ -517,22 +721,45 @@ fail:
   return status;
 }
 
-static loom_status_t alloc_batch(loom_attn_exec_t *x) {
+// Make *b hold n floats (rows * width, + 1 so that an empty batch still has a buffer), keeping
+// what it has when that is enough.
+static int grow(float **b, int64_t n, int64_t have) {
+  if (*b && n <= have) {
+    return 1;
+  }
+  loom_host_free(*b);
+  *b = loom_host_alloc(sizeof(float) * (size_t)(n + 1));
+  return *b != NULL;
+}
+
+// The batch buffers for bq query and bk key rows: kept between steps (a fresh one per step would
+// page-fault on every use), grown when a plan needs more. Forward (q, k, v, out, lse and the
+// cu_seqlens) or, with grads, the backward's four.
+static loom_status_t alloc_batch(loom_attn_exec_t *x, int grads) {
   const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
-  free_batch(x);
-  x->Qb = loom_host_alloc(sizeof(float) * (size_t)(x->bq * hd + 1));
-  x->Ob = loom_host_alloc(sizeof(float) * (size_t)(x->bq * hd + 1));
-  x->Lb = loom_host_alloc(sizeof(float) * (size_t)(x->bq * x->H + 1));
-  x->Kb = loom_host_alloc(sizeof(float) * (size_t)(x->bk * kvd + 1));
-  x->Vb = loom_host_alloc(sizeof(float) * (size_t)(x->bk * kvd + 1));
-  x->cu_q = calloc((size_t)x->nserve + 1, sizeof(int32_t));
-  x->cu_k = calloc((size_t)x->nserve + 1, sizeof(int32_t));
-  if (!x->Qb || !x->Ob || !x->Lb || !x->Kb || !x->Vb || !x->cu_q || !x->cu_k) {
+  int64_t *cq = grads ? &x->cap_gq : &x->cap_bq, *ck = grads ? &x->cap_gk : &x->cap_bk;
+  int ok;
+  if (grads) {
+    ok = grow(&x->dOb, x->bq * hd, *cq * hd) && grow(&x->dQb, x->bq * hd, *cq * hd) &&
+         grow(&x->dKb, x->bk * kvd, *ck * kvd) && grow(&x->dVb, x->bk * kvd, *ck * kvd);
+  } else {
+    ok = grow(&x->Qb, x->bq * hd, *cq * hd) && grow(&x->Ob, x->bq * hd, *cq * hd) &&
+         grow(&x->Lb, x->bq * x->H, *cq * x->H) && grow(&x->Kb, x->bk * kvd, *ck * kvd) &&
+         grow(&x->Vb, x->bk * kvd, *ck * kvd);
+    free(x->cu_q);
+    free(x->cu_k);
+    x->cu_q = calloc((size_t)x->nserve + 1, sizeof(int32_t));
+    x->cu_k = calloc((size_t)x->nserve + 1, sizeof(int32_t));
+    ok = ok && x->cu_q && x->cu_k;
+  }
+  if (!ok) { // (a buffer that was grown holds more than the capacity: fine)
     return loom_error(NULL, LOOM_ERR_NOMEM,
                       "attention servers: cannot allocate the batch of %lld query and %lld key "
                       "rows",
                       (long long)x->bq, (long long)x->bk);
   }
+  *cq = x->bq > *cq ? x->bq : *cq;
+  *ck = x->bk > *ck ? x->bk : *ck;
   return LOOM_OK;
 }
 
@@ -579,11 +806,12 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
   if (!in) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_compute: out of memory");
   }
-  for (int r = 0; r < x->np; r++) { // every message taken, even after a corrupt one
+  wait_posted(x, x->rreq, x->rst);
+  for (int r = 0; r < x->np; r++) { // every message checked, even after a corrupt one
     const pair_t *p = &x->from[r];
-    if (p->n > 0) {
-      loom_status_t st =
-          msg_recv(x, r, PH_SHIP, p->n, p->q_floats + p->kv_floats, &x->rbuf[r], &in[r]);
+    if (p->n > 0 && r != x->me) {
+      loom_status_t st = posted_payload(r, &x->rst[r], x->rbuf[r], PH_SHIP, p->n,
+                                        p->q_floats + p->kv_floats, &in[r]);
       status = status == LOOM_OK ? st : status;
     }
   }
@@ -592,22 +820,33 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
     goto fail;
   }
   wait_sends(x); // this rank's shards reach their servers before its kernel runs
-  LOOM_CHECK(alloc_batch(x));
-  // The batch: every served task's query rows and its key/value prefix, plan order.
+  LOOM_CHECK(alloc_batch(x, 0));
+  // The batch: every served task's query rows and its key/value prefix, plan order; this
+  // rank's own tasks straight from its q, k, v.
   int64_t oq = 0, ok = 0;
   for (int i = 0; i < x->nserve; i++) {
     const loom_attn_task_t *t = &x->tasks[x->serve[i]];
-    const pair_t *p = &x->from[t->owner];
-    const int at = find_in_pair(p, x->serve[i]);
-    int d = 0;
-    while (p->kv_doc[d] != t->doc) {
-      d++;
-    }
     const int64_t nq = t->q_hi - t->q_lo, nk = kv_len(x, t);
-    memcpy(x->Qb + oq * hd, in[t->owner] + p->q_off[at], sizeof(float) * (size_t)(nq * hd));
-    memcpy(x->Kb + ok * kvd, in[t->owner] + p->kv_off[d], sizeof(float) * (size_t)(nk * kvd));
-    memcpy(x->Vb + ok * kvd, in[t->owner] + p->kv_off[d] + p->kv_rows[d] * kvd,
-           sizeof(float) * (size_t)(nk * kvd));
+    const float *sq, *sk, *sv;
+    if (t->owner == x->me) {
+      const int64_t row = x->doc_row[t->doc];
+      sq = x->q_in + (row + t->q_lo) * hd;
+      sk = x->k_in + row * kvd;
+      sv = x->v_in + row * kvd;
+    } else {
+      const pair_t *p = &x->from[t->owner];
+      const int at = find_in_pair(p, x->serve[i]);
+      int d = 0;
+      while (p->kv_doc[d] != t->doc) {
+        d++;
+      }
+      sq = in[t->owner] + p->q_off[at];
+      sk = in[t->owner] + p->kv_off[d];
+      sv = sk + p->kv_rows[d] * kvd;
+    }
+    memcpy(x->Qb + oq * hd, sq, sizeof(float) * (size_t)(nq * hd));
+    memcpy(x->Kb + ok * kvd, sk, sizeof(float) * (size_t)(nk * kvd));
+    memcpy(x->Vb + ok * kvd, sv, sizeof(float) * (size_t)(nk * kvd));
     oq += nq;
     ok += nk;
     x->cu_q[i + 1] = (int32_t)oq;
@@ -615,6 +854,7 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
     x->st.pairs_served +=
         x->causal ? (double)nq * nk - 0.5 * (double)nq * (nq - 1) : (double)nq * nk;
   }
+  x->q_in = x->k_in = x->v_in = NULL;
   x->st.tasks_served = x->nserve;
   loom_tensor_t t[7];
   LOOM_CHECK(wrap_batch(x, x->Qb, x->Kb, x->Vb, x->Ob, x->Lb, t));
@@ -622,19 +862,12 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
   LOOM_CHECK(
       loom_attention_forward(&t[3], &t[4], &t[0], &t[1], &t[2], &t[5], &t[6], x->causal, x->scale));
   x->st.compute_ms += now_ms() - t0;
-  // Return out and lse to each owner: per task its rows of out, then its lse (H x q).
-  oq = 0;
-  int64_t *task_q = calloc((size_t)x->ntasks + 1, sizeof(int64_t)); // batch row of each task
-  if (!task_q) {
-    status = loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_compute: out of memory");
-    goto fail;
-  }
-  for (int i = 0; i < x->nserve; i++) {
-    task_q[x->serve[i]] = x->cu_q[i];
-  }
+  x->batch_ready = 1;
+  // Return out and lse to each owner: per task its rows of out, then its lse (H x q). This
+  // rank's own results stay in the batch (finish reads them there).
   for (int r = 0; r < x->np && status == LOOM_OK; r++) {
     const pair_t *p = &x->from[r];
-    if (p->n == 0) {
+    if (p->n == 0 || r == x->me) {
       continue;
     }
     const int64_t nrows = p->q_floats / hd;
@@ -646,7 +879,7 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
     int64_t lo = p->q_floats;
     for (int i = 0; i < p->n; i++) {
       const loom_attn_task_t *tk = &x->tasks[p->task[i]];
-      const int64_t nq = tk->q_hi - tk->q_lo, b = task_q[p->task[i]];
+      const int64_t nq = tk->q_hi - tk->q_lo, b = x->task_q[p->task[i]];
       memcpy(f + p->q_off[i], x->Ob + b * hd, sizeof(float) * (size_t)(nq * hd));
       for (int h = 0; h < x->H; h++) {
         memcpy(f + lo + h * nq, x->Lb + h * x->bq + b, sizeof(float) * (size_t)nq);
@@ -655,10 +888,28 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
     }
     status = msg_send(x, r, PH_RETURN, p->q_floats + nrows * x->H);
   }
-  free(task_q);
 fail:
   free(in);
   return status;
+}
+
+// The rows of out and lse of the tasks in pair p, from the results f (out rows at q_off, then
+// each task's lse, H x q) or, for the pair with itself, from the batch.
+static void unpack_results(loom_attn_exec_t *x, const pair_t *p, const float *f, float *out,
+                           float *lse) {
+  const int64_t hd = (int64_t)x->H * x->D;
+  int64_t lo = p->q_floats;
+  for (int i = 0; i < p->n; i++) {
+    const loom_attn_task_t *t = &x->tasks[p->task[i]];
+    const int64_t nq = t->q_hi - t->q_lo, row = x->doc_row[t->doc] + t->q_lo;
+    const int64_t b = x->task_q[p->task[i]];
+    memcpy(out + row * hd, f ? f + p->q_off[i] : x->Ob + b * hd, sizeof(float) * (size_t)(nq * hd));
+    for (int h = 0; h < x->H; h++) {
+      memcpy(lse + h * x->rows + row, f ? f + lo + h * nq : x->Lb + h * x->bq + b,
+             sizeof(float) * (size_t)nq);
+    }
+    lo += x->H * nq;
+  }
 }
 
 loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out, loom_tensor_t *lse) {
@@ -674,35 +925,123 @@ loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out, loo
                       op);
   }
   const int64_t hd = (int64_t)x->H * x->D;
-  uint8_t *keep = NULL;
   LOOM_CHECK(check_rows(op, "out", out, x->rows, hd));
   LOOM_CHECK(check_rows(op, "lse", lse, x->H, x->rows));
   x->phase = 0;
   enter(x, LOOM_OPK_ATTN_FINISH, out->name);
+  wait_posted(x, x->freq, x->fst);
   for (int s = 0; s < x->np; s++) {
     const pair_t *p = &x->to[s];
     if (p->n == 0) {
       continue;
     }
-    const int64_t nrows = p->q_floats / hd;
     const float *f = NULL;
-    LOOM_CHECK(msg_recv(x, s, PH_RETURN, p->n, p->q_floats + nrows * x->H, &keep, &f));
-    int64_t lo = p->q_floats;
-    for (int i = 0; i < p->n; i++) {
-      const loom_attn_task_t *t = &x->tasks[p->task[i]];
-      const int64_t nq = t->q_hi - t->q_lo, row = x->doc_row[t->doc] + t->q_lo;
-      memcpy((float *)out->data + row * hd, f + p->q_off[i], sizeof(float) * (size_t)(nq * hd));
-      for (int h = 0; h < x->H; h++) {
-        memcpy((float *)lse->data + h * x->rows + row, f + lo + h * nq, sizeof(float) * (size_t)nq);
+    if (s != x->me) {
+      loom_status_t st = posted_payload(s, &x->fst[s], x->fbuf[s], PH_RETURN, p->n,
+                                        p->q_floats + p->q_floats / hd * x->H, &f);
+      status = status == LOOM_OK ? st : status;
+      if (st != LOOM_OK) {
+        continue;
       }
-      lo += x->H * nq;
     }
+    unpack_results(x, p, f, out->data, lse->data);
   }
   // The results this rank sent as a server: Open MPI moves a large message only while its sender
   // is inside MPI, so returning now would leave a peer waiting until this rank's next MPI call.
   wait_sends(x);
 fail:
-  free(keep);
+  return status;
+}
+
+// ---- the phases as requests, for a step scheduler's comm lane --------------------------------
+
+typedef struct finish_state {
+  loom_attn_exec_t *x;
+  loom_tensor_t out, lse;
+} finish_state_t;
+
+// 1 when every send this rank has in flight completed.
+static int sends_done(loom_attn_exec_t *x) {
+  int flag = 0;
+  return MPI_Testall(x->np, x->sreq, &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS || flag;
+}
+
+static loom_status_t poll_ship(loom_request_t *r, int block, int *done) {
+  (void)block;
+  loom_attn_exec_t *x = r->state;
+  *done = test_posted(x, x->rreq, x->rst) && sends_done(x);
+  return LOOM_OK;
+}
+
+static loom_status_t poll_finish(loom_request_t *r, int block, int *done) {
+  (void)block;
+  finish_state_t *f = r->state;
+  *done = 0;
+  if (!test_posted(f->x, f->x->freq, f->x->fst) || !sends_done(f->x)) {
+    return LOOM_OK;
+  }
+  *done = 1; // everything arrived: the finish copies the results out and returns
+  return loom_attn_exec_finish(f->x, &f->out, &f->lse);
+}
+
+static void release_finish(loom_request_t *r) {
+  free(r->state);
+  r->state = NULL;
+}
+
+loom_status_t loom_attn_exec_ship_start(loom_attn_exec_t *x, const loom_tensor_t *q,
+                                        const loom_tensor_t *k, const loom_tensor_t *v,
+                                        loom_request_t **req) {
+  loom_status_t status = LOOM_OK;
+  if (!req) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_attn_exec_ship_start: req is NULL");
+  }
+  *req = NULL;
+  LOOM_CHECK(loom_attn_exec_ship(x, q, k, v));
+  loom_request_t *r = loom_request_new("loom_attn_exec_ship_start");
+  if (!r) {
+    return LOOM_ERR_NOMEM;
+  }
+  r->state = x;
+  r->poll = poll_ship;
+  r->watch = x->watch;
+  *req = r;
+fail:
+  return status;
+}
+
+loom_status_t loom_attn_exec_finish_start(loom_attn_exec_t *x, loom_tensor_t *out,
+                                          loom_tensor_t *lse, loom_request_t **req) {
+  static const char op[] = "loom_attn_exec_finish_start";
+  loom_status_t status = LOOM_OK;
+  if (!req) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: req is NULL", op);
+  }
+  *req = NULL;
+  if (!x) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: x is NULL", op);
+  }
+  if (x->phase != 2) {
+    return loom_error(NULL, LOOM_ERR_STATE,
+                      "%s: call loom_attn_exec_compute first (every rank ships, computes and "
+                      "finishes, in that order)",
+                      op);
+  }
+  LOOM_CHECK(check_rows(op, "out", out, x->rows, (int64_t)x->H * x->D));
+  LOOM_CHECK(check_rows(op, "lse", lse, x->H, x->rows));
+  finish_state_t *f = malloc(sizeof *f);
+  loom_request_t *r = f ? loom_request_new(op) : NULL;
+  if (!r) {
+    free(f);
+    return loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
+  }
+  *f = (finish_state_t){x, *out, *lse};
+  r->state = f;
+  r->poll = poll_finish;
+  r->release = release_finish;
+  r->watch = x->watch;
+  *req = r;
+fail:
   return status;
 }
 
@@ -736,10 +1075,8 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   }
   const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
   const float **in = calloc((size_t)x->np, sizeof(float *));
-  int64_t *task_q = calloc((size_t)x->ntasks + 1, sizeof(int64_t));
-  int64_t *task_k = calloc((size_t)x->ntasks + 1, sizeof(int64_t));
-  uint8_t *keep = NULL;
-  if (!in || !task_q || !task_k) {
+  const int64_t *task_q = x ? x->task_q : NULL, *task_k = x ? x->task_k : NULL;
+  if (!in) {
     status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
     goto fail;
   }
@@ -748,14 +1085,15 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   LOOM_CHECK(check_rows(op, "dk", dk, x->rows, kvd));
   LOOM_CHECK(check_rows(op, "dv", dv, x->rows, kvd));
   enter(x, LOOM_OPK_ATTN_BACKWARD, dout->name);
-  if (!x->Qb) {
-    status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: run the forward first", op);
+  if (!x->batch_ready) {
+    status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "%s: run the forward first (ship, compute, finish with this plan)", op);
     goto fail;
   }
-  // Ship dout rows of each task to its server.
+  // Ship dout rows of each task to its server (its own tasks' are read from dout).
   for (int s = 0; s < x->np; s++) {
     const pair_t *p = &x->to[s];
-    if (p->n == 0) {
+    if (p->n == 0 || s == x->me) {
       continue;
     }
     float *f = msg_new(x, s, PH_BSHIP, p->n, p->q_floats);
@@ -771,31 +1109,25 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
     LOOM_CHECK(msg_send(x, s, PH_BSHIP, p->q_floats));
   }
   // Serve: the batch's dout, one backward, then per owner dq rows and the summed dk/dv prefixes.
-  x->dOb = loom_host_alloc(sizeof(float) * (size_t)(x->bq * hd + 1));
-  x->dQb = loom_host_alloc(sizeof(float) * (size_t)(x->bq * hd + 1));
-  x->dKb = loom_host_alloc(sizeof(float) * (size_t)(x->bk * kvd + 1));
-  x->dVb = loom_host_alloc(sizeof(float) * (size_t)(x->bk * kvd + 1));
-  if (!x->dOb || !x->dQb || !x->dKb || !x->dVb) {
-    status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate the batch gradients", op);
-    goto fail;
-  }
-  for (int i = 0; i < x->nserve; i++) {
-    task_q[x->serve[i]] = x->cu_q[i];
-    task_k[x->serve[i]] = x->cu_k[i];
-  }
+  LOOM_CHECK(alloc_batch(x, 1));
   for (int r = 0; r < x->np; r++) {
     const pair_t *p = &x->from[r];
     if (p->n == 0) {
       continue;
     }
-    status = msg_recv(x, r, PH_BSHIP, p->n, p->q_floats, &x->rbuf[r], &in[r]);
-    if (status != LOOM_OK) {
-      send_failed(x, PH_BRETURN);
-      goto fail;
+    if (r != x->me) {
+      status = msg_recv(x, r, PH_BSHIP, p->n, p->q_floats, &x->rbuf[r], &x->rcap[r], &in[r]);
+      if (status != LOOM_OK) {
+        send_failed(x, PH_BRETURN);
+        goto fail;
+      }
     }
     for (int i = 0; i < p->n; i++) {
       const loom_attn_task_t *t = &x->tasks[p->task[i]];
-      memcpy(x->dOb + task_q[p->task[i]] * hd, in[r] + p->q_off[i],
+      const float *src = r == x->me
+                             ? (const float *)dout->data + (x->doc_row[t->doc] + t->q_lo) * hd
+                             : in[r] + p->q_off[i];
+      memcpy(x->dOb + task_q[p->task[i]] * hd, src,
              sizeof(float) * (size_t)((t->q_hi - t->q_lo) * hd));
     }
   }
@@ -850,7 +1182,8 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
       continue;
     }
     const float *f = NULL;
-    LOOM_CHECK(msg_recv(x, s, PH_BRETURN, p->n, p->q_floats + p->kv_floats, &keep, &f));
+    LOOM_CHECK(
+        msg_recv(x, s, PH_BRETURN, p->n, p->q_floats + p->kv_floats, &x->fbuf[s], &x->fcap[s], &f));
     for (int i = 0; i < p->n; i++) {
       const loom_attn_task_t *t = &x->tasks[p->task[i]];
       memcpy((float *)dq->data + (x->doc_row[t->doc] + t->q_lo) * hd, f + p->q_off[i],
@@ -869,8 +1202,5 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   wait_sends(x); // every send done before the buffers are reused or freed
 fail:
   free(in);
-  free(task_q);
-  free(task_k);
-  free(keep);
   return status;
 }

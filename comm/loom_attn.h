@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 
+#include "loom_comm.h"
 #include "loom_core.h"
 #include "loom_tensor.h"
 
@@ -40,6 +41,12 @@ LOOM_API loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_a
                                              int heads, int kv_heads, int head_dim, int causal,
                                              float scale, loom_attn_exec_t **out);
 LOOM_API void loom_attn_exec_destroy(loom_attn_exec_t *x);
+// Take a new plan on the same group and shapes (every rank passes the same docs and tasks,
+// checked as at create): keeps the communicator and the message and batch buffers, so that a
+// training loop whose documents change every step makes its executors once. Not collective.
+// LOOM_ERR_STATE between a ship and its finish; the next backward needs a forward of the new plan.
+LOOM_API loom_status_t loom_attn_exec_replan(loom_attn_exec_t *x, const loom_attn_doc_t *docs,
+                                             int ndocs, const loom_attn_task_t *tasks, int ntasks);
 
 // Forward: this rank's q (T, H, D), k and v (T, Hkv, D) -> out (T, H, D) and lse (H, T), equal
 // (within rounding) to loom_attention_forward on its own documents. In three phases so that
@@ -49,12 +56,26 @@ LOOM_API void loom_attn_exec_destroy(loom_attn_exec_t *x);
 // runs every task it serves in one varlen batch and posts the results; finish receives the
 // results of this rank's documents. loom_attn_exec_forward runs the three. The server keeps
 // its batch for the backward (memory: its tasks' q, k, v, out and lse). compute before a ship,
-// or finish before a compute, is LOOM_ERR_STATE (it would wait for messages nobody sends).
+// finish before a compute, or a ship before the last finish is LOOM_ERR_STATE (it would wait for
+// messages nobody sends). The ship posts the receives of the phase too, so messages land while
+// the rank computes; the tasks a rank serves for itself never travel: compute reads them from
+// the q, k, v given to the ship, which must stay unchanged until compute returns, and finish
+// reads their results from the batch.
 LOOM_API loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
                                            const loom_tensor_t *k, const loom_tensor_t *v);
 LOOM_API loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x);
 LOOM_API loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out,
                                              loom_tensor_t *lse);
+// The ship and the finish as requests, for a step scheduler's comm lane (loom_sched.h; wait or
+// test them like any loom_request_t): the ship's completes when the shipments this rank serves
+// have arrived and its own have left, so that compute does not wait; the finish's completes
+// when the results are in out and lse (out and lse must stay valid until then). Errors as for
+// loom_attn_exec_ship and loom_attn_exec_finish.
+LOOM_API loom_status_t loom_attn_exec_ship_start(loom_attn_exec_t *x, const loom_tensor_t *q,
+                                                 const loom_tensor_t *k, const loom_tensor_t *v,
+                                                 loom_request_t **req);
+LOOM_API loom_status_t loom_attn_exec_finish_start(loom_attn_exec_t *x, loom_tensor_t *out,
+                                                   loom_tensor_t *lse, loom_request_t **req);
 LOOM_API loom_status_t loom_attn_exec_forward(loom_attn_exec_t *x, const loom_tensor_t *q,
                                               const loom_tensor_t *k, const loom_tensor_t *v,
                                               loom_tensor_t *out, loom_tensor_t *lse);

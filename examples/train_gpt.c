@@ -54,12 +54,14 @@ typedef struct opts {
   // mixture of experts (o.cfg.moe_experts, o.cfg.moe_every: which blocks)
   int moe_topk, moe_ffn; // moe_ffn 0: 4 x width
   double moe_capacity, moe_aux;
-  int moe_overlap;   // a loom_moe_overlap_t, or LOOM_MOE_OVERLAP_DEFAULT (LOOM_MOE_OVERLAP)
-  int attn_servers;  // -1: LOOM_ATTN_SERVERS decides; 0 off; 1 inplace
-  int doc_skew;      // --doc-lengths skewed: synthetic heavy-tailed document boundaries
-  int cuda;          // --device cuda: model, optimizer and activations on this rank's GPU
-  ex_ckpt_opts_t ck; // --ckpt, --save-every, --resume, --die-at
-  long inject_nan;   // --inject-nan S (testing): a NaN in rank 0's gradient at step S; -1 off
+  int moe_overlap;        // a loom_moe_overlap_t, or LOOM_MOE_OVERLAP_DEFAULT (LOOM_MOE_OVERLAP)
+  int attn_servers;       // -1: LOOM_ATTN_SERVERS decides; 0 off; 1 inplace; 2 dedicated
+  char attn_spec[16];     // --attn-servers as given (passed to loom_init: "inplace" or N)
+  char attn_spec_eff[16]; // LOOM_ATTN_SERVERS as loom_init took it
+  int doc_skew;           // --doc-lengths skewed: synthetic heavy-tailed document boundaries
+  int cuda;               // --device cuda: model, optimizer and activations on this rank's GPU
+  ex_ckpt_opts_t ck;      // --ckpt, --save-every, --resume, --die-at
+  long inject_nan;        // --inject-nan S (testing): a NaN in rank 0's gradient at step S; -1 off
   int help;
 } opts_t;
 
@@ -144,13 +146,15 @@ static void usage(FILE *out) {
       "                      gradients, the experts over the expert-data-parallel group; MoE\n"
       "                      gradients are never compressed (--compress applies to the rest)\n"
       "attention servers\n"
-      "  --attn-servers M    off or inplace (default: LOOM_ATTN_SERVERS, 0 = off). inplace:\n"
-      "                      every step the ranks share their sequence lengths, the balancer\n"
-      "                      (tolerance 0.1) cuts the causal attention of long sequences into\n"
-      "                      query shards and moves some to less loaded ranks, and every\n"
-      "                      block's core attention runs through the attention servers (same\n"
-      "                      result up to the order of the dK/dV sums). Dedicated servers\n"
-      "                      (LOOM_ATTN_SERVERS=N) are not supported here yet\n"
+      "  --attn-servers M    off, inplace or N (default: LOOM_ATTN_SERVERS, 0 = off; the\n"
+      "                      environment wins over the flag). inplace: every step the ranks\n"
+      "                      share their sequence lengths, the balancer (tolerance 0.1) cuts\n"
+      "                      the causal attention of long sequences into query shards and\n"
+      "                      moves some to less loaded ranks, and every block's core attention\n"
+      "                      runs through the attention servers (same result up to the order\n"
+      "                      of the dK/dV sums). N: the last N ranks only serve attention (no\n"
+      "                      model, no data) and the others train on what they give back;\n"
+      "                      needs --sync overlap, fused or none\n"
       "  --doc-lengths D     corpus: the documents as the corpus gives them (default); skewed:\n"
       "                      the same tokens cut into synthetic sequences of heavy-tailed\n"
       "                      (lognormal) lengths, seeded per step and rank, so that the ranks'\n"
@@ -290,12 +294,20 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
         rc = -1;
       }
     } else if (!strcmp(flag, "--attn-servers")) {
-      if (!strcmp(v, "off") || !strcmp(v, "inplace")) {
+      char *end = NULL;
+      long n = strtol(v, &end, 10);
+      if (!strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "inplace")) {
         o->attn_servers = !strcmp(v, "inplace");
+      } else if (end && end != v && *end == '\0' && n >= 1 && n <= 4096) {
+        o->attn_servers = 2;
       } else {
-        snprintf(err, errlen, "--attn-servers wants off or inplace, got '%s'", v);
+        snprintf(err, errlen,
+                 "--attn-servers wants off, inplace or a number N >= 1 of dedicated servers (the "
+                 "last N ranks), got '%s'",
+                 v);
         rc = -1;
       }
+      snprintf(o->attn_spec, sizeof o->attn_spec, "%s", o->attn_servers ? v : "0");
     } else if (!strcmp(flag, "--doc-lengths")) {
       if (!strcmp(v, "corpus") || !strcmp(v, "skewed")) {
         o->doc_skew = !strcmp(v, "skewed");
@@ -336,6 +348,12 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
   if (ex_check_ckpt(&o->ck, err, errlen) != 0) {
     return -1;
   }
+  if (o->attn_servers == 2 && o->sync == SYNC_COMM_ONLY) {
+    snprintf(err, errlen,
+             "--attn-servers N with --sync comm-only: the step runs no attention for the servers "
+             "to serve; use inplace, or another --sync");
+    return -1;
+  }
   if (o->profile && (o->sync == SYNC_FUSED || o->sync == SYNC_COMM_ONLY)) {
     snprintf(err, errlen, "--profile times the scheduled step: use --sync overlap (or none)");
     return -1;
@@ -343,7 +361,7 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
   if (o->cuda) {
     const char *why =
         o->cfg.moe_experts > 0  ? "--moe-experts"
-        : o->attn_servers == 1  ? "--attn-servers inplace"
+        : o->attn_servers > 0   ? "--attn-servers"
         : o->sync == SYNC_FUSED ? "--sync fused"
         : o->compress && strcmp(o->compress, "none") != 0 && strcmp(o->compress, "auto") != 0
             ? "--compress"
@@ -413,10 +431,11 @@ typedef struct step {
   int skip;                       // the averaged gradient is not finite: no update this step
   uint64_t seed;                  // of the step's compressed allreduces (the step number)
   size_t sent;                    // bytes the step's compressed allreduces sent from this rank
-  // attention servers (--attn-servers inplace): the world group, one executor per block for
-  // this step (made in the forward from this step's plan, destroyed after the step), and the
-  // plan's max / mean attention load before and after balancing
+  // attention servers (--attn-servers): the world group, the ranks that train (the rest are
+  // dedicated servers), one executor per block (made at the first step, replanned every step),
+  // and the plan's max / mean attention load before and after balancing
   const loom_group_t *world;
+  int trainers;
   loom_attn_exec_t **attn; // (L) or NULL when off
   double attn_ratio[2];
 } step_t;
@@ -431,23 +450,25 @@ typedef struct moe_arg {
   int l, p; // block, and which parameter of its MoE layer (a loom_moe_param_t)
 } moe_arg_t;
 
-// Attention servers for this step: every rank's sequence lengths (the cu_seqlens of its batch)
-// gathered over the world in rank order (rank 0's sequences, then rank 1's, ...: each rank's
-// rows are its documents packed in that order), balanced, and one executor per block made from
-// the plan (each keeps its block's forward batch for the backward). Collective over the world:
-// it runs in the forward task, in the same order on every rank.
-static loom_status_t attn_setup(step_t *st) {
-  const gpt_config_t *c = &st->m->cfg;
-  const gpt_batch_t *b = st->b;
-  const int np = loom_group_size(st->world), H = c->heads, D = c->width / c->heads;
-  MPI_Comm comm = loom_group_comm(st->world);
-  const int32_t *cu = b->cu.data;
-  int mine = b->nseq, total = 0;
+// Attention servers for one step: every rank's sequence lengths (the cu_seqlens of its batch;
+// a dedicated server has none) gathered over the world in rank order (rank 0's sequences, then
+// rank 1's, ...: each rank's rows are its documents packed in that order), balanced over the
+// serving ranks (every rank in place; with `trainers` < world size only the ranks from
+// `trainers` on), and given to the executor of every block: made at the first step, replanned
+// after (the communicator and buffers stay). Collective over the world, in the forward, in the
+// same order on every rank. mine < 0 (the trainers after their last step) sets *stop on every
+// rank instead: the dedicated servers' loop ends.
+static loom_status_t attn_plan(const loom_group_t *world, int trainers, const int32_t *cu, int mine,
+                               const gpt_config_t *c, loom_attn_exec_t **x, double ratio[2],
+                               int *stop) {
+  const int np = loom_group_size(world), H = c->heads, D = c->width / c->heads;
+  MPI_Comm comm = loom_group_comm(world);
   int *counts = malloc(sizeof(int) * (size_t)np), *displs = malloc(sizeof(int) * (size_t)np);
-  int64_t *lens = malloc(sizeof(int64_t) * ((size_t)mine + 1)), *all = NULL;
+  int64_t *lens = malloc(sizeof(int64_t) * ((size_t)(mine > 0 ? mine : 0) + 1)), *all = NULL;
   loom_attn_doc_t *docs = NULL;
   loom_attn_plan_t plan = {0};
   loom_status_t status = LOOM_OK;
+  *stop = 0;
   if (!counts || !displs || !lens) {
     status = LOOM_ERR_NOMEM;
     goto done;
@@ -459,9 +480,14 @@ static loom_status_t attn_setup(step_t *st) {
     status = LOOM_ERR_MPI;
     goto done;
   }
+  int total = 0;
   for (int r = 0; r < np; r++) {
+    *stop |= counts[r] < 0;
     displs[r] = total;
-    total += counts[r];
+    total += counts[r] > 0 ? counts[r] : 0;
+  }
+  if (*stop) {
+    goto done;
   }
   all = malloc(sizeof(int64_t) * ((size_t)total + 1));
   docs = malloc(sizeof *docs * ((size_t)total + 1));
@@ -484,18 +510,19 @@ static loom_status_t attn_setup(step_t *st) {
   bo.tolerance = 0.1;
   bo.causal = 1;
   bo.min_shard = c->ctx / 4 < 64 ? (c->ctx / 4 > 0 ? c->ctx / 4 : 1) : 64;
+  bo.servers_first = trainers < np ? trainers : 0;
   bo.bytes_per_q_row = 4.0 * (4.0 * H * D + H);
   bo.bytes_per_kv_row = 4.0 * (4.0 * H * D);
   if ((status = loom_attn_balance(docs, total, np, &bo, &plan)) != LOOM_OK) {
     goto done;
   }
-  st->attn_ratio[0] = plan.max_over_mean_before;
-  st->attn_ratio[1] = plan.max_over_mean;
+  ratio[0] = plan.max_over_mean_before;
+  ratio[1] = plan.max_over_mean;
   for (int l = 0; l < c->layers && status == LOOM_OK; l++) {
-    status = loom_attn_exec_create(st->world, docs, total, plan.tasks, plan.ntasks, H, H, D, 1,
-                                   0.0f, &st->attn[l]);
+    status = x[l] ? loom_attn_exec_replan(x[l], docs, total, plan.tasks, plan.ntasks)
+                  : loom_attn_exec_create(world, docs, total, plan.tasks, plan.ntasks, H, H, D, 1,
+                                          0.0f, &x[l]);
   }
-  st->a->attn = st->attn;
 done:
   loom_attn_plan_free(&plan);
   free(counts);
@@ -506,13 +533,60 @@ done:
   return status;
 }
 
-// Destroy the step's executors (the same point of the step on every rank).
+// This step's plan for the trainer's batch, and its executors on the activations.
+static loom_status_t attn_setup(step_t *st) {
+  int stop = 0;
+  loom_status_t status = attn_plan(st->world, st->trainers, st->b->cu.data, st->b->nseq,
+                                   &st->m->cfg, st->attn, st->attn_ratio, &stop);
+  st->a->attn = status == LOOM_OK ? st->attn : NULL;
+  return status;
+}
+
+// The step is over: the activations forget the executors (kept for the next step's plan).
 static void attn_release(step_t *st) {
-  for (int l = 0; st->attn && l < st->m->cfg.layers; l++) {
-    loom_attn_exec_destroy(st->attn[l]);
-    st->attn[l] = NULL;
-  }
   st->a->attn = NULL;
+}
+
+// A dedicated attention server (LOOM_ATTN_SERVERS=N, the last N ranks): no model, no data. Every
+// training step it takes part in the plan, serves the forward of every block in order and the
+// backward in reverse order, with no rows of its own, until the trainers say they are done.
+static int attn_serve(const loom_group_t *world, int trainers, const gpt_config_t *c) {
+  const int L = c->layers, H = c->heads, D = c->width / c->heads;
+  loom_attn_exec_t **x = calloc((size_t)L, sizeof *x);
+  loom_status_t status = x ? LOOM_OK : LOOM_ERR_NOMEM;
+  loom_tensor_t q, lse;
+  const int64_t sq[3] = {0, H, D}, sl[2] = {H, 0};
+  if (status == LOOM_OK) {
+    status = loom_tensor_wrap(&q, NULL, LOOM_F32, LOOM_DEVICE_HOST, 3, sq, "attn.none");
+  }
+  if (status == LOOM_OK) {
+    status = loom_tensor_wrap(&lse, NULL, LOOM_F32, LOOM_DEVICE_HOST, 2, sl, "attn.lse");
+  }
+  long steps = 0;
+  double ratio[2];
+  int stop = 0;
+  while (status == LOOM_OK) {
+    status = attn_plan(world, trainers, NULL, 0, c, x, ratio, &stop);
+    if (status != LOOM_OK || stop) {
+      break;
+    }
+    for (int l = 0; l < L && status == LOOM_OK; l++) {
+      status = loom_attn_exec_forward(x[l], &q, &q, &q, &q, &lse);
+    }
+    for (int l = L - 1; l >= 0 && status == LOOM_OK; l--) {
+      status = loom_attn_exec_backward(x[l], &q, &q, &q, &q);
+    }
+    steps++;
+  }
+  if (status != LOOM_OK) {
+    fprintf(stderr, "train_gpt: attention server (world rank %d): %s\n", loom_group_rank(world),
+            loom_last_error(NULL));
+  }
+  for (int l = 0; x && l < L; l++) {
+    loom_attn_exec_destroy(x[l]);
+  }
+  free(x);
+  return status == LOOM_OK ? 0 : 1;
 }
 
 static loom_status_t task_forward(void *arg) {
@@ -1038,7 +1112,12 @@ int main(int argc, char **argv) {
     return ex_compare_dumps(o.cmp[0], o.cmp[1], o.rtol);
   }
   loom_ctx_t *ctx = NULL;
-  if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {
+  loom_config_t lc;
+  loom_config_init(&lc);
+  if (!bad_args && o.attn_servers > 0) { // the layout of the groups depends on it
+    lc.attn_servers = o.attn_spec;
+  }
+  if (loom_init(&argc, &argv, &lc, &ctx) != LOOM_OK) {
     fprintf(stderr, "train_gpt: loom_init: %s\n", loom_last_error(NULL));
     return 1;
   }
@@ -1051,24 +1130,27 @@ int main(int argc, char **argv) {
     loom_finalize(ctx);
     return 2;
   }
-  { // attention servers: the flag, else LOOM_ATTN_SERVERS ("0", "inplace" or N dedicated)
+  { // attention servers: LOOM_ATTN_SERVERS as loom_init took it ("0", "inplace" or N dedicated:
+    // the flag, unless the environment set it)
     const char *tv = loom_tunable(ctx, "LOOM_ATTN_SERVERS");
-    if (tv && strcmp(tv, "0") != 0 && strcmp(tv, "inplace") != 0) {
+    o.attn_servers = !tv || !strcmp(tv, "0") ? 0 : !strcmp(tv, "inplace") ? 1 : 2;
+    snprintf(o.attn_spec_eff, sizeof o.attn_spec_eff, "%s", tv ? tv : "0");
+    if (o.attn_servers == 2 && o.sync == SYNC_COMM_ONLY) {
       if (loom_rank(ctx) == 0) {
         fprintf(stderr,
-                "train_gpt: LOOM_ATTN_SERVERS=%s (dedicated servers) is not supported by "
-                "train_gpt yet: use inplace or 0\n",
+                "train_gpt: LOOM_ATTN_SERVERS=%s (dedicated servers) with --sync "
+                "comm-only: the step runs no attention to serve; use another --sync\n",
                 tv);
       }
       loom_finalize(ctx);
       return 2;
     }
-    if (o.attn_servers < 0) {
-      o.attn_servers = tv && !strcmp(tv, "inplace");
-    }
   }
-  if (rank < 0) { // a dedicated attention server (LOOM_ATTN_SERVERS): nothing to train here
-    return loom_finalize(ctx) == LOOM_OK ? 0 : 1;
+  if (rank < 0) { // a dedicated attention server: serves until the trainers are done
+    int src =
+        attn_serve(loom_group(ctx, LOOM_GROUP_WORLD),
+                   loom_size(ctx) - loom_group_size(loom_group(ctx, LOOM_GROUP_ATTN)), &o.cfg);
+    return loom_finalize(ctx) == LOOM_OK ? src : 1;
   }
   const loom_group_t *ep = loom_group(ctx, LOOM_GROUP_EP);
   const loom_group_t *edp = loom_group(ctx, LOOM_GROUP_EXPERT_DP);
@@ -1175,10 +1257,11 @@ int main(int argc, char **argv) {
   moe_arg_t *ma = calloc((size_t)o.cfg.layers * LOOM_MOE_PARAM_COUNT, sizeof *ma);
   loom_tensor_t **reduce = calloc((size_t)m.nunits + 1, sizeof *reduce);
   int64_t *moe_count = calloc((size_t)E + 1, sizeof *moe_count); // sent per expert, dropped
-  if (o.attn_servers == 1) {
+  st.trainers = np;
+  if (o.attn_servers > 0) {
     st.attn = calloc((size_t)o.cfg.layers, sizeof *st.attn);
   }
-  if (!ua || !ma || !reduce || !moe_count || (o.attn_servers == 1 && !st.attn)) {
+  if (!ua || !ma || !reduce || !moe_count || (o.attn_servers > 0 && !st.attn)) {
     fprintf(stderr, "train_gpt: out of memory\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
@@ -1299,8 +1382,12 @@ int main(int argc, char **argv) {
       printf("doc-lengths: skewed: synthetic lognormal sequence lengths per step and rank (the "
              "corpus tokens, new boundaries)\n");
     }
-    if (st.attn) {
+    if (st.attn && o.attn_servers == 1) {
       printf("attn-servers: inplace, balancer tolerance 0.1\n");
+    } else if (st.attn) {
+      printf("attn-servers: %d dedicated (world ranks %d..%d serve the attention of the %d "
+             "trainers), balancer tolerance 0.1\n",
+             loom_size(ctx) - np, np, loom_size(ctx) - 1, np);
     }
     fflush(stdout);
   }
@@ -1525,6 +1612,11 @@ int main(int argc, char **argv) {
       tlog += MPI_Wtime() - c0;
     }
   }
+  if (st.attn && o.attn_servers == 2) { // the dedicated servers' loop ends with the training
+    int stop = 0;
+    double unused[2];
+    EX_CHECK(attn_plan(st.world, st.trainers, NULL, -1, &o.cfg, st.attn, unused, &stop));
+  }
   const double run_steps = o.steps > start ? (double)(o.steps - start) : 1.0; // this process's
   double tokens_per_s = run_steps * tokens_per_step / (train_time > 0 ? train_time : 1e-9);
   double mfu = tokens_per_s / np * flops_per_token / sgemm;
@@ -1616,8 +1708,11 @@ int main(int argc, char **argv) {
         st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
         sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0, nmoe ? o.cfg.moe_every : 0,
         nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0, (long long)moe_params, nmoe ? last_aux : 0.0,
-        st.attn ? "inplace" : "off", o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0],
-        st.attn_ratio[1], o.cuda ? "cuda" : "host", nonfinite_steps, last_rss,
+        o.attn_servers == 1   ? "inplace"
+        : o.attn_servers == 2 ? o.attn_spec_eff
+                              : "off",
+        o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0], st.attn_ratio[1],
+        o.cuda ? "cuda" : "host", nonfinite_steps, last_rss,
         1e3 * ex_median(step_times, nstep_times));
     rc |= ex_write_text(o.json, text) != 0;
   }
@@ -1649,6 +1744,9 @@ int main(int argc, char **argv) {
   free(ma);
   free(moe_count);
   free(reduce);
+  for (int l = 0; st.attn && l < o.cfg.layers; l++) {
+    loom_attn_exec_destroy(st.attn[l]);
+  }
   free(st.attn);
   gpt_batch_free(&batch);
   gpt_batch_free(&vbatch);

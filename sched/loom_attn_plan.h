@@ -7,6 +7,7 @@
 
 #include "loom_core.h"
 #include "loom_attn.h" // loom_attn_doc_t, loom_attn_task_t
+#include "loom_sched.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -76,6 +77,30 @@ LOOM_API void loom_attn_plan_free(loom_attn_plan_t *p);
 // The (query, key) pairs of query rows [q_lo, q_hi) of a document of doc_len rows (see the cost
 // model); 0 for an empty or out-of-range shard.
 LOOM_API double loom_attn_task_cost(int64_t q_lo, int64_t q_hi, int64_t doc_len, int causal);
+
+// ---- ping-pong of two nano-batches through the step scheduler ---------------------------------
+//
+// One nano-batch of an attention-server forward: its executor (one per nano-batch: each has its
+// own plan and messages) and this rank's tensors (as for loom_attn_exec_forward).
+typedef struct loom_attn_nano {
+  loom_attn_exec_t *x;
+  const loom_tensor_t *q, *k, *v;
+  loom_tensor_t *out, *lse;
+} loom_attn_nano_t;
+
+// Add the forward of two nano-batches A and B to a step graph as six tasks, ids[] in this order:
+// NAME.ship.A, NAME.ship.B (comm lane: pack and post the shipments and the receives),
+// NAME.compute.A, NAME.compute.B (compute lane, A first: each runs once its shipments arrived),
+// NAME.finish.A, NAME.finish.B (comm lane: complete when the results are in out and lse). So
+// B's shipments travel while A's kernel runs (the scheduler's progress thread moves them) and
+// A's results travel while B's runs; the timeline shows the six on their lanes. ship A depends
+// on task `after` (-1: none); priority is the compute tasks' (A gets priority + 1). The graph
+// keeps pointers to nano[0] and nano[1] and the tensors they name: they must outlive it (the
+// executors may be replanned and the tensors' contents change between steps). NAME: "attn" when
+// NULL. Every rank adds the same tasks in the same order (the comm lane's order is collective).
+LOOM_API loom_status_t loom_sched_add_attn_pingpong(loom_sched_t *s, loom_attn_nano_t nano[2],
+                                                    int after, int priority, const char *name,
+                                                    int ids[6]);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,9 @@
 #!/bin/sh
 # gpt_attn.sh — train_gpt with attention servers in place (--attn-servers inplace) equals the run
 # without them (np 2 and 3, corpus and skewed document lengths), replicas stay bitwise identical,
-# --sync fused gives the same bits, and the progress line shows the attention balance.
+# --sync fused gives the same bits, and the progress line shows the attention balance; dedicated
+# servers (--attn-servers N, or LOOM_ATTN_SERVERS=N) train the remaining ranks like a run of
+# that many ranks without servers.
 set -u
 # Uncompressed: LOOM_COMPRESS defaults to auto, whose plan depends on timing.
 export LOOM_COMPRESS=none
@@ -52,4 +54,20 @@ run in_2_fused 2 --doc-lengths skewed --attn-servers inplace --sync fused \
   --dump-params "$tmp/in_2f_%r.bin"
 same "np 2 skewed inplace: --sync fused equals --sync overlap bitwise" \
   "$tmp/in_2_skewed_0.bin" "$tmp/in_2f_0.bin"
+# Dedicated servers: np 3 with one server and np 4 with two train the 2 remaining ranks exactly
+# like np 2 without servers (the same rows), and the servers end when the training does.
+run ded_3 3 --doc-lengths skewed --attn-servers 1 --dump-params "$tmp/ded3_%r.bin"
+close "np 3, 1 dedicated server: equals np 2 off" "$tmp/off_2_skewed_0.bin" "$tmp/ded3_0.bin"
+same "np 3, 1 dedicated server: trainers 0 and 1 bitwise identical" "$tmp/ded3_0.bin" \
+  "$tmp/ded3_1.bin"
+run_env ded_4 4 "LOOM_ATTN_SERVERS=2" --doc-lengths skewed --dump-params "$tmp/ded4_%r.bin"
+close "np 4, LOOM_ATTN_SERVERS=2: equals np 2 off" "$tmp/off_2_skewed_0.bin" "$tmp/ded4_0.bin"
+if grep -q 'attn-servers: 2 dedicated (world ranks 2..3 serve the attention of the 2 trainers)' \
+  "$tmp/ded_4.log" && grep -q 'attn max/mean [0-9.]* -> 1\.[01]' "$tmp/ded_4.log"; then
+  echo "ok: np 4, 2 dedicated servers: announced, and the servers' load balanced"
+else
+  cat "$tmp/ded_4.log"
+  echo "FAIL: np 4, 2 dedicated servers: no 'attn-servers: 2 dedicated' line or balance"
+  fail=1
+fi
 exit $fail

@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../check_mpi.h"
 #include "../testutil.h"
@@ -69,6 +70,8 @@ static int make_plan(const docset_t *s, int kind, loom_attn_task_t *t) {
   return n;
 }
 
+static loom_attn_exec_t *kept[2]; // an executor per causal, replanned by later cases
+
 static double rel_err(const float *a, const float *b, int64_t n) {
   double big = 1e-3, worst = 0.0;
   for (int64_t i = 0; i < n; i++) {
@@ -112,7 +115,16 @@ static void run_case(const loom_group_t *g, int variant, int kind, int causal) {
   OK(loom_attention_backward(&rdq, &rdk, &rdv, &dout, &q, &k, &v, &ro, &rl, &cut, &cut, causal,
                              0.0f));
   loom_attn_exec_t *x = NULL;
-  OK(loom_attn_exec_create(g, s.d, s.n, tasks, nt, H, HKV, D, causal, 0.0f, &x));
+  // Every other case replans the executor the previous cases used (kept per causal), so that
+  // replanning is checked over plans whose batches grow and shrink.
+  const int replan = (variant + kind) % 2 == 1 && kept[causal];
+  if (replan) {
+    x = kept[causal];
+    kept[causal] = NULL;
+    OK(loom_attn_exec_replan(x, s.d, s.n, tasks, nt));
+  } else {
+    OK(loom_attn_exec_create(g, s.d, s.n, tasks, nt, H, HKV, D, causal, 0.0f, &x));
+  }
   if (x) {
     OK(loom_attn_exec_forward(x, &q, &k, &v, &o, &l));
     OK(loom_attn_exec_backward(x, &dout, &dq, &dk, &dv));
@@ -131,8 +143,117 @@ static void run_case(const loom_group_t *g, int variant, int kind, int causal) {
     CHECK(kind != 2 || world_rank == 0 || st.tasks_served == 0, "plan 2: rank %d served %d",
           world_rank, st.tasks_served);
   }
-  loom_attn_exec_destroy(x);
+  loom_attn_exec_destroy(kept[causal]);
+  kept[causal] = x;
   TEST_FREE(&q, &k, &v, &o, &l, &ro, &rl, &dout, &dq, &dk, &dv, &rdq, &rdk, &rdv);
+}
+
+// Rows of the documents of s that this rank owns and that pass keep (index parity), packed.
+static int64_t own_rows(const docset_t *s, int parity, int32_t *cu, int *ncu) {
+  int64_t rows = 0;
+  *ncu = 0;
+  cu[0] = 0;
+  for (int i = 0; i < s->n; i++) {
+    if (s->d[i].owner == world_rank && i % 2 == parity) {
+      rows += s->d[i].len;
+      cu[++*ncu] = (int32_t)rows;
+    }
+  }
+  return rows;
+}
+
+// Ping-pong through the step scheduler: the documents alternately in nano-batches A and B, each
+// with its own plan and executor, the forward of both as the six tasks of
+// loom_sched_add_attn_pingpong, run for two steps (the second replans nothing: a replay), equal
+// to local attention on each nano-batch; the timeline has the six tasks on their lanes.
+static void run_pingpong(const loom_group_t *g, loom_ctx_t *ctx, int kind, int causal,
+                         const char *prefix) {
+  char timeline[256] = "";
+  if (prefix) {
+    snprintf(timeline, sizeof timeline, "%s%%r.json", prefix);
+  }
+  docset_t s = make_docs(0), half[2] = {{0}, {0}};
+  for (int i = 0; i < s.n; i++) {
+    half[i % 2].d[half[i % 2].n++] = s.d[i];
+  }
+  loom_attn_task_t tasks[2][4096];
+  loom_attn_nano_t nano[2];
+  loom_tensor_t t[2][7]; // q k v out lse ref_out ref_lse
+  loom_sched_opts_t so = {.timeline = timeline};
+  loom_sched_t *sc = NULL;
+  OK(loom_sched_create(ctx, &so, &sc));
+  test_rng_t rng = test_rng(500u + 7u * (uint64_t)world_rank);
+  for (int h = 0; h < 2; h++) {
+    docset_t *d = &half[h];
+    const int nt = make_plan(d, kind, tasks[h]);
+    int32_t cu[65];
+    int ncu = 0;
+    const int64_t rows = own_rows(&s, h, cu, &ncu); // the same rows as d's, in the same order
+    int64_t sq[3] = {rows, H, D}, sk[3] = {rows, HKV, D}, sl[2] = {H, rows}, sc1[1] = {ncu + 1};
+    t[h][0] = test_tensor_f32(3, sq, "q");
+    t[h][1] = test_tensor_f32(3, sk, "k");
+    t[h][2] = test_tensor_f32(3, sk, "v");
+    t[h][3] = test_tensor_f32(3, sq, "out");
+    t[h][4] = test_tensor_f32(2, sl, "lse");
+    t[h][5] = test_tensor_f32(3, sq, "ref_out");
+    t[h][6] = test_tensor_f32(2, sl, "ref_lse");
+    test_fill_uniform(&rng, test_floats(&t[h][0]), rows * H * D, -1, 1);
+    test_fill_uniform(&rng, test_floats(&t[h][1]), rows * HKV * D, -1, 1);
+    test_fill_uniform(&rng, test_floats(&t[h][2]), rows * HKV * D, -1, 1);
+    loom_tensor_t cut;
+    OK(loom_tensor_wrap(&cut, cu, LOOM_I32, LOOM_DEVICE_HOST, 1, sc1, "cu"));
+    OK(loom_attention_forward(&t[h][5], &t[h][6], &t[h][0], &t[h][1], &t[h][2], &cut, &cut, causal,
+                              0.0f));
+    nano[h] = (loom_attn_nano_t){NULL, &t[h][0], &t[h][1], &t[h][2], &t[h][3], &t[h][4]};
+    OK(loom_attn_exec_create(g, d->d, d->n, tasks[h], nt, H, HKV, D, causal, 0.0f, &nano[h].x));
+  }
+  int ids[6];
+  OK(loom_sched_add_attn_pingpong(sc, nano, -1, 0, "attn", ids));
+  for (int step = 0; step < 2 && nano[0].x && nano[1].x; step++) {
+    for (int h = 0; h < 2; h++) {
+      memset(t[h][3].data, 0, loom_tensor_bytes(&t[h][3]));
+    }
+    OK(loom_sched_run(sc));
+    for (int h = 0; h < 2; h++) {
+      double eo =
+          rel_err(test_floats(&t[h][3]), test_floats(&t[h][5]), loom_tensor_numel(&t[h][3]));
+      double el =
+          rel_err(test_floats(&t[h][4]), test_floats(&t[h][6]), loom_tensor_numel(&t[h][4]));
+      CHECK(eo <= 1e-5 && el <= 1e-5,
+            "ping-pong plan %d causal %d step %d nano %c: out off by %g, "
+            "lse by %g",
+            kind, causal, step, 'A' + h, eo, el);
+    }
+  }
+  OK(loom_sched_destroy(sc));
+  for (int h = 0; h < 2; h++) {
+    loom_attn_exec_destroy(nano[h].x);
+    for (int i = 0; i < 7; i++) {
+      loom_tensor_t *one = &t[h][i];
+      test_free_tensors(&one, 1);
+    }
+  }
+  if (prefix) { // every task of the ping-pong is on the timeline, on its lane
+    char path[256];
+    snprintf(path, sizeof path, "%s%d.json", prefix, world_rank);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL, "no timeline at %s", path);
+    static char buf[1 << 20];
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    buf[n] = '\0';
+    if (f) {
+      fclose(f);
+    }
+    const char *names[6] = {"attn.ship.A",    "attn.ship.B",   "attn.compute.A",
+                            "attn.compute.B", "attn.finish.A", "attn.finish.B"};
+    for (int i = 0; i < 6; i++) {
+      char want[64];
+      snprintf(want, sizeof want, "\"name\":\"%s\",\"cat\":\"%s\"", names[i],
+               i / 2 == 1 ? "compute" : "comm");
+      CHECK(strstr(buf, want) != NULL, "the timeline %s lacks %s", path, want);
+    }
+    remove(path);
+  }
 }
 
 static void test_errors(const loom_group_t *g) {
@@ -178,6 +299,13 @@ int main(int argc, char **argv) {
     }
     run_case(g, 1, 3, causal); // one long document cut over every rank
   }
+  for (int kind = 0; kind < 4; kind++) {
+    char tl[128];
+    snprintf(tl, sizeof tl, "/tmp/loom_test_attn_pp_%d_", (int)getppid());
+    run_pingpong(g, ctx, kind, kind % 2, kind == 1 ? tl : NULL); // the timeline of one case
+  }
+  loom_attn_exec_destroy(kept[0]);
+  loom_attn_exec_destroy(kept[1]);
   test_errors(g);
   int rc = check_exit_all("test_attn");
   loom_finalize(ctx);
