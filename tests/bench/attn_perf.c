@@ -24,7 +24,9 @@
 // of: per-rank work (causal pairs) and kernel time as max/mean over the ranks that compute, the
 // bytes moved, the attention phase (forward + backward, slowest rank). Ping-pong: the documents
 // split into two nano-batches whose forwards run ship A, ship B, compute A, compute B, finish
-// A, finish B, against A then B one after the other; hidden = 1 - wait(ping-pong)/wait(serial).
+// A, finish B (by hand, and as the six tasks of loom_sched_add_attn_pingpong in a step
+// scheduler, whose timeline LOOM_TIMELINE writes), against A then B one after the other;
+// hidden = 1 - wait(ping-pong)/wait(serial) (scheduled: its exposed communication).
 
 typedef struct opts {
   int lognormal, docs, heads, head_dim, iters, servers;
@@ -190,7 +192,7 @@ static int run_mode(const opts_t *o, const loom_group_t *g, int mode, result_t *
 }
 
 // Ping-pong of two nano-batches (documents alternately in A and B) under the inplace plan.
-static int run_pingpong(const opts_t *o, const loom_group_t *g, double out[4]) {
+static int run_pingpong(const opts_t *o, loom_ctx_t *ctx, const loom_group_t *g, double out[6]) {
   loom_attn_doc_t d[4096], half[2][4096];
   const int nd = make_docs(o, np, d, 4096);
   int nh[2] = {0, 0}, rc = 0;
@@ -207,12 +209,22 @@ static int run_pingpong(const opts_t *o, const loom_group_t *g, double out[4]) {
     rc |= !rc && loom_attn_exec_create(g, half[h], nh[h], p[h].tasks, p[h].ntasks, o->heads,
                                        o->heads, o->head_dim, 1, 0.0f, &x[h]) != LOOM_OK;
   }
-  double *t[4];
-  for (int i = 0; i < 4; i++) {
+  // The scheduler's version: the six tasks of loom_sched_add_attn_pingpong (LOOM_TIMELINE
+  // writes its timeline).
+  loom_attn_nano_t nano[2];
+  for (int h = 0; h < 2; h++) {
+    nano[h] = (loom_attn_nano_t){x[h], &r[h].q, &r[h].k, &r[h].v, &r[h].o, &r[h].l};
+  }
+  loom_sched_t *sc = NULL;
+  int ids[6];
+  rc |= !rc && (loom_sched_create(ctx, NULL, &sc) != LOOM_OK ||
+                loom_sched_add_attn_pingpong(sc, nano, -1, 0, "attn", ids) != LOOM_OK);
+  double *t[6];
+  for (int i = 0; i < 6; i++) {
     t[i] = calloc((size_t)o->iters, sizeof(double));
   }
   for (int it = -1; it < o->iters && !rc; it++) {
-    for (int pp = 0; pp < 2; pp++) { // 0: A then B; 1: ping-pong
+    for (int pp = 0; pp < 3; pp++) { // 0: A then B; 1: ping-pong by hand; 2: scheduled
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = MPI_Wtime();
       if (pp == 0) {
@@ -220,6 +232,8 @@ static int run_pingpong(const opts_t *o, const loom_group_t *g, double out[4]) {
           rc |=
               loom_attn_exec_forward(x[h], &r[h].q, &r[h].k, &r[h].v, &r[h].o, &r[h].l) != LOOM_OK;
         }
+      } else if (pp == 2) {
+        rc |= loom_sched_run(sc) != LOOM_OK;
       } else {
         rc |= loom_attn_exec_ship(x[0], &r[0].q, &r[0].k, &r[0].v) != LOOM_OK;
         rc |= loom_attn_exec_ship(x[1], &r[1].q, &r[1].k, &r[1].v) != LOOM_OK;
@@ -232,6 +246,11 @@ static int run_pingpong(const opts_t *o, const loom_group_t *g, double out[4]) {
       loom_attn_exec_stats(x[0], &s0);
       loom_attn_exec_stats(x[1], &s1);
       double v[2] = {1e3 * (MPI_Wtime() - t0), s0.wait_ms + s1.wait_ms};
+      if (pp == 2) { // the scheduler waits for the requests: its exposed communication
+        loom_step_stats_t ss;
+        loom_sched_step_stats(sc, &ss);
+        v[1] += ss.exposed_comm_ms;
+      }
       MPI_Allreduce(MPI_IN_PLACE, v, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
       if (it >= 0) {
         t[2 * pp][it] = v[0];
@@ -239,10 +258,11 @@ static int run_pingpong(const opts_t *o, const loom_group_t *g, double out[4]) {
       }
     }
   }
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 6; i++) {
     out[i] = rc ? NAN : median(t[i], o->iters);
     free(t[i]);
   }
+  loom_sched_destroy(sc);
   for (int h = 0; h < 2; h++) {
     loom_attn_exec_destroy(x[h]);
     loom_attn_plan_free(&p[h]);
@@ -343,9 +363,9 @@ int main(int argc, char **argv) {
     }
     rc = run_mode(&o, g, mode, &res[nres++]);
   }
-  double pp[4] = {NAN, NAN, NAN, NAN};
+  double pp[6] = {NAN, NAN, NAN, NAN, NAN, NAN};
   if (!rc && np > 1) {
-    rc = run_pingpong(&o, g, pp);
+    rc = run_pingpong(&o, ctx, g, pp);
   }
   if (me == 0 && !rc) {
     printf("# attn_perf: np %d, %s, %d docs per rank (mean %lld%s), heads %d x %d, "
@@ -362,8 +382,10 @@ int main(int argc, char **argv) {
     }
     if (np > 1) {
       printf("ping-pong (inplace, forward of two nano-batches): serial %.2f ms (waits %.2f), "
-             "ping-pong %.2f ms (waits %.2f): hidden %.3f\n",
-             pp[0], pp[1], pp[2], pp[3], pp[1] > 0 ? 1.0 - pp[3] / pp[1] : 0.0);
+             "by hand %.2f ms (waits %.2f): hidden %.3f; scheduled %.2f ms (waits %.2f): "
+             "hidden %.3f\n",
+             pp[0], pp[1], pp[2], pp[3], pp[1] > 0 ? 1.0 - pp[3] / pp[1] : 0.0, pp[4], pp[5],
+             pp[1] > 0 ? 1.0 - pp[5] / pp[1] : 0.0);
     }
     if (o.json) {
       FILE *f = fopen(o.json, "w");
@@ -379,8 +401,9 @@ int main(int argc, char **argv) {
         }
         fprintf(f,
                 "], \"pingpong\": {\"serial_ms\": %.3f, \"serial_wait_ms\": %.3f, "
-                "\"pingpong_ms\": %.3f, \"pingpong_wait_ms\": %.3f}}\n",
-                pp[0], pp[1], pp[2], pp[3]);
+                "\"pingpong_ms\": %.3f, \"pingpong_wait_ms\": %.3f, \"sched_ms\": %.3f, "
+                "\"sched_wait_ms\": %.3f}}\n",
+                pp[0], pp[1], pp[2], pp[3], pp[4], pp[5]);
         fclose(f);
       } else {
         perror(o.json);
