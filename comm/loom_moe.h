@@ -21,6 +21,9 @@ extern "C" {
 //           first, each other source's rows as soon as they land); the second GEMM and the
 //           combine split by columns (each column slice is sent as soon as it is computed);
 //           the same in the backward (the weight gradients are summed after the dx slices left)
+// A layer on a CUDA device (config field device) runs as `none` whatever the mode (an INFO line
+// says so once): its dispatch and combine are grouped NCCL sends and receives, and its weight
+// gradients are computed while the backward's combine is in flight.
 typedef enum loom_moe_overlap {
   LOOM_MOE_OVERLAP_DEFAULT = -1, // the LOOM_MOE_OVERLAP tunable
   LOOM_MOE_OVERLAP_NONE = 0,
@@ -50,12 +53,21 @@ typedef struct loom_moe_config {
                           // to measure what polling buys)
   uint64_t seed;          // parameter initialisation (expert e's weights depend on e, not on
                           // which rank holds it)
+  int device;             // where the parameters, gradients and the tensors of every call live:
+                          // LOOM_DEVICE_HOST (loom_moe_config_init's default) or a CUDA device
+                          // index (one per rank; loom_gpu(ctx) is this rank's). On a device the
+                          // router, the permutation and the expert FFN run as CUDA kernels and
+                          // cuBLAS, the all-to-alls over the ep group's NCCL communicator, in one
+                          // chunk and one column slice (chunks, col_slices, poll_tiles unused);
+                          // the token counts still travel over MPI. Needs loom built with CUDA
+                          // and NCCL (else LOOM_ERR_UNSUPPORTED). Every rank of ep must agree on
+                          // host or device.
 } loom_moe_config_t;
 
 typedef struct loom_moe loom_moe_t;
 
-// Fill cfg with the defaults (dropless, aux 0.01, LOOM_MOE_OVERLAP, tuned chunks and slices);
-// the caller then sets num_experts, top_k, hidden and ffn.
+// Fill cfg with the defaults (dropless, aux 0.01, LOOM_MOE_OVERLAP, tuned chunks and slices, on
+// the host); the caller then sets num_experts, top_k, hidden and ffn.
 LOOM_API void loom_moe_config_init(loom_moe_config_t *cfg);
 
 // Create the layer on every member of ep (collective over ep; NULL: this rank alone holds every
@@ -66,10 +78,10 @@ LOOM_API loom_status_t loom_moe_create(loom_ctx_t *ctx, const loom_group_t *ep,
                                        const loom_moe_config_t *cfg, loom_moe_t **out);
 LOOM_API void loom_moe_destroy(loom_moe_t *moe);
 
-// The parameters and their gradients (host f32; the gradients accumulate over backward calls
-// until the caller zeroes them). router (H, E) is replicated on every rank (synchronise it over
-// the data-parallel group); w1 (El, H, F), b1 (El, F), w2 (El, F, H), b2 (El, H) are this rank's
-// El = E / P experts (synchronise them over the expert-data-parallel group).
+// The parameters and their gradients (f32 on cfg.device; the gradients accumulate over backward
+// calls until the caller zeroes them). router (H, E) is replicated on every rank (synchronise it
+// over the data-parallel group); w1 (El, H, F), b1 (El, F), w2 (El, F, H), b2 (El, H) are this
+// rank's El = E / P experts (synchronise them over the expert-data-parallel group).
 typedef enum loom_moe_param {
   LOOM_MOE_ROUTER = 0,
   LOOM_MOE_W1,
@@ -85,13 +97,16 @@ LOOM_API const char *loom_moe_overlap_name(int overlap); // "none", "coarse", "f
 LOOM_API loom_status_t loom_moe_overlap_parse(const char *name, int *out);
 
 // Forward for this rank's T tokens, x (T, H) -> y (T, H); T may differ between ranks and be 0.
-// Collective over ep. *aux (may be NULL) receives this rank's load-balancing loss (already
-// times aux_coef; add it to the loss). The layer keeps what the backward needs (one forward in
-// flight: forward, backward, forward, ...).
+// x and y are f32 on the layer's device (on a CUDA device, y is written in the order of the
+// calling thread's current stream; the call waits for that stream to read the routing and aux
+// on the host). Collective over ep. *aux (may be NULL) receives this rank's load-balancing loss
+// (already times aux_coef; add it to the loss). The layer keeps what the backward needs (one
+// forward in flight: forward, backward, forward, ...).
 LOOM_API loom_status_t loom_moe_forward(loom_moe_t *moe, const loom_tensor_t *x, loom_tensor_t *y,
                                         float *aux);
-// Backward of the last forward: dy (T, H) -> dx (T, H) (overwritten); the parameter gradients
-// accumulate, the aux loss's gradient (with weight 1) included. Collective over ep.
+// Backward of the last forward: dy (T, H) -> dx (T, H) (overwritten, on the layer's device as
+// in the forward); the parameter gradients accumulate, the aux loss's gradient (with weight 1)
+// included. Collective over ep.
 LOOM_API loom_status_t loom_moe_backward(loom_moe_t *moe, const loom_tensor_t *dy,
                                          loom_tensor_t *dx);
 
@@ -103,6 +118,8 @@ typedef struct loom_moe_stats {
   int64_t dropped;         // assignments this rank dropped (capacity)
   float aux;               // its aux loss
   double comm_ms, compute_ms, wall_ms; // time in MPI waits, in the expert GEMMs, in the call
+                                       // (on a device: in the NCCL waits, which include kernels
+                                       // queued before them, and queueing the expert kernels)
 } loom_moe_stats_t;
 LOOM_API void loom_moe_stats(const loom_moe_t *moe, loom_moe_stats_t *out);
 

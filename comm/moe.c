@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,9 @@
 #include "cpu/linear_cpu.h"
 #include "ctx.h"
 #include "error.h"
+#include "log.h"
 #include "loom_compute.h"
+#include "memory.h"
 #include "moe_internal.h"
 
 #define DEFAULT_CHUNKS 4
@@ -42,7 +45,10 @@ loom_status_t loom_moe_overlap_parse(const char *name, int *out) {
 
 void loom_moe_config_init(loom_moe_config_t *cfg) {
   if (cfg) {
-    *cfg = (loom_moe_config_t){.aux_coef = 0.01f, .overlap = LOOM_MOE_OVERLAP_DEFAULT, .seed = 1};
+    *cfg = (loom_moe_config_t){.aux_coef = 0.01f,
+                               .overlap = LOOM_MOE_OVERLAP_DEFAULT,
+                               .seed = 1,
+                               .device = LOOM_DEVICE_HOST};
   }
 }
 
@@ -85,6 +91,8 @@ static int config_ok(const loom_moe_config_t *c, int np, char *err, size_t len) 
              c->poll_tiles);
   } else if (!isfinite(c->aux_coef) || c->aux_coef < 0) {
     snprintf(err, len, "aux_coef %g: use 0 or a positive weight", (double)c->aux_coef);
+  } else if (c->device < LOOM_DEVICE_HOST) {
+    snprintf(err, len, "device %d: use LOOM_DEVICE_HOST (-1) or a CUDA device index", c->device);
   } else {
     return 1;
   }
@@ -104,7 +112,8 @@ static loom_status_t config_agree(MPI_Comm comm, const loom_moe_config_t *c, int
                                       "overlap",
                                       "chunks",
                                       "col_slices",
-                                      "aux_coef (x 1e6)"};
+                                      "aux_coef (x 1e6)",
+                                      "device (0: host, 1: CUDA)"};
   enum { NF = sizeof names / sizeof names[0] };
   long long v[NF] = {ok,
                      c->num_experts,
@@ -116,7 +125,8 @@ static loom_status_t config_agree(MPI_Comm comm, const loom_moe_config_t *c, int
                      c->overlap,
                      c->chunks,
                      c->col_slices,
-                     llround((double)c->aux_coef * 1e6)};
+                     llround((double)c->aux_coef * 1e6),
+                     c->device != LOOM_DEVICE_HOST};
   long long lo[NF], hi[NF];
   if (MPI_Allreduce(v, lo, NF, MPI_LONG_LONG, MPI_MIN, comm) != MPI_SUCCESS ||
       MPI_Allreduce(v, hi, NF, MPI_LONG_LONG, MPI_MAX, comm) != MPI_SUCCESS) {
@@ -181,7 +191,52 @@ static loom_status_t make_params(loom_moe_t *m) {
       w2[e * F * H + i] = init_value(seed, 3 + 4 * g, (uint64_t)i, 1.0f / sqrtf((float)F));
     }
   }
+  // A layer on a device: the same values, copied there; the gradients start at zero there.
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT && m->device != LOOM_DEVICE_HOST; p++) {
+    loom_tensor_t host = m->param[p], dp, dg;
+    memset(&dp, 0, sizeof dp);
+    memset(&dg, 0, sizeof dg);
+    loom_status_t status =
+        loom_tensor_alloc(&dp, LOOM_F32, m->device, ndim[p], shapes[p], names[p][0]);
+    if (status == LOOM_OK) {
+      status = loom_tensor_copy(&dp, &host);
+    }
+    if (status == LOOM_OK) {
+      status = loom_tensor_alloc(&dg, LOOM_F32, m->device, ndim[p], shapes[p], names[p][1]);
+    }
+    if (status != LOOM_OK) {
+      loom_tensor_free(&dp);
+      loom_tensor_free(&dg);
+      return status;
+    }
+    loom_tensor_free(&m->param[p]);
+    loom_tensor_free(&m->grad[p]);
+    m->param[p] = dp;
+    m->grad[p] = dg;
+  }
   return LOOM_OK;
+}
+
+// Whether this rank can hold the layer on cfg->device: LOOM_OK, or the status with its message in
+// err (a device without NCCL in this build: LOOM_ERR_UNSUPPORTED, naming the fix).
+static loom_status_t device_ok(const loom_moe_config_t *c, char *err, size_t len) {
+  if (c->device == LOOM_DEVICE_HOST) {
+    return LOOM_OK;
+  }
+#ifdef LOOM_HAVE_NCCL
+  loom_status_t status = loom_device_check(c->device);
+  if (status != LOOM_OK) {
+    snprintf(err, len, "device %d: %s", c->device, loom_last_error(NULL));
+  }
+  return status;
+#else
+  snprintf(err, len,
+           "device %d: an MoE layer on a CUDA device needs loom built with CUDA and NCCL, and "
+           "this build has no NCCL: reconfigure with --with-cuda --with-nccl (configure's summary "
+           "says NCCL: yes), or keep the layer on the host (LOOM_DEVICE_HOST)",
+           c->device);
+  return LOOM_ERR_UNSUPPORTED;
+#endif
 }
 
 loom_status_t loom_moe_create(loom_ctx_t *ctx, const loom_group_t *ep, const loom_moe_config_t *cfg,
@@ -210,26 +265,42 @@ loom_status_t loom_moe_create(loom_ctx_t *ctx, const loom_group_t *ep, const loo
     m->cfg.overlap = ctx ? ctx->params.moe_overlap : LOOM_MOE_OVERLAP_FINE;
   }
   int ok = config_ok(&m->cfg, m->np, err, sizeof err);
+  loom_status_t bad = LOOM_ERR_INVALID_ARG; // the status of this rank's own problem
+  if (ok) {
+    bad = device_ok(&m->cfg, err, sizeof err);
+    ok = bad == LOOM_OK;
+  }
   if (ep) {
     LOOM_CHECK_MPI(NULL, MPI_Comm_dup(loom_group_comm(ep), &m->comm));
     if (!ok) { // this rank's own problem first; the others learn that a peer failed
       MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, m->comm);
-      status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_moe_create: %s", err);
+      status = loom_error(NULL, bad, "loom_moe_create: %s", err);
       goto fail;
     }
     int all = ok;
     MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_MIN, m->comm);
     LOOM_CHECK(config_agree(m->comm, &m->cfg, all));
   } else if (!ok) {
-    status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_moe_create: %s", err);
+    status = loom_error(NULL, bad, "loom_moe_create: %s", err);
     goto fail;
   }
+  m->device = m->cfg.device;
   m->el = m->cfg.num_experts / m->np;
   m->chunks = m->cfg.chunks > 0 ? m->cfg.chunks : DEFAULT_CHUNKS;
   m->slices = m->cfg.col_slices > 0 ? m->cfg.col_slices : DEFAULT_SLICES;
   m->poll_tiles = m->cfg.poll_tiles > 0 ? m->cfg.poll_tiles : m->cfg.poll_tiles < 0 ? 0 : 1;
   if (m->slices > m->cfg.hidden) {
     m->slices = (int)m->cfg.hidden;
+  }
+  if (m->device != LOOM_DEVICE_HOST) { // one chunk and one slice: plain row-major blocks
+    static atomic_int said;
+    m->chunks = m->slices = 1;
+    if (m->cfg.overlap != LOOM_MOE_OVERLAP_NONE && !atomic_exchange(&said, 1)) {
+      LOOM_INFO(LOOM_SUB_MOE,
+                "MoE on CUDA device %d: overlap '%s' runs as 'none' on a device (NCCL dispatch "
+                "and combine; the weight gradients overlap the backward's combine)",
+                m->device, loom_moe_overlap_name(m->cfg.overlap));
+    }
   }
   m->cnt_send = calloc((size_t)m->np * (size_t)m->el, sizeof(int64_t));
   m->cnt_recv = calloc((size_t)m->np * (size_t)m->el, sizeof(int64_t));
@@ -263,6 +334,9 @@ void loom_moe_destroy(loom_moe_t *m) {
     loom_tensor_free(&m->param[p]);
     loom_tensor_free(&m->grad[p]);
   }
+#ifdef LOOM_HAVE_NCCL
+  loom_moe_dev_free(m);
+#endif
   moe_buf_t *bufs[] = {&m->x,      &m->logits, &m->probs, &m->weight,  &m->dprobs_aux, &m->send_x,
                        &m->recv_x, &m->pre,    &m->h,     &m->out_exp, &m->comb,       &m->dw,
                        &m->d_send, &m->d_recv, &m->dpre,  &m->dx_exp,  &m->dx_comb,    &m->dlogits};
@@ -309,20 +383,52 @@ void loom_moe_stats(const loom_moe_t *m, loom_moe_stats_t *out) {
 
 // ---- routing ------------------------------------------------------------------------------------
 
-static loom_status_t check_rows(const char *op, const char *name, const loom_tensor_t *t, int64_t H,
-                                int64_t *rows) {
-  if (!t || t->dtype != LOOM_F32 || t->device != LOOM_DEVICE_HOST || t->ndim < 1 ||
-      t->ndim > LOOM_MAX_DIMS || t->shape[t->ndim - 1] != H ||
-      (!t->data && loom_tensor_numel(t) > 0)) {
+// t: f32 rows of H values on the layer's device.
+static loom_status_t check_rows(const loom_moe_t *m, const char *op, const char *name,
+                                const loom_tensor_t *t, int64_t H, int64_t *rows) {
+  const char *where = m->device == LOOM_DEVICE_HOST ? "host" : "device";
+  if (!t || t->dtype != LOOM_F32 || t->ndim < 1 || t->ndim > LOOM_MAX_DIMS ||
+      t->shape[t->ndim - 1] != H || (!t->data && loom_tensor_numel(t) > 0)) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "%s: %s must be an f32 host tensor of rows of hidden = %lld values", op, name,
-                      (long long)H);
+                      "%s: %s must be an f32 %s tensor of rows of hidden = %lld values", op, name,
+                      where, (long long)H);
+  }
+#ifndef LOOM_HAVE_NCCL
+  if (t->device != LOOM_DEVICE_HOST) {
+    return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                      "%s: %s is on CUDA device %d, but this loom was built without NCCL, which "
+                      "the MoE layer needs on a device: pass host tensors, or reconfigure with "
+                      "--with-cuda --with-nccl and create the layer with cfg.device set",
+                      op, name, t->device);
+  }
+#endif
+  if (t->device != m->device) {
+    char have[32] = "the host", want[32] = "the host";
+    if (t->device != LOOM_DEVICE_HOST) {
+      snprintf(have, sizeof have, "CUDA device %d", t->device);
+    }
+    if (m->device != LOOM_DEVICE_HOST) {
+      snprintf(want, sizeof want, "CUDA device %d", m->device);
+    }
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: %s is on %s, but the layer was created on %s: pass tensors on the "
+                      "layer's device, or create the layer with loom_moe_config_t.device = %d",
+                      op, name, have, want, t->device);
   }
   // Negative or overflowing extents (which loom_tensor_numel counts as empty).
-  loom_status_t status = loom_arg_tensor(op, name, t, LOOM_F32, LOOM_DEVICE_HOST);
+  loom_status_t status = loom_arg_tensor(op, name, t, LOOM_F32, m->device);
   if (status != LOOM_OK) {
     return status;
   }
+#ifdef LOOM_HAVE_NCCL
+  if (m->device != LOOM_DEVICE_HOST && loom_tensor_numel(t) > 0 &&
+      !loom_moe_dev_pointer_ok(t->data, m->device)) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: %s says CUDA device %d, but its data %p is not memory of that device: "
+                      "allocate it with loom_tensor_alloc on the device",
+                      op, name, m->device, t->data);
+  }
+#endif
   *rows = loom_tensor_numel(t) / H;
   return LOOM_OK;
 }
@@ -468,6 +574,31 @@ static loom_status_t permute_plan(loom_moe_t *m, int64_t T) {
   return LOOM_OK;
 }
 
+loom_status_t loom_moe_route(loom_moe_t *m, int64_t T) {
+  for (int64_t i = 0; i < T * m->cfg.top_k; i++) {
+    m->pos[i] = 0;
+  }
+  loom_status_t status = apply_capacity(m, T);
+  return status == LOOM_OK ? permute_plan(m, T) : status;
+}
+
+// The routing arrays of T tokens on the host: weight (T, K), idx and pos (T, K).
+static loom_status_t reserve_routing(loom_moe_t *m, const char *op, int64_t T) {
+  const int K = m->cfg.top_k;
+  loom_status_t status = loom_moe_reserve(&m->weight, (size_t)(T * K), "the routing weights");
+  if (status == LOOM_OK && (m->idx_cap < (size_t)(T * K) || !m->idx)) {
+    free(m->idx);
+    free(m->pos);
+    m->idx = malloc(sizeof(int32_t) * (size_t)(T * K + 1));
+    m->pos = malloc(sizeof(int64_t) * (size_t)(T * K + 1));
+    m->idx_cap = m->idx && m->pos ? (size_t)(T * K) : 0;
+    if (!m->idx || !m->pos) {
+      status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory for the routing", op);
+    }
+  }
+  return status;
+}
+
 // Row p of the send order (expert g), read back from a by-slice buffer (comb or dx_comb):
 // acc += w * row.
 static void add_back(const loom_moe_t *m, float *buf, int g, int64_t p, float w, float *acc) {
@@ -523,8 +654,8 @@ loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tenso
   }
   const int64_t H = m->cfg.hidden, F = m->cfg.ffn, E = m->cfg.num_experts;
   const int K = m->cfg.top_k;
-  LOOM_CHECK(check_rows(op, "x", x, H, &T));
-  LOOM_CHECK(check_rows(op, "y", y, H, &Ty));
+  LOOM_CHECK(check_rows(m, op, "x", x, H, &T));
+  LOOM_CHECK(check_rows(m, op, "y", y, H, &Ty));
   if (Ty != T) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: y holds %lld rows, x %lld", op,
                       (long long)Ty, (long long)T);
@@ -533,21 +664,21 @@ loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tenso
   const double t0 = MPI_Wtime();
   m->comm_ms = m->compute_ms = 0.0;
   m->t = T;
+  LOOM_CHECK(reserve_routing(m, op, T));
+  if (m->device != LOOM_DEVICE_HOST) { // (only with NCCL: loom_moe_create refuses it else)
+#ifdef LOOM_HAVE_NCCL
+    LOOM_CHECK(loom_moe_dev_forward(m, x, y, T));
+#endif
+    if (aux) {
+      *aux = m->aux;
+    }
+    m->wall_ms = 1e3 * (MPI_Wtime() - t0);
+    return LOOM_OK;
+  }
   LOOM_CHECK(loom_moe_reserve(&m->x, (size_t)(T * H), "the input"));
   LOOM_CHECK(loom_moe_reserve(&m->logits, (size_t)(T * E), "the router logits"));
   LOOM_CHECK(loom_moe_reserve(&m->probs, (size_t)(T * E), "the router probabilities"));
   LOOM_CHECK(loom_moe_reserve(&m->dprobs_aux, (size_t)(T * E), "the aux gradient"));
-  LOOM_CHECK(loom_moe_reserve(&m->weight, (size_t)(T * K), "the routing weights"));
-  if (m->idx_cap < (size_t)(T * K) || !m->idx) {
-    free(m->idx);
-    free(m->pos);
-    m->idx = malloc(sizeof(int32_t) * (size_t)(T * K + 1));
-    m->pos = malloc(sizeof(int64_t) * (size_t)(T * K + 1));
-    m->idx_cap = m->idx && m->pos ? (size_t)(T * K) : 0;
-    if (!m->idx || !m->pos) {
-      return loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory for the routing", op);
-    }
-  }
   if (T > 0) {
     memcpy(m->x.p, x->data, sizeof(float) * (size_t)(T * H));
   }
@@ -567,11 +698,7 @@ loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tenso
     LOOM_CHECK(loom_moe_aux_loss(&m->aux, &td, &tp, &ti, m->cfg.aux_coef));
   }
   // Capacity, counts, the send order; the counts travel to the experts' ranks.
-  for (int64_t i = 0; i < T * K; i++) {
-    m->pos[i] = 0;
-  }
-  LOOM_CHECK(apply_capacity(m, T));
-  LOOM_CHECK(permute_plan(m, T));
+  LOOM_CHECK(loom_moe_route(m, T));
   LOOM_CHECK(loom_moe_reserve(&m->send_x, (size_t)(m->n_send * H), "the dispatched rows"));
   LOOM_CHECK(loom_moe_reserve(&m->comb, (size_t)(m->n_send * H), "the combined rows"));
   LOOM_CHECK(loom_moe_reserve(&m->recv_x, (size_t)(m->n_recv * H), "the received rows"));
@@ -613,8 +740,8 @@ loom_status_t loom_moe_backward(loom_moe_t *m, const loom_tensor_t *dy, loom_ten
   }
   const int64_t H = m->cfg.hidden, F = m->cfg.ffn, E = m->cfg.num_experts;
   const int K = m->cfg.top_k;
-  LOOM_CHECK(check_rows(op, "dy", dy, H, &T));
-  LOOM_CHECK(check_rows(op, "dx", dx, H, &Tx));
+  LOOM_CHECK(check_rows(m, op, "dy", dy, H, &T));
+  LOOM_CHECK(check_rows(m, op, "dx", dx, H, &Tx));
   if (T != m->t || Tx != m->t) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "%s: dy holds %lld rows and dx %lld, the last forward %lld: call the "
@@ -624,6 +751,13 @@ loom_status_t loom_moe_backward(loom_moe_t *m, const loom_tensor_t *dy, loom_ten
   enter(m, LOOM_OPK_MOE_BACKWARD, dy);
   const double t0 = MPI_Wtime();
   m->comm_ms = m->compute_ms = 0.0;
+  if (m->device != LOOM_DEVICE_HOST) { // (only with NCCL: loom_moe_create refuses it else)
+#ifdef LOOM_HAVE_NCCL
+    LOOM_CHECK(loom_moe_dev_backward(m, dy, dx, T));
+#endif
+    m->wall_ms = 1e3 * (MPI_Wtime() - t0);
+    return LOOM_OK;
+  }
   LOOM_CHECK(loom_moe_reserve(&m->dw, (size_t)(T * K), "the weight gradients"));
   LOOM_CHECK(loom_moe_reserve(&m->dlogits, (size_t)(T * E), "the logit gradients"));
   LOOM_CHECK(loom_moe_reserve(&m->d_send, (size_t)(m->n_send * H), "the output gradients"));

@@ -32,9 +32,12 @@ struct loom_moe {
   int el;                  // experts per rank
   int chunks, slices;
   int poll_tiles; // MPI tests after every this many tiles (0: never; see loom_moe_config_t)
+  int device;     // where param, grad and the call's tensors live (LOOM_DEVICE_HOST or CUDA)
   loom_tensor_t param[LOOM_MOE_PARAM_COUNT], grad[LOOM_MOE_PARAM_COUNT];
+  struct moe_dev *dev; // the device path's buffers (moe_nccl.c); NULL on the host
 
-  // ---- the last forward (source side) ----
+  // ---- the last forward (source side; on a device only weight, idx, pos and the counts are
+  // kept here, on the host, and the rows live in dev) ----
   int64_t t;                // tokens
   moe_buf_t x, logits;      // (T, H) copy of the input, (T, E)
   moe_buf_t probs, weight;  // (T, E), (T, K)
@@ -89,6 +92,25 @@ loom_status_t loom_moe_expert_forward(struct loom_moe *m);
 // The backward: d_recv from d_send, dh and dpre per tile, dx slices back into dx_comb, the
 // weight gradients summed in a fixed order. Collective over the ep group.
 loom_status_t loom_moe_expert_backward(struct loom_moe *m);
+
+// The routing on the host, from idx and weight (T, K): apply the capacity, count the rows per
+// (rank, local expert), exchange the counts over MPI, and set pos, the offsets, n_send, n_recv and
+// the stats. Collective over the ep group. The host and the device paths share it, so both send
+// the same rows in the same order.
+loom_status_t loom_moe_route(struct loom_moe *m, int64_t T);
+
+#ifdef LOOM_HAVE_NCCL
+// ---- the device path (moe_nccl.c, compiled with NCCL) ------------------------------------------
+// Arguments checked by moe.c (f32 rows of H on m->device, T rows); the watchdog entered. One
+// chunk, one column slice: the by-slice layouts are plain row-major blocks.
+loom_status_t loom_moe_dev_forward(struct loom_moe *m, const loom_tensor_t *x, loom_tensor_t *y,
+                                   int64_t T);
+loom_status_t loom_moe_dev_backward(struct loom_moe *m, const loom_tensor_t *dy, loom_tensor_t *dx,
+                                    int64_t T);
+// 1 when p (bytes > 0) is memory of CUDA device `device`.
+int loom_moe_dev_pointer_ok(const void *p, int device);
+void loom_moe_dev_free(struct loom_moe *m);
+#endif
 
 // Grow b to at least n floats (contents kept only when keep); LOOM_ERR_NOMEM names what.
 loom_status_t loom_moe_reserve(moe_buf_t *b, size_t n, const char *what);

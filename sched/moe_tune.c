@@ -71,6 +71,7 @@ loom_status_t loom_moe_tune(loom_ctx_t *ctx, const loom_group_t *ep, const loom_
   const int np = ep ? loom_group_size(ep) : 1, me = ep ? loom_group_rank(ep) : 0;
   loom_moe_config_t c = *cfg;
   c.overlap = resolve_overlap(ctx, c.overlap);
+  c.device = LOOM_DEVICE_HOST; // chunks and slices are host settings (a device layer has one)
   const int64_t shape[2] = {tokens, c.hidden};
   loom_tensor_t x, y, dy, dx;
   memset(&x, 0, sizeof x);

@@ -92,6 +92,21 @@ loom_status_t loom_cuda_moe_router_backward(int64_t T, int64_t E, int64_t K, flo
                                             const int32_t *idx, const float *weight,
                                             const float *dprobs_extra);
 
+// ---- MoE permutation (moe_cuda.cu), for the MoE layer on a device (comm/moe_nccl.c). pos (T * K)
+// holds the row of assignment i = t * K + k in rows, or a negative value when it was dropped.
+// Permute: rows[pos[i]] = x[i / K] (rows of H floats; rows not named by pos are left alone).
+loom_status_t loom_cuda_moe_permute(int64_t T, int64_t K, int64_t H, const float *x,
+                                    const int64_t *pos, float *rows);
+// Unpermute: out[t] = sum over k = 0..K-1 in order (kept ones) of w[t, k] * rows[pos[t, k]] (w
+// NULL: weight 1), each product and sum rounded in f32 without FMA, as comm/moe.c on the host.
+loom_status_t loom_cuda_moe_unpermute(int64_t T, int64_t K, int64_t H, const float *rows,
+                                      const int64_t *pos, const float *w, float *out);
+// Its backward: dw[i] = dy[i / K] . rows[pos[i]] (summed in double, deterministic; 0 when
+// dropped) and drows[pos[i]] = w[i] * dy[i / K].
+loom_status_t loom_cuda_moe_unpermute_backward(int64_t T, int64_t K, int64_t H, const float *dy,
+                                               const float *rows, const int64_t *pos,
+                                               const float *w, float *dw, float *drows);
+
 // ---- variable-length attention (attention_cuda.cu): FlashAttention-2 style tiled kernels,
 // online softmax, no padding, bottom-right causal, LSE out. dtype LOOM_F32 or LOOM_BF16 for q,
 // k, v, out, dout, dq, dk, dv (softmax and accumulation in f32); lse is always f32 (H,

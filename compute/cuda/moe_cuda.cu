@@ -1,5 +1,5 @@
-/* moe_cuda.cu — CUDA MoE router: softmax then a top-K selection per row (ties to the lower index,
- * NaN last), the Switch load-balancing loss (sums in double, fixed order), and the backward. */
+/* moe_cuda.cu — CUDA MoE router (softmax, top-K with ties to the lower index and NaN last, the
+ * Switch load-balancing loss in double, the backward) and the MoE layer's permute and unpermute. */
 #include "config.h"
 
 #include <cuda_runtime.h>
@@ -180,6 +180,77 @@ __global__ void router_backward_kernel(int64_t T, int64_t E, int64_t K, float *d
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Permutation for the MoE layer's device path (comm/moe_nccl.c): the host's loops of comm/moe.c
+// with the same arithmetic (f32 products and sums, no FMA; dots in double).
+
+// rows[pos[i]] = x[i / K] for every kept assignment i (one thread per element of a row).
+__global__ void permute_kernel(int64_t n, int64_t K, int64_t H, const float *x, // (T, H)
+                               const int64_t *pos,                              // (T * K)
+                               float *rows) {                                   // (n_send, H)
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < n; g += stride) {
+    const int64_t i = g / H, c = g % H, p = pos[i];
+    if (p >= 0) {
+      rows[p * H + c] = x[(i / K) * H + c];
+    }
+  }
+}
+
+// out[t, c] = sum over k in order of w[t, k] * rows[pos[t, k], c] (w NULL: 1).
+__global__ void unpermute_kernel(int64_t n, int64_t K, int64_t H, const float *rows, // (rows, H)
+                                 const int64_t *pos,                                 // (T * K)
+                                 const float *w,                                     // (T * K)
+                                 float *out) {                                       // (T, H)
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < n; g += stride) {
+    const int64_t t = g / H, c = g % H;
+    float acc = 0.0f;
+    for (int64_t k = 0; k < K; k++) {
+      const int64_t p = pos[t * K + k];
+      if (p >= 0) {
+        acc = add_rn(acc, mul_rn(w ? w[t * K + k] : 1.0f, rows[p * H + c]));
+      }
+    }
+    out[g] = acc;
+  }
+}
+
+// One warp per assignment i: dw[i] = dy[t] . rows[pos[i]] in double (lane partial sums, then a
+// fixed shuffle tree; 0 when dropped), drows[pos[i]] = w[i] * dy[t].
+__global__ void unpermute_backward_kernel(int64_t n, int64_t K, int64_t H,
+                                          const float *dy,    // (T, H)
+                                          const float *rows,  // (rows, H)
+                                          const int64_t *pos, // (T * K)
+                                          const float *w,     // (T * K)
+                                          float *dw,          // (T * K)
+                                          float *drows) {     // (rows, H)
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warps = (int64_t)gridDim.x * (blockDim.x / kWarpSize);
+  for (int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / kWarpSize; i < n;
+       i += warps) {
+    const int64_t p = pos[i];
+    if (p < 0) {
+      if (lane == 0) {
+        dw[i] = 0.0f;
+      }
+      continue;
+    }
+    const float *g = dy + (i / K) * H, *r = rows + p * H;
+    float *d = drows + p * H;
+    const float wi = w[i];
+    double s = 0.0;
+    for (int64_t c = lane; c < H; c += kWarpSize) {
+      s += (double)g[c] * (double)r[c];
+      d[c] = mul_rn(wi, g[c]);
+    }
+    s = warp_sum(s);
+    if (lane == 0) {
+      dw[i] = (float)s;
+    }
+  }
+}
+
 } // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -250,4 +321,40 @@ extern "C" loom_status_t loom_cuda_moe_router_backward(int64_t T, int64_t E, int
   router_backward_kernel<<<loom_cuda_blocks(T, kThreads), kThreads, 0, loom_cuda_stream()>>>(
       T, E, K, dlogits, dweight, probs, idx, weight, dprobs_extra);
   return loom_cuda_launch_check("moe router_backward_kernel");
+}
+
+extern "C" loom_status_t loom_cuda_moe_permute(int64_t T, int64_t K, int64_t H, const float *x,
+                                               const int64_t *pos, float *rows) {
+  const int64_t n = T * K * H;
+  if (n <= 0) {
+    return LOOM_OK;
+  }
+  permute_kernel<<<loom_cuda_blocks(n, kThreads), kThreads, 0, loom_cuda_stream()>>>(n, K, H, x,
+                                                                                     pos, rows);
+  return loom_cuda_launch_check("moe permute_kernel");
+}
+
+extern "C" loom_status_t loom_cuda_moe_unpermute(int64_t T, int64_t K, int64_t H, const float *rows,
+                                                 const int64_t *pos, const float *w, float *out) {
+  const int64_t n = T * H;
+  if (n <= 0) {
+    return LOOM_OK;
+  }
+  unpermute_kernel<<<loom_cuda_blocks(n, kThreads), kThreads, 0, loom_cuda_stream()>>>(
+      n, K, H, rows, pos, w, out);
+  return loom_cuda_launch_check("moe unpermute_kernel");
+}
+
+extern "C" loom_status_t loom_cuda_moe_unpermute_backward(int64_t T, int64_t K, int64_t H,
+                                                          const float *dy, const float *rows,
+                                                          const int64_t *pos, const float *w,
+                                                          float *dw, float *drows) {
+  const int64_t n = T * K;
+  if (n <= 0) {
+    return LOOM_OK;
+  }
+  const int64_t threads = n * kWarpSize; // one warp per assignment
+  unpermute_backward_kernel<<<loom_cuda_blocks(threads, kThreads), kThreads, 0,
+                              loom_cuda_stream()>>>(n, K, H, dy, rows, pos, w, dw, drows);
+  return loom_cuda_launch_check("moe unpermute_backward_kernel");
 }

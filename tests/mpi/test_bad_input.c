@@ -928,7 +928,7 @@ static void t_moe(loom_ctx_t *ctx) {
   struct {
     const char *needle;
     loom_moe_config_t c;
-  } bad[24];
+  } bad[28];
   int nb = 0;
 #define BAD_CFG(field, value, needle_)                                                             \
   do {                                                                                             \
@@ -959,6 +959,7 @@ static void t_moe(loom_ctx_t *ctx) {
   BAD_CFG(poll_tiles, -2, "poll_tiles -2");
   BAD_CFG(aux_coef, NAN, "aux_coef");
   BAD_CFG(aux_coef, -0.5f, "aux_coef");
+  BAD_CFG(device, -2, "device -2");
 #undef BAD_CFG
   for (int i = 0; i < nb; i++) {
     BAD(loom_moe_create(ctx, ep, &bad[i].c, &m), bad[i].needle);
@@ -968,6 +969,12 @@ static void t_moe(loom_ctx_t *ctx) {
   if (np > 1) { // experts that do not split over the group
     cfg.num_experts = 2 * np + 1;
     BAD(loom_moe_create(ctx, ep, &cfg, &m), "multiple");
+  }
+  if (loom_cuda_device_count() == 0) { // a layer on a device: no NCCL or no GPU
+    cfg = moe_cfg(np);
+    cfg.device = 0;
+    BADDEV(loom_moe_create(ctx, ep, &cfg, &m), "device 0");
+    IS(m == NULL);
   }
 
   SURVIVES(loom_moe_destroy(NULL));
@@ -996,8 +1003,8 @@ static void t_moe(loom_ctx_t *ctx) {
   BAD(loom_moe_forward(m, w5, y, &aux), "x must be");
   BAD(loom_moe_forward(m, xh, y, &aux), "x must be");
   BAD(loom_moe_forward(m, x, y2, &aux), "rows");
-  loom_tensor_t v = on_device(x);
-  BAD(loom_moe_forward(m, &v, y, &aux), "x ");
+  loom_tensor_t v = on_device(x); // a host layer: no NCCL is UNSUPPORTED, else a device mismatch
+  BADDEV(loom_moe_forward(m, &v, y, &aux), "x is on CUDA device 0");
   v = no_data(x);
   BAD(loom_moe_forward(m, &v, y, &aux), "x ");
   v = bad_ndim(x);
