@@ -256,6 +256,19 @@ fail:
   return status;
 }
 
+// What is wrong with the plan's arrays (why filled in, 1), or 0.
+static int bad_plan_arrays(const loom_attn_doc_t *docs, int ndocs, const loom_attn_task_t *tasks,
+                           int ntasks, char *why, size_t len) {
+  if (ndocs < 0 || (ndocs && !docs)) {
+    snprintf(why, len, "docs is %s with ndocs = %d: pass an array of ndocs >= 0 documents",
+             docs ? "set" : "NULL", ndocs);
+  } else if (ntasks < 0 || (ntasks && !tasks)) {
+    snprintf(why, len, "tasks is %s with ntasks = %d: pass an array of ntasks >= 0 tasks",
+             tasks ? "set" : "NULL", ntasks);
+  }
+  return why[0] != '\0';
+}
+
 loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t *docs, int ndocs,
                                     const loom_attn_task_t *tasks, int ntasks, int heads,
                                     int kv_heads, int head_dim, int causal, float scale,
@@ -266,12 +279,7 @@ loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t
     snprintf(why, sizeof why, "g is NULL: pass a group from loom_group(ctx, kind)");
   } else if (!out) {
     snprintf(why, sizeof why, "out is NULL: pass where to store the exchanges");
-  } else if (ndocs < 0 || (ndocs && !docs)) {
-    snprintf(why, sizeof why, "docs is %s with ndocs = %d: pass an array of ndocs >= 0 documents",
-             docs ? "set" : "NULL", ndocs);
-  } else if (ntasks < 0 || (ntasks && !tasks)) {
-    snprintf(why, sizeof why, "tasks is %s with ntasks = %d: pass an array of ntasks >= 0 tasks",
-             tasks ? "set" : "NULL", ntasks);
+  } else if (bad_plan_arrays(docs, ndocs, tasks, ntasks, why, sizeof why)) {
   } else if (heads < 1 || kv_heads < 1 || heads % kv_heads != 0) {
     snprintf(why, sizeof why,
              "heads = %d, kv_heads = %d: need both >= 1 and heads a multiple of kv_heads", heads,
@@ -343,12 +351,7 @@ loom_status_t loom_attn_exec_replan(loom_attn_exec_t *x, const loom_attn_doc_t *
   char why[160] = "";
   if (!x) {
     snprintf(why, sizeof why, "x is NULL: pass an executor from loom_attn_exec_create");
-  } else if (ndocs < 0 || (ndocs && !docs)) {
-    snprintf(why, sizeof why, "docs is %s with ndocs = %d: pass an array of ndocs >= 0 documents",
-             docs ? "set" : "NULL", ndocs);
-  } else if (ntasks < 0 || (ntasks && !tasks)) {
-    snprintf(why, sizeof why, "tasks is %s with ntasks = %d: pass an array of ntasks >= 0 tasks",
-             tasks ? "set" : "NULL", ntasks);
+  } else if (bad_plan_arrays(docs, ndocs, tasks, ntasks, why, sizeof why)) {
   } else if (x->phase != 0) {
     snprintf(why, sizeof why,
              "a forward is in progress (shipped, not finished): finish it on every rank first");
