@@ -59,8 +59,9 @@ void gpt_profile_step(gpt_profile_t *pf, long step, const loom_step_stats_t *ss,
   }
   pf->pairs += (double)b->attn_pairs;
   const int32_t *cu = b->cu.data;
-  // The step's routing: assignments per expert, summed over the MoE layers (at most 1000 steps).
-  for (int l = 0; l < m->cfg.layers && pf->moe_steps < 1000; l++) {
+  // The step's routing: assignments per expert, summed over the MoE layers (the first
+  // GPT_PROFILE_MOE_STEPS steps).
+  for (int l = 0; l < m->cfg.layers && pf->moe_steps < GPT_PROFILE_MOE_STEPS; l++) {
     if (!m->moe[l]) {
       continue;
     }
@@ -68,7 +69,7 @@ void gpt_profile_step(gpt_profile_t *pf, long step, const loom_step_stats_t *ss,
     loom_moe_stats(m->moe[l], &ms);
     if (!pf->moe_load) {
       pf->moe_experts = ms.num_experts;
-      pf->moe_load = calloc(1000 * (size_t)ms.num_experts, sizeof(double));
+      pf->moe_load = calloc(GPT_PROFILE_MOE_STEPS * (size_t)ms.num_experts, sizeof(double));
       if (!pf->moe_load) {
         break;
       }
@@ -77,7 +78,7 @@ void gpt_profile_step(gpt_profile_t *pf, long step, const loom_step_stats_t *ss,
       pf->moe_load[(size_t)pf->moe_steps * pf->moe_experts + e] += (double)ms.sent[e];
     }
   }
-  if (pf->moe_load && pf->moe_steps < 1000) {
+  if (pf->moe_load && pf->moe_steps < GPT_PROFILE_MOE_STEPS) {
     pf->moe_steps++;
   }
   if (b->nseq > 0 && pf->ndocs + b->nseq <= GPT_PROFILE_MAX_DOCS) { // whole batches only

@@ -9,6 +9,7 @@
 #include "loom_sched.h"
 
 #define GPT_PROFILE_MAX_DOCS  20000  // document lengths kept for the simulator's draws
+#define GPT_PROFILE_MOE_STEPS 1000   // steps whose MoE routing the profile keeps
 #define GPT_PROFILE_MAX_STEPS 100000 // steps whose times are kept for the medians
 
 typedef struct gpt_profile {
