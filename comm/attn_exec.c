@@ -457,14 +457,29 @@ static int reserve(uint8_t **buf, size_t *cap, size_t bytes) {
   return 1;
 }
 
+// Complete the send in flight to peer, yielding the core between polls (it may be the one the
+// receiver needs to get to its receive).
+static void wait_send(loom_attn_exec_t *x, int peer) {
+  if (x->sreq[peer] == MPI_REQUEST_NULL) {
+    return;
+  }
+  double t0 = now_ms();
+  for (;;) {
+    int flag = 0;
+    if (MPI_Test(&x->sreq[peer], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || flag) {
+      break;
+    }
+    loom_watch_check(&x->watch);
+    sched_yield();
+  }
+  x->sreq[peer] = MPI_REQUEST_NULL;
+  x->st.wait_ms += now_ms() - t0;
+}
+
 // The outgoing message to peer (x->sbuf[peer]) for nfloats floats, header filled in. The send
 // of the previous message to peer completes first: its buffer is the one reused.
 static float *msg_new(loom_attn_exec_t *x, int peer, int phase, int ntasks, int64_t nfloats) {
-  if (x->sreq[peer] != MPI_REQUEST_NULL) {
-    double t0 = now_ms();
-    loom_watch_waitall(&x->watch, 1, &x->sreq[peer]);
-    x->st.wait_ms += now_ms() - t0;
-  }
+  wait_send(x, peer);
   if (!reserve(&x->sbuf[peer], &x->scap[peer],
                sizeof(msg_header_t) + sizeof(float) * (size_t)(nfloats > 0 ? nfloats : 1))) {
     return NULL;
@@ -518,33 +533,6 @@ loom_status_t loom_attn_msg_check(const uint8_t *msg, size_t bytes, int peer, in
   const void *p = msg + sizeof h;
   *payload = p;
   return LOOM_OK;
-}
-
-// The payload of the message of phase from peer (this rank's own buffer for itself), received
-// into *buf (grown as needed) and checked against what the plan says it holds.
-static loom_status_t msg_recv(loom_attn_exec_t *x, int peer, int phase, int ntasks, int64_t nfloats,
-                              uint8_t **buf, size_t *cap, const float **payload) {
-  const uint8_t *m = NULL;
-  size_t size = sizeof(msg_header_t) + 4 * (size_t)nfloats; // what msg_new built for itself
-  if (peer == x->me) {
-    m = x->sbuf[peer];
-  } else {
-    MPI_Status st;
-    int bytes = 0;
-    double t0 = now_ms();
-    if (loom_watch_probe(&x->watch, peer, phase, x->comm, &st) != MPI_SUCCESS) {
-      return loom_error(NULL, LOOM_ERR_MPI, "attention servers: probing rank %d failed", peer);
-    }
-    MPI_Get_count(&st, MPI_BYTE, &bytes);
-    if (!reserve(buf, cap, bytes > 0 ? (size_t)bytes : 1)) {
-      return loom_error(NULL, LOOM_ERR_NOMEM, "attention servers: out of memory");
-    }
-    MPI_Recv(*buf, bytes, MPI_BYTE, peer, phase, x->comm, MPI_STATUS_IGNORE);
-    x->st.wait_ms += now_ms() - t0;
-    size = bytes > 0 ? (size_t)bytes : 0;
-    m = *buf;
-  }
-  return loom_attn_msg_check(m, size, peer, phase, ntasks, nfloats, payload);
 }
 
 // Post the receive of the message of phase from peer (nfloats floats as the plan says) into
@@ -625,11 +613,7 @@ static loom_status_t posted_payload(int peer, const MPI_Status *st, const uint8_
 // MPI: before a long kernel, a rank finishes what it ships, or its servers wait for the kernel.
 static void wait_sends(loom_attn_exec_t *x) {
   for (int s = 0; s < x->np; s++) {
-    if (x->sreq[s] != MPI_REQUEST_NULL) {
-      double t0 = now_ms();
-      loom_watch_waitall(&x->watch, 1, &x->sreq[s]);
-      x->st.wait_ms += now_ms() - t0;
-    }
+    wait_send(x, s);
   }
 }
 
@@ -996,8 +980,9 @@ loom_status_t loom_attn_exec_ship_start(loom_attn_exec_t *x, const loom_tensor_t
                                         const loom_tensor_t *k, const loom_tensor_t *v,
                                         loom_request_t **req) {
   loom_status_t status = LOOM_OK;
-  if (!req) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_attn_exec_ship_start: req is NULL");
+  if (!req || !x) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_attn_exec_ship_start: %s is NULL",
+                      !req ? "req" : "x");
   }
   *req = NULL;
   LOOM_CHECK(loom_attn_exec_ship(x, q, k, v));
@@ -1088,10 +1073,22 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   LOOM_CHECK(check_rows(op, "dk", dk, x->rows, kvd));
   LOOM_CHECK(check_rows(op, "dv", dv, x->rows, kvd));
   enter(x, LOOM_OPK_ATTN_BACKWARD, dout->name);
-  if (!x->batch_ready) {
+  if (!x->batch_ready || x->phase != 0) {
     status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
                         "%s: run the forward first (ship, compute, finish with this plan)", op);
     goto fail;
+  }
+  // The receives first: the output gradients of the tasks this rank serves, and the gradients
+  // of its own documents from their servers.
+  for (int r = 0; r < x->np; r++) {
+    const pair_t *in_ = &x->from[r], *out_ = &x->to[r];
+    if (r != x->me && in_->n > 0) {
+      LOOM_CHECK(post_recv(x, r, PH_BSHIP, in_->q_floats, &x->rbuf[r], &x->rcap[r], &x->rreq[r]));
+    }
+    if (r != x->me && out_->n > 0) {
+      LOOM_CHECK(post_recv(x, r, PH_BRETURN, out_->q_floats + out_->kv_floats, &x->fbuf[r],
+                           &x->fcap[r], &x->freq[r]));
+    }
   }
   // Ship dout rows of each task to its server (its own tasks' are read from dout).
   for (int s = 0; s < x->np; s++) {
@@ -1113,17 +1110,21 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   }
   // Serve: the batch's dout, one backward, then per owner dq rows and the summed dk/dv prefixes.
   LOOM_CHECK(alloc_batch(x, 1));
+  wait_posted(x, x->rreq, x->rst);
+  for (int r = 0; r < x->np && status == LOOM_OK; r++) { // every message checked first
+    if (x->from[r].n > 0 && r != x->me) {
+      status = posted_payload(r, &x->rst[r], x->rbuf[r], PH_BSHIP, x->from[r].n,
+                              x->from[r].q_floats, &in[r]);
+    }
+  }
+  if (status != LOOM_OK) {
+    send_failed(x, PH_BRETURN);
+    goto fail;
+  }
   for (int r = 0; r < x->np; r++) {
     const pair_t *p = &x->from[r];
     if (p->n == 0) {
       continue;
-    }
-    if (r != x->me) {
-      status = msg_recv(x, r, PH_BSHIP, p->n, p->q_floats, &x->rbuf[r], &x->rcap[r], &in[r]);
-      if (status != LOOM_OK) {
-        send_failed(x, PH_BRETURN);
-        goto fail;
-      }
     }
     for (int i = 0; i < p->n; i++) {
       const loom_attn_task_t *t = &x->tasks[p->task[i]];
@@ -1179,14 +1180,20 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
     memset(dk->data, 0, sizeof(float) * (size_t)(x->rows * kvd));
     memset(dv->data, 0, sizeof(float) * (size_t)(x->rows * kvd));
   }
+  wait_posted(x, x->freq, x->fst);
   for (int s = 0; s < x->np; s++) {
     const pair_t *p = &x->to[s];
     if (p->n == 0) {
       continue;
     }
     const float *f = NULL;
-    LOOM_CHECK(
-        msg_recv(x, s, PH_BRETURN, p->n, p->q_floats + p->kv_floats, &x->fbuf[s], &x->fcap[s], &f));
+    const int64_t nf = p->q_floats + p->kv_floats;
+    if (s == x->me) { // built in place by the serving half above
+      LOOM_CHECK(loom_attn_msg_check(x->sbuf[s], sizeof(msg_header_t) + 4 * (size_t)nf, s,
+                                     PH_BRETURN, p->n, nf, &f));
+    } else {
+      LOOM_CHECK(posted_payload(s, &x->fst[s], x->fbuf[s], PH_BRETURN, p->n, nf, &f));
+    }
     for (int i = 0; i < p->n; i++) {
       const loom_attn_task_t *t = &x->tasks[p->task[i]];
       memcpy((float *)dq->data + (x->doc_row[t->doc] + t->q_lo) * hd, f + p->q_off[i],
