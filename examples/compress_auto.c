@@ -12,6 +12,7 @@ int ex_auto_init(ex_auto_t *a, int nt, const loom_tensor_t **t) {
   memset(a, 0, sizeof *a);
   a->nt = nt;
   a->t = t;
+  a->device = LOOM_DEVICE_HOST;
   a->ready_sum = calloc((size_t)nt + 1, sizeof(double));
   a->codec = malloc(sizeof(int) * ((size_t)nt + 1));
   a->scheme = malloc(sizeof(loom_scheme_t) * ((size_t)nt + 1));
@@ -71,9 +72,13 @@ loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group
     goto done;
   }
   if (rank == 0) {
-    loom_codec_cost_t cost[4];
+    loom_codec_cost_t cost[4], gpu_cost[4];
     for (int k = 0; k < a->ncand && status == LOOM_OK; k++) {
       status = loom_plan_measure_codec(loom_compressor_name(a->cand[k]), &cost[k]);
+    }
+    for (int k = 0; a->device != LOOM_DEVICE_HOST && k < a->ncand && status == LOOM_OK; k++) {
+      status =
+          loom_plan_measure_codec_device(loom_compressor_name(a->cand[k]), a->device, &gpu_cost[k]);
     }
     const double s = a->samples > 0 ? (double)a->samples : 1.0;
     // The planner takes the tensors in ready order: order[j] is the j-th ready tensor
@@ -99,7 +104,9 @@ loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group
                              .inter = link.inter,
                              .ncodecs = status == LOOM_OK ? a->ncand : 0,
                              .codecs = cost,
-                             .workers = 0};
+                             .workers = 0,
+                             .gpu_codecs = a->device != LOOM_DEVICE_HOST ? gpu_cost : NULL,
+                             .host_lanes = 0};
     loom_plan_result_t r, rn;
     status = loom_plan_greedy(&p, ch, &r);
     if (status == LOOM_OK) {

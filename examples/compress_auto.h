@@ -18,6 +18,10 @@ typedef struct ex_auto {
   int *codec;                   // (nt) after planning: an index into cand, or -1 for none
   loom_scheme_t *scheme;        // (nt)
   double predicted_ms, none_ms; // the plan's simulated step, and the all-none one
+  int device; // where the gradients live: LOOM_DEVICE_HOST (ex_auto_init's), or a CUDA device:
+              // then the plan is a GPU problem (ByteComp's GPU lane: the CUDA codecs' costs,
+              // measured there; the trainers encode device gradients on the GPU only, so the
+              // CPU lane is not offered)
 } ex_auto_t;
 
 // Allocates the profile for nt tensors; the candidates are fp16 and int8 (low error: top-k and

@@ -147,16 +147,38 @@ int ex_device(const char *prog, const loom_ctx_t *ctx, int cuda, int rank) {
   return -2;
 }
 
-const char *ex_device_compress(const char *prog, const char *spec, int cuda, int rank) {
-  if (!cuda || !spec || !strcmp(spec, "none")) {
-    return spec;
+int ex_device_compress_check(const char *spec, loom_scheme_t scheme, char *err, size_t errlen) {
+  if (!spec || !strcmp(spec, "none") || !strcmp(spec, "auto")) {
+    return 0;
+  }
+  if (!strncmp(spec, "powersgd", 8)) {
+    snprintf(err, errlen,
+             "--device cuda does not support --compress %s (PowerSGD runs on host tensors only): "
+             "use fp16, bf16, int8, int8:sr, topk:RATIO, randomk:RATIO, efsign or auto on the "
+             "device, or --device host",
+             spec);
+    return -1;
+  }
+  if (scheme == LOOM_SCHEME_HIERARCHICAL) {
+    snprintf(err, errlen,
+             "--device cuda does not support --compress-scheme hierarchical (it runs on host "
+             "tensors only): use --compress-scheme indivisible or divisible, or --device host");
+    return -1;
+  }
+  return 0;
+}
+
+int ex_device_compress(const char *prog, const char *spec, loom_scheme_t scheme, int flag_given,
+                       int cuda, int rank) {
+  char err[384];
+  if (!cuda || ex_device_compress_check(spec, scheme, err, sizeof err) == 0) {
+    return 0;
   }
   if (rank == 0) {
-    printf("%s: --device cuda: gradients travel uncompressed (compression %s runs on host "
-           "tensors)\n",
-           prog, spec);
+    fprintf(stderr, "%s: %s%s\n", prog, err,
+            flag_given ? "" : " (the spec came from LOOM_COMPRESS: set it to another one)");
   }
-  return "none";
+  return -1;
 }
 
 // ---- random numbers ---------------------------------------------------------------------------

@@ -92,7 +92,7 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
   memset(m, 0, sizeof *m);
   if (cfg->layers < 1 || cfg->width < 1 || cfg->heads < 1 || cfg->width % cfg->heads ||
       cfg->ctx < 1 || cfg->vocab < 1 || cfg->moe_experts < 0 ||
-      (cfg->moe_experts > 0 && cfg->moe_every < 1) || (cfg->cuda && cfg->moe_experts > 0)) {
+      (cfg->moe_experts > 0 && cfg->moe_every < 1)) {
     return LOOM_ERR_INVALID_ARG;
   }
   m->cfg = *cfg;
@@ -212,7 +212,8 @@ void gpt_model_free(gpt_model_t *m) {
 
 loom_status_t gpt_model_set_moe(gpt_model_t *m, int l, loom_moe_t *moe) {
   if (l < 0 || l >= m->cfg.layers || !gpt_block_is_moe(&m->cfg, l) || !moe || m->moe[l] ||
-      loom_moe_param(moe, LOOM_MOE_ROUTER)->shape[0] != m->cfg.width) {
+      loom_moe_param(moe, LOOM_MOE_ROUTER)->shape[0] != m->cfg.width ||
+      loom_moe_param(moe, LOOM_MOE_ROUTER)->device != m->device) {
     return LOOM_ERR_INVALID_ARG;
   }
   for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
@@ -220,7 +221,7 @@ loom_status_t gpt_model_set_moe(gpt_model_t *m, int l, loom_moe_t *moe) {
     loom_tensor_t *mv[2] = {&m->moe_m[l * LOOM_MOE_PARAM_COUNT + p],
                             &m->moe_v[l * LOOM_MOE_PARAM_COUNT + p]};
     for (int k = 0; k < 2; k++) {
-      TRY(loom_tensor_alloc(mv[k], LOOM_F32, LOOM_DEVICE_HOST, w->ndim, w->shape,
+      TRY(loom_tensor_alloc(mv[k], LOOM_F32, m->device, w->ndim, w->shape,
                             k ? "adam_v.moe" : "adam_m.moe"));
       TRY(loom_tensor_fill(mv[k], 0.0));
     }

@@ -16,7 +16,7 @@ typedef struct gpt_config {
   int moe_experts; // 0: every block has the dense MLP; else some blocks have a MoE layer (below)
   int moe_every;   // block l is a MoE block when moe_experts > 0 and (l + 1) % moe_every == 0
   int cuda;        // 1: parameters, optimizer state and activations on CUDA device cuda_device
-  int cuda_device; // (dense blocks, local attention only); 0: host memory
+  int cuda_device; // (local attention only; MoE layers made on the same device); 0: host memory
 } gpt_config_t;
 
 // 1 when block l's MLP is a mixture of experts (its fc1/fc2 tensors then hold no elements).
@@ -113,7 +113,9 @@ typedef struct gpt_acts {
 loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg);
 void gpt_model_free(gpt_model_t *m); // destroys the attached MoE layers (collective over ep)
 // Attach the MoE layer of block l (gpt_block_is_moe; hidden = width): the model owns it from
-// now on, and allocates its AdamW moments. Every MoE block needs one before the first forward.
+// now on, and allocates its AdamW moments (on the model's device: a CUDA model takes layers made
+// with loom_moe_config_t.device = cfg.cuda_device). Every MoE block needs one before the first
+// forward.
 loom_status_t gpt_model_set_moe(gpt_model_t *m, int l, loom_moe_t *moe);
 // GPT-2 initialisation from seed (the same numbers on every rank): weights N(0, 0.02), the two
 // residual projections N(0, 0.02 / sqrt(2 L)), biases 0, LayerNorm weights 1.

@@ -82,8 +82,9 @@ static void usage(FILE *out) {
       "                      layer; not with --no-overlap (default: LOOM_COMPRESS, auto)\n"
       "  --compress-scheme S indivisible, divisible or hierarchical (default divisible)\n"
       "  --device D          host or cuda: cuda keeps the model, momentum and activations on\n"
-      "                      this rank's GPU (LOOM_GPU picks it; NCCL averages the gradients;\n"
-      "                      overlapped step, uncompressed gradients) (default host)\n" EX_CKPT_HELP
+      "                      this rank's GPU (LOOM_GPU picks it; NCCL averages the gradients,\n"
+      "                      compressed ones too with the CUDA codecs; the overlapped step;\n"
+      "                      not PowerSGD or the hierarchical scheme) (default host)\n" EX_CKPT_HELP
       "  --inject-nan S      testing: rank 0 puts a NaN in its gradient at step S (before the\n"
       "                      allreduce); LOOM_NONFINITE=abort|skip decides what follows\n"
       "  --help              this text\n"
@@ -194,12 +195,13 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
   if (ex_check_ckpt(&o->ck, err, errlen) != 0) {
     return -1;
   }
-  if (o->cuda && (o->no_overlap || (o->compress && strcmp(o->compress, "none") != 0 &&
-                                    strcmp(o->compress, "auto") != 0))) {
+  if (o->cuda && o->no_overlap) {
     snprintf(err, errlen,
-             "--device cuda does not support %s yet (they run on host tensors): drop it or use "
-             "--device host",
-             o->no_overlap ? "--no-overlap" : "--compress");
+             "--device cuda does not support --no-overlap yet (the fused allreduce runs on host "
+             "tensors): drop it or use --device host");
+    return -1;
+  }
+  if (o->cuda && ex_device_compress_check(o->compress, o->scheme, err, errlen) != 0) {
     return -1;
   }
   return 0;
@@ -820,7 +822,9 @@ int main(int argc, char **argv) {
   // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
   const char *spec =
       ex_compress_spec("train_fmnist", o.compress, ctx, loom_group_size(dp), !o.no_overlap, rank);
-  spec = ex_device_compress("train_fmnist", spec, o.cuda, rank);
+  if (ex_device_compress("train_fmnist", spec, o.scheme, o.compress != NULL, o.cuda, rank) != 0) {
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
   const int use_auto = spec && !strcmp(spec, "auto");
   const loom_tensor_t *layer_t[3] = {&m.gbuf[0], &m.gbuf[1], &m.gbuf[2]};
   ex_auto_t plan_auto;
@@ -838,6 +842,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "train_fmnist: --compress auto: %s\n", loom_last_error(NULL));
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    plan_auto.device = device; // a CUDA device: the plan's lanes are the GPU's
     EX_CHECK(loom_ef_create(&st.ef));
   } else if (spec && strcmp(spec, "none") != 0) {
     EX_CHECK(loom_compressor_create(spec, &st.codec));

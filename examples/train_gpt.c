@@ -94,8 +94,10 @@ static void usage(FILE *out) {
       "  --seed N            weight init, document shuffle and sampling (default 42)\n"
       "  --device D          host or cuda: cuda keeps the parameters, optimizer state and\n"
       "                      activations on this rank's GPU (LOOM_GPU picks it; NCCL averages\n"
-      "                      the gradients; dense blocks, local attention and uncompressed\n"
-      "                      gradients only) (default host)\n"
+      "                      the gradients, compressed ones too with the CUDA codecs; MoE\n"
+      "                      layers dispatch over NCCL; local attention, --sync overlap,\n"
+      "                      none or comm-only; not PowerSGD or the hierarchical scheme)\n"
+      "                      (default host)\n"
       "data\n"
       "  --data PATH         a text file or a directory of them; repeat for more (default %s,\n"
       "                      Debian package fortunes). Documents are separated by lines that\n"
@@ -359,18 +361,17 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
     return -1;
   }
   if (o->cuda) {
-    const char *why =
-        o->cfg.moe_experts > 0  ? "--moe-experts"
-        : o->attn_servers > 0   ? "--attn-servers"
-        : o->sync == SYNC_FUSED ? "--sync fused"
-        : o->compress && strcmp(o->compress, "none") != 0 && strcmp(o->compress, "auto") != 0
-            ? "--compress"
-            : NULL;
+    const char *why = o->attn_servers > 0     ? "--attn-servers"
+                      : o->sync == SYNC_FUSED ? "--sync fused"
+                                              : NULL;
     if (why) {
       snprintf(err, errlen,
-               "--device cuda does not support %s yet (MoE layers, attention servers, the fused "
-               "sync and compressed gradients run on host tensors): drop it or use --device host",
+               "--device cuda does not support %s yet (attention servers and the fused sync run "
+               "on host tensors): drop it or use --device host",
                why);
+      return -1;
+    }
+    if (ex_device_compress_check(o->compress, o->scheme, err, errlen) != 0) {
       return -1;
     }
   }
@@ -1041,16 +1042,31 @@ static int dump_params(const opts_t *o, const gpt_model_t *m, const loom_group_t
     EX_CHECK(loom_tensor_copy(&tens[0], &m->flat_t[0]));
   }
   all[k++] = &tens[0];
+  loom_tensor_t local; // a device MoE tensor's host copy
   for (int l = 0; l < L; l++) {
     for (int p = 0; m->moe[l] && p < LOOM_MOE_PARAM_COUNT; p++) {
       loom_tensor_t *w = loom_moe_param(m->moe[l], (loom_moe_param_t)p);
-      if (p == LOOM_MOE_ROUTER || P == 1) {
+      const int gather = p != LOOM_MOE_ROUTER && P > 1;
+      if (!gather && w->device == LOOM_DEVICE_HOST) {
         all[k++] = w;
         continue;
       }
-      int64_t count = P * loom_tensor_numel(w);
-      EX_CHECK(loom_tensor_alloc(&tens[k], LOOM_F32, LOOM_DEVICE_HOST, 1, &count, "experts"));
-      EX_CHECK(loom_allgather(ep, w, &tens[k]));
+      const loom_tensor_t *src = w;
+      if (w->device != LOOM_DEVICE_HOST) { // gathered (and written) from the host
+        EX_CHECK(loom_tensor_alloc(&local, LOOM_F32, LOOM_DEVICE_HOST, w->ndim, w->shape, "moe"));
+        EX_CHECK(loom_tensor_copy(&local, w));
+        src = &local;
+      }
+      if (gather) {
+        int64_t count = P * loom_tensor_numel(w);
+        EX_CHECK(loom_tensor_alloc(&tens[k], LOOM_F32, LOOM_DEVICE_HOST, 1, &count, "experts"));
+        EX_CHECK(loom_allgather(ep, src, &tens[k]));
+        if (src == &local) {
+          loom_tensor_free(&local);
+        }
+      } else {
+        tens[k] = local; // (owned by tens: freed below)
+      }
       all[k] = &tens[k];
       k++;
     }
@@ -1094,6 +1110,23 @@ static void ckpt_collect(ex_ckpt_set_t *cs, const gpt_model_t *m, const loom_ef_
   ex_ckpt_set_add_ef(cs, ef);
   if (plan) { // planned: the candidate index (-1 none) and scheme of every part
     ex_ckpt_set_add_plan(cs, plan->codec, plan->scheme, nslots);
+  }
+}
+
+// The trainers tell dedicated attention servers that the training is over (or never started):
+// the count every server waits for in attn_plan, negative. Once, on every trainer, before
+// loom_finalize on every path that returns (MPI_Abort ends the servers anyway).
+static const loom_group_t *servers_world; // set while dedicated servers wait for the trainers
+
+static void servers_release(void) {
+  if (servers_world) {
+    int mine = -1, *counts = calloc((size_t)loom_group_size(servers_world), sizeof(int));
+    if (!counts || MPI_Allgather(&mine, 1, MPI_INT, counts, 1, MPI_INT,
+                                 loom_group_comm(servers_world)) != MPI_SUCCESS) {
+      MPI_Abort(MPI_COMM_WORLD, 1); // the servers would wait forever
+    }
+    free(counts);
+    servers_world = NULL;
   }
 }
 
@@ -1146,6 +1179,9 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  if (o.attn_servers == 2 && rank >= 0) {
+    servers_world = loom_group(ctx, LOOM_GROUP_WORLD);
+  }
   if (rank < 0) { // a dedicated attention server: serves until the trainers are done
     int src =
         attn_serve(loom_group(ctx, LOOM_GROUP_WORLD),
@@ -1161,11 +1197,13 @@ int main(int argc, char **argv) {
               "(LOOM_EP_SIZE): use a multiple of it\n",
               o.cfg.moe_experts, loom_group_size(ep));
     }
+    servers_release();
     loom_finalize(ctx);
     return 2;
   }
   gpt_corpus_t corpus;
   if (load_corpus(&o, dp, &corpus) != 0) {
+    servers_release();
     loom_finalize(ctx);
     return 1;
   }
@@ -1176,6 +1214,7 @@ int main(int argc, char **argv) {
   gpt_batch_t batch, vbatch;
   const int device = ex_device("train_gpt", ctx, o.cuda, rank);
   if (device == -2) {
+    servers_release();
     loom_finalize(ctx);
     return 2;
   }
@@ -1202,6 +1241,7 @@ int main(int argc, char **argv) {
     mc.capacity_factor = o.moe_capacity;
     mc.aux_coef = (float)o.moe_aux;
     mc.overlap = o.moe_overlap;
+    mc.device = o.cuda ? device : LOOM_DEVICE_HOST; // on the GPU: NCCL all-to-alls over ep
     // Tile sizes from rank 0's tuning cache (tests/bench/moe_perf --tune), the same everywhere.
     loom_moe_tuned(ctx, loom_group(ctx, LOOM_GROUP_WORLD), &mc, loom_group_size(ep),
                    (int64_t)o.batch * o.cfg.ctx);
@@ -1215,6 +1255,7 @@ int main(int argc, char **argv) {
                 loom_group_size(ep), loom_last_error(NULL));
       }
       gpt_model_free(&m);
+      servers_release();
       loom_finalize(ctx);
       return status == LOOM_ERR_INVALID_ARG ? 2 : 1;
     }
@@ -1273,7 +1314,9 @@ int main(int argc, char **argv) {
   // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
   const char *spec = ex_compress_spec("train_gpt", o.compress, ctx, loom_group_size(dp),
                                       o.sync == SYNC_OVERLAP || o.sync == SYNC_COMM_ONLY, rank);
-  spec = ex_device_compress("train_gpt", spec, o.cuda, rank);
+  if (ex_device_compress("train_gpt", spec, o.scheme, o.compress != NULL, o.cuda, rank) != 0) {
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
   const int use_auto = spec && !strcmp(spec, "auto");
   ex_auto_t plan_auto;
   int nslots = 0, *slot = calloc(2 * (size_t)m.nunits, sizeof(int)); // the parts that exist
@@ -1309,6 +1352,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "train_gpt: --compress auto: %s\n", loom_last_error(NULL));
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    plan_auto.device = device; // a CUDA device: the plan's lanes are the GPU's
     EX_CHECK(loom_ef_create(&st.ef));
   } else if (spec && strcmp(spec, "none") != 0) {
     EX_CHECK(loom_compressor_create(spec, &st.codec));
@@ -1416,6 +1460,7 @@ int main(int argc, char **argv) {
           fprintf(stderr, "train_gpt: --resume from %s (step %ld) failed: nothing was trained\n",
                   o.ck.dir, latest);
         }
+        servers_release();
         loom_finalize(ctx);
         return 1;
       }
@@ -1612,11 +1657,7 @@ int main(int argc, char **argv) {
       tlog += MPI_Wtime() - c0;
     }
   }
-  if (st.attn && o.attn_servers == 2) { // the dedicated servers' loop ends with the training
-    int stop = 0;
-    double unused[2];
-    EX_CHECK(attn_plan(st.world, st.trainers, NULL, -1, &o.cfg, st.attn, unused, &stop));
-  }
+  servers_release(); // the dedicated servers' loop ends with the training
   const double run_steps = o.steps > start ? (double)(o.steps - start) : 1.0; // this process's
   double tokens_per_s = run_steps * tokens_per_step / (train_time > 0 ? train_time : 1e-9);
   double mfu = tokens_per_s / np * flops_per_token / sgemm;

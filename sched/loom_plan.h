@@ -51,15 +51,32 @@ typedef struct loom_plan_problem {
   int ncodecs;
   const loom_codec_cost_t *codecs; // (ncodecs): the compressors to consider, besides none
   int workers;                     // worker-lane threads for offloaded encoding (0: none)
+  // GPU builds (ByteComp's GPU and CPU encoding lanes). gpu_codecs non-NULL says the gradients
+  // live on a GPU, and gpu_codecs[c] is what codecs[c] costs there (the CUDA codecs; the same
+  // payload sizes). A compressed tensor then encodes, and decodes, either on
+  // LOOM_PLAN_LANE_GPU: the device codec, no copy, on the GPU's compute stream (so, like the
+  // compute lane, it delays the compute after it); indivisible and divisible schemes of payload
+  // codecs only (the device path's schemes); or, when host_lanes is set, on LOOM_LANE_WORKER:
+  // the CPU beside the GPU, with the host codec (codecs[c]) after a device-to-host copy of the
+  // tensor over pcie and before a host-to-device copy of the sum (any scheme the host has; one
+  // queue, workers is not used). LOOM_LANE_COMPUTE is no lane of a GPU problem. Left zero: the
+  // host problem above, simulated and planned exactly as without these fields.
+  const loom_codec_cost_t *gpu_codecs; // (ncodecs) or NULL
+  int host_lanes;                      // with gpu_codecs: the CPU lane may be chosen
+  loom_link_t pcie;                    // with host_lanes: one host <-> device copy
 } loom_plan_problem_t;
+
+// The lane of a choice that encodes on the GPU (a GPU problem: gpu_codecs set).
+#define LOOM_PLAN_LANE_GPU 3
 
 // The strategy for one tensor: codec -1 is no compression (an ordered allreduce; scheme and
 // lane ignored), else an index into problem.codecs with a scheme and the lane that encodes and
-// decodes (LOOM_LANE_COMPUTE delays the compute after it; LOOM_LANE_WORKER runs beside it).
+// decodes (LOOM_LANE_COMPUTE delays the compute after it; LOOM_LANE_WORKER runs beside it; on a
+// GPU problem LOOM_PLAN_LANE_GPU or LOOM_LANE_WORKER, the CPU).
 typedef struct loom_plan_choice {
   int codec;
   loom_scheme_t scheme;
-  int lane; // 0: compute, 2: worker (the loom_lane_t values)
+  int lane; // 0: compute, 2: worker (the loom_lane_t values), 3: LOOM_PLAN_LANE_GPU
 } loom_plan_choice_t;
 
 // The simulated step under a strategy (choice[i] for tensor i).
@@ -77,9 +94,11 @@ LOOM_API loom_status_t loom_plan_simulate(const loom_plan_problem_t *p,
 
 // ByteComp's greedy selection: tensors by size, largest first; a tensor whose uncompressed
 // communication already hides in the compute keeps none; otherwise every option (none, and each
-// codec x scheme x lane that applies) is simulated with the choices made so far and the best
-// kept. Then encodings on the compute lane are moved to the worker lane, farthest from the
-// output first, while that shortens the step. choice receives ntensors entries.
+// codec x scheme that applies, encoded on the compute lane; on a GPU problem on the GPU lane and,
+// with host_lanes, the CPU lane) is simulated with the choices made so far and the best kept.
+// Then encodings are moved to the worker lane (on a GPU problem with host_lanes: the CPU),
+// farthest from the output first, while that shortens the step. choice receives ntensors
+// entries.
 LOOM_API loom_status_t loom_plan_greedy(const loom_plan_problem_t *p, loom_plan_choice_t *choice,
                                         loom_plan_result_t *out);
 
@@ -115,6 +134,13 @@ LOOM_API loom_status_t loom_plan_measure_links(const loom_ctx_t *ctx, const loom
 // ~/.cache/loom; a damaged line is ignored and measured again; LOOM_CODEC_REMEASURE=1 skips
 // the cache.
 LOOM_API loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost_t *out);
+// The same on CUDA device `device` with the CUDA codecs (the gpu_codecs of a GPU problem): x,
+// payload and sum in device memory, each call timed on the host up to the end of its kernels
+// (so the waits for the stream that a device encode makes are included); 2^14 and 2^20 values,
+// not cached (a few milliseconds). LOOM_ERR_UNSUPPORTED in a build without CUDA or for
+// powersgd; LOOM_ERR_CUDA when the device cannot be used.
+LOOM_API loom_status_t loom_plan_measure_codec_device(const char *spec, int device,
+                                                      loom_codec_cost_t *out);
 
 // ---- MoE tuning (moe_tune.c) ------------------------------------------------------------------
 

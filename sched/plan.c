@@ -12,7 +12,7 @@
 // ---------------------------------------------------------------------------------------------
 // Cost models.
 
-enum { LANE_COMPUTE = 0, LANE_WORKER = 2 };
+enum { LANE_COMPUTE = 0, LANE_WORKER = 2, LANE_GPU = LOOM_PLAN_LANE_GPU };
 
 static double link_us(const loom_link_t *l, double bytes) {
   return l->alpha_us + bytes / (l->gbps * 125.0);
@@ -98,6 +98,26 @@ static stages_t compressed(const loom_plan_problem_t *p, const loom_codec_cost_t
   return s;
 }
 
+// A GPU problem (gpu_codecs set): the GPU lane takes the device codec's costs; the CPU lane (the
+// worker lane) the host codec's, with the copy of the tensor to the host before the encode and
+// of the sum back after the decode.
+static int is_gpu(const loom_plan_problem_t *p) {
+  return p->gpu_codecs != NULL;
+}
+
+static stages_t lane_stages(const loom_plan_problem_t *p, const loom_plan_choice_t *c, double n) {
+  if (!is_gpu(p)) {
+    return compressed(p, &p->codecs[c->codec], c->scheme, n);
+  }
+  if (c->lane == LANE_GPU) {
+    return compressed(p, &p->gpu_codecs[c->codec], c->scheme, n);
+  }
+  stages_t s = compressed(p, &p->codecs[c->codec], c->scheme, n);
+  s.enc += link_us(&p->pcie, 4.0 * n);
+  s.dec += link_us(&p->pcie, 4.0 * n);
+  return s;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Simulation. Tensors are taken in ready order. The compute lane runs the step's compute, and
 // every encode, decode or codec step placed on it pushes the rest of the compute later (while
@@ -125,15 +145,34 @@ static loom_status_t check_problem(const loom_plan_problem_t *p, const void *cho
                         p->tensors[i].ready_us);
     }
   }
-  for (int c = 0; c < p->ncodecs; c++) {
-    const loom_codec_cost_t *k = &p->codecs[c];
+  for (int c = 0; c < p->ncodecs * (is_gpu(p) ? 2 : 1); c++) {
+    const loom_codec_cost_t *k = c < p->ncodecs ? &p->codecs[c] : &p->gpu_codecs[c - p->ncodecs];
     if (!k->compressor || !(k->bytes_per_value >= 0) || k->enc_ns < 0 || k->dec_ns < 0 ||
         k->enc_us < 0 || k->dec_us < 0 || k->fixed_bytes < 0) {
       return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                        "compression planner: codec %d has a missing name or a negative cost", c);
+                        "compression planner: %s codec %d has a missing name or a negative cost",
+                        c < p->ncodecs ? "host" : "GPU", c % (p->ncodecs > 0 ? p->ncodecs : 1));
     }
   }
+  if (is_gpu(p) && p->host_lanes && (!(p->pcie.gbps > 0) || !(p->pcie.alpha_us >= 0))) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "compression planner: a GPU problem with host_lanes needs the host <-> "
+                      "device copy link (pcie) with gbps > 0 and alpha >= 0");
+  }
   return LOOM_OK;
+}
+
+// Whether lane can run codec c with scheme s: the host lanes as always (the worker lane with
+// workers); on a GPU problem the GPU lane (flat schemes, payload codecs) and the CPU lane (the
+// worker lane) with host_lanes.
+static int lane_ok(const loom_plan_problem_t *p, int c, loom_scheme_t s, int lane) {
+  if (!is_gpu(p)) {
+    return lane == LANE_COMPUTE || (lane == LANE_WORKER && p->workers >= 1);
+  }
+  if (lane == LANE_GPU) {
+    return s != LOOM_SCHEME_HIERARCHICAL && !is_lowrank(&p->codecs[c]);
+  }
+  return lane == LANE_WORKER && p->host_lanes;
 }
 
 static loom_status_t check_choice(const loom_plan_problem_t *p, const loom_plan_choice_t *ch) {
@@ -141,13 +180,14 @@ static loom_status_t check_choice(const loom_plan_problem_t *p, const loom_plan_
     const loom_plan_choice_t *c = &ch[i];
     if (c->codec < -1 || c->codec >= p->ncodecs ||
         (c->codec >= 0 && ((int)c->scheme < 0 || c->scheme >= LOOM_SCHEME_COUNT ||
-                           (c->lane != LANE_COMPUTE && c->lane != LANE_WORKER) ||
-                           (c->lane == LANE_WORKER && p->workers < 1)))) {
+                           !lane_ok(p, c->codec, c->scheme, c->lane)))) {
       return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                         "compression planner: choice %d: codec %d (of %d), scheme %d, lane %d: "
-                        "need -1 <= codec < ncodecs, a loom_scheme_t, lane 0 or 2 (2 only with "
-                        "workers)",
-                        i, c->codec, p->ncodecs, (int)c->scheme, c->lane);
+                        "need -1 <= codec < ncodecs, a loom_scheme_t, %s",
+                        i, c->codec, p->ncodecs, (int)c->scheme, c->lane,
+                        is_gpu(p) ? "lane 3 (GPU: indivisible or divisible, no powersgd) or 2 "
+                                    "(CPU, only with host_lanes)"
+                                  : "lane 0 or 2 (2 only with workers)");
     }
   }
   return LOOM_OK;
@@ -172,9 +212,9 @@ static loom_plan_result_t simulate(const loom_plan_problem_t *p, const loom_plan
       bytes += p->ranks > 1 ? 2.0 * (p->ranks - 1) / p->ranks * 4.0 * n : 0.0;
       done = comm_free;
     } else {
-      stages_t s = compressed(p, &p->codecs[c->codec], c->scheme, n);
-      // Lane work: on the compute lane it delays the compute (or waits behind it once the
-      // compute is over); on the worker lane it queues there.
+      stages_t s = lane_stages(p, c, n);
+      // Lane work: on the compute lane (or the GPU's) it delays the compute (or waits behind it
+      // once the compute is over); on the worker lane (or the CPU) it queues there.
       double t = ready;
       double *lane_free = c->lane == LANE_WORKER ? &worker_free : NULL;
 #define ON_LANE(at, dur)                                                                           \
@@ -235,19 +275,26 @@ loom_status_t loom_plan_simulate(const loom_plan_problem_t *p, const loom_plan_c
 
 // ---------------------------------------------------------------------------------------------
 // Options: none, then every codec x scheme (hierarchical only with several nodes; low-rank
-// codecs have one scheme) on the compute lane, and the same on the worker lane when there is one.
+// codecs have one scheme) on the compute lane (a GPU problem: the GPU lane), and the same on the
+// worker lane (the CPU) when there is one; lane_ok drops what a lane cannot run.
+
+static int first_lane(const loom_plan_problem_t *p) {
+  return is_gpu(p) ? LANE_GPU : LANE_COMPUTE;
+}
 
 static int options(const loom_plan_problem_t *p, int with_worker, loom_plan_choice_t *opt) {
   int k = 0;
   opt[k++] = (loom_plan_choice_t){-1, LOOM_SCHEME_INDIVISIBLE, LANE_COMPUTE};
-  for (int lane = 0; lane < (with_worker && p->workers > 0 ? 2 : 1); lane++) {
+  for (int lane = 0; lane < (with_worker ? 2 : 1); lane++) {
+    const int ln = lane ? LANE_WORKER : first_lane(p);
     for (int c = 0; c < p->ncodecs; c++) {
       for (int s = 0; s < LOOM_SCHEME_COUNT; s++) {
         if ((s == LOOM_SCHEME_HIERARCHICAL && p->nodes < 2) ||
-            (is_lowrank(&p->codecs[c]) && s != LOOM_SCHEME_INDIVISIBLE)) {
+            (is_lowrank(&p->codecs[c]) && s != LOOM_SCHEME_INDIVISIBLE) ||
+            !lane_ok(p, c, (loom_scheme_t)s, ln)) {
           continue;
         }
-        opt[k++] = (loom_plan_choice_t){c, (loom_scheme_t)s, lane ? LANE_WORKER : LANE_COMPUTE};
+        opt[k++] = (loom_plan_choice_t){c, (loom_scheme_t)s, ln};
       }
     }
   }
@@ -298,8 +345,10 @@ loom_status_t loom_plan_greedy(const loom_plan_problem_t *p, loom_plan_choice_t 
     order[i] = i;
   }
   loom_plan_result_t best = simulate(p, choice, NULL);
-  // Pass 1: compressor and scheme, encoding on the compute lane, largest tensors first.
-  const int nopt = options(p, 0, opt);
+  // Pass 1: compressor and scheme, encoding on the compute lane, largest tensors first. A GPU
+  // problem weighs both its lanes here (ByteComp's GPU and CPU options: a slow device codec may
+  // be worth nothing on the GPU and a lot on the CPU), then offloads more in pass 2.
+  const int nopt = options(p, is_gpu(p), opt);
   sort_by_size(order, nt, p->tensors);
   for (int k = 0; k < nt && best.exposed_us > 0.0; k++) { // nothing exposed: nothing to gain
     const int i = order[k];
@@ -314,18 +363,20 @@ loom_status_t loom_plan_greedy(const loom_plan_problem_t *p, loom_plan_choice_t 
     }
     choice[i] = keep;
   }
-  // Pass 2: offload encodings to the worker lane, farthest from the output first (the
-  // gradients the backward produces last), while that shortens the step.
-  for (int i = nt - 1; i >= 0 && p->workers > 0; i--) {
+  // Pass 2: offload encodings to the worker lane (a GPU problem: the CPU), farthest from the
+  // output first (the gradients the backward produces last), while that shortens the step.
+  const int offload = is_gpu(p) ? p->host_lanes : p->workers > 0;
+  for (int i = nt - 1; i >= 0 && offload; i--) {
     if (choice[i].codec < 0) {
       continue;
     }
+    const int was = choice[i].lane;
     choice[i].lane = LANE_WORKER;
     loom_plan_result_t r = simulate(p, choice, NULL);
     if (r.step_us < best.step_us * (1.0 - 1e-9)) {
       best = r;
     } else {
-      choice[i].lane = LANE_COMPUTE;
+      choice[i].lane = was;
     }
   }
   *out = best;
@@ -411,7 +462,11 @@ void loom_plan_print(const loom_plan_problem_t *p, const loom_plan_choice_t *cho
             p->tensors[i].name ? p->tensors[i].name : "?", (long long)p->tensors[i].n * 4,
             p->tensors[i].ready_us, c->codec < 0 ? "allreduce" : loom_scheme_name(c->scheme),
             c->codec < 0 ? "none" : p->codecs[c->codec].compressor,
-            c->codec < 0 ? "-" : (c->lane == LANE_WORKER ? "worker" : "compute"), end[i]);
+            c->codec < 0             ? "-"
+            : c->lane == LANE_GPU    ? "gpu"
+            : c->lane == LANE_WORKER ? (is_gpu(p) ? "cpu" : "worker")
+                                     : "compute",
+            end[i]);
   }
   fprintf(out,
           "predicted step %.1f us: compute %.1f us, exposed %.1f us, comm busy %.1f us, %.0f "

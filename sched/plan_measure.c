@@ -15,6 +15,12 @@
 #include "ctx.h"
 #include "error.h"
 #include "sched_internal.h"
+#ifdef LOOM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/codecs_cuda.h"
+#include "cuda/cuda_ctx.h"
+#endif
 
 // ---------------------------------------------------------------------------------------------
 // Links: group rank 0 exchanges messages both ways at once (MPI_Sendrecv), as the two halves of
@@ -244,4 +250,110 @@ done:
   free(payload);
   loom_compressor_destroy(c);
   return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device codecs: the same fit, with the CUDA codecs on device memory; each call is timed up to
+// the end of its kernels on the current stream.
+
+#ifdef LOOM_HAVE_CUDA
+static double median_device_us(const loom_compressor_t *c, int decode, const float *x, int64_t n,
+                               uint8_t *payload, size_t cap, float *acc, loom_status_t *status) {
+  double t[LINK_ROUNDS];
+  size_t bytes = 0;
+  cudaStream_t stream = loom_cuda_stream();
+  *status = loom_cuda_codec_encode(c, x, n, 1, payload, cap, &bytes);
+  for (int k = 0; k < LINK_ROUNDS && *status == LOOM_OK; k++) {
+    double t0 = MPI_Wtime();
+    *status = decode ? loom_cuda_codec_decode_add(c, payload, bytes, n, 1, acc)
+                     : loom_cuda_codec_encode(c, x, n, 1, payload, cap, &bytes);
+    if (*status == LOOM_OK && cudaStreamSynchronize(stream) != cudaSuccess) {
+      *status = loom_error(NULL, LOOM_ERR_CUDA, "loom_plan_measure_codec_device: %s",
+                           cudaGetErrorString(cudaGetLastError()));
+    }
+    t[k] = (MPI_Wtime() - t0) * 1e6;
+  }
+  qsort(t, LINK_ROUNDS, sizeof t[0], by_value);
+  return t[LINK_ROUNDS / 2];
+}
+#endif
+
+loom_status_t loom_plan_measure_codec_device(const char *spec, int device, loom_codec_cost_t *out) {
+  if (!spec || !out) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_plan_measure_codec_device: %s is NULL: pass a compressor spec and "
+                      "where to store its cost",
+                      !spec ? "spec" : "out");
+  }
+#ifndef LOOM_HAVE_CUDA
+  (void)device;
+  return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                    "loom_plan_measure_codec_device: loom was built without CUDA: measure the "
+                    "host codecs with loom_plan_measure_codec");
+#else
+  enum { SMALL = 1 << 14, BIG = 1 << 20 };
+  loom_compressor_t *c = NULL;
+  float *x = NULL, *acc = NULL, *hx = NULL;
+  uint8_t *payload = NULL;
+  size_t cap = 0;
+  cudaError_t rc = cudaSuccess;
+  double e[2] = {0.0, 0.0}, d[2] = {0.0, 0.0}; // encode, decode at SMALL and BIG
+  loom_status_t status = loom_compressor_create(spec, &c);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  if (loom_compressor_lowrank(c)) {
+    loom_compressor_destroy(c);
+    return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                      "loom_plan_measure_codec_device: %s has no device codec (host only)", spec);
+  }
+  LOOM_CHECK(loom_cuda_use_device(device));
+  cap = loom_compressor_max_bytes(c, BIG);
+  hx = malloc(sizeof(float) * BIG);
+  LOOM_CHECK_SYS(NULL, hx != NULL, "malloc(codec timing input)");
+  uint64_t s = 12345;
+  for (int i = 0; i < BIG; i++) { // gradient-like values: uniform in [-1, 1), as on the host
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    hx[i] = (float)((double)(s >> 40) * 0x1p-23 - 1.0);
+  }
+  rc = cudaMalloc((void **)&x, sizeof(float) * BIG);
+  if (rc == cudaSuccess) {
+    rc = cudaMalloc((void **)&acc, sizeof(float) * BIG);
+  }
+  if (rc == cudaSuccess) {
+    rc = cudaMalloc((void **)&payload, cap);
+  }
+  if (rc == cudaSuccess) {
+    rc = cudaMemcpy(x, hx, sizeof(float) * BIG, cudaMemcpyHostToDevice);
+  }
+  if (rc == cudaSuccess) {
+    rc = cudaMemset(acc, 0, sizeof(float) * BIG);
+  }
+  LOOM_CHECK_CUDA(NULL, rc);
+  for (int k = 0; k < 4 && status == LOOM_OK; k++) { // encode small, big; decode small, big
+    double us = median_device_us(c, k >= 2, x, k % 2 ? BIG : SMALL, payload, cap, acc, &status);
+    *(k >= 2 ? &d[k % 2] : &e[k % 2]) = us;
+  }
+  LOOM_CHECK(status);
+  double per_e = (e[1] - e[0]) / (double)(BIG - SMALL),
+         per_d = (d[1] - d[0]) / (double)(BIG - SMALL);
+  per_e = per_e > 0 ? per_e : e[1] / BIG;
+  per_d = per_d > 0 ? per_d : d[1] / BIG;
+  out->compressor = spec;
+  out->enc_ns = per_e * 1000.0;
+  out->dec_ns = per_d * 1000.0;
+  out->enc_us = e[0] - per_e * SMALL > 0 ? e[0] - per_e * SMALL : 0.0;
+  out->dec_us = d[0] - per_d * SMALL > 0 ? d[0] - per_d * SMALL : 0.0;
+  double pb = (double)loom_compressor_max_bytes(c, BIG),
+         ps = (double)loom_compressor_max_bytes(c, SMALL);
+  out->bytes_per_value = (pb - ps) / (double)(BIG - SMALL);
+  out->fixed_bytes = ps - out->bytes_per_value * SMALL;
+fail:
+  free(hx);
+  cudaFree(x);
+  cudaFree(acc);
+  cudaFree(payload);
+  loom_compressor_destroy(c);
+  return status;
+#endif
 }

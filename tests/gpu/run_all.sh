@@ -62,6 +62,10 @@ for t in $gpu_mpi_tests; do
   run_test "$t" "mpirun -np $np, ${ngpu:-0} GPU(s); " env OMPI_ALLOW_RUN_AS_ROOT=1 \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$np" --oversubscribe "./tests/gpu/$t"
 done
+# The trainers' device paths (--compress, --moe-experts, auto, resume) against their host runs.
+run_test trainers_device "np 1$([ "${ngpu:-0}" -ge 2 ] && echo ' and 2'); " env srcdir="$src" \
+  LOOM_BUILDDIR="$build" LOOM_SRCDIR="$src" OMPI_ALLOW_RUN_AS_ROOT=1 \
+  OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 sh "$src/tests/gpu/trainers_device.sh"
 
 say "--- benchmarks"
 ./tests/bench/gpu_gemm_perf --json "$out/gpu_gemm_perf.json" 2>&1 | tee -a "$summary"

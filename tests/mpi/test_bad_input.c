@@ -1169,6 +1169,47 @@ static void t_attn(loom_ctx_t *ctx) {
   BAD(loom_attn_exec_backward(x, o, dq, dk, q5), "dv ");
   BAD(loom_attn_exec_backward(x, qh, dq, dk, dv), "dout ");
   GOOD(loom_attn_exec_backward(x, o, dq, dk, dv));
+  // A new plan on the same executor.
+  BAD(loom_attn_exec_replan(NULL, docs, np, tasks, np), "x is NULL");
+  BAD(loom_attn_exec_replan(x, NULL, np, tasks, np), "docs");
+  BAD(loom_attn_exec_replan(x, docs, -1, tasks, np), "ndocs = -1");
+  BAD(loom_attn_exec_replan(x, docs, np, NULL, np), "tasks");
+  BAD(loom_attn_exec_replan(x, docs, np, tasks, -1), "ntasks = -1");
+  memcpy(bt, tasks, sizeof tasks);
+  bt[0].q_hi = L - 1;
+  BAD(loom_attn_exec_replan(x, docs, np, bt, np), "exactly one task");
+  GOOD(loom_attn_exec_replan(x, docs, np, tasks, np));
+  BAD(loom_attn_exec_backward(x, o, dq, dk, dv), "forward first"); // none of the new plan
+  // The phases as requests.
+  loom_request_t *rq = NULL;
+  BAD(loom_attn_exec_ship_start(x, q, k, v, NULL), "req is NULL");
+  BAD(loom_attn_exec_ship_start(NULL, q, k, v, &rq), "x is NULL");
+  BAD(loom_attn_exec_ship_start(x, q5, k, v, &rq), "q ");
+  IS(rq == NULL);
+  BAD(loom_attn_exec_finish_start(x, o, lse, NULL), "req is NULL");
+  BAD(loom_attn_exec_finish_start(NULL, o, lse, &rq), "x is NULL");
+  BADS(loom_attn_exec_finish_start(x, o, lse, &rq), LOOM_ERR_STATE, "compute");
+  GOOD(loom_attn_exec_ship_start(x, q, k, v, &rq));
+  GOOD(loom_wait(&rq));
+  BADS(loom_attn_exec_ship(x, q, k, v), LOOM_ERR_STATE, "not finished"); // shipped twice
+  BADS(loom_attn_exec_replan(x, docs, np, tasks, np), LOOM_ERR_STATE, "in progress");
+  GOOD(loom_attn_exec_compute(x));
+  BAD(loom_attn_exec_finish_start(x, q5, lse, &rq), "out ");
+  BAD(loom_attn_exec_finish_start(x, o, q, &rq), "lse ");
+  GOOD(loom_attn_exec_finish_start(x, o, lse, &rq));
+  GOOD(loom_wait(&rq));
+  // Ping-pong tasks in a step graph.
+  loom_sched_t *sc = NULL;
+  int ids[6];
+  GOOD(loom_sched_create(ctx, NULL, &sc));
+  loom_attn_nano_t nano[2] = {{x, q, k, v, o, lse}, {x, q, k, v, o, lse}};
+  BAD(loom_sched_add_attn_pingpong(NULL, nano, -1, 0, NULL, ids), "must be set");
+  BAD(loom_sched_add_attn_pingpong(sc, NULL, -1, 0, NULL, ids), "must be set");
+  BAD(loom_sched_add_attn_pingpong(sc, nano, -1, 0, NULL, NULL), "must be set");
+  BAD(loom_sched_add_attn_pingpong(sc, nano, -1, 0, NULL, ids), "share one executor");
+  nano[1].x = NULL;
+  BAD(loom_sched_add_attn_pingpong(sc, nano, -1, 0, NULL, ids), "must be set");
+  loom_sched_destroy(sc);
   loom_attn_exec_destroy(x);
 #undef CREATE
   pool_free();
@@ -1662,7 +1703,7 @@ static void t_sched(loom_ctx_t *ctx) {
 static void t_plan(loom_ctx_t *ctx, FILE *sink) {
   const loom_plan_tensor_t pt[2] = {{"a", 1000, 10.0}, {"b", 2000, 20.0}};
   const loom_codec_cost_t cc[1] = {{"fp16", 1, 1, 1, 1, 2, 16}};
-  const loom_plan_problem_t ok = {2, pt, 100.0, 2, 1, {5, 10}, {5, 10}, 1, cc, 1};
+  const loom_plan_problem_t ok = {2, pt, 100.0, 2, 1, {5, 10}, {5, 10}, 1, cc, 1, NULL, 0, {0, 0}};
   loom_plan_choice_t ch[2] = {{-1, LOOM_SCHEME_INDIVISIBLE, 0}, {0, LOOM_SCHEME_INDIVISIBLE, 2}};
   loom_plan_result_t r;
   GOOD(loom_plan_simulate(&ok, ch, &r));
@@ -1750,6 +1791,8 @@ static void t_plan(loom_ctx_t *ctx, FILE *sink) {
   loom_codec_cost_t cost;
   BAD(loom_plan_measure_codec(NULL, &cost), "spec");
   BAD(loom_plan_measure_codec("fp16", NULL), "out");
+  BAD(loom_plan_measure_codec_device(NULL, 0, &cost), "spec");
+  BAD(loom_plan_measure_codec_device("fp16", 0, NULL), "out");
   BAD(loom_plan_measure_codec("zip", &cost), "zip");
   BADS(loom_plan_measure_codec("powersgd:2", &cost), LOOM_ERR_UNSUPPORTED, "powersgd");
 

@@ -875,6 +875,159 @@ static void test_codec_cache(void) {
   unsetenv("LOOM_CACHE_DIR");
 }
 
+// ---- 9. the GPU lanes (ByteComp on GPU builds) -------------------------------------------------
+
+// The same problem as a GPU one: gpu_codecs (the device codecs' costs), CPU lane with host_lanes.
+static loom_plan_problem_t gpu_problem(loom_plan_problem_t p, const loom_codec_cost_t *gpu,
+                                       int host_lanes, double pcie_alpha_us, double pcie_gbps) {
+  p.gpu_codecs = gpu;
+  p.host_lanes = host_lanes;
+  p.pcie.alpha_us = pcie_alpha_us;
+  p.pcie.gbps = pcie_gbps;
+  return p;
+}
+
+// Every compressed choice of a GPU problem is on the GPU lane (flat scheme) or, with host_lanes,
+// on the CPU lane.
+static int gpu_choices_valid(const loom_plan_problem_t *p, const loom_plan_choice_t *c) {
+  for (int i = 0; i < p->ntensors; i++) {
+    if (c[i].codec < 0) {
+      continue;
+    }
+    if (c[i].codec >= p->ncodecs ||
+        !(c[i].lane == LOOM_PLAN_LANE_GPU || (c[i].lane == LOOM_LANE_WORKER && p->host_lanes)) ||
+        (c[i].lane == LOOM_PLAN_LANE_GPU && c[i].scheme == LOOM_SCHEME_HIERARCHICAL)) {
+      return 0;
+    }
+  }
+  return 1;
+}
+
+static void test_gpu_lanes(void) {
+  // Hand-computed: np 2, one tensor of 1e6 values ready when the compute (1000 us) ends, a link
+  // of 1000 bytes/us (8 Gbit/s, alpha 0), int8-like codec with 1 byte a value. Host codec: 1 ns
+  // a value each way; device codec: 0.1 ns; host <-> device copies at 4000 bytes/us (32 Gbit/s).
+  loom_plan_tensor_t one[1] = {{"h0.mlp", 1000000, 1000.0}};
+  const loom_codec_cost_t host[1] = {{"int8", 0.0, 1.0, 0.0, 1.0, 1.0, 0.0}};
+  const loom_codec_cost_t gpu[1] = {{"int8", 0.0, 0.1, 0.0, 0.1, 1.0, 0.0}};
+  const loom_plan_problem_t hp = problem(one, 1, 1000.0, 2, 1, 0.0, 8.0, host, 1, 0);
+  loom_plan_problem_t p = gpu_problem(hp, gpu, 1, 0.0, 32.0);
+  loom_plan_choice_t c = none_choice();
+  // none: the allreduce of 4e6 bytes over 2 ranks moves 4e6 bytes at 1000 B/us after 1000 us.
+  CHECK(close_to(sim(&p, &c, "gpu none").step_us, 5000.0, 1e-9), "GPU problem, none: %.3f us",
+        sim(&p, &c, "gpu none").step_us);
+  // GPU lane: encode 100 us after the compute, 1e6 bytes 1000 us, 2 decodes of 100 us.
+  c = codec_choice(0, LOOM_SCHEME_INDIVISIBLE, LOOM_PLAN_LANE_GPU);
+  double gpu_step = sim(&p, &c, "gpu lane").step_us;
+  CHECK(close_to(gpu_step, 2300.0, 1e-9), "GPU lane: step %.3f us, want 2300", gpu_step);
+  // CPU lane: copy 1000 + encode 1000, 1000 on the link, 2 decodes of 1000 + copy back 1000.
+  c = codec_choice(0, LOOM_SCHEME_INDIVISIBLE, LOOM_LANE_WORKER);
+  double cpu_step = sim(&p, &c, "cpu lane").step_us;
+  CHECK(close_to(cpu_step, 7000.0, 1e-9), "CPU lane: step %.3f us, want 7000", cpu_step);
+  loom_plan_result_t r;
+  CHECK(loom_plan_greedy(&p, &c, &r) == LOOM_OK, "greedy on the GPU problem");
+  CHECK(c.codec == 0 && c.lane == LOOM_PLAN_LANE_GPU && close_to(r.step_us, 2300.0, 1e-9),
+        "greedy: codec %d lane %d step %.3f us, want int8 on the GPU lane (2300 us)", c.codec,
+        c.lane, r.step_us);
+
+  // The GPU lane is the compute lane with the device codec's costs: the same steps as the host
+  // problem whose codecs are the GPU's, on random instances.
+  static inst_t in;
+  static loom_plan_choice_t g[MAXT], h[MAXT];
+  for (int i = 0; i < 50; i++) {
+    random_instance(&in, rng_int(1, 40), 1e3, 1e7, rng_int(1, 3));
+    loom_plan_problem_t host_p = in.p;
+    host_p.workers = 0;
+    loom_plan_problem_t gp = gpu_problem(host_p, in.c, 0, 0.0, 0.0);
+    for (int k = 0; k < gp.ntensors; k++) {
+      int codec = rng_int(-1, gp.ncodecs - 1);
+      loom_scheme_t sc = (loom_scheme_t)rng_int(0, 1);
+      h[k] = codec < 0 ? none_choice() : codec_choice(codec, sc, LOOM_LANE_COMPUTE);
+      g[k] = h[k];
+      g[k].lane = codec < 0 ? LOOM_LANE_COMPUTE : LOOM_PLAN_LANE_GPU;
+    }
+    double a = sim(&host_p, h, "host twin").step_us, b = sim(&gp, g, "gpu twin").step_us;
+    CHECK(close_to(a, b, REL), "instance %d: GPU lane %.6f us != compute lane %.6f us", i, b, a);
+    // Greedy without host lanes: only GPU-lane flat choices, never worse than none.
+    loom_plan_result_t gr;
+    CHECK(loom_plan_greedy(&gp, g, &gr) == LOOM_OK, "instance %d: greedy", i);
+    CHECK(gpu_choices_valid(&gp, g), "instance %d: greedy chose a lane the GPU problem lacks", i);
+    for (int k = 0; k < gp.ntensors; k++) {
+      h[k] = none_choice();
+    }
+    CHECK(gr.step_us <= sim(&gp, h, "gpu none").step_us * (1 + REL),
+          "instance %d: greedy %.3f us worse than none", i, gr.step_us);
+    // With host lanes: brute force (few tensors) is never worse than greedy, and both valid.
+    loom_plan_problem_t gh =
+        gpu_problem(host_p, in.c, 1, rng_range(1.0, 20.0), rng_range(50.0, 400.0));
+    gh.ntensors = gh.ntensors < 3 ? gh.ntensors : 3;
+    loom_plan_result_t br;
+    CHECK(loom_plan_greedy(&gh, g, &gr) == LOOM_OK, "instance %d: greedy (host lanes)", i);
+    CHECK(quiet_brute(&gh, h, &br) == LOOM_OK, "instance %d: brute force (host lanes)", i);
+    CHECK(gpu_choices_valid(&gh, g) && gpu_choices_valid(&gh, h),
+          "instance %d: a plan with host lanes chose an invalid lane", i);
+    CHECK(br.step_us <= gr.step_us * (1 + REL), "instance %d: brute %.3f us > greedy %.3f us", i,
+          br.step_us, gr.step_us);
+  }
+
+  // The CPU lane wins when the GPU codec is slow (it delays the compute: here the tensor is
+  // ready early, so its GPU encode pushes the whole backward) and the copies are fast; with slow
+  // copies it stays on the GPU; without host_lanes it is never chosen.
+  loom_plan_tensor_t early[1] = {{"h3.mlp", 1000000, 0.0}};
+  const loom_codec_cost_t slow_gpu[1] = {{"int8", 0.0, 5.0, 0.0, 5.0, 1.0, 0.0}};
+  const loom_codec_cost_t fast_host[1] = {{"int8", 0.0, 0.5, 0.0, 0.5, 1.0, 0.0}};
+  loom_plan_problem_t e = problem(early, 1, 20000.0, 2, 1, 0.0, 1.0, fast_host, 1, 0);
+  loom_plan_problem_t fast = gpu_problem(e, slow_gpu, 1, 0.0, 200.0);
+  CHECK(loom_plan_greedy(&fast, &c, &r) == LOOM_OK && c.codec == 0 && c.lane == LOOM_LANE_WORKER,
+        "slow GPU codec, fast copies: codec %d lane %d, want int8 on the CPU lane", c.codec,
+        c.lane);
+  loom_plan_problem_t slow = gpu_problem(e, slow_gpu, 1, 0.0, 0.01);
+  CHECK(loom_plan_greedy(&slow, &c, &r) == LOOM_OK && c.lane != LOOM_LANE_WORKER,
+        "slow copies: lane %d (codec %d), want the GPU lane or none", c.lane, c.codec);
+  loom_plan_problem_t gonly = gpu_problem(e, slow_gpu, 0, 0.0, 0.0);
+  CHECK(loom_plan_greedy(&gonly, &c, &r) == LOOM_OK && c.lane != LOOM_LANE_WORKER,
+        "no host lanes: lane %d, want the GPU lane or none", c.lane);
+
+  // Invalid choices and problems of a GPU problem.
+  loom_plan_choice_t bad = codec_choice(0, LOOM_SCHEME_INDIVISIBLE, LOOM_LANE_COMPUTE);
+  expect_invalid_choice(&fast, &bad, "GPU problem, compute lane");
+  bad = codec_choice(0, LOOM_SCHEME_INDIVISIBLE, LOOM_LANE_WORKER);
+  expect_invalid_choice(&gonly, &bad, "GPU problem without host lanes, CPU lane");
+  bad = codec_choice(0, LOOM_SCHEME_HIERARCHICAL, LOOM_PLAN_LANE_GPU);
+  expect_invalid_choice(&fast, &bad, "GPU lane, hierarchical scheme");
+  bad = codec_choice(0, LOOM_SCHEME_HIERARCHICAL, LOOM_LANE_WORKER);
+  CHECK(quiet_simulate(&fast, &bad, &r) == LOOM_OK, "CPU lane, hierarchical scheme: refused");
+  bad = codec_choice(0, LOOM_SCHEME_INDIVISIBLE, LOOM_PLAN_LANE_GPU);
+  expect_invalid_choice(&e, &bad, "host problem, GPU lane");
+  loom_plan_problem_t nocopy = gpu_problem(e, slow_gpu, 1, 0.0, 0.0);
+  expect_invalid_problem(&nocopy, &bad, "host lanes without a copy link");
+  const loom_codec_cost_t neg[1] = {{"int8", -1.0, 0.1, 0.0, 0.1, 1.0, 0.0}};
+  loom_plan_problem_t negp = gpu_problem(e, neg, 0, 0.0, 0.0);
+  expect_invalid_problem(&negp, &bad, "a negative GPU codec cost");
+  loom_plan_choice_t pc = codec_choice(0, LOOM_SCHEME_INDIVISIBLE, LOOM_PLAN_LANE_GPU);
+  const loom_codec_cost_t psgd[1] = {{"powersgd:2", 0.0, 1.0, 0.0, 1.0, 0.1, 0.0}};
+  loom_plan_problem_t pp = problem(one, 1, 1000.0, 2, 1, 0.0, 8.0, psgd, 1, 0);
+  pp = gpu_problem(pp, psgd, 0, 0.0, 0.0);
+  expect_invalid_choice(&pp, &pc, "powersgd on the GPU lane");
+  CHECK(loom_plan_greedy(&pp, &c, &r) == LOOM_OK && c.codec == -1,
+        "powersgd without host lanes: greedy chose codec %d", c.codec);
+
+  // The printed plan names the lanes gpu and cpu.
+  char buf[2048] = "";
+  FILE *f = tmpfile();
+  CHECK(f != NULL, "tmpfile failed");
+  if (f) {
+    loom_plan_choice_t two[1] = {codec_choice(0, LOOM_SCHEME_DIVISIBLE, LOOM_PLAN_LANE_GPU)};
+    CHECK(loom_plan_simulate(&p, two, &r) == LOOM_OK, "simulate for print");
+    loom_plan_print(&p, two, &r, f);
+    rewind(f);
+    size_t got = fread(buf, 1, sizeof buf - 1, f);
+    buf[got] = '\0';
+    fclose(f);
+    CHECK(strstr(buf, " gpu ") != NULL, "the printed plan lacks the gpu lane:\n%s", buf);
+  }
+}
+
 int main(void) {
   test_codec_cache();
   test_simulator_basics();
@@ -884,5 +1037,6 @@ int main(void) {
   test_greedy_speed();
   test_brute_limit();
   test_print();
+  test_gpu_lanes();
   return check_exit("test_plan");
 }
