@@ -24,6 +24,8 @@ typedef struct msg_header {
 _Static_assert(sizeof(msg_header_t) == LOOM_ATTN_MSG_HEADER, "attention message header");
 
 enum { PH_SHIP = 1, PH_RETURN, PH_BSHIP, PH_BRETURN };
+// x->notified[peer]: this phase's message to peer as its owner (shipment) or server (results) left.
+enum { NOTIFIED_SERVER = 1, NOTIFIED_OWNER = 2 };
 
 // The layout of the messages between one owner and one server: the tasks (plan order) and the
 // documents whose key/value prefixes travel (first appearance), with their offsets.
@@ -79,6 +81,10 @@ struct loom_attn_exec {
   MPI_Request *freq;
   MPI_Status *fst;
   loom_attn_exec_stats_t st;
+  // A phase that failed after posting receives or sending: the exchanges of this plan are out of
+  // step with the peers', and every call but destroy is LOOM_ERR_STATE.
+  loom_status_t broken;
+  unsigned char *notified; // (np) NOTIFIED_* bits: what peers got this phase (or a notice)
 };
 
 static int64_t kv_len(const loom_attn_exec_t *x, const loom_attn_task_t *t) {
@@ -87,6 +93,17 @@ static int64_t kv_len(const loom_attn_exec_t *x, const loom_attn_task_t *t) {
 
 static double now_ms(void) {
   return 1e3 * MPI_Wtime();
+}
+
+// LOOM_ERR_STATE when an earlier phase failed (the peers are out of step: only destroy helps).
+static loom_status_t check_broken(const loom_attn_exec_t *x, const char *op) {
+  if (x->broken == LOOM_OK) {
+    return LOOM_OK;
+  }
+  return loom_error(NULL, LOOM_ERR_STATE,
+                    "%s: an earlier phase of this executor failed (%s): its exchanges are out of "
+                    "step with the other ranks'; destroy it and make a new one",
+                    op, loom_strerror(x->broken));
 }
 
 // ---- creation -----------------------------------------------------------------------------------
@@ -201,6 +218,70 @@ static void free_pair(pair_t *p) {
   memset(p, 0, sizeof *p);
 }
 
+// The message sizes of a plan, per (owner, server) pair: sorted by pair, then document.
+typedef struct pair_row {
+  int owner, server, doc;
+  int64_t q, kv; // query rows, key/value prefix rows read
+} pair_row_t;
+
+static int cmp_pair_row(const void *pa, const void *pb) {
+  const pair_row_t *a = pa, *b = pb;
+  if (a->owner != b->owner) {
+    return a->owner < b->owner ? -1 : 1;
+  }
+  if (a->server != b->server) {
+    return a->server < b->server ? -1 : 1;
+  }
+  return a->doc < b->doc ? -1 : a->doc > b->doc;
+}
+
+// Every message of the plan fits MPI's int count. Checked over all pairs, not only this rank's,
+// so that every rank fails here, before any traffic, and none waits for a message a peer could
+// not send.
+static loom_status_t check_sizes(const loom_attn_exec_t *x) {
+  const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
+  pair_row_t *rows = malloc(sizeof *rows * ((size_t)x->ntasks + 1));
+  if (!rows) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "attention servers: out of memory for the plan");
+  }
+  int n = 0;
+  for (int i = 0; i < x->ntasks; i++) {
+    const loom_attn_task_t *t = &x->tasks[i];
+    if (t->owner != t->server) { // a rank's own tasks never travel
+      rows[n++] = (pair_row_t){t->owner, t->server, t->doc, t->q_hi - t->q_lo, kv_len(x, t)};
+    }
+  }
+  qsort(rows, (size_t)n, sizeof *rows, cmp_pair_row);
+  loom_status_t status = LOOM_OK;
+  for (int i = 0; i < n && status == LOOM_OK;) {
+    double q = 0.0, kv = 0.0; // floats, in double: no overflow before the comparison
+    int j = i;
+    while (j < n && rows[j].owner == rows[i].owner && rows[j].server == rows[i].server) {
+      int64_t longest = 0;
+      const int doc = rows[j].doc;
+      for (; j < n && rows[j].owner == rows[i].owner && rows[j].server == rows[i].server &&
+             rows[j].doc == doc;
+           j++) {
+        q += (double)rows[j].q;
+        longest = rows[j].kv > longest ? rows[j].kv : longest;
+      }
+      kv += (double)longest;
+    }
+    const double ship = q * (double)hd + 2.0 * kv * (double)kvd, back = q * (double)(hd + x->H);
+    const double bytes = (double)sizeof(msg_header_t) + 4.0 * (ship > back ? ship : back);
+    if (bytes > 2147483647.0) {
+      status = loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                          "attention servers: the plan's messages between owner %d and server %d "
+                          "would be %.0f bytes, over MPI's 2^31 - 1: cut the documents into "
+                          "smaller tasks, or spread them over more ranks",
+                          rows[i].owner, rows[i].server, bytes);
+    }
+    i = j;
+  }
+  free(rows);
+  return status;
+}
+
 // Take a plan (checked): the documents' rows, the message layout of every (owner, server)
 // pair and the tasks this rank serves. Replaces what an earlier plan left.
 static loom_status_t set_plan(loom_attn_exec_t *x, const loom_attn_doc_t *docs, int ndocs,
@@ -239,6 +320,7 @@ static loom_status_t set_plan(loom_attn_exec_t *x, const loom_attn_doc_t *docs, 
       x->rows += docs[i].len;
     }
   }
+  LOOM_CHECK(check_sizes(x));
   for (int s = 0; s < x->np; s++) {
     LOOM_CHECK(make_pair(x, x->me, s, &x->to[s]));
     LOOM_CHECK(make_pair(x, s, x->me, &x->from[s]));
@@ -325,8 +407,9 @@ loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t
   x->freq = calloc((size_t)np, sizeof(MPI_Request));
   x->rst = calloc((size_t)np, sizeof(MPI_Status));
   x->fst = calloc((size_t)np, sizeof(MPI_Status));
-  if (!x->to || !x->from || !x->sbuf || !x->rbuf || !x->fbuf || !x->scap || !x->rcap || !x->fcap ||
-      !x->sreq || !x->rreq || !x->freq || !x->rst || !x->fst) {
+  x->notified = calloc((size_t)np, 1);
+  if (!x->notified || !x->to || !x->from || !x->sbuf || !x->rbuf || !x->fbuf || !x->scap ||
+      !x->rcap || !x->fcap || !x->sreq || !x->rreq || !x->freq || !x->rst || !x->fst) {
     status = loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_create: out of memory");
     goto fail;
   }
@@ -360,11 +443,18 @@ loom_status_t loom_attn_exec_replan(loom_attn_exec_t *x, const loom_attn_doc_t *
     return loom_error(NULL, x && x->phase != 0 ? LOOM_ERR_STATE : LOOM_ERR_INVALID_ARG, "%s: %s",
                       op, why);
   }
-  loom_status_t status = check_plan(docs, ndocs, tasks, ntasks, x->np);
+  loom_status_t status = check_broken(x, op);
+  if (status == LOOM_OK) {
+    status = check_plan(docs, ndocs, tasks, ntasks, x->np);
+  }
   if (status != LOOM_OK) {
     return status;
   }
-  return set_plan(x, docs, ndocs, tasks, ntasks);
+  status = set_plan(x, docs, ndocs, tasks, ntasks);
+  if (status != LOOM_OK) { // the old plan is gone and the new one incomplete (on every rank)
+    x->broken = status;
+  }
+  return status;
 }
 
 static void free_batch(loom_attn_exec_t *x) {
@@ -399,8 +489,17 @@ void loom_attn_exec_destroy(loom_attn_exec_t *x) {
     MPI_Request *reqs[] = {x->sreq, x->rreq, x->freq};
     uint8_t **bufs[] = {x->sbuf, x->rbuf, x->fbuf};
     for (int k = 0; k < 3; k++) {
-      if (reqs[k]) {
-        drop_request(&reqs[k][s]);
+      if (reqs[k] && k == 0 && reqs[k][s] != MPI_REQUEST_NULL) {
+        // A send a failed peer never takes: Open MPI cannot cancel a large one (MPI_Wait after
+        // MPI_Cancel would hang), so it is let go, and its buffer with it.
+        int done = 0;
+        MPI_Test(&reqs[k][s], &done, MPI_STATUS_IGNORE);
+        if (!done) {
+          MPI_Request_free(&reqs[k][s]);
+          bufs[k][s] = NULL;
+        }
+      } else if (reqs[k]) {
+        drop_request(&reqs[k][s]); // a receive: cancelled
       }
       if (bufs[k]) {
         free(bufs[k][s]);
@@ -617,16 +716,23 @@ static void wait_sends(loom_attn_exec_t *x) {
   }
 }
 
-// After this rank met a corrupt message as a server: every owner waiting for its results gets a
-// header-only message, which it rejects as corrupt too, instead of waiting forever.
-static void send_failed(loom_attn_exec_t *x, int phase) {
+// After this rank failed in a phase: every peer still waiting for its message of that phase
+// (owners for results, servers for shipments; peers in x->notified already have it) gets a
+// header-only message, which it rejects as corrupt, instead of waiting forever. The executor is
+// broken from then on.
+static void send_failed(loom_attn_exec_t *x, int phase, loom_status_t why) {
+  const int to_servers = phase == PH_SHIP || phase == PH_BSHIP;
+  const unsigned char bit = to_servers ? NOTIFIED_SERVER : NOTIFIED_OWNER;
   for (int r = 0; r < x->np; r++) {
-    if (r != x->me && x->from[r].n > 0) {
+    const pair_t *p = to_servers ? &x->to[r] : &x->from[r];
+    if (r != x->me && p->n > 0 && !(x->notified[r] & bit)) {
       if (msg_new(x, r, phase, 0, 0)) {
         msg_send(x, r, phase, 0);
       }
+      x->notified[r] |= bit;
     }
   }
+  x->broken = why;
 }
 
 static loom_status_t check_rows(const char *op, const char *name, const loom_tensor_t *t,
@@ -655,6 +761,7 @@ loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
   LOOM_CHECK(check_rows(op, "q", q, x->rows, hd));
   LOOM_CHECK(check_rows(op, "k", k, x->rows, kvd));
   LOOM_CHECK(check_rows(op, "v", v, x->rows, kvd));
+  LOOM_CHECK(check_broken(x, op));
   if (x->phase != 0) { // a second shipment would be taken for the results of the first
     return loom_error(NULL, LOOM_ERR_STATE,
                       "%s: the last forward is not finished: call loom_attn_exec_compute and "
@@ -670,6 +777,7 @@ loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
   x->q_in = q->data;
   x->k_in = k->data;
   x->v_in = v->data;
+  memset(x->notified, 0, (size_t)x->np);
   // The receives first, so that what comes in lands while this rank computes: the shipments of
   // the tasks it serves, and the results of its own documents.
   for (int r = 0; r < x->np; r++) {
@@ -690,7 +798,8 @@ loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
     }
     float *f = msg_new(x, s, PH_SHIP, p->n, p->q_floats + p->kv_floats);
     if (!f) {
-      return loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
+      status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
+      goto fail;
     }
     for (int i = 0; i < p->n; i++) {
       const loom_attn_task_t *t = &x->tasks[p->task[i]];
@@ -703,8 +812,12 @@ loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
       memcpy(f + p->kv_off[d] + n, (const float *)v->data + row * kvd, sizeof(float) * (size_t)n);
     }
     LOOM_CHECK(msg_send(x, s, PH_SHIP, p->q_floats + p->kv_floats));
+    x->notified[s] |= NOTIFIED_SERVER;
   }
 fail:
+  if (status != LOOM_OK && x->phase == 1) { // the servers still waiting get a failure notice
+    send_failed(x, PH_SHIP, status);
+  }
   return status;
 }
 
@@ -781,6 +894,9 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
   if (!x) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_attn_exec_compute: x is NULL");
   }
+  if ((status = check_broken(x, "loom_attn_exec_compute")) != LOOM_OK) {
+    return status;
+  }
   if (x->phase != 1) { // nothing shipped: it would wait for messages no rank sends
     return loom_error(NULL, LOOM_ERR_STATE,
                       "loom_attn_exec_compute: call loom_attn_exec_ship first (every rank ships, "
@@ -789,11 +905,12 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
   x->phase = 2;
   const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
   enter(x, LOOM_OPK_ATTN_COMPUTE, x->name);
+  wait_posted(x, x->rreq, x->rst);
   const float **in = calloc((size_t)x->np, sizeof(float *));
   if (!in) {
-    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_compute: out of memory");
+    status = loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_compute: out of memory");
+    goto fail;
   }
-  wait_posted(x, x->rreq, x->rst);
   for (int r = 0; r < x->np; r++) { // every message checked, even after a corrupt one
     const pair_t *p = &x->from[r];
     if (p->n > 0 && r != x->me) {
@@ -803,7 +920,6 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
     }
   }
   if (status != LOOM_OK) {
-    send_failed(x, PH_RETURN);
     goto fail;
   }
   wait_sends(x); // this rank's shards reach their servers before its kernel runs
@@ -874,8 +990,12 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
       lo += x->H * nq;
     }
     status = msg_send(x, r, PH_RETURN, p->q_floats + nrows * x->H);
+    x->notified[r] |= status == LOOM_OK ? NOTIFIED_OWNER : 0;
   }
 fail:
+  if (status != LOOM_OK) { // the owners still waiting for results get a failure notice
+    send_failed(x, PH_RETURN, status);
+  }
   free(in);
   return status;
 }
@@ -905,6 +1025,7 @@ loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out, loo
   if (!x) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: x is NULL", op);
   }
+  LOOM_CHECK(check_broken(x, op));
   if (x->phase != 2) { // no results computed: it would wait for messages no rank sends
     return loom_error(NULL, LOOM_ERR_STATE,
                       "%s: call loom_attn_exec_compute first (every rank ships, computes and "
@@ -936,6 +1057,9 @@ loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out, loo
   // The results this rank sent as a server: Open MPI moves a large message only while its sender
   // is inside MPI, so returning now would leave a peer waiting until this rank's next MPI call.
   wait_sends(x);
+  if (status != LOOM_OK) {
+    x->broken = status;
+  }
 fail:
   return status;
 }
@@ -987,8 +1111,10 @@ loom_status_t loom_attn_exec_ship_start(loom_attn_exec_t *x, const loom_tensor_t
   *req = NULL;
   LOOM_CHECK(loom_attn_exec_ship(x, q, k, v));
   loom_request_t *r = loom_request_new("loom_attn_exec_ship_start");
-  if (!r) {
-    return LOOM_ERR_NOMEM;
+  if (!r) { // shipped: the phase goes on by hand (compute, finish), or the executor is destroyed
+    return loom_error(NULL, LOOM_ERR_NOMEM,
+                      "loom_attn_exec_ship_start: out of memory for the request (the shipment "
+                      "left: call loom_attn_exec_compute and _finish, or destroy the executor)");
   }
   r->state = x;
   r->poll = poll_ship;
@@ -1009,6 +1135,7 @@ loom_status_t loom_attn_exec_finish_start(loom_attn_exec_t *x, loom_tensor_t *ou
   if (!x) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: x is NULL", op);
   }
+  LOOM_CHECK(check_broken(x, op));
   if (x->phase != 2) {
     return loom_error(NULL, LOOM_ERR_STATE,
                       "%s: call loom_attn_exec_compute first (every rank ships, computes and "
@@ -1063,7 +1190,8 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   }
   const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
   const float **in = calloc((size_t)x->np, sizeof(float *));
-  const int64_t *task_q = x ? x->task_q : NULL, *task_k = x ? x->task_k : NULL;
+  const int64_t *task_q = x->task_q, *task_k = x->task_k;
+  int posted = 0; // from here on a failure leaves peers waiting: they get a notice
   if (!in) {
     status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
     goto fail;
@@ -1072,12 +1200,15 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   LOOM_CHECK(check_rows(op, "dq", dq, x->rows, hd));
   LOOM_CHECK(check_rows(op, "dk", dk, x->rows, kvd));
   LOOM_CHECK(check_rows(op, "dv", dv, x->rows, kvd));
-  enter(x, LOOM_OPK_ATTN_BACKWARD, dout->name);
+  LOOM_CHECK(check_broken(x, op));
   if (!x->batch_ready || x->phase != 0) {
-    status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+    status = loom_error(NULL, LOOM_ERR_STATE,
                         "%s: run the forward first (ship, compute, finish with this plan)", op);
     goto fail;
   }
+  enter(x, LOOM_OPK_ATTN_BACKWARD, dout->name);
+  memset(x->notified, 0, (size_t)x->np);
+  posted = 1;
   // The receives first: the output gradients of the tasks this rank serves, and the gradients
   // of its own documents from their servers.
   for (int r = 0; r < x->np; r++) {
@@ -1107,6 +1238,7 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
              sizeof(float) * (size_t)((t->q_hi - t->q_lo) * hd));
     }
     LOOM_CHECK(msg_send(x, s, PH_BSHIP, p->q_floats));
+    x->notified[s] |= NOTIFIED_SERVER;
   }
   // Serve: the batch's dout, one backward, then per owner dq rows and the summed dk/dv prefixes.
   LOOM_CHECK(alloc_batch(x, 1));
@@ -1118,7 +1250,6 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
     }
   }
   if (status != LOOM_OK) {
-    send_failed(x, PH_BRETURN);
     goto fail;
   }
   for (int r = 0; r < x->np; r++) {
@@ -1174,6 +1305,7 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
       }
     }
     LOOM_CHECK(msg_send(x, r, PH_BRETURN, p->q_floats + p->kv_floats));
+    x->notified[r] |= NOTIFIED_OWNER;
   }
   // Owner: dq rows in place; dk, dv summed over the servers in rank order.
   if (x->rows > 0) {
@@ -1211,6 +1343,10 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   }
   wait_sends(x); // every send done before the buffers are reused or freed
 fail:
+  if (status != LOOM_OK && posted) { // peers still waiting for this rank get a failure notice
+    send_failed(x, PH_BSHIP, status);
+    send_failed(x, PH_BRETURN, status);
+  }
   free(in);
   return status;
 }

@@ -493,7 +493,7 @@ static loom_status_t attn_plan(const loom_group_t *world, int trainers, const in
   all = malloc(sizeof(int64_t) * ((size_t)total + 1));
   docs = malloc(sizeof *docs * ((size_t)total + 1));
   if (!all || !docs) {
-    status = LOOM_ERR_NOMEM; // (the other ranks fail in the exchanges that follow)
+    status = LOOM_ERR_NOMEM; // (a trainer aborts in EX_CHECK, a server in attn_serve)
     goto done;
   }
   if (MPI_Allgatherv(lens, mine, MPI_INT64_T, all, counts, displs, MPI_INT64_T, comm) !=
@@ -539,6 +539,10 @@ static loom_status_t attn_setup(step_t *st) {
   int stop = 0;
   loom_status_t status = attn_plan(st->world, st->trainers, st->b->cu.data, st->b->nseq,
                                    &st->m->cfg, st->attn, st->attn_ratio, &stop);
+  if (status == LOOM_OK && stop) { // only trainers send the stop: one of them has ended
+    fprintf(stderr, "train_gpt: attention servers: another trainer ended the training mid-step\n");
+    status = LOOM_ERR_STATE;
+  }
   st->a->attn = status == LOOM_OK ? st->attn : NULL;
   return status;
 }
@@ -579,9 +583,11 @@ static int attn_serve(const loom_group_t *world, int trainers, const gpt_config_
     }
     steps++;
   }
-  if (status != LOOM_OK) {
+  if (status != LOOM_OK) { // the trainers wait in an exchange with this server: end the job
     fprintf(stderr, "train_gpt: attention server (world rank %d): %s\n", loom_group_rank(world),
             loom_last_error(NULL));
+    fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, 1);
   }
   for (int l = 0; x && l < L; l++) {
     loom_attn_exec_destroy(x[l]);
@@ -1242,9 +1248,9 @@ int main(int argc, char **argv) {
     mc.aux_coef = (float)o.moe_aux;
     mc.overlap = o.moe_overlap;
     mc.device = o.cuda ? device : LOOM_DEVICE_HOST; // on the GPU: NCCL all-to-alls over ep
-    // Tile sizes from rank 0's tuning cache (tests/bench/moe_perf --tune), the same everywhere.
-    loom_moe_tuned(ctx, loom_group(ctx, LOOM_GROUP_WORLD), &mc, loom_group_size(ep),
-                   (int64_t)o.batch * o.cfg.ctx);
+    // Tile sizes from rank 0's tuning cache (tests/bench/moe_perf --tune), the same on every
+    // trainer (dp: dedicated attention servers are in their own loop by now).
+    loom_moe_tuned(ctx, dp, &mc, loom_group_size(ep), (int64_t)o.batch * o.cfg.ctx);
     uint64_t mix = (uint64_t)o.seed * 0x9e3779b97f4a7c15ull + 0x4d6f45ull * (uint64_t)(l + 1);
     mc.seed = ex_splitmix64(&mix);
     loom_moe_t *moe = NULL;

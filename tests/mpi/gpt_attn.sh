@@ -70,4 +70,11 @@ else
   echo "FAIL: np 4, 2 dedicated servers: no 'attn-servers: 2 dedicated' line or balance"
   fail=1
 fi
+# Dedicated servers beside MoE blocks: everything the trainers agree on (the MoE tile sizes)
+# goes over the data-parallel group, never the world the servers are in (a chain broadcast made
+# a world-wide one hang).
+run_env ded_moe 4 "LOOM_ATTN_SERVERS=2 OMPI_MCA_coll_tuned_use_dynamic_rules=1 OMPI_MCA_coll_tuned_bcast_algorithm=2" \
+  --doc-lengths skewed --moe-experts 2 --dump-params "$tmp/dedmoe_%r.bin"
+same "np 4, 2 dedicated servers, MoE: trainers 0 and 1 bitwise identical" "$tmp/dedmoe_0.bin" \
+  "$tmp/dedmoe_1.bin"
 exit $fail

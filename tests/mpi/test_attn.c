@@ -257,6 +257,17 @@ static void run_pingpong(const loom_group_t *g, loom_ctx_t *ctx, int kind, int c
 }
 
 static void test_errors(const loom_group_t *g) {
+  // A plan whose message between two ranks would pass MPI's int count: refused on every rank at
+  // create, before any traffic (nothing of its size is allocated).
+  if (world_size > 1) {
+    loom_attn_doc_t big[1] = {{0, (int64_t)20 << 20}};
+    loom_attn_task_t bt[1] = {{0, 0, (int64_t)20 << 20, 0, 1}};
+    loom_attn_exec_t *bx = NULL;
+    loom_status_t st = loom_attn_exec_create(g, big, 1, bt, 1, H, HKV, D, 1, 0.0f, &bx);
+    CHECK(st == LOOM_ERR_UNSUPPORTED && !bx && strstr(loom_last_error(NULL), "2^31 - 1"),
+          "rank %d: a plan with a message over 2 GiB gave %s (%s)", world_rank, loom_strerror(st),
+          loom_last_error(NULL));
+  }
   // A row left out.
   loom_attn_doc_t d[2] = {{0, 10}, {world_size - 1, 10}};
   loom_attn_task_t t[3] = {{0, 0, 10, 0, 0}, {1, 0, 9, world_size - 1, 0}};
@@ -280,6 +291,28 @@ static void test_errors(const loom_group_t *g) {
   loom_status_t st = x ? loom_attn_exec_forward(x, &q, &k, &v, &o, &l) : LOOM_ERR_INVALID_ARG;
   CHECK(st == LOOM_ERR_CORRUPT, "rank %d: a plan that disagrees gave %s (%s)", world_rank,
         loom_strerror(st), loom_last_error(NULL));
+  // The executor is broken now: every phase says so (no read of a batch never computed).
+  st = x ? loom_attn_exec_finish(x, &o, &l) : LOOM_ERR_STATE;
+  CHECK(st == LOOM_ERR_STATE, "rank %d: finish after a failed phase gave %s", world_rank,
+        loom_strerror(st));
+  st = x ? loom_attn_exec_ship(x, &q, &k, &v) : LOOM_ERR_STATE;
+  CHECK(st == LOOM_ERR_STATE && strstr(loom_last_error(NULL), "destroy it"),
+        "rank %d: a ship after a failed phase gave %s (%s)", world_rank, loom_strerror(st),
+        loom_last_error(NULL));
+  loom_attn_exec_destroy(x);
+  // The same disagreement with the phases called one by one: rank 0 fails in compute, and its
+  // finish must not read the batch it never computed.
+  x = NULL;
+  OK(loom_attn_exec_create(g, dd, 2, world_rank == 0 ? mine : other, world_rank == 0 ? 2 : 3, H,
+                           HKV, D, 1, 0.0f, &x));
+  if (x) {
+    loom_status_t s1 = loom_attn_exec_ship(x, &q, &k, &v);
+    loom_status_t s2 = s1 == LOOM_OK ? loom_attn_exec_compute(x) : s1;
+    loom_status_t s3 = loom_attn_exec_finish(x, &o, &l);
+    CHECK(s1 == LOOM_OK && (s2 == LOOM_ERR_CORRUPT || s3 == LOOM_ERR_CORRUPT) && s3 != LOOM_OK,
+          "rank %d: phases by hand on a disagreeing plan gave %s, %s, %s", world_rank,
+          loom_strerror(s1), loom_strerror(s2), loom_strerror(s3));
+  }
   loom_attn_exec_destroy(x);
   TEST_FREE(&q, &k, &v, &o, &l);
 }

@@ -1159,7 +1159,7 @@ static void t_attn(loom_ctx_t *ctx) {
   BAD(loom_attn_exec_forward(x, q, k, v, o, q), "lse ");
   BAD(loom_attn_exec_forward(x, q5, k, v, o, lse), "q ");
   BAD(loom_attn_exec_backward(NULL, o, dq, dk, dv), "x is NULL");
-  BAD(loom_attn_exec_backward(x, o, dq, dk, dv), "forward first");
+  BADS(loom_attn_exec_backward(x, o, dq, dk, dv), LOOM_ERR_STATE, "forward first");
   GOOD(loom_attn_exec_forward(x, q, k, v, o, lse));
   BADS(loom_attn_exec_finish(x, o, lse), LOOM_ERR_STATE, "compute"); // finished already
   BAD(loom_attn_exec_backward(x, NULL, dq, dk, dv), "dout ");
@@ -1179,7 +1179,8 @@ static void t_attn(loom_ctx_t *ctx) {
   bt[0].q_hi = L - 1;
   BAD(loom_attn_exec_replan(x, docs, np, bt, np), "exactly one task");
   GOOD(loom_attn_exec_replan(x, docs, np, tasks, np));
-  BAD(loom_attn_exec_backward(x, o, dq, dk, dv), "forward first"); // none of the new plan
+  BADS(loom_attn_exec_backward(x, o, dq, dk, dv), LOOM_ERR_STATE,
+       "forward first"); // none of the new plan
   // The phases as requests.
   loom_request_t *rq = NULL;
   BAD(loom_attn_exec_ship_start(x, q, k, v, NULL), "req is NULL");
