@@ -114,6 +114,9 @@ static void free_group(struct loom_group *g) {
   if (g->comm != MPI_COMM_NULL) {
     MPI_Comm_free(&g->comm);
   }
+  if (g->nccl && g->nccl_destroy) { // the device form of the hierarchical scheme made one
+    g->nccl_destroy(g->nccl);
+  }
   free(g->world_ranks);
 }
 
@@ -492,11 +495,10 @@ fail:
 // ---------------------------------------------------------------------------------------------
 
 // The checks of a CUDA tensor: the device path exists (NCCL, a visible device), t is well formed
-// and its data is memory of its device, the scheme and the compressor have a device form. Its
+// and its data is memory of its device, the compressor has a device form (every scheme has). Its
 // residual lives on the device (compress_coll_nccl.c), not in *res.
 static loom_status_t prepare_device(const char *name, const loom_compressor_t *c,
-                                    loom_scheme_t scheme, const loom_ef_t *ef,
-                                    const loom_tensor_t *t) {
+                                    const loom_ef_t *ef, const loom_tensor_t *t) {
 #ifdef LOOM_HAVE_NCCL
   loom_status_t status = LOOM_OK;
   LOOM_CHECK(loom_comm_check_backend(name, "t", t));
@@ -523,17 +525,10 @@ static loom_status_t prepare_device(const char *name, const loom_compressor_t *c
                       "payload compressor (fp16, int8, topk, ...) on the device, or a host copy",
                       name, c->name, t->name);
   }
-  if (scheme == LOOM_SCHEME_HIERARCHICAL) {
-    return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
-                      "%s: the hierarchical scheme on CUDA tensor '%s' is host-only: use "
-                      "LOOM_SCHEME_INDIVISIBLE or LOOM_SCHEME_DIVISIBLE for device tensors",
-                      name, t->name);
-  }
 fail:
   return status;
 #else
   (void)c;
-  (void)scheme;
   (void)ef;
   return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
                     "%s: tensor '%s' is on CUDA device %d, but loom was built without NCCL: "
@@ -566,7 +561,7 @@ static loom_status_t prepare(const char *name, const loom_group_t *g, const loom
                       name, t->name, loom_dtype_name(t->dtype), t->device);
   }
   if (t->device != LOOM_DEVICE_HOST) {
-    return prepare_device(name, c, scheme, ef, t);
+    return prepare_device(name, c, ef, t);
   }
   LOOM_CHECK(loom_arg_tensor(name, "t", t, LOOM_F32, LOOM_DEVICE_HOST)); // extents and data
   if (ef && !t->name[0]) {
@@ -621,7 +616,7 @@ fail:
   return status;
 }
 
-// A CUDA tensor (checked by prepare_device): the device form of the flat schemes.
+// A CUDA tensor (checked by prepare_device): the device form of the scheme.
 static loom_status_t run_device(const loom_group_t *g, const loom_compressor_t *c,
                                 loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
                                 loom_redop_t op, uint64_t seed, size_t *sent,
@@ -709,8 +704,9 @@ loom_status_t loom_icompressed_allreduce(const loom_group_t *g, const loom_compr
 }
 
 // ---------------------------------------------------------------------------------------------
-// Shared with the device form of the flat schemes (compress_coll_nccl.c): the same blocks, chunks
-// and shard seeds, so that a device tensor gets the bits a host tensor would.
+// Shared with the device form of the schemes (compress_coll_nccl.c): the same blocks, chunks,
+// shard seeds and hierarchical sub-groups, so that a device tensor gets the bits a host tensor
+// would.
 
 size_t loom_compress_block_bytes(const loom_compressor_t *c, int64_t n) {
   return block_bytes(c, n);
@@ -726,4 +722,15 @@ uint64_t loom_compress_shard_seed(uint64_t seed, int i) {
 
 void loom_compress_shard_range(int64_t len, int np, int i, int64_t *lo, int64_t *cnt) {
   shard_range(len, np, i, lo, cnt);
+}
+
+loom_status_t loom_compress_hier_groups(const loom_group_t *g, const loom_group_t **node,
+                                        const loom_group_t **leaders) {
+  comm_state_t *h = NULL;
+  loom_status_t status = get_hier(g, &h);
+  if (status == LOOM_OK) {
+    *node = &h->node;
+    *leaders = &h->leaders;
+  }
+  return status;
 }

@@ -1,5 +1,5 @@
-/* compress_coll_nccl.c — compressed allreduce of CUDA tensors: the CUDA codecs encode and decode on
- * the device, the payload blocks travel over the group's NCCL communicator; device residuals. */
+/* compress_coll_nccl.c — compressed allreduce of CUDA tensors (flat and hierarchical schemes): the
+ * CUDA codecs encode and decode on the device, the payloads travel over NCCL; device residuals. */
 #include "config.h"
 
 #include <cuda_runtime_api.h>
@@ -180,6 +180,10 @@ static loom_status_t device_residual(loom_ef_t *ef, const char *name, int64_t n,
   } else {
     LOOM_CHECK_CUDA(NULL, cudaMemsetAsync(e.data, 0, bytes, stream));
   }
+  // Written already: the host table gets a copy at its next mirror even if no encode writes it (a
+  // rank that is no node leader in the hierarchical scheme keeps a zero residual, as on the host).
+  LOOM_CHECK_CUDA(NULL, cudaEventRecord(e.written, stream));
+  e.dirty = 1;
   LOOM_INFO(LOOM_SUB_COMPRESS,
             "error feedback: device residual of '%s' (%lld floats on device %d)%s", name,
             (long long)n, device, host ? ", from the host table" : "");
@@ -403,10 +407,10 @@ fail:
   return status;
 }
 
-loom_status_t loom_compressed_allreduce_cuda(const loom_group_t *g, const loom_compressor_t *c,
-                                             loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
-                                             loom_redop_t op, uint64_t seed, size_t *sent,
-                                             struct loom_watch *w) {
+// A flat scheme (indivisible or divisible) of t on g.
+static loom_status_t flat_cuda(const loom_group_t *g, const loom_compressor_t *c,
+                               loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
+                               loom_redop_t op, uint64_t seed, size_t *sent, struct loom_watch *w) {
   loom_status_t status = LOOM_OK;
   dev_res_t *r = NULL;
   const int np = loom_group_size(g);
@@ -458,4 +462,62 @@ fail:
   loom_cuda_scratch_free(f.scratch);
   free(f.lens);
   return status;
+}
+
+// ---- the hierarchical scheme --------------------------------------------------------------------
+//
+// compress_coll.c's hierarchical(), step for step and on the same sub-groups: an NCCL allreduce
+// (sum, uncompressed) of t on the node group; the indivisible scheme above among the node leaders
+// (node rank 0), with their residuals, watched on the leaders' group; an NCCL broadcast from the
+// leader on the node group; LOOM_AVG divides by g's size at the end, as the host does. The node
+// steps are loom_allreduce and loom_broadcast, whose waits poll and check the watchdog
+// (LOOM_TIMEOUT). Every rank keeps a residual of t's name (zero where it is no leader), as the
+// host table does.
+//
+// Bits: nodes of one or two ranks give the host's bits (a + b is b + a: no order to differ in).
+// In a node of three or more, NCCL (ring or tree) adds the node's values in an order of its own,
+// MPI's reduction in another, so the node sum may differ from the host's by its rounding (a few
+// ulp of the largest partial sum); the leaders then compress what they got, which a codec with
+// thresholds (int8's scale, top-k's choice, efsign) can turn into larger differences, still the
+// same on every rank of the group (each node takes its leader's result).
+static loom_status_t hierarchical(const loom_group_t *g, const loom_compressor_t *c, loom_ef_t *ef,
+                                  loom_tensor_t *t, loom_redop_t op, uint64_t seed, size_t *sent,
+                                  struct loom_watch *w) {
+  loom_status_t status = LOOM_OK;
+  const loom_group_t *node = NULL, *leaders = NULL;
+  const int64_t n = loom_tensor_numel(t);
+  dev_res_t *r = NULL;
+  LOOM_CHECK(loom_compress_hier_groups(g, &node, &leaders));
+  LOOM_CHECK(loom_cuda_use_device(t->device));
+  const int ns = loom_group_size(node), leader = loom_group_rank(node) == 0;
+  if (ef && !leader) {
+    LOOM_CHECK(device_residual(ef, t->name, n, t->device, &r));
+  }
+  if (ns > 1) {
+    LOOM_CHECK(loom_allreduce(node, t, t, LOOM_SUM));
+    *sent += (size_t)n * sizeof(float) * 2 * (size_t)(ns - 1) / (size_t)ns;
+  }
+  if (leader) {
+    struct loom_watch lw; // the leaders' part, watched on their sub-group
+    loom_watch_enter(&lw, leaders, &w->d, 1);
+    LOOM_CHECK(flat_cuda(leaders, c, LOOM_SCHEME_INDIVISIBLE, ef, t, LOOM_SUM, seed, sent, &lw));
+  }
+  if (ns > 1) {
+    LOOM_CHECK(loom_broadcast(node, t, 0));
+  }
+  if (op == LOOM_AVG) {
+    LOOM_CHECK(loom_cuda_div(t->data, t->data, n, (float)loom_group_size(g)));
+  }
+fail:
+  return status;
+}
+
+loom_status_t loom_compressed_allreduce_cuda(const loom_group_t *g, const loom_compressor_t *c,
+                                             loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
+                                             loom_redop_t op, uint64_t seed, size_t *sent,
+                                             struct loom_watch *w) {
+  if (scheme == LOOM_SCHEME_HIERARCHICAL) {
+    return hierarchical(g, c, ef, t, op, seed, sent, w);
+  }
+  return flat_cuda(g, c, scheme, ef, t, op, seed, sent, w);
 }

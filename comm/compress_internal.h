@@ -100,6 +100,10 @@ int64_t loom_compress_chunk_values(const loom_group_t *g, const loom_compressor_
 uint64_t loom_compress_shard_seed(uint64_t seed, int i);
 // Shard i of len values cut into np nearly equal parts: [*lo, *lo + *cnt).
 void loom_compress_shard_range(int64_t len, int np, int i, int64_t *lo, int64_t *cnt);
+// The hierarchical scheme's sub-groups of g (created on first use, collective over g, kept in
+// g): *node, this rank's node; *leaders, the node leaders (node rank 0), usable on those only.
+loom_status_t loom_compress_hier_groups(const loom_group_t *g, const loom_group_t **node,
+                                        const loom_group_t **leaders);
 
 // ---- error feedback of CUDA tensors (compress_coll_nccl.c) ------------------------------------
 //
@@ -124,11 +128,12 @@ loom_status_t loom_ef_host_slot(loom_ef_t *ef, const char *name, int64_t n, floa
 
 #ifdef LOOM_HAVE_NCCL
 struct loom_watch; // comm_internal.h
-// The flat schemes (indivisible, divisible) on an f32 tensor t on a visible CUDA device, checked
-// by the caller (compress_coll.c's prepare and enter), c a payload codec: encode, exchange and
-// decode on the device, the exchanges on g's NCCL communicator; *sent grows by the bytes this
-// rank sends. Completes in the calling thread's current stream's order (see the .c file). w is
-// the operation's watchdog (LOOM_TIMEOUT), checked while the host waits for an exchange.
+// The schemes on an f32 tensor t on a visible CUDA device, checked by the caller (compress_coll.c's
+// prepare and enter), c a payload codec: encode, exchange and decode on the device, the exchanges
+// on g's NCCL communicator (hierarchical: an NCCL allreduce and broadcast on the node group, the
+// indivisible scheme among the node leaders); *sent grows by the bytes this rank sends. Completes
+// in the calling thread's current stream's order (see the .c file). w is the operation's
+// watchdog (LOOM_TIMEOUT), checked while the host waits for an exchange.
 loom_status_t loom_compressed_allreduce_cuda(const loom_group_t *g, const loom_compressor_t *c,
                                              loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
                                              loom_redop_t op, uint64_t seed, size_t *sent,

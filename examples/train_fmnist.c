@@ -84,7 +84,7 @@ static void usage(FILE *out) {
       "  --device D          host or cuda: cuda keeps the model, momentum and activations on\n"
       "                      this rank's GPU (LOOM_GPU picks it; NCCL averages the gradients,\n"
       "                      compressed ones too with the CUDA codecs; the overlapped step;\n"
-      "                      not PowerSGD or the hierarchical scheme) (default host)\n" EX_CKPT_HELP
+      "                      not PowerSGD) (default host)\n" EX_CKPT_HELP
       "  --inject-nan S      testing: rank 0 puts a NaN in its gradient at step S (before the\n"
       "                      allreduce); LOOM_NONFINITE=abort|skip decides what follows\n"
       "  --help              this text\n"

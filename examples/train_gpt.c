@@ -96,7 +96,7 @@ static void usage(FILE *out) {
       "                      activations on this rank's GPU (LOOM_GPU picks it; NCCL averages\n"
       "                      the gradients, compressed ones too with the CUDA codecs; MoE\n"
       "                      layers dispatch over NCCL; local attention, --sync overlap,\n"
-      "                      none or comm-only; not PowerSGD or the hierarchical scheme)\n"
+      "                      none or comm-only; not PowerSGD)\n"
       "                      (default host)\n"
       "data\n"
       "  --data PATH         a text file or a directory of them; repeat for more (default %s,\n"

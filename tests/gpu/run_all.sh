@@ -62,6 +62,15 @@ for t in $gpu_mpi_tests; do
   run_test "$t" "mpirun -np $np, ${ngpu:-0} GPU(s); " env OMPI_ALLOW_RUN_AS_ROOT=1 \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -np "$np" --oversubscribe "./tests/gpu/$t"
 done
+# The hierarchical scheme across emulated nodes (LOOM_NODE_SIZE): two nodes of one rank (np 2),
+# two nodes of two (np 4), where there are enough GPUs.
+for cfg in 2:1 4:2; do
+  hnp=${cfg%:*} hns=${cfg#*:}
+  [ "${ngpu:-0}" -ge "$hnp" ] || continue
+  run_test "test_gpu_compress_coll_np${hnp}_node${hns}" "mpirun -np $hnp, LOOM_NODE_SIZE=$hns; " \
+    env LOOM_NODE_SIZE="$hns" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    mpirun -np "$hnp" --oversubscribe ./tests/gpu/test_gpu_compress_coll
+done
 # The trainers' device paths (--compress, --moe-experts, auto, resume) against their host runs.
 run_test trainers_device "np 1$([ "${ngpu:-0}" -ge 2 ] && echo ' and 2'); " env srcdir="$src" \
   LOOM_BUILDDIR="$build" LOOM_SRCDIR="$src" OMPI_ALLOW_RUN_AS_ROOT=1 \

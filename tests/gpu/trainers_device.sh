@@ -1,9 +1,10 @@
 #!/bin/sh
 # trainers_device.sh — the device paths of the example trainers against their host runs: train_gpt
 # and train_fmnist --device cuda with --compress int8 (the CUDA codecs over NCCL, device error
-# feedback), train_gpt --device cuda --moe-experts 4 (MoE over NCCL), --compress auto on the
-# device (the GPU lane), and a checkpoint resume keeping the device residuals. SKIP (77) without
-# a GPU. np 1, and np 2 where two GPUs are visible (NCCL wants one GPU per rank).
+# feedback; train_gpt also with the hierarchical scheme), train_gpt --device cuda --moe-experts 4
+# (MoE over NCCL), --compress auto on the device (the GPU lane), and a checkpoint resume keeping
+# the device residuals. SKIP (77) without a GPU. np 1, and np 2 where two GPUs are visible (NCCL
+# wants one GPU per rank).
 #
 # Tolerances: the GPU kernels round differently from the CPU ones (fp32 either way), so a device
 # run's final training loss must be within 2% (relative) of the host run's; a resumed device run
@@ -45,6 +46,9 @@ for np in $nps; do
   run "host_idv_np$np" "$np" --compress efsign --compress-scheme indivisible
   run "cuda_idv_np$np" "$np" --compress efsign --compress-scheme indivisible --device cuda
   near "train_gpt np $np --compress efsign, indivisible" "host_idv_np$np" "cuda_idv_np$np"
+  run "host_hier_np$np" "$np" --compress int8 --compress-scheme hierarchical
+  run "cuda_hier_np$np" "$np" --compress int8 --compress-scheme hierarchical --device cuda
+  near "train_gpt np $np --compress int8, hierarchical" "host_hier_np$np" "cuda_hier_np$np"
   run "host_moe_np$np" "$np" --moe-experts 4 --moe-every 1
   run "cuda_moe_np$np" "$np" --moe-experts 4 --moe-every 1 --device cuda
   near "train_gpt np $np --moe-experts 4" "host_moe_np$np" "cuda_moe_np$np"
