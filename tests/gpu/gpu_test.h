@@ -31,6 +31,41 @@ static inline void gpu_require_device(const char *test) {
   }
 }
 
+// Under mpirun: why this run cannot test anything (the same on every rank), or NULL. *gpu gets
+// this rank's GPU (loom_gpu). NCCL needs one GPU per rank, so two ranks of a node on one GPU
+// cannot run.
+static inline const char *gpu_mpi_skip_reason(loom_ctx_t *ctx, int *gpu) {
+  MPI_Comm node;
+  int local = 0, nlocal = 1, code = 0, any = 0;
+  const int devices = loom_cuda_device_count();
+  *gpu = loom_gpu(ctx);
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local);
+  MPI_Comm_size(node, &nlocal);
+  int *gpus = calloc((size_t)nlocal, sizeof(int));
+  MPI_Allgather(gpu, 1, MPI_INT, gpus, 1, MPI_INT, node);
+  code = devices <= 0 ? 1 : *gpu < 0 ? 2 : 0;
+  for (int i = 0; i < nlocal && code == 0; i++) {
+    if (i != local && gpus[i] == *gpu) {
+      code = 3;
+    }
+  }
+  free(gpus);
+  MPI_Comm_free(&node);
+  MPI_Allreduce(&code, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  switch (any) {
+  case 1:
+    return "no CUDA device visible; run tests/gpu/run_all.sh on a machine with a GPU";
+  case 2:
+    return "this rank has no GPU (LOOM_GPU=none?)";
+  case 3:
+    return "two ranks of a node share a GPU, and NCCL needs one GPU per rank: run at np <= the "
+           "GPU count (run_all.sh does)";
+  default:
+    return NULL;
+  }
+}
+
 // A device copy (device 0) of host tensor h, same dtype, shape and name. Aborts the test on
 // failure: nothing useful can follow.
 static inline loom_tensor_t gpu_upload(const loom_tensor_t *h) {
