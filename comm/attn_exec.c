@@ -513,9 +513,9 @@ void loom_attn_exec_destroy(loom_attn_exec_t *x) {
     }
   }
   free_batch(x);
-  void *owned[] = {x->docs,   x->tasks, x->doc_row, x->to,   x->from, x->serve, x->task_q,
-                   x->task_k, x->sbuf,  x->rbuf,    x->fbuf, x->scap, x->rcap,  x->fcap,
-                   x->sreq,   x->rreq,  x->freq,    x->rst,  x->fst};
+  void *owned[] = {x->docs,   x->tasks, x->doc_row, x->to,   x->from, x->serve,   x->task_q,
+                   x->task_k, x->sbuf,  x->rbuf,    x->fbuf, x->scap, x->rcap,    x->fcap,
+                   x->sreq,   x->rreq,  x->freq,    x->rst,  x->fst,  x->notified};
   for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) {
     free(owned[i]);
   }
