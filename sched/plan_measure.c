@@ -188,6 +188,25 @@ static void cache_write(const loom_codec_cost_t *c) {
   loom_cache_append("codec-costs", line);
 }
 
+// A codec's cost line from its encode (e) and decode (d) times in us at small and big values:
+// per-value ns and fixed us (the slope and intercept), and the payload's bytes likewise.
+static void fit_cost(const char *spec, const loom_compressor_t *c, const double e[2],
+                     const double d[2], int64_t small, int64_t big, loom_codec_cost_t *out) {
+  double per_e = (e[1] - e[0]) / (double)(big - small),
+         per_d = (d[1] - d[0]) / (double)(big - small);
+  per_e = per_e > 0 ? per_e : e[1] / (double)big;
+  per_d = per_d > 0 ? per_d : d[1] / (double)big;
+  out->compressor = spec;
+  out->enc_ns = per_e * 1000.0;
+  out->dec_ns = per_d * 1000.0;
+  out->enc_us = e[0] - per_e * (double)small > 0 ? e[0] - per_e * (double)small : 0.0;
+  out->dec_us = d[0] - per_d * (double)small > 0 ? d[0] - per_d * (double)small : 0.0;
+  double pb = (double)loom_compressor_max_bytes(c, big),
+         ps = (double)loom_compressor_max_bytes(c, small);
+  out->bytes_per_value = (pb - ps) / (double)(big - small);
+  out->fixed_bytes = ps - out->bytes_per_value * (double)small;
+}
+
 loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost_t *out) {
   if (!spec || !out) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_plan_measure_codec: spec or out is NULL");
@@ -228,22 +247,11 @@ static loom_status_t measure_codec(const char *spec, loom_codec_cost_t *out) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     x[i] = (float)((double)(s >> 40) * 0x1p-23 - 1.0);
   }
-  double e1 = median_us(c, 0, x, SMALL, payload, cap, acc);
-  double e2 = median_us(c, 0, x, BIG, payload, cap, acc);
-  double d1 = median_us(c, 1, x, SMALL, payload, cap, acc);
-  double d2 = median_us(c, 1, x, BIG, payload, cap, acc);
-  double per_e = (e2 - e1) / (double)(BIG - SMALL), per_d = (d2 - d1) / (double)(BIG - SMALL);
-  per_e = per_e > 0 ? per_e : e2 / BIG;
-  per_d = per_d > 0 ? per_d : d2 / BIG;
-  out->compressor = spec;
-  out->enc_ns = per_e * 1000.0;
-  out->dec_ns = per_d * 1000.0;
-  out->enc_us = e1 - per_e * SMALL > 0 ? e1 - per_e * SMALL : 0.0;
-  out->dec_us = d1 - per_d * SMALL > 0 ? d1 - per_d * SMALL : 0.0;
-  double pb = (double)loom_compressor_max_bytes(c, BIG),
-         ps = (double)loom_compressor_max_bytes(c, SMALL);
-  out->bytes_per_value = (pb - ps) / (double)(BIG - SMALL);
-  out->fixed_bytes = ps - out->bytes_per_value * SMALL;
+  const double e[2] = {median_us(c, 0, x, SMALL, payload, cap, acc),
+                       median_us(c, 0, x, BIG, payload, cap, acc)};
+  const double d[2] = {median_us(c, 1, x, SMALL, payload, cap, acc),
+                       median_us(c, 1, x, BIG, payload, cap, acc)};
+  fit_cost(spec, c, e, d, SMALL, BIG, out);
 done:
   free(x);
   free(acc);
@@ -335,19 +343,7 @@ loom_status_t loom_plan_measure_codec_device(const char *spec, int device, loom_
     *(k >= 2 ? &d[k % 2] : &e[k % 2]) = us;
   }
   LOOM_CHECK(status);
-  double per_e = (e[1] - e[0]) / (double)(BIG - SMALL),
-         per_d = (d[1] - d[0]) / (double)(BIG - SMALL);
-  per_e = per_e > 0 ? per_e : e[1] / BIG;
-  per_d = per_d > 0 ? per_d : d[1] / BIG;
-  out->compressor = spec;
-  out->enc_ns = per_e * 1000.0;
-  out->dec_ns = per_d * 1000.0;
-  out->enc_us = e[0] - per_e * SMALL > 0 ? e[0] - per_e * SMALL : 0.0;
-  out->dec_us = d[0] - per_d * SMALL > 0 ? d[0] - per_d * SMALL : 0.0;
-  double pb = (double)loom_compressor_max_bytes(c, BIG),
-         ps = (double)loom_compressor_max_bytes(c, SMALL);
-  out->bytes_per_value = (pb - ps) / (double)(BIG - SMALL);
-  out->fixed_bytes = ps - out->bytes_per_value * SMALL;
+  fit_cost(spec, c, e, d, SMALL, BIG, out);
 fail:
   free(hx);
   cudaFree(x);
