@@ -66,6 +66,20 @@ static inline const char *gpu_mpi_skip_reason(loom_ctx_t *ctx, int *gpu) {
   }
 }
 
+// Under mpirun: 1 (after printing the reason on rank 0 and loom_finalize) when this run cannot
+// test anything; the caller then returns GPU_SKIP. *gpu gets this rank's GPU.
+static inline int gpu_mpi_skipped(loom_ctx_t *ctx, const char *test, int *gpu) {
+  const char *skip = gpu_mpi_skip_reason(ctx, gpu);
+  if (!skip) {
+    return 0;
+  }
+  if (loom_rank(ctx) == 0) {
+    printf("%s: SKIP: %s\n", test, skip);
+  }
+  loom_finalize(ctx);
+  return 1;
+}
+
 // A device copy (device 0) of host tensor h, same dtype, shape and name. Aborts the test on
 // failure: nothing useful can follow.
 static inline loom_tensor_t gpu_upload(const loom_tensor_t *h) {

@@ -307,11 +307,6 @@ static void error_cases(const loom_group_t *g) {
   loom_compressor_destroy(p);
 }
 
-// Why this run cannot test anything (the same on every rank), or NULL; g_gpu: this rank's GPU.
-static const char *skip_reason(loom_ctx_t *ctx) {
-  return gpu_mpi_skip_reason(ctx, &g_gpu);
-}
-
 #endif // LOOM_HAVE_NCCL
 
 int main(int argc, char **argv) {
@@ -329,12 +324,7 @@ int main(int argc, char **argv) {
   return GPU_SKIP;
 #else
   g_rank = loom_rank(ctx);
-  const char *skip = skip_reason(ctx);
-  if (skip) {
-    if (g_rank == 0) {
-      printf("%s: SKIP: %s\n", kTest, skip);
-    }
-    loom_finalize(ctx);
+  if (gpu_mpi_skipped(ctx, kTest, &g_gpu)) {
     return GPU_SKIP;
   }
   const loom_group_t *g = loom_group(ctx, LOOM_GROUP_WORLD);
