@@ -90,7 +90,8 @@ void gpt_profile_step(gpt_profile_t *pf, long step, const loom_step_stats_t *ss,
 }
 
 int gpt_profile_write(const gpt_profile_t *pf, const char *path, const gpt_model_t *m,
-                      const loom_tensor_t *const *slot_t, int np, int64_t tokens, int moe_topk) {
+                      const loom_tensor_t *const *slot_t, int np, int64_t tokens, int moe_topk,
+                      double attn_row_cost) {
   if (pf->steps < 1) {
     fprintf(stderr,
             "train_gpt: --profile: no step after the warm-up (%ld) was profiled: raise "
@@ -121,6 +122,13 @@ int gpt_profile_write(const gpt_profile_t *pf, const char *path, const gpt_model
                           .docs = pf->docs,
                           .nbatches = pf->nbatches,
                           .batch_end = pf->batch_end};
+  p.attn_row_cost = attn_row_cost;
+  if (p.attn_row_cost < 0 &&
+      loom_attn_measure_row_cost(H, H, C / H, 1, &p.attn_row_cost) != LOOM_OK) {
+    fprintf(stderr, "train_gpt: --profile: measuring the attention row cost: %s\n",
+            loom_last_error(NULL));
+    return -1;
+  }
   p.overhead_ms = ex_median(pf->step_idle, kept);
   p.overhead_ms = p.overhead_ms > 0 ? p.overhead_ms : 0.0;
   for (int l = 0; l < L; l++) {

@@ -39,8 +39,10 @@ void gpt_profile_free(gpt_profile_t *pf);
 void gpt_profile_step(gpt_profile_t *pf, long step, const loom_step_stats_t *ss,
                       const double *ready, const gpt_batch_t *b, const gpt_model_t *m);
 // Write the profile (rank 0): the means, the gradients (slot_t names and sizes), the costs of
-// the fp16 and int8 codecs on this core. Returns 0 or -1 (printed).
+// the fp16 and int8 codecs on this core, the attention row cost (attn_row_cost, or measured on
+// this core when it is < 0). Returns 0 or -1 (printed).
 int gpt_profile_write(const gpt_profile_t *pf, const char *path, const gpt_model_t *m,
-                      const loom_tensor_t *const *slot_t, int np, int64_t tokens, int moe_topk);
+                      const loom_tensor_t *const *slot_t, int np, int64_t tokens, int moe_topk,
+                      double attn_row_cost);
 
 #endif

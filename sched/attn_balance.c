@@ -23,6 +23,7 @@ void loom_attn_balance_opts_init(loom_attn_balance_opts_t *o) {
   o->servers_first = 0;
   o->bytes_per_q_row = 3.0 * 4.0 * 64.0;
   o->bytes_per_kv_row = 2.0 * 4.0 * 64.0;
+  o->row_cost = 0.0;
 }
 
 double loom_attn_task_cost(int64_t q_lo, int64_t q_hi, int64_t doc_len, int causal) {
@@ -60,14 +61,25 @@ typedef struct task {
 typedef struct bal {
   const loom_attn_doc_t *docs;
   int causal;
+  double row_cost; // pairs one query row costs on top of its pairs
   int64_t min_shard;
   double bq, bkv;
   task_t *t;
   int nt, cap;
   int *rhead;   // (nranks) first task on each rank, -1: none
   int *dhead;   // (ndocs) first task of each document, -1: none
-  double *load; // (nranks) pairs on each rank
+  double *load; // (nranks) cost on each rank
 } bal_t;
+
+// The cost of query rows [lo, hi) of document doc: its pairs plus row_cost per row.
+static double cost_of(int64_t lo, int64_t hi, int64_t len, int causal, double row_cost) {
+  double pairs = loom_attn_task_cost(lo, hi, len, causal);
+  return pairs > 0 ? pairs + row_cost * (double)(hi - lo) : 0.0;
+}
+
+static double bal_cost(const bal_t *b, int doc, int64_t lo, int64_t hi) {
+  return cost_of(lo, hi, b->docs[doc].len, b->causal, b->row_cost);
+}
 
 static int push_task(bal_t *b, int doc, int64_t lo, int64_t hi, int server) {
   if (b->nt == b->cap) {
@@ -85,7 +97,7 @@ static int push_task(bal_t *b, int doc, int64_t lo, int64_t hi, int server) {
   t->lo = lo;
   t->hi = hi;
   t->server = server;
-  t->cost = loom_attn_task_cost(lo, hi, b->docs[doc].len, b->causal);
+  t->cost = bal_cost(b, doc, lo, hi);
   t->prev = -1;
   t->next = b->rhead[server];
   if (t->next >= 0) {
@@ -206,25 +218,23 @@ static int better(const cand_t *x, const cand_t *y) {
 }
 
 static double piece_cost(const bal_t *b, const task_t *t, int head, int64_t q) {
-  int64_t len = b->docs[t->doc].len;
-  return head ? loom_attn_task_cost(t->lo, t->lo + q, len, b->causal)
-              : loom_attn_task_cost(t->hi - q, t->hi, len, b->causal);
+  return head ? bal_cost(b, t->doc, t->lo, t->lo + q) : bal_cost(b, t->doc, t->hi - q, t->hi);
 }
 
-// Rows of the head (or tail) piece of task t whose pairs are nearest need: the root of
-// q^2 / 2 + q (lo + 1/2) = need (head) or q (hi + 1/2) - q^2 / 2 = need (tail), in the form
-// that does not cancel, then the nearer of the rows around it. Kept within [min_shard,
-// rows - min_shard]; *clamped says that moved it.
+// Rows of the head (or tail) piece of task t whose cost is nearest need: with r the row cost,
+// the root of q^2 / 2 + q (lo + 1/2 + r) = need (head) or q (hi + 1/2 + r) - q^2 / 2 = need
+// (tail), in the form that does not cancel, then the nearest of the rows around it. Kept within
+// [min_shard, rows - min_shard]; *clamped says that moved it.
 static int64_t piece_rows(const bal_t *b, const task_t *t, int head, double need, int *clamped) {
   int64_t n = t->hi - t->lo;
   double x;
   if (!b->causal) {
-    x = need / (double)b->docs[t->doc].len;
+    x = need / ((double)b->docs[t->doc].len + b->row_cost);
   } else if (head) {
-    double s = (double)t->lo + 0.5;
+    double s = (double)t->lo + 0.5 + b->row_cost;
     x = 2.0 * need / (s + sqrt(s * s + 2.0 * need));
   } else {
-    double s = (double)t->hi + 0.5, d = s * s - 2.0 * need;
+    double s = (double)t->hi + 0.5 + b->row_cost, d = s * s - 2.0 * need;
     x = d > 0 ? 2.0 * need / (s + sqrt(d)) : (double)n;
   }
   int64_t q = x < (double)n ? (int64_t)x : n, best = q;
@@ -247,7 +257,7 @@ static int64_t piece_rows(const bal_t *b, const task_t *t, int head, double need
 static void consider(const bal_t *b, cand_t *best, int i, int kind, int64_t a, int64_t c, int fits,
                      double gap, int dst) {
   cand_t x = {.task = i, .kind = kind, .a = a, .c = c, .fits = fits};
-  x.w = loom_attn_task_cost(a, c, b->docs[b->t[i].doc].len, b->causal);
+  x.w = bal_cost(b, b->t[i].doc, a, c);
   if (!(x.w > 0) || !(x.w < gap)) { // it must lower the larger of the two ranks' loads
     return;
   }
@@ -290,7 +300,7 @@ static loom_status_t apply(bal_t *b, const cand_t *m, int src, int dst) {
     t->hi = m->a;
   }
   double was = t->cost;
-  t->cost = loom_attn_task_cost(t->lo, t->hi, b->docs[doc].len, b->causal);
+  t->cost = bal_cost(b, doc, t->lo, t->hi);
   b->load[src] -= was - t->cost;
   if (push_task(b, doc, m->a, m->c, dst) < 0) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "attention balancer: out of memory");
@@ -386,6 +396,12 @@ static loom_status_t check_args(const loom_attn_doc_t *docs, int ndocs, int nran
                       "servers_first <= nranks (0 or nranks: in-place)",
                       o->servers_first, nranks);
   }
+  if (!(o->row_cost >= 0) || isinf(o->row_cost)) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "attention balancer: row_cost = %g: need a finite value >= 0 (0: pairs "
+                      "only; loom_attn_measure_row_cost measures it)",
+                      o->row_cost);
+  }
   if (!(o->bytes_per_q_row >= 0) || !(o->bytes_per_kv_row >= 0) || isinf(o->bytes_per_q_row) ||
       isinf(o->bytes_per_kv_row)) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
@@ -429,6 +445,7 @@ loom_status_t loom_attn_balance(const loom_attn_doc_t *docs, int ndocs, int nran
   const int ntrain = dedicated ? o.servers_first : nranks, ns = nranks - s0;
   bal_t b = {.docs = docs,
              .causal = o.causal,
+             .row_cost = o.row_cost,
              .min_shard = o.min_shard,
              .bq = o.bytes_per_q_row,
              .bkv = o.bytes_per_kv_row};
@@ -451,7 +468,7 @@ loom_status_t loom_attn_balance(const loom_attn_doc_t *docs, int ndocs, int nran
   // Before: every document on its owner.
   double total = 0.0, max_before = 0.0;
   for (int d = 0; d < ndocs; d++) {
-    double c = loom_attn_task_cost(0, docs[d].len, docs[d].len, o.causal);
+    double c = cost_of(0, docs[d].len, docs[d].len, o.causal, o.row_cost);
     total += c;
     b.load[docs[d].owner] += c;
   }
@@ -549,7 +566,7 @@ loom_status_t loom_attn_balance(const loom_attn_doc_t *docs, int ndocs, int nran
   for (int i = 0; i < n; i++) {
     const loom_attn_task_t *t = &out->tasks[i];
     int64_t len = docs[t->doc].len;
-    out->load[t->server] += loom_attn_task_cost(t->q_lo, t->q_hi, len, o.causal);
+    out->load[t->server] += cost_of(t->q_lo, t->q_hi, len, o.causal, o.row_cost);
     if (t->server == t->owner) {
       continue;
     }

@@ -19,16 +19,19 @@ extern "C" {
 // key/value prefix [0, q_hi) (causal, bottom-right aligned) and costs its (query, key) pairs:
 // q * kv - q (q - 1) / 2 with q = q_hi - q_lo, kv = q_hi (row i sees i + 1 keys, so the pairs of
 // pieces add up to the pairs of the whole). Without causality it reads the whole document:
-// q * L pairs, kv = L. Shipping a task to a rank other than its owner costs q * bytes_per_q_row
-// plus kv * bytes_per_kv_row, a key/value prefix counted once per (document, server): several
-// tasks of one document on one server share the longest prefix any of them reads.
+// q * L pairs, kv = L. A task's cost is its pairs plus row_cost per query row (the options;
+// 0 by default), which keeps costs additive over pieces too. Shipping a task to a rank other
+// than its owner costs q * bytes_per_q_row plus kv * bytes_per_kv_row, a key/value prefix
+// counted once per (document, server): several tasks of one document on one server share the
+// longest prefix any of them reads.
 
 // The plan: every query row of every document in exactly one task; tasks of one document never
 // overlap; a document of length 0 has no task.
 typedef struct loom_attn_plan {
   int ntasks;
   loom_attn_task_t *tasks;     // (ntasks) sorted by (doc, q_lo); owned by the plan
-  double *load;                // (nranks) causal pairs each rank computes under the plan
+  double *load;                // (nranks) the cost each rank computes under the plan: causal
+                               // pairs, plus row_cost per query row
   double max_over_mean;        // max load / mean load over the serving ranks (1 when nothing to do)
   double max_over_mean_before; // the same with every document on its owner, over the ranks that
                                // own documents (the imbalance without disaggregation)
@@ -48,6 +51,11 @@ typedef struct loom_attn_balance_opts {
   // their ratio steers the plan; their scale is bytes_moved's. For the forward and backward
   // of loom_attn_exec (heads H, kv_heads Hkv, head_dim D, f32) set 4 (4 H D + H) and 4 (4 Hkv D).
   double bytes_per_q_row, bytes_per_kv_row;
+  // What one query row costs besides its pairs, in pairs (>= 0; default 0: pairs only). A task
+  // of q rows then costs pairs + row_cost * q: the kernel's per-row work (softmax, output, LSE,
+  // loading Q) and its per-document tiles, which dominate short documents. Measure it for a
+  // head layout with loom_attn_measure_row_cost.
+  double row_cost;
 } loom_attn_balance_opts_t;
 
 // The defaults above.
@@ -59,7 +67,7 @@ LOOM_API void loom_attn_balance_opts_init(loom_attn_balance_opts_t *o);
 // (1 + tolerance) x mean: take it and the least loaded one; the amount to move is the smaller
 // of its excess over the mean and the other's shortfall. Candidates are its tasks whole and,
 // for a task above that amount, its head [q_lo, a) or its tail [b, q_hi) cut where the piece's
-// pairs equal the amount (the root of a quadratic, to the nearest row, both parts at least
+// cost equals the amount (the root of a quadratic, to the nearest row, both parts at least
 // min_shard rows). Of the pieces that do not overshoot, move the one that adds the fewest
 // bytes per pair moved (ties: more pairs, then the lower task index, head before tail); when
 // none fits, the smallest one that still lowers the pair's maximum. Stop when no move does

@@ -41,6 +41,8 @@ typedef struct loom_sim_profile {
   int64_t *docs;  // (ndocs) document lengths of the batches the run trained on, batch by batch
   int nbatches;   // batches in docs (0: docs are a plain sample, drawn one by one)
   int *batch_end; // (nbatches) batch k is docs[batch_end[k - 1] .. batch_end[k])
+  double attn_row_cost; // pairs one query row costs besides its pairs (the balancer's row_cost;
+                        // 0: pairs only, as in profiles that predate it)
 } loom_sim_profile_t;
 
 // Write p to path (text; see the format in sim.c). LOOM_ERR_SYSTEM names the path on failure.

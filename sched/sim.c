@@ -31,7 +31,7 @@ static double rate(const loom_link_t *l, int shared, int sharers) {
 // One rank's documents of one step: one of the profiled batches, drawn whole (the documents of a
 // batch are correlated: a skewed batch is all short or holds a long one); without batches,
 // documents drawn one by one, each cut at ctx, packed into tokens rows (the last one cut to
-// fit). Appends to docs; returns the causal pairs.
+// fit). Appends to docs; returns their cost: causal pairs plus the profile's row cost per row.
 static double draw_rank(const loom_sim_profile_t *p, uint64_t *s, int owner, loom_attn_doc_t *docs,
                         int *nd, int cap) {
   int64_t left = p->tokens;
@@ -40,7 +40,7 @@ static double draw_rank(const loom_sim_profile_t *p, uint64_t *s, int owner, loo
     const int k = (int)(mix(s) % (uint64_t)p->nbatches);
     for (int i = k ? p->batch_end[k - 1] : 0; i < p->batch_end[k]; i++) {
       const int64_t len = p->docs[i];
-      pairs += 0.5 * (double)len * (double)(len + 1);
+      pairs += 0.5 * (double)len * (double)(len + 1) + p->attn_row_cost * (double)len;
       if (docs && *nd < cap) {
         docs[*nd] = (loom_attn_doc_t){.len = len, .owner = owner};
         (*nd)++;
@@ -53,7 +53,7 @@ static double draw_rank(const loom_sim_profile_t *p, uint64_t *s, int owner, loo
     len = len < p->ctx ? len : p->ctx;
     len = len < left ? len : left;
     left -= len;
-    pairs += 0.5 * (double)len * (double)(len + 1);
+    pairs += 0.5 * (double)len * (double)(len + 1) + p->attn_row_cost * (double)len;
     if (docs && *nd < cap) {
       docs[*nd] = (loom_attn_doc_t){.len = len, .owner = owner};
       (*nd)++;
@@ -62,7 +62,7 @@ static double draw_rank(const loom_sim_profile_t *p, uint64_t *s, int owner, loo
   return pairs;
 }
 
-// The attention imbalance (max over mean of the ranks' pairs) without servers, averaged over
+// The attention imbalance (max over mean of the ranks' costs) without servers, averaged over
 // SIM_TRIALS drawn steps.
 static double imbalance(const loom_sim_profile_t *p, int ranks, uint64_t seed) {
   double sum = 0.0;
@@ -109,6 +109,9 @@ static loom_status_t balanced(const loom_sim_profile_t *p, int ranks, uint64_t s
   loom_attn_balance_opts_init(&o);
   o.bytes_per_q_row = p->attn_q_bytes > 0 ? p->attn_q_bytes : o.bytes_per_q_row;
   o.bytes_per_kv_row = p->attn_kv_bytes > 0 ? p->attn_kv_bytes : o.bytes_per_kv_row;
+  o.row_cost = p->attn_row_cost;
+  // train_gpt's shard floor: min(64, ctx / 4) rows
+  o.min_shard = p->ctx / 4 < 64 ? (p->ctx / 4 > 0 ? p->ctx / 4 : 1) : 64;
   double rsum = 0.0, bsum = 0.0;
   loom_status_t st = LOOM_OK;
   for (int t = 0; t < SIM_TRIALS && st == LOOM_OK; t++) {

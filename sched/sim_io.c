@@ -19,7 +19,7 @@
 // The format, one record per line (numbers in C locale, names without spaces):
 //   loom-profile 1
 //   run NP TOKENS CTX COMPUTE_MS STEP_MS OVERHEAD_MS
-//   attn ATTN_MS PAIRS Q_ROW_BYTES KV_ROW_BYTES
+//   attn ATTN_MS PAIRS Q_ROW_BYTES KV_ROW_BYTES [ROW_COST]   (ROW_COST 0 when left out)
 //   moe LAYERS EXPERTS TOPK HIDDEN MOE_MS FINE_HIDDEN
 //   moe_load COUNT ... (one per profiled step: assignments per expert, every MoE layer summed)
 //   tensor NAME FLOATS READY_US                     (one per gradient, in ready order)
@@ -39,8 +39,8 @@ loom_status_t loom_sim_profile_save(const char *path, const loom_sim_profile_t *
   fprintf(f, "loom-profile 1\n");
   fprintf(f, "run %d %lld %lld %.6f %.6f %.6f\n", p->np, (long long)p->tokens, (long long)p->ctx,
           p->compute_ms, p->step_ms, p->overhead_ms);
-  fprintf(f, "attn %.6f %.1f %.1f %.1f\n", p->attn_ms, p->attn_pairs, p->attn_q_bytes,
-          p->attn_kv_bytes);
+  fprintf(f, "attn %.6f %.1f %.1f %.1f %.3f\n", p->attn_ms, p->attn_pairs, p->attn_q_bytes,
+          p->attn_kv_bytes, p->attn_row_cost);
   fprintf(f, "moe %d %d %d %d %.6f %.4f\n", p->moe_layers, p->moe_experts, p->moe_topk,
           p->moe_hidden, p->moe_ms, p->moe_fine_hidden);
   for (int k = 0; k < p->moe_steps; k++) {
@@ -189,6 +189,12 @@ static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int 
     if (num(r, "attn_ms", 0, 1e9, &p->attn_ms) || num(r, "pairs", 0, 1e18, &p->attn_pairs) ||
         num(r, "q_row_bytes", 0, 1e12, &p->attn_q_bytes) ||
         num(r, "kv_row_bytes", 0, 1e12, &p->attn_kv_bytes)) {
+      return -1;
+    }
+    p->attn_row_cost = 0.0;
+    const char *more = r->save;
+    more += more ? strspn(more, " \t\r\n") : 0;
+    if (more && *more && num(r, "row_cost", 0, 1e9, &p->attn_row_cost)) {
       return -1;
     }
   } else if (!strcmp(key, "moe")) {

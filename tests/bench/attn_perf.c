@@ -14,7 +14,7 @@
 
 // Usage: mpirun -np N attn_perf [--workload lognormal|onelong] [--docs 16] [--mean-len 384]
 //          [--long 6144] [--heads 4] [--head-dim 32] [--iters 5] [--tolerance 0.1]
-//          [--servers K] [--json FILE]
+//          [--servers K] [--row-cost 0|auto|C] [--json FILE]
 // Workloads (the same documents for every mode, seeded): lognormal: --docs documents per rank,
 // lengths lognormal with the given mean (sigma 1.2, clipped to 16..8 mean); onelong: rank 0
 // holds one --long document, every rank --docs documents of --mean-len / 4.
@@ -27,11 +27,14 @@
 // A, finish B (by hand, and as the six tasks of loom_sched_add_attn_pingpong in a step
 // scheduler, whose timeline LOOM_TIMELINE writes), against A then B one after the other;
 // hidden = 1 - wait(ping-pong)/wait(serial) (scheduled: its exposed communication).
+// --row-cost: the balancer's cost of a query row besides its pairs (0: pairs only, the default;
+// auto: rank 0 measures it with loom_attn_measure_row_cost); work is then that cost.
 
 typedef struct opts {
   int lognormal, docs, heads, head_dim, iters, servers;
   int64_t mean_len, long_len;
   double tolerance;
+  double row_cost; // < 0: measure (auto)
   const char *json;
 } opts_t;
 
@@ -115,6 +118,7 @@ static int plan_for(const opts_t *o, int mode, const loom_attn_doc_t *d, int nd,
   bo.bytes_per_q_row = 4.0 * (4.0 * o->heads * o->head_dim + o->heads);
   bo.bytes_per_kv_row = 4.0 * 4.0 * o->heads * o->head_dim;
   bo.servers_first = mode == 2 ? np - o->servers : 0;
+  bo.row_cost = o->row_cost;
   if (loom_attn_balance(d, nd, np, &bo, p) != LOOM_OK) {
     fprintf(stderr, "attn_perf: %s\n", loom_last_error(NULL));
     return 1;
@@ -280,13 +284,19 @@ static int parse(int argc, char **argv, opts_t *o) {
                 .mean_len = 384,
                 .long_len = 6144,
                 .tolerance = 0.1};
-  static const struct option lo[] = {
-      {"workload", required_argument, NULL, 'w'}, {"docs", required_argument, NULL, 'n'},
-      {"mean-len", required_argument, NULL, 'm'}, {"long", required_argument, NULL, 'L'},
-      {"heads", required_argument, NULL, 'H'},    {"head-dim", required_argument, NULL, 'D'},
-      {"iters", required_argument, NULL, 'i'},    {"tolerance", required_argument, NULL, 't'},
-      {"servers", required_argument, NULL, 's'},  {"json", required_argument, NULL, 'J'},
-      {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
+  static const struct option lo[] = {{"workload", required_argument, NULL, 'w'},
+                                     {"docs", required_argument, NULL, 'n'},
+                                     {"mean-len", required_argument, NULL, 'm'},
+                                     {"long", required_argument, NULL, 'L'},
+                                     {"heads", required_argument, NULL, 'H'},
+                                     {"head-dim", required_argument, NULL, 'D'},
+                                     {"iters", required_argument, NULL, 'i'},
+                                     {"tolerance", required_argument, NULL, 't'},
+                                     {"servers", required_argument, NULL, 's'},
+                                     {"json", required_argument, NULL, 'J'},
+                                     {"row-cost", required_argument, NULL, 'r'},
+                                     {"help", no_argument, NULL, 'h'},
+                                     {NULL, 0, NULL, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
     switch (c) {
@@ -324,10 +334,17 @@ static int parse(int argc, char **argv, opts_t *o) {
     case 'J':
       o->json = optarg;
       break;
+    case 'r':
+      o->row_cost = strcmp(optarg, "auto") ? atof(optarg) : -1.0;
+      if (strcmp(optarg, "auto") && !(o->row_cost >= 0)) {
+        fprintf(stderr, "attn_perf: --row-cost auto or a number >= 0, got '%s'\n", optarg);
+        return 2;
+      }
+      break;
     default:
       printf("usage: mpirun -np N attn_perf [--workload lognormal|onelong] [--docs 16]\n"
              "  [--mean-len 384] [--long 6144] [--heads 4] [--head-dim 32] [--iters 5]\n"
-             "  [--tolerance 0.1] [--servers K] [--json FILE]\n");
+             "  [--tolerance 0.1] [--servers K] [--row-cost 0|auto|C] [--json FILE]\n");
       return c == 'h' ? 1 : 2;
     }
   }
@@ -355,6 +372,18 @@ int main(int argc, char **argv) {
     return rc == 1 ? 0 : 2;
   }
   const loom_group_t *g = loom_group(ctx, LOOM_GROUP_WORLD);
+  if (o.row_cost < 0) { // auto: rank 0's measurement, the same plan everywhere
+    if (me == 0 &&
+        loom_attn_measure_row_cost(o.heads, o.heads, o.head_dim, 1, &o.row_cost) != LOOM_OK) {
+      fprintf(stderr, "attn_perf: %s\n", loom_last_error(NULL));
+      o.row_cost = NAN;
+    }
+    MPI_Bcast(&o.row_cost, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (!(o.row_cost >= 0)) {
+      loom_finalize(ctx);
+      return 1;
+    }
+  }
   result_t res[3];
   int nres = 0;
   for (int mode = 0; mode < 3 && !rc; mode++) {
@@ -369,10 +398,10 @@ int main(int argc, char **argv) {
   }
   if (me == 0 && !rc) {
     printf("# attn_perf: np %d, %s, %d docs per rank (mean %lld%s), heads %d x %d, "
-           "tolerance %.2f, %d iterations (median)\n",
+           "tolerance %.2f, row cost %.1f, %d iterations (median)\n",
            np, o.lognormal ? "lognormal" : "onelong", o.docs, (long long)o.mean_len,
            o.lognormal ? "" : ", plus one long document on rank 0", o.heads, o.head_dim,
-           o.tolerance, o.iters);
+           o.tolerance, o.row_cost, o.iters);
     printf("%-10s %13s %13s %9s %14s %14s %8s\n", "mode", "work max/mean", "time max/mean",
            "MB moved", "kernel max ms", "phase ms (f+b)", "speedup");
     for (int i = 0; i < nres; i++) {
@@ -390,8 +419,8 @@ int main(int argc, char **argv) {
     if (o.json) {
       FILE *f = fopen(o.json, "w");
       if (f) {
-        fprintf(f, "{\"np\": %d, \"workload\": \"%s\", \"modes\": [", np,
-                o.lognormal ? "lognormal" : "onelong");
+        fprintf(f, "{\"np\": %d, \"workload\": \"%s\", \"row_cost\": %.3f, \"modes\": [", np,
+                o.lognormal ? "lognormal" : "onelong", o.row_cost);
         for (int i = 0; i < nres; i++) {
           fprintf(f,
                   "%s{\"mode\": \"%s\", \"work_max_over_mean\": %.4f, \"time_max_over_mean\": "

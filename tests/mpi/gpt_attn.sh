@@ -54,6 +54,25 @@ run in_2_fused 2 --doc-lengths skewed --attn-servers inplace --sync fused \
   --dump-params "$tmp/in_2f_%r.bin"
 same "np 2 skewed inplace: --sync fused equals --sync overlap bitwise" \
   "$tmp/in_2_skewed_0.bin" "$tmp/in_2f_0.bin"
+# A row cost: measured (auto: rank 0 times the kernels and every rank plans with its value) and
+# given; either way the training equals the run without servers, and replicas stay identical.
+run in_3_rc_auto 3 --doc-lengths skewed --attn-servers inplace --attn-row-cost auto \
+  --dump-params "$tmp/in3rca_%r.bin"
+close "np 3 skewed, --attn-row-cost auto: equals off" "$tmp/off_3_skewed_0.bin" \
+  "$tmp/in3rca_0.bin"
+same "np 3 skewed, --attn-row-cost auto: ranks 0 and 2 bitwise identical" "$tmp/in3rca_0.bin" \
+  "$tmp/in3rca_2.bin"
+if grep -q 'attn-servers: a query row costs [0-9.]* (query, key) pairs' "$tmp/in_3_rc_auto.log"
+then
+  echo "ok: np 3 --attn-row-cost auto: the measured row cost is printed"
+else
+  cat "$tmp/in_3_rc_auto.log"
+  echo "FAIL: np 3 --attn-row-cost auto: no 'a query row costs' line"
+  fail=1
+fi
+run in_2_rc_500 2 --doc-lengths skewed --attn-servers inplace --attn-row-cost 500 \
+  --dump-params "$tmp/in2rc_%r.bin"
+close "np 2 skewed, --attn-row-cost 500: equals off" "$tmp/off_2_skewed_0.bin" "$tmp/in2rc_0.bin"
 # Dedicated servers: np 3 with one server and np 4 with two train the 2 remaining ranks exactly
 # like np 2 without servers (the same rows), and the servers end when the training does.
 run ded_3 3 --doc-lengths skewed --attn-servers 1 --dump-params "$tmp/ded3_%r.bin"

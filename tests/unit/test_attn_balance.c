@@ -68,6 +68,12 @@ static loom_status_t quiet_balance(const loom_attn_doc_t *docs, int ndocs, int n
 
 #define MAXR 64
 
+// A piece's cost under the options: its pairs plus row_cost per query row.
+static double cost(const loom_attn_balance_opts_t *o, int64_t lo, int64_t hi, int64_t len) {
+  double pairs = loom_attn_task_cost(lo, hi, len, o->causal);
+  return pairs > 0 ? pairs + o->row_cost * (double)(hi - lo) : 0.0;
+}
+
 // ---- the invariants every plan keeps ---------------------------------------------------------
 
 typedef struct found {
@@ -92,7 +98,7 @@ static found_t check_plan(const loom_attn_doc_t *docs, int ndocs, int nranks,
   int k = 0; // the next task
   for (int d = 0; d < ndocs && !bad; d++) {
     int64_t len = docs[d].len, row = 0;
-    double c = loom_attn_task_cost(0, len, len, o->causal);
+    double c = cost(o, 0, len, len);
     total += c;
     before[docs[d].owner] += c;
     f.max_doc = c > f.max_doc ? c : f.max_doc;
@@ -111,7 +117,7 @@ static found_t check_plan(const loom_attn_doc_t *docs, int ndocs, int nranks,
         break;
       }
       row = t->q_hi;
-      load[t->server] += loom_attn_task_cost(t->q_lo, t->q_hi, len, o->causal);
+      load[t->server] += cost(o, t->q_lo, t->q_hi, len);
       if (t->server != t->owner) {
         bytes += (double)(t->q_hi - t->q_lo) * o->bytes_per_q_row;
         int seen = 0;
@@ -330,10 +336,12 @@ static void test_lognormal(void) {
   double worst = 0.0, worst_before = 0.0;
   int cases = 0;
   for (int ni = 0; ni < NNP; ni++) {
-    for (int mode = 0; mode < 3; mode++) { // in-place causal, in-place full, dedicated causal
+    // in-place causal, in-place full, dedicated causal, in-place causal with a row cost
+    for (int mode = 0; mode < 4; mode++) {
       int np = nps[ni];
       loom_attn_balance_opts_init(&o);
       o.causal = mode != 1;
+      o.row_cost = mode == 3 ? 300.0 : 0.0;
       int ntrain = np;
       if (mode == 2) {
         if (np < 3) {
@@ -363,7 +371,8 @@ static void test_lognormal(void) {
       snprintf(what, sizeof what, "lognormal np %d %s", np,
                mode == 0   ? "in-place causal"
                : mode == 1 ? "in-place full"
-                           : "dedicated");
+               : mode == 2 ? "dedicated"
+                           : "in-place causal, row cost 300");
       loom_attn_plan_t p;
       double m = run(docs, ndocs, np, &o, what, &p);
       if (m < 0) {
@@ -377,7 +386,7 @@ static void test_lognormal(void) {
       loom_attn_plan_free(&p);
     }
   }
-  printf("lognormal (48 docs per rank, np 2..64, 3 modes): %d cases, worst max/mean %.4f after, "
+  printf("lognormal (48 docs per rank, np 2..64, 4 modes): %d cases, worst max/mean %.4f after, "
          "%.2f before\n",
          cases, worst, worst_before);
 }
@@ -470,9 +479,9 @@ static void test_hard(void) {
       for (int k = 0; k < p.ntasks; k++) {
         const loom_attn_task_t *t = &p.tasks[k];
         int64_t len = docs[t->doc].len;
-        double c = loom_attn_task_cost(t->q_lo, t->q_hi, len, o.causal);
+        double c = cost(&o, t->q_lo, t->q_hi, len);
         double head = t->q_hi - t->q_lo >= 2 * o.min_shard
-                          ? loom_attn_task_cost(t->q_lo, t->q_lo + o.min_shard, len, o.causal)
+                          ? cost(&o, t->q_lo, t->q_lo + o.min_shard, len)
                           : INFINITY;
         CHECK(t->server != src || (c >= gap && head >= gap / 2),
               "%s: stopped at max/mean %.4f with task %d (rows [%lld, %lld), %g pairs, head %g) "
@@ -499,24 +508,27 @@ static void test_invalid(void) {
     double tol;
     int64_t min_shard;
     int servers_first, causal, null_docs, null_out;
-    double bq;
+    double bq, row_cost;
   } cases[] = {
-      {"nranks 0", 0, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, 768},
-      {"nranks -3", -3, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, 768},
-      {"owner out of range", 2, 2, 2, 200, 0.1, 64, 0, 1, 0, 0, 768},
-      {"owner -1", 2, 2, -1, 200, 0.1, 64, 0, 1, 0, 0, 768},
-      {"owner is a dedicated server", 3, 2, 2, 200, 0.1, 64, 2, 1, 0, 0, 768},
-      {"negative length", 2, 2, 1, -1, 0.1, 64, 0, 1, 0, 0, 768},
-      {"NULL out", 2, 2, 1, 200, 0.1, 64, 0, 1, 0, 1, 768},
-      {"NULL docs", 2, 2, 1, 200, 0.1, 64, 0, 1, 1, 0, 768},
-      {"ndocs -1", 2, -1, 1, 200, 0.1, 64, 0, 1, 0, 0, 768},
-      {"tolerance < 0", 2, 2, 1, 200, -0.01, 64, 0, 1, 0, 0, 768},
-      {"tolerance NaN", 2, 2, 1, 200, NAN, 64, 0, 1, 0, 0, 768},
-      {"min_shard 0", 2, 2, 1, 200, 0.1, 0, 0, 1, 0, 0, 768},
-      {"servers_first > nranks", 2, 2, 1, 200, 0.1, 64, 3, 1, 0, 0, 768},
-      {"servers_first < 0", 2, 2, 1, 200, 0.1, 64, -1, 1, 0, 0, 768},
-      {"causal 2", 2, 2, 1, 200, 0.1, 64, 0, 2, 0, 0, 768},
-      {"bytes_per_q_row < 0", 2, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, -1},
+      {"nranks 0", 0, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, 768, 0},
+      {"nranks -3", -3, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, 768, 0},
+      {"owner out of range", 2, 2, 2, 200, 0.1, 64, 0, 1, 0, 0, 768, 0},
+      {"owner -1", 2, 2, -1, 200, 0.1, 64, 0, 1, 0, 0, 768, 0},
+      {"owner is a dedicated server", 3, 2, 2, 200, 0.1, 64, 2, 1, 0, 0, 768, 0},
+      {"negative length", 2, 2, 1, -1, 0.1, 64, 0, 1, 0, 0, 768, 0},
+      {"NULL out", 2, 2, 1, 200, 0.1, 64, 0, 1, 0, 1, 768, 0},
+      {"NULL docs", 2, 2, 1, 200, 0.1, 64, 0, 1, 1, 0, 768, 0},
+      {"ndocs -1", 2, -1, 1, 200, 0.1, 64, 0, 1, 0, 0, 768, 0},
+      {"tolerance < 0", 2, 2, 1, 200, -0.01, 64, 0, 1, 0, 0, 768, 0},
+      {"tolerance NaN", 2, 2, 1, 200, NAN, 64, 0, 1, 0, 0, 768, 0},
+      {"min_shard 0", 2, 2, 1, 200, 0.1, 0, 0, 1, 0, 0, 768, 0},
+      {"servers_first > nranks", 2, 2, 1, 200, 0.1, 64, 3, 1, 0, 0, 768, 0},
+      {"servers_first < 0", 2, 2, 1, 200, 0.1, 64, -1, 1, 0, 0, 768, 0},
+      {"causal 2", 2, 2, 1, 200, 0.1, 64, 0, 2, 0, 0, 768, 0},
+      {"bytes_per_q_row < 0", 2, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, -1, 0},
+      {"row_cost < 0", 2, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, 768, -1},
+      {"row_cost infinite", 2, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, 768, INFINITY},
+      {"row_cost NaN", 2, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, 768, NAN},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     loom_attn_balance_opts_init(&o);
@@ -525,6 +537,7 @@ static void test_invalid(void) {
     o.servers_first = cases[i].servers_first;
     o.causal = cases[i].causal;
     o.bytes_per_q_row = cases[i].bq;
+    o.row_cost = cases[i].row_cost;
     docs[1].owner = cases[i].owner;
     docs[1].len = cases[i].len;
     memset(&p, 0xff, sizeof p);
@@ -542,6 +555,56 @@ static void test_invalid(void) {
   // NULL opts: the defaults.
   docs[1] = (loom_attn_doc_t){.owner = 1, .len = 200};
   CHECK(loom_attn_balance(docs, 2, 2, NULL, &p) == LOOM_OK, "NULL opts: %s", loom_last_error(NULL));
+  loom_attn_plan_free(&p);
+}
+
+// ---- 4b. the row cost ------------------------------------------------------------------------
+
+// Rank 0 holds 64 documents of one row (64 pairs), rank 1 one of 11 rows (66 pairs). By pairs
+// they are balanced and nothing moves; at 10 pairs a row rank 0 costs 704 against 176, and
+// documents must move to rank 1 until the costs are within the tolerance.
+static void test_row_cost(void) {
+  loom_attn_doc_t docs[65];
+  for (int d = 0; d < 64; d++) {
+    docs[d] = (loom_attn_doc_t){.owner = 0, .len = 1};
+  }
+  docs[64] = (loom_attn_doc_t){.owner = 1, .len = 11};
+  loom_attn_balance_opts_t o;
+  loom_attn_balance_opts_init(&o);
+  o.min_shard = 4;
+  loom_attn_plan_t p;
+  double m = run(docs, 65, 2, &o, "row cost 0", &p);
+  int moved = 0;
+  for (int k = 0; k < p.ntasks; k++) {
+    moved += p.tasks[k].server != p.tasks[k].owner;
+  }
+  CHECK(m >= 0 && moved == 0 && p.load[0] == 64.0 && p.load[1] == 66.0,
+        "row cost 0: %d tasks moved, loads %g and %g (want 0, 64 and 66)", moved,
+        m >= 0 ? p.load[0] : -1.0, m >= 0 ? p.load[1] : -1.0);
+  loom_attn_plan_free(&p);
+  o.row_cost = 10.0;
+  m = run(docs, 65, 2, &o, "row cost 10", &p);
+  moved = 0;
+  for (int k = 0; m >= 0 && k < p.ntasks; k++) {
+    moved += p.tasks[k].server != p.tasks[k].owner;
+  }
+  CHECK(m >= 0 && close_to(p.max_over_mean_before, 704.0 / 440.0, 1e-12) && m <= 1 + o.tolerance &&
+            moved > 0 && p.load[0] + p.load[1] == 880.0,
+        "row cost 10: before %.4f (want 1.6), after %.4f, %d tasks moved, loads %g + %g (want "
+        "880)",
+        m >= 0 ? p.max_over_mean_before : -1.0, m, moved, m >= 0 ? p.load[0] : -1.0,
+        m >= 0 ? p.load[1] : -1.0);
+  loom_attn_plan_free(&p);
+  // A cut piece of a long document costs its pairs and its rows: the head and tail of 256 rows
+  // cut at the amount wanted still add up to the whole.
+  docs[0] = (loom_attn_doc_t){.owner = 0, .len = 256};
+  o.row_cost = 50.0;
+  o.min_shard = 16;
+  m = run(docs, 1, 2, &o, "row cost 50, one long document", &p);
+  CHECK(m >= 0 && m <= 1 + o.tolerance && p.ntasks >= 2 &&
+            close_to(p.load[0] + p.load[1], 256.0 * 257.0 / 2.0 + 50.0 * 256.0, 1e-12),
+        "row cost 50, one document of 256: %d tasks, max/mean %.4f, loads %g + %g", p.ntasks, m,
+        m >= 0 ? p.load[0] : -1.0, m >= 0 ? p.load[1] : -1.0);
   loom_attn_plan_free(&p);
 }
 
@@ -595,6 +658,7 @@ int main(void) {
   test_one_long();
   test_hard();
   test_invalid();
+  test_row_cost();
   test_speed();
   return check_exit("test_attn_balance");
 }
