@@ -139,6 +139,11 @@ struct loom_request {
   loom_status_t (*step)(struct loom_request *r);
   // Non-MPI completion (a CUDA event): *done = 1 when complete; block: wait for it.
   loom_status_t (*poll)(struct loom_request *r, int block, int *done);
+  // A non-MPI condition before the pending step (a copy to the host landing): when set, step
+  // runs only once ready() sets *ok = 1, asked at every advance from any thread (with the list
+  // lock held: it must not block); then ready is cleared. An error fails the request.
+  loom_status_t (*ready)(struct loom_request *r, int *ok);
+  void *aux; // what ready and poll read beside state (not freed with the request)
   void (*release)(struct loom_request *r);    // frees state (NULL: nothing beyond tmp[])
   void *state;                                // owned by the back end that set the hooks
   void *tmp[LOOM_REQ_TMP];                    // host buffers from loom_host_alloc, freed at the end

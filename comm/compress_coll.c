@@ -377,11 +377,11 @@ static int64_t chunk_values(const loom_group_t *g, const loom_compressor_t *c, i
   return v < n ? v : (n > 0 ? n : 1);
 }
 
-// Encode the first chunks of this rank's tensor (with error feedback on res when non-NULL) and
-// post the first exchange on r. *sent grows by the bytes this rank will send.
-static loom_status_t flat_start(loom_request_t *r, const loom_group_t *g,
-                                const loom_compressor_t *c, float *res, float *x, int64_t n,
-                                uint64_t seed, int divisible, int avg, int own, size_t *sent) {
+// The flat scheme's state on r, its tags (reserved now: every rank reserves them in the order of
+// its calls) and its buffers. *sent grows by the bytes this rank will send.
+static loom_status_t flat_reserve(loom_request_t *r, const loom_group_t *g,
+                                  const loom_compressor_t *c, float *res, float *x, int64_t n,
+                                  uint64_t seed, int divisible, int avg, int own, size_t *sent) {
   const int np = loom_group_size(g);
   flat_t *f = calloc(1, sizeof *f);
   if (!f) {
@@ -403,16 +403,33 @@ static loom_status_t flat_start(loom_request_t *r, const loom_group_t *g,
   f->bsize = block_bytes(c, divisible ? f->chunk / np + (f->chunk % np > 0) : f->chunk);
   LOOM_CHECK(loom_mpi_collective_tags(g, &f->p2p, &f->tag, &r->watch));
   LOOM_CHECK(flat_buffers(r, f, own));
-  encode_chunk(f, 0, f->send[0]);
-  LOOM_CHECK(flat_exchange(r, f, f->send[0], f->recv[0], divisible, f->tag));
-  if (f->nchunks > 1) {
-    encode_chunk(f, 1, f->send[1]);
-  }
-  r->step = flat_step;
   const size_t per_chunk = f->bsize * (size_t)(np - 1) * (divisible ? 2 : 1);
   *sent += per_chunk * (size_t)f->nchunks;
 fail:
   return status;
+}
+
+// Encode the first chunks of this rank's tensor (with error feedback on res when non-NULL) and
+// post the first exchange on r (reserved by flat_reserve); the steps follow.
+static loom_status_t flat_begin(loom_request_t *r) {
+  flat_t *f = r->state;
+  loom_status_t status = LOOM_OK;
+  encode_chunk(f, 0, f->send[0]);
+  LOOM_CHECK(flat_exchange(r, f, f->send[0], f->recv[0], f->divisible, f->tag));
+  if (f->nchunks > 1) {
+    encode_chunk(f, 1, f->send[1]);
+  }
+  r->step = flat_step;
+fail:
+  return status;
+}
+
+// flat_reserve and flat_begin at once: the tensor is there.
+static loom_status_t flat_start(loom_request_t *r, const loom_group_t *g,
+                                const loom_compressor_t *c, float *res, float *x, int64_t n,
+                                uint64_t seed, int divisible, int avg, int own, size_t *sent) {
+  loom_status_t status = flat_reserve(r, g, c, res, x, n, seed, divisible, avg, own, sent);
+  return status == LOOM_OK ? flat_begin(r) : status;
 }
 
 // Blocking flat scheme with the group's buffers, watched as w (entered on g).
@@ -495,7 +512,7 @@ fail:
 // ---------------------------------------------------------------------------------------------
 
 // The checks of a CUDA tensor: the device path exists (NCCL, a visible device), t is well formed
-// and its data is memory of its device, the compressor has a device form (every scheme has). Its
+// and its data is memory of its device (every compressor and scheme has a device form). Its
 // residual lives on the device (compress_coll_nccl.c), not in *res.
 static loom_status_t prepare_device(const char *name, const loom_compressor_t *c,
                                     const loom_ef_t *ef, const loom_tensor_t *t) {
@@ -519,12 +536,7 @@ static loom_status_t prepare_device(const char *name, const loom_compressor_t *c
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "%s: error feedback is keyed by tensor name: set the tensor's name", name);
   }
-  if (c->kind == LOOM_CODEC_POWERSGD) {
-    return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
-                      "%s: %s on CUDA tensor '%s': PowerSGD runs on host tensors only; use a "
-                      "payload compressor (fp16, int8, topk, ...) on the device, or a host copy",
-                      name, c->name, t->name);
-  }
+  (void)c; // every compressor has a device form (powersgd: compress_powersgd_nccl.c)
 fail:
   return status;
 #else
@@ -731,6 +743,41 @@ loom_status_t loom_compress_hier_groups(const loom_group_t *g, const loom_group_
   if (status == LOOM_OK) {
     *node = &h->node;
     *leaders = &h->leaders;
+  }
+  return status;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared with the staged form (compress_staged.c): the host schemes on a host copy of a device
+// tensor, entered at the call and, for the flat schemes, begun once the copy has landed.
+
+loom_status_t loom_compress_host_enter(const char *name, const loom_group_t *g,
+                                       const loom_compressor_t *c, loom_scheme_t scheme,
+                                       loom_ef_t *ef, loom_tensor_t *t, loom_redop_t op,
+                                       uint64_t seed, float **res, struct loom_watch *w) {
+  loom_status_t status = prepare(name, g, c, scheme, ef, t, op, res);
+  return status == LOOM_OK ? enter(g, c, scheme, t, op, seed, w) : status;
+}
+
+int loom_compress_host_flat(const loom_compressor_t *c, loom_scheme_t scheme) {
+  return c->kind != LOOM_CODEC_POWERSGD && scheme != LOOM_SCHEME_HIERARCHICAL;
+}
+
+loom_status_t loom_compress_host_run(const loom_group_t *g, const loom_compressor_t *c,
+                                     loom_scheme_t scheme, loom_ef_t *ef, float *res,
+                                     loom_tensor_t *t, loom_redop_t op, uint64_t seed, size_t *sent,
+                                     const struct loom_watch *w) {
+  return run_blocking(g, c, scheme, ef, res, t, op, seed, sent, w);
+}
+
+loom_status_t loom_compress_flat_deferred(loom_request_t *r, const loom_group_t *g,
+                                          const loom_compressor_t *c, loom_scheme_t scheme,
+                                          float *res, loom_tensor_t *t, loom_redop_t op,
+                                          uint64_t seed, size_t *sent) {
+  loom_status_t status = flat_reserve(r, g, c, res, t->data, loom_tensor_numel(t), seed,
+                                      scheme == LOOM_SCHEME_DIVISIBLE, op == LOOM_AVG, 1, sent);
+  if (status == LOOM_OK) {
+    r->step = flat_begin;
   }
   return status;
 }

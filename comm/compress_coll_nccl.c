@@ -43,7 +43,7 @@
 // else from zeros; loom_ef_count/loom_ef_entry copy the residuals written since their last copy
 // back into the host table (mirror); loom_ef_set drops the device residual of its name (forget).
 
-typedef struct dev_res {
+typedef struct loom_dev_res {
   char *name;
   float *data; // (n) on device
   int64_t n;
@@ -55,6 +55,8 @@ typedef struct dev_res {
 typedef struct dev_table {
   dev_res_t *e;
   int count, cap;
+  void *workspace; // a codec's (loom_cuda_ef_workspace: PowerSGD's), or NULL
+  void (*workspace_destroy)(void *);
 } dev_table_t;
 
 static void dev_res_free(dev_res_t *e) {
@@ -78,6 +80,9 @@ static void dev_table_destroy(void *p) {
   dev_table_t *t = p;
   for (int i = 0; i < t->count; i++) {
     dev_res_free(&t->e[i]);
+  }
+  if (t->workspace && t->workspace_destroy) {
+    t->workspace_destroy(t->workspace);
   }
   free(t->e);
   free(t);
@@ -130,15 +135,24 @@ static void dev_table_forget(void *p, const char *name) {
 
 static const loom_ef_device_ops_t dev_ops = {dev_table_destroy, dev_table_mirror, dev_table_forget};
 
-// The device residual of name: n floats on device (the current device), found or created.
-static loom_status_t device_residual(loom_ef_t *ef, const char *name, int64_t n, int device,
-                                     dev_res_t **out) {
-  loom_status_t status = LOOM_OK;
+// ef's device table, created on first use.
+static loom_status_t device_table(loom_ef_t *ef, dev_table_t **out) {
   dev_table_t **slot = (dev_table_t **)loom_ef_device_slot(ef, &dev_ops);
   if (!*slot && !(*slot = calloc(1, sizeof **slot))) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "error feedback: cannot allocate the device table");
   }
-  dev_table_t *t = *slot;
+  *out = *slot;
+  return LOOM_OK;
+}
+
+// The device residual of name: n floats on device (the current device), found or created.
+static loom_status_t device_residual(loom_ef_t *ef, const char *name, int64_t n, int device,
+                                     dev_res_t **out) {
+  loom_status_t status = LOOM_OK;
+  dev_table_t *t = NULL;
+  if ((status = device_table(ef, &t)) != LOOM_OK) {
+    return status;
+  }
   for (int i = 0; i < t->count; i++) {
     dev_res_t *e = &t->e[i];
     if (strcmp(e->name, name) != 0) {
@@ -192,6 +206,33 @@ static loom_status_t device_residual(loom_ef_t *ef, const char *name, int64_t n,
   return LOOM_OK;
 fail:
   dev_res_free(&e);
+  return status;
+}
+
+loom_status_t loom_cuda_ef_residual(loom_ef_t *ef, const char *name, int64_t n, int device,
+                                    loom_dev_res_t **r, float **data) {
+  loom_status_t status = device_residual(ef, name, n, device, r);
+  *data = status == LOOM_OK ? (*r)->data : NULL;
+  return status;
+}
+
+loom_status_t loom_cuda_ef_written(loom_dev_res_t *r) {
+  r->dirty = 1;
+  const cudaError_t rc = cudaEventRecord(r->written, loom_cuda_stream());
+  return rc == cudaSuccess
+             ? LOOM_OK
+             : loom_error(NULL, LOOM_ERR_CUDA,
+                          "cudaEventRecord after the residual of '%s' failed: %s (%s)", r->name,
+                          cudaGetErrorString(rc), cudaGetErrorName(rc));
+}
+
+loom_status_t loom_cuda_ef_workspace(loom_ef_t *ef, void (*destroy)(void *), void ***slot) {
+  dev_table_t *t = NULL;
+  loom_status_t status = device_table(ef, &t);
+  if (status == LOOM_OK) {
+    t->workspace_destroy = destroy;
+    *slot = &t->workspace;
+  }
   return status;
 }
 
@@ -516,6 +557,10 @@ loom_status_t loom_compressed_allreduce_cuda(const loom_group_t *g, const loom_c
                                              loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
                                              loom_redop_t op, uint64_t seed, size_t *sent,
                                              struct loom_watch *w) {
+  if (c->kind == LOOM_CODEC_POWERSGD) { // its own scheme (compress_powersgd_nccl.c), as on the host
+    (void)w; // its two allreduces (loom_allreduce) wait under their own watchdog records
+    return loom_powersgd_allreduce_cuda(g, c, ef, t, op, sent);
+  }
   if (scheme == LOOM_SCHEME_HIERARCHICAL) {
     return hierarchical(g, c, ef, t, op, seed, sent, w);
   }

@@ -86,6 +86,26 @@ loom_status_t loom_powersgd_allreduce(const loom_group_t *g, const loom_compress
 // zero when new; a different n reallocates (and zeroes).
 loom_status_t loom_ef_side(loom_ef_t *ef, const char *name, int64_t n, float **out, int *fresh);
 
+// What the host and device forms of PowerSGD share (compress_powersgd.c), so that both take the
+// same matrix view, rank, warm start, orthonormalisation and byte count.
+typedef struct loom_powersgd_dims {
+  int64_t n;          // values of the tensor
+  int64_t rows, cols; // its matrix view M (rows x cols >= n, row-major, the tail zero-padded)
+  int r;              // rank of the approximation: min(c->rank, rows, cols); 0 when n == 0
+} loom_powersgd_dims_t;
+// The checks (ef is required: LOOM_ERR_INVALID_ARG without) and the matrix view of t.
+loom_status_t loom_powersgd_setup(const loom_compressor_t *c, const loom_ef_t *ef,
+                                  const loom_tensor_t *t, loom_powersgd_dims_t *d);
+// Modified Gram-Schmidt in double on the r columns of p (rows x r, row-major, host memory); a
+// column that vanishes becomes zero. Deterministic: every rank gets the same bits.
+void loom_powersgd_orthonormalise(float *p, int64_t rows, int r);
+// The warm start of name: *q is its Q in ef's side table (cols x r, host memory; a fixed random
+// start on every rank when new, else the last step's summed Q), orthonormalised in place.
+loom_status_t loom_powersgd_warm_q(loom_ef_t *ef, const char *name, const loom_powersgd_dims_t *d,
+                                   float **q);
+// Bytes one rank sends for the two allreduces (P and Q) on np ranks.
+size_t loom_powersgd_sent(const loom_powersgd_dims_t *d, int np);
+
 // ---- what the flat schemes share with their device form (compress_coll.c, compress_coll_nccl.c)
 //
 // A payload travels in a fixed-size block: an 8-byte length, the payload, zero padding up to the
@@ -104,6 +124,35 @@ void loom_compress_shard_range(int64_t len, int np, int i, int64_t *lo, int64_t 
 // g): *node, this rank's node; *leaders, the node leaders (node rank 0), usable on those only.
 loom_status_t loom_compress_hier_groups(const loom_group_t *g, const loom_group_t **node,
                                         const loom_group_t **leaders);
+
+// ---- the host schemes on a host copy of a device tensor (compress_coll.c, compress_staged.c) -
+//
+// The staged form takes what every rank must do in the order of its calls at the call (checks,
+// the watchdog's record and consistency check, the tags, the buffers) and the codec work once the
+// copy of the tensor has landed on the host. t is the host tensor (the stage's host memory, with
+// the device tensor's name and shape).
+struct loom_watch; // comm_internal.h
+// The checks of the host path, and this rank's entry into the operation (w); *res is t's residual
+// in ef's host table (NULL without error feedback, and for powersgd).
+loom_status_t loom_compress_host_enter(const char *name, const loom_group_t *g,
+                                       const loom_compressor_t *c, loom_scheme_t scheme,
+                                       loom_ef_t *ef, loom_tensor_t *t, loom_redop_t op,
+                                       uint64_t seed, float **res, struct loom_watch *w);
+// 1 when c and scheme run as a staged request on the host (the flat schemes of payload codecs);
+// 0 when they run to completion inside the call (hierarchical, powersgd).
+int loom_compress_host_flat(const loom_compressor_t *c, loom_scheme_t scheme);
+// The scheme to completion on t (op applied), as loom_compressed_allreduce on a host tensor.
+loom_status_t loom_compress_host_run(const loom_group_t *g, const loom_compressor_t *c,
+                                     loom_scheme_t scheme, loom_ef_t *ef, float *res,
+                                     loom_tensor_t *t, loom_redop_t op, uint64_t seed, size_t *sent,
+                                     const struct loom_watch *w);
+// A flat scheme on r (its watch set): state, tags and buffers now (*sent grows by the bytes this
+// rank will send), and r->step set to the hook that encodes t's first chunks and posts the first
+// exchange; the caller gates that step (r->ready) until t holds the tensor, then lists r.
+loom_status_t loom_compress_flat_deferred(loom_request_t *r, const loom_group_t *g,
+                                          const loom_compressor_t *c, loom_scheme_t scheme,
+                                          float *res, loom_tensor_t *t, loom_redop_t op,
+                                          uint64_t seed, size_t *sent);
 
 // ---- error feedback of CUDA tensors (compress_coll_nccl.c) ------------------------------------
 //
@@ -128,12 +177,36 @@ loom_status_t loom_ef_host_slot(loom_ef_t *ef, const char *name, int64_t n, floa
 
 #ifdef LOOM_HAVE_NCCL
 struct loom_watch; // comm_internal.h
+
+// The device table's parts that PowerSGD's device form (compress_powersgd_nccl.c) uses, kept by
+// compress_coll_nccl.c. loom_cuda_ef_residual: the device residual of name (n floats on device,
+// made current by the caller), found or created as the flat schemes' are (from the host table's
+// value of that name and length, else zeros); *data is its memory. After writing it on the
+// current stream, loom_cuda_ef_written records that (the next loom_ef_count/loom_ef_entry copies
+// it to the host table). r stays valid until the next loom_cuda_ef_residual or loom_ef_set.
+typedef struct loom_dev_res loom_dev_res_t;
+loom_status_t loom_cuda_ef_residual(loom_ef_t *ef, const char *name, int64_t n, int device,
+                                    loom_dev_res_t **r, float **data);
+loom_status_t loom_cuda_ef_written(loom_dev_res_t *r);
+// One codec workspace per ef, hung on its device table: *slot is NULL until the codec stores
+// something there; destroy (non-NULL) frees it from loom_ef_destroy.
+loom_status_t loom_cuda_ef_workspace(loom_ef_t *ef, void (*destroy)(void *), void ***slot);
+
+// PowerSGD on an f32 tensor t on a visible CUDA device (compress_powersgd_nccl.c), checked by the
+// caller: loom_powersgd_allreduce's algorithm, errors and byte count, with M, P and Q on the
+// device (cuBLAS), the two allreduces on g's NCCL communicator, the orthonormalisations on a host
+// copy; op LOOM_AVG divides by g's size at the end. Ordered on the current stream (see the file).
+loom_status_t loom_powersgd_allreduce_cuda(const loom_group_t *g, const loom_compressor_t *c,
+                                           loom_ef_t *ef, loom_tensor_t *t, loom_redop_t op,
+                                           size_t *sent);
+
 // The schemes on an f32 tensor t on a visible CUDA device, checked by the caller (compress_coll.c's
-// prepare and enter), c a payload codec: encode, exchange and decode on the device, the exchanges
-// on g's NCCL communicator (hierarchical: an NCCL allreduce and broadcast on the node group, the
-// indivisible scheme among the node leaders); *sent grows by the bytes this rank sends. Completes
-// in the calling thread's current stream's order (see the .c file). w is the operation's
-// watchdog (LOOM_TIMEOUT), checked while the host waits for an exchange.
+// prepare and enter): for a payload codec, encode, exchange and decode on the device, the
+// exchanges on g's NCCL communicator (hierarchical: an NCCL allreduce and broadcast on the node
+// group, the indivisible scheme among the node leaders); powersgd ignores the scheme, as on the
+// host (loom_powersgd_allreduce_cuda). *sent grows by the bytes this rank sends. Completes in the
+// calling thread's current stream's order (see the .c files). w is the operation's watchdog
+// (LOOM_TIMEOUT), checked while the host waits for an exchange.
 loom_status_t loom_compressed_allreduce_cuda(const loom_group_t *g, const loom_compressor_t *c,
                                              loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
                                              loom_redop_t op, uint64_t seed, size_t *sent,

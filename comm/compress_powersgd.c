@@ -12,6 +12,8 @@
 #include "error.h"
 #include "memory.h"
 
+// ---- what the host and device forms share -----------------------------------------------------
+
 // The matrix view of a tensor: its first dimension by the rest when it has two or more, else
 // a near-square rows x cols with the tail zero-padded.
 static void matrix_shape(const loom_tensor_t *t, int64_t n, int64_t *rows, int64_t *cols) {
@@ -25,9 +27,24 @@ static void matrix_shape(const loom_tensor_t *t, int64_t n, int64_t *rows, int64
   *rows = (n + *cols - 1) / *cols;
 }
 
-// Orthonormalise the r columns of p (rows x r, row-major) by modified Gram-Schmidt in double;
-// a column that vanishes becomes zero. Deterministic: every rank gets the same bits.
-static void orthonormalise(float *p, int64_t rows, int r) {
+loom_status_t loom_powersgd_setup(const loom_compressor_t *c, const loom_ef_t *ef,
+                                  const loom_tensor_t *t, loom_powersgd_dims_t *d) {
+  if (!ef) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s on tensor '%s' needs error feedback (the low-rank error is large and "
+                      "must be carried to the next step): pass a loom_ef_t",
+                      c->name, t->name);
+  }
+  d->n = loom_tensor_numel(t);
+  matrix_shape(t, d->n, &d->rows, &d->cols);
+  const int64_t rows = d->rows, cols = d->cols;
+  const int64_t rk64 =
+      c->rank < rows ? (c->rank < cols ? c->rank : cols) : (rows < cols ? rows : cols);
+  d->r = d->n > 0 && rk64 > 0 ? (int)rk64 : 0;
+  return LOOM_OK;
+}
+
+void loom_powersgd_orthonormalise(float *p, int64_t rows, int r) {
   for (int j = 0; j < r; j++) {
     for (int k = 0; k < j; k++) {
       double dot = 0.0;
@@ -50,6 +67,32 @@ static void orthonormalise(float *p, int64_t rows, int r) {
   }
 }
 
+loom_status_t loom_powersgd_warm_q(loom_ef_t *ef, const char *name, const loom_powersgd_dims_t *d,
+                                   float **out) {
+  loom_status_t status = LOOM_OK;
+  float *q = NULL;
+  int fresh = 0;
+  const int64_t nq = d->cols * d->r;
+  LOOM_CHECK(loom_ef_side(ef, name, nq, &q, &fresh));
+  if (fresh) { // the same start on every rank: a fixed stream, uniform in [-1, 1)
+    uint64_t s = 0x706f77657273ull; // "powers"
+    for (int64_t i = 0; i < nq; i++) {
+      s = loom_mix64(s);
+      q[i] = (float)((double)(s >> 11) * 0x1p-52 - 1.0);
+    }
+  }
+  loom_powersgd_orthonormalise(q, d->cols, d->r); // the last step's summed Q, re-normalised
+  *out = q;
+fail:
+  return status;
+}
+
+size_t loom_powersgd_sent(const loom_powersgd_dims_t *d, int np) {
+  return (size_t)((d->rows + d->cols) * d->r) * sizeof(float) * 2 * (size_t)(np - 1) / (size_t)np;
+}
+
+// ---- the host form ------------------------------------------------------------------------------
+
 static loom_status_t sum_f32(const loom_group_t *g, float *x, int64_t n, const char *what) {
   loom_tensor_t v;
   loom_status_t status = loom_tensor_wrap(&v, x, LOOM_F32, LOOM_DEVICE_HOST, 1, &n, what);
@@ -58,27 +101,16 @@ static loom_status_t sum_f32(const loom_group_t *g, float *x, int64_t n, const c
 
 loom_status_t loom_powersgd_allreduce(const loom_group_t *g, const loom_compressor_t *c,
                                       loom_ef_t *ef, loom_tensor_t *t, size_t *sent) {
-  loom_status_t status = LOOM_OK;
-  if (!ef) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "%s on tensor '%s' needs error feedback (the low-rank error is large and "
-                      "must be carried to the next step): pass a loom_ef_t",
-                      c->name, t->name);
-  }
-  const int64_t n = loom_tensor_numel(t);
-  int64_t rows, cols;
-  matrix_shape(t, n, &rows, &cols);
-  const int64_t rk64 =
-      c->rank < rows ? (c->rank < cols ? c->rank : cols) : (rows < cols ? rows : cols);
-  const int r = (int)(rk64 > 0 ? rk64 : 0);
+  loom_powersgd_dims_t d;
   float *x = t->data, *res = NULL, *q = NULL;
   float *m = NULL, *p = NULL, *ql = NULL;
-  int fresh = 0;
-  if (n == 0 || r == 0) {
-    return LOOM_OK;
+  loom_status_t status = loom_powersgd_setup(c, ef, t, &d);
+  if (status != LOOM_OK || d.n == 0 || d.r == 0) {
+    return status;
   }
+  const int64_t n = d.n, rows = d.rows, cols = d.cols;
+  const int r = d.r;
   LOOM_CHECK(loom_ef_residual(ef, t->name, n, &res));
-  LOOM_CHECK(loom_ef_side(ef, t->name, cols * r, &q, &fresh));
   m = loom_host_alloc((size_t)(rows * cols) * sizeof(float));
   p = loom_host_alloc((size_t)(rows * r) * sizeof(float));
   ql = loom_host_alloc((size_t)(cols * r) * sizeof(float));
@@ -87,24 +119,17 @@ loom_status_t loom_powersgd_allreduce(const loom_group_t *g, const loom_compress
                         (long long)rows, (long long)cols);
     goto fail;
   }
-  if (fresh) { // the same start on every rank: a fixed stream, uniform in [-1, 1)
-    uint64_t s = 0x706f77657273ull; // "powers"
-    for (int64_t i = 0; i < cols * r; i++) {
-      s = loom_mix64(s);
-      q[i] = (float)((double)(s >> 11) * 0x1p-52 - 1.0);
-    }
-  }
+  LOOM_CHECK(loom_powersgd_warm_q(ef, t->name, &d, &q)); // the warm start, orthonormalised
   // M = x + residual, zero-padded to rows x cols.
   for (int64_t i = 0; i < n; i++) {
     m[i] = x[i] + res[i];
   }
   memset(m + n, 0, (size_t)(rows * cols - n) * sizeof(float));
-  orthonormalise(q, cols, r); // warm start: the last step's summed Q, re-normalised
   // P = M Q, summed over ranks, orthonormalised.
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, r, (int)cols, 1.0f, m,
               (int)cols, q, r, 0.0f, p, r);
   LOOM_CHECK(sum_f32(g, p, rows * r, "powersgd P"));
-  orthonormalise(p, rows, r);
+  loom_powersgd_orthonormalise(p, rows, r);
   // Q = M^T P: this rank's (for the residual) and the sum (the result and the next warm start).
   cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)cols, r, (int)rows, 1.0f, m, (int)cols,
               p, r, 0.0f, ql, r);
@@ -119,8 +144,7 @@ loom_status_t loom_powersgd_allreduce(const loom_group_t *g, const loom_compress
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)cols, r, 1.0f, p, r, q, r,
               0.0f, m, (int)cols);
   memcpy(x, m, (size_t)n * sizeof(float));
-  const int np = loom_group_size(g);
-  *sent += (size_t)((rows + cols) * r) * sizeof(float) * 2 * (size_t)(np - 1) / (size_t)np;
+  *sent += loom_powersgd_sent(&d, loom_group_size(g));
 fail:
   loom_host_free(m);
   loom_host_free(p);

@@ -120,7 +120,11 @@ LOOM_API loom_status_t loom_compressor_encode_ef(const loom_compressor_t *c, loo
 // with the host path's chunks, seeds and sums, so the result has the host path's bits; the work
 // is ordered on the calling thread's current stream (the result is there for kernels queued after
 // the call), the host waits for the stream a few times per chunk (payload lengths, headers), and
-// the chunks do not pipeline. Hierarchical and powersgd on CUDA tensors: LOOM_ERR_UNSUPPORTED.
+// the chunks do not pipeline. The hierarchical scheme runs on CUDA tensors too (NCCL inside each
+// node). powersgd on CUDA tensors keeps M, P and Q on the device (cuBLAS) and sums P and Q over
+// NCCL; the host orthonormalises copies of P and Q (the same code as the host path, so every rank
+// has the same bits) and waits for the two sums; the result is close to, not bitwise, the host
+// result (the BLAS sum in other orders); Q stays in ef's state table (loom_ef_state_entry).
 // Pipelining: the flat schemes (and the leaders' part of hierarchical) cut a tensor into chunks
 // of LOOM_COMPRESS_CHUNK / 4 values (default 4 MiB of f32; 0 = whole tensors), so that the
 // encoding, the transfer and the decoding of successive chunks overlap. Chunk k is compressed on
@@ -156,6 +160,48 @@ LOOM_API loom_status_t loom_icompressed_allreduce(const loom_group_t *g, const l
                                                   loom_scheme_t scheme, loom_ef_t *ef,
                                                   loom_tensor_t *t, loom_redop_t op, uint64_t seed,
                                                   size_t *bytes_sent, loom_request_t **req);
+
+// ---- through the host: the CPU encoding lane of device tensors ---------------------------------
+//
+// ByteComp's CPU lane: a tensor on a CUDA device is compressed, exchanged and summed by the host
+// codecs over MPI instead of the CUDA codecs, so that the GPU keeps computing while the CPU
+// encodes. A host stage holds what that takes for one tensor at a time: pinned host memory for
+// its values and, on a CUDA device, a stream for the copies and their events, all made once (no
+// allocation on the step path). The result has exactly the bits (and the error-feedback residual
+// and byte count) of the host path on a host tensor holding the same values.
+typedef struct loom_host_stage loom_host_stage_t;
+
+// A stage for f32 tensors of up to n values on device: a CUDA device (page-locked host memory,
+// a non-blocking copy stream), or LOOM_DEVICE_HOST (plain host memory and memcpy: host tensors
+// take the same path, for tests and code that treats both alike). LOOM_ERR_UNSUPPORTED for a
+// CUDA device in a build without CUDA; LOOM_ERR_INVALID_ARG for a device this process does not
+// see; LOOM_ERR_CUDA (or NOMEM) when pinning fails.
+LOOM_API loom_status_t loom_host_stage_create(int device, int64_t n, loom_host_stage_t **out);
+// Waits for the stage's copies, then frees it. NULL is fine.
+LOOM_API void loom_host_stage_destroy(loom_host_stage_t *s);
+
+// loom_icompressed_allreduce of t (f32, on the stage's device, at most its n values) through the
+// stage: after the kernels queued on the current stream before the call, t is copied into the
+// stage's host memory on the stage's stream; once that copy has landed (the request is advanced:
+// loom_test, loom_wait, the scheduler's progress thread), the host form of the scheme runs on it,
+// error feedback keyed by t's name in ef's host table (keep a name on one side, host or device);
+// then the sum is copied back into t, and the request completes once that copy has landed, so
+// that work queued after its completion, on any stream, reads the result. The checks, the
+// watchdog's record, the consistency check, the tags and bytes_sent are taken at the call, so
+// several may be in flight on one group beside other collectives, started in the same order on
+// every rank. The hierarchical scheme and powersgd wait for the copy to the host inside the call
+// and run there (as on host tensors); the request then completes with the copy back. t must stay
+// untouched, and the stage serve no other call, until the request completes.
+LOOM_API loom_status_t loom_icompressed_allreduce_staged(const loom_group_t *g,
+                                                         const loom_compressor_t *c,
+                                                         loom_scheme_t scheme, loom_ef_t *ef,
+                                                         loom_tensor_t *t, loom_host_stage_t *stage,
+                                                         loom_redop_t op, uint64_t seed,
+                                                         size_t *bytes_sent, loom_request_t **req);
+// The blocking form: returns when t holds the result.
+LOOM_API loom_status_t loom_compressed_allreduce_staged(
+    const loom_group_t *g, const loom_compressor_t *c, loom_scheme_t scheme, loom_ef_t *ef,
+    loom_tensor_t *t, loom_host_stage_t *stage, loom_redop_t op, uint64_t seed, size_t *bytes_sent);
 
 #ifdef __cplusplus
 }

@@ -122,7 +122,8 @@ void loom_request_free(loom_request_t *r) {
 // ---- progress -----------------------------------------------------------------------------------
 
 // Advance r without blocking (list_lock held): finish its stage if the MPI requests completed and
-// run the step hook, as far as possible. A failure is kept in r->error for its owner.
+// run the step hook (once its ready condition holds), as far as possible. A failure is kept in
+// r->error for its owner.
 static void advance_locked(loom_request_t *r) {
   while (r->error == LOOM_OK) {
     if (r->nmpi > 0) {
@@ -143,6 +144,18 @@ static void advance_locked(loom_request_t *r) {
     }
     if (!r->step) {
       break;
+    }
+    if (r->ready) { // the step waits for a non-MPI condition; r stays listed until it holds
+      int ok = 0;
+      r->error = r->ready(r, &ok);
+      if (r->error != LOOM_OK) {
+        snprintf(r->errmsg, sizeof r->errmsg, "%s", loom_last_error(NULL));
+        break;
+      }
+      if (!ok) {
+        return;
+      }
+      r->ready = NULL;
     }
     loom_status_t (*step)(loom_request_t *) = r->step;
     r->step = NULL;

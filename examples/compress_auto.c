@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static const char *const candidates[] = {"fp16", "int8"};
 
@@ -16,7 +17,8 @@ int ex_auto_init(ex_auto_t *a, int nt, const loom_tensor_t **t) {
   a->ready_sum = calloc((size_t)nt + 1, sizeof(double));
   a->codec = malloc(sizeof(int) * ((size_t)nt + 1));
   a->scheme = malloc(sizeof(loom_scheme_t) * ((size_t)nt + 1));
-  if (!a->ready_sum || !a->codec || !a->scheme) {
+  a->lane = calloc((size_t)nt + 1, sizeof(int));
+  if (!a->ready_sum || !a->codec || !a->scheme || !a->lane) {
     return -1;
   }
   for (int i = 0; i < nt; i++) {
@@ -36,6 +38,7 @@ void ex_auto_free(ex_auto_t *a) {
   free(a->ready_sum);
   free(a->codec);
   free(a->scheme);
+  free(a->lane);
   for (int k = 0; k < a->ncand; k++) {
     loom_compressor_destroy(a->cand[k]);
   }
@@ -62,7 +65,7 @@ loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group
     return status;
   }
   // Plan on rank 0 (its profile and its core's codec costs), then everyone applies the same.
-  int *msg = calloc(2 * (size_t)a->nt + 2, sizeof(int));
+  int *msg = calloc(3 * (size_t)a->nt + 2, sizeof(int)); // codec, scheme, lane; status
   loom_plan_tensor_t *pt = calloc((size_t)a->nt + 1, sizeof *pt);
   loom_plan_choice_t *ch = calloc((size_t)a->nt + 1, sizeof *ch);
   int *order = calloc((size_t)a->nt + 1, sizeof(int));
@@ -80,6 +83,11 @@ loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group
       status =
           loom_plan_measure_codec_device(loom_compressor_name(a->cand[k]), a->device, &gpu_cost[k]);
     }
+    // On a device, the CPU lane (unless LOOM_PLAN_LANE=gpu) costs a copy each way over PCIe.
+    const int mode = ex_lane_mode(ctx),
+              cpu_lane = a->device != LOOM_DEVICE_HOST && mode != EX_LANE_GPU;
+    loom_link_t pcie = {0.0, 0.0};
+    const loom_status_t pcie_status = cpu_lane ? loom_plan_measure_pcie(a->device, &pcie) : LOOM_OK;
     const double s = a->samples > 0 ? (double)a->samples : 1.0;
     // The planner takes the tensors in ready order: order[j] is the j-th ready tensor
     // (insertion sort: a trainer has tens of gradient tensors).
@@ -106,9 +114,19 @@ loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group
                              .codecs = cost,
                              .workers = 0,
                              .gpu_codecs = a->device != LOOM_DEVICE_HOST ? gpu_cost : NULL,
-                             .host_lanes = 0};
+                             .host_lanes = cpu_lane && pcie_status == LOOM_OK,
+                             .pcie = pcie};
     loom_plan_result_t r, rn;
     status = loom_plan_greedy(&p, ch, &r);
+    if (status == LOOM_OK && pcie_status != LOOM_OK) { // the device cannot be used: say so
+      status = pcie_status;
+    }
+    if (status == LOOM_OK && cpu_lane && mode == EX_LANE_CPU) { // every compressed one on the CPU
+      for (int j = 0; j < a->nt; j++) {
+        ch[j].lane = ch[j].codec >= 0 ? LOOM_LANE_WORKER : ch[j].lane;
+      }
+      status = loom_plan_simulate(&p, ch, &r);
+    }
     if (status == LOOM_OK) {
       loom_plan_choice_t *none = calloc((size_t)a->nt + 1, sizeof *none);
       for (int i = 0; none && i < a->nt; i++) {
@@ -129,21 +147,29 @@ loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group
                "(one node); %d profiled steps\n",
                link.intra.alpha_us, link.intra.gbps, a->samples);
       }
+      if (cpu_lane) {
+        printf("compression plan (auto): PCIe %.1f us + %.2f Gbit/s between the GPU and the host "
+               "(the CPU lane: host codecs on a pinned copy%s)\n",
+               pcie.alpha_us, pcie.gbps,
+               mode == EX_LANE_CPU ? ", every one: LOOM_PLAN_LANE=cpu" : "");
+      }
       loom_plan_print(&p, ch, &r, stdout);
       fflush(stdout);
       for (int i = 0; i < a->nt; i++) {
-        msg[2 * order[i]] = ch[i].codec;
-        msg[2 * order[i] + 1] = (int)ch[i].scheme;
+        msg[3 * order[i]] = ch[i].codec;
+        msg[3 * order[i] + 1] = (int)ch[i].scheme;
+        msg[3 * order[i] + 2] = ch[i].lane;
       }
     }
-    msg[2 * a->nt] = (int)status;
+    msg[3 * a->nt] = (int)status;
   }
-  MPI_Bcast(msg, 2 * a->nt + 1, MPI_INT, 0, loom_group_comm(dp));
+  MPI_Bcast(msg, 3 * a->nt + 1, MPI_INT, 0, loom_group_comm(dp));
   MPI_Bcast(pred, 2, MPI_DOUBLE, 0, loom_group_comm(dp));
-  status = (loom_status_t)msg[2 * a->nt];
+  status = (loom_status_t)msg[3 * a->nt];
   for (int i = 0; i < a->nt && status == LOOM_OK; i++) {
-    a->codec[i] = msg[2 * i];
-    a->scheme[i] = (loom_scheme_t)msg[2 * i + 1];
+    a->codec[i] = msg[3 * i];
+    a->scheme[i] = (loom_scheme_t)msg[3 * i + 1];
+    a->lane[i] = msg[3 * i + 2];
   }
   a->predicted_ms = pred[0];
   a->none_ms = pred[1];
@@ -153,4 +179,15 @@ done:
   free(ch);
   free(order);
   return status;
+}
+
+int ex_auto_cpu(const ex_auto_t *a, int i) {
+  return a->device != LOOM_DEVICE_HOST && a->codec[i] >= 0 && a->lane[i] == LOOM_LANE_WORKER;
+}
+
+int ex_lane_mode(const loom_ctx_t *ctx) {
+  const char *v = loom_tunable(ctx, "LOOM_PLAN_LANE"); // checked by loom_init: auto, gpu or cpu
+  return v && !strcasecmp(v, "cpu")   ? EX_LANE_CPU
+         : v && !strcasecmp(v, "gpu") ? EX_LANE_GPU
+                                      : EX_LANE_AUTO;
 }

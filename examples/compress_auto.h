@@ -17,11 +17,15 @@ typedef struct ex_auto {
   int ncand;
   int *codec;                   // (nt) after planning: an index into cand, or -1 for none
   loom_scheme_t *scheme;        // (nt)
+  int *lane;                    // (nt) the lane that encodes (loom_plan_choice_t.lane; 0 before
+                                // planning): on a device LOOM_PLAN_LANE_GPU, or LOOM_LANE_WORKER
+                                // for the CPU (ex_auto_cpu: staged through pinned host memory)
   double predicted_ms, none_ms; // the plan's simulated step, and the all-none one
   int device; // where the gradients live: LOOM_DEVICE_HOST (ex_auto_init's), or a CUDA device:
-              // then the plan is a GPU problem (ByteComp's GPU lane: the CUDA codecs' costs,
-              // measured there; the trainers encode device gradients on the GPU only, so the
-              // CPU lane is not offered)
+              // then the plan is a GPU problem: ByteComp's GPU lane (the CUDA codecs' costs,
+              // measured there) and, unless LOOM_PLAN_LANE=gpu, its CPU lane (the host codecs
+              // after a copy over the measured PCIe link); LOOM_PLAN_LANE=cpu moves every
+              // compressed tensor to the CPU
 } ex_auto_t;
 
 // Allocates the profile for nt tensors; the candidates are fp16 and int8 (low error: top-k and
@@ -33,5 +37,10 @@ void ex_auto_free(ex_auto_t *a);
 void ex_auto_record(ex_auto_t *a, long step, const double *ready, double compute_ms);
 // Measure (collective over dp), plan on rank 0, broadcast; rank 0 prints the plan.
 loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group_t *dp);
+// 1 when the plan encodes tensor i on the CPU of a device run (compressed, LOOM_LANE_WORKER).
+int ex_auto_cpu(const ex_auto_t *a, int i);
+// LOOM_PLAN_LANE as set (auto, gpu or cpu; case-insensitive): EX_LANE_AUTO, _GPU or _CPU.
+enum { EX_LANE_AUTO = 0, EX_LANE_GPU, EX_LANE_CPU };
+int ex_lane_mode(const loom_ctx_t *ctx);
 
 #endif

@@ -167,10 +167,10 @@ static void fatal_oom(void) {
 
 void ex_ckpt_set_init(ex_ckpt_set_t *cs, int cap, const loom_ef_t *ef, int nplan) {
   memset(cs, 0, sizeof *cs);
-  cs->cap = cap + loom_ef_count(ef) + loom_ef_state_count(ef) + 2;
+  cs->cap = cap + loom_ef_count(ef) + loom_ef_state_count(ef) + 3;
   cs->t = calloc((size_t)cs->cap, sizeof *cs->t);
   cs->p = calloc((size_t)cs->cap, sizeof *cs->p);
-  cs->plan = calloc(2 * (size_t)nplan + 1, sizeof *cs->plan);
+  cs->plan = calloc(3 * (size_t)nplan + 1, sizeof *cs->plan);
   if (!cs->t || !cs->p || !cs->plan) {
     fatal_oom();
   }
@@ -211,17 +211,23 @@ void ex_ckpt_set_add_ef(ex_ckpt_set_t *cs, const loom_ef_t *ef) {
   }
 }
 
-void ex_ckpt_set_add_plan(ex_ckpt_set_t *cs, const int *codec, const loom_scheme_t *scheme, int n) {
+void ex_ckpt_set_add_plan(ex_ckpt_set_t *cs, const int *codec, const loom_scheme_t *scheme,
+                          const int *lane, int n) {
   for (int k = 0; k < n; k++) {
     cs->plan[k] = codec[k];
     cs->plan[n + k] = (int32_t)scheme[k];
+    cs->plan[2 * n + k] = lane ? lane[k] : 0;
   }
   int64_t len = n;
-  loom_tensor_t c, s;
+  loom_tensor_t c, s, l;
   loom_tensor_wrap(&c, cs->plan, LOOM_I32, LOOM_DEVICE_HOST, 1, &len, "auto.codec");
   loom_tensor_wrap(&s, cs->plan + n, LOOM_I32, LOOM_DEVICE_HOST, 1, &len, "auto.scheme");
+  loom_tensor_wrap(&l, cs->plan + 2 * n, LOOM_I32, LOOM_DEVICE_HOST, 1, &len, "auto.lane");
   ex_ckpt_set_add(cs, &c, "auto.codec");
   ex_ckpt_set_add(cs, &s, "auto.scheme");
+  if (lane) {
+    ex_ckpt_set_add(cs, &l, "auto.lane");
+  }
 }
 
 void ex_ckpt_set_free(ex_ckpt_set_t *cs) {
@@ -233,7 +239,7 @@ void ex_ckpt_set_free(ex_ckpt_set_t *cs) {
 
 // One entry beyond the fixed tensors: a residual or half of a plan. Returns 0, or -1 (printed).
 static int load_extra(const char *prog, const char *path, int rank, const loom_tensor_t *v,
-                      loom_ef_t *ef, int *codec, loom_scheme_t *scheme, int n, int ncand,
+                      loom_ef_t *ef, int *codec, loom_scheme_t *scheme, int *lane, int n, int ncand,
                       int *planned) {
   const int is_res = !strncmp(v->name, "ef:", 3), is_state = !strncmp(v->name, "efq:", 4);
   if (is_res || is_state) { // residuals and codec state come back by name
@@ -250,7 +256,8 @@ static int load_extra(const char *prog, const char *path, int rank, const loom_t
     return 0;
   }
   int is_codec = !strcmp(v->name, "auto.codec"), is_scheme = !strcmp(v->name, "auto.scheme");
-  if (!is_codec && !is_scheme) {
+  int is_lane = !strcmp(v->name, "auto.lane");
+  if (!is_codec && !is_scheme && !is_lane) {
     return 0; // a fixed tensor, loaded already
   }
   if (!codec || v->dtype != LOOM_I32 || v->ndim != 1 || v->shape[0] != n) {
@@ -264,17 +271,19 @@ static int load_extra(const char *prog, const char *path, int rank, const loom_t
   for (int k = 0; k < n; k++) {
     if (is_codec) {
       codec[k] = x[k] >= 0 && x[k] < ncand ? x[k] : -1;
-    } else {
+    } else if (is_scheme) {
       scheme[k] = (loom_scheme_t)x[k];
+    } else if (lane) { // the lanes a device plan can give; anything else: the GPU's (0)
+      lane[k] = x[k] == LOOM_LANE_WORKER || x[k] == LOOM_PLAN_LANE_GPU ? x[k] : 0;
     }
   }
-  *planned = 1;
+  *planned |= !is_lane; // a plan is its codecs and schemes; lanes come with a device one
   return 0;
 }
 
 int ex_ckpt_load(const char *prog, const char *dir, const loom_group_t *g, long step,
                  const ex_ckpt_set_t *fixed, loom_ef_t *ef, int *codec, loom_scheme_t *scheme,
-                 int n, int ncand, int *planned) {
+                 int *lane, int n, int ncand, int *planned) {
   const int rank = loom_group_rank(g);
   char path[4096];
   loom_ckpt_info_t me = {.world_size = loom_group_size(g), .rank = rank};
@@ -290,7 +299,7 @@ int ex_ckpt_load(const char *prog, const char *dir, const loom_group_t *g, long 
   for (int i = 0; !bad && i < loom_checkpoint_count(ck); i++) {
     loom_tensor_t v;
     bad = loom_checkpoint_entry(ck, i, &v) != LOOM_OK ||
-          load_extra(prog, path, rank, &v, ef, codec, scheme, n, ncand, planned) != 0;
+          load_extra(prog, path, rank, &v, ef, codec, scheme, lane, n, ncand, planned) != 0;
   }
   loom_checkpoint_close(ck);
   return ex_any(g, bad) ? -1 : 0;

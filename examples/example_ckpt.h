@@ -49,7 +49,7 @@ typedef struct ex_ckpt_set {
   loom_tensor_t *t;        // (cap) the views
   const loom_tensor_t **p; // (cap) pointers to them, for loom_checkpoint_save / _load
   int n, cap;
-  int32_t *plan; // codec indices, then schemes, of a --compress auto plan
+  int32_t *plan; // codec indices, then schemes, then lanes, of a --compress auto plan
 } ex_ckpt_set_t;
 
 // Room for cap tensors (plus the error-feedback residuals and a plan added later).
@@ -57,17 +57,21 @@ void ex_ckpt_set_init(ex_ckpt_set_t *cs, int cap, const loom_ef_t *ef, int nplan
 // Add a view of src called name (copied).
 void ex_ckpt_set_add(ex_ckpt_set_t *cs, const loom_tensor_t *src, const char *name);
 // Add every error-feedback residual as "ef:NAME", and a --compress auto plan of n parts (codec
-// index into the candidates, -1 none; scheme) as "auto.codec" and "auto.scheme".
+// index into the candidates, -1 none; scheme; lane, loom_plan_choice_t.lane, when lane is not
+// NULL: a device plan) as "auto.codec", "auto.scheme" and "auto.lane".
 void ex_ckpt_set_add_ef(ex_ckpt_set_t *cs, const loom_ef_t *ef);
-void ex_ckpt_set_add_plan(ex_ckpt_set_t *cs, const int *codec, const loom_scheme_t *scheme, int n);
+void ex_ckpt_set_add_plan(ex_ckpt_set_t *cs, const int *codec, const loom_scheme_t *scheme,
+                          const int *lane, int n);
 void ex_ckpt_set_free(ex_ckpt_set_t *cs);
 
 // Load this rank's checkpoint of step: the tensors of fixed (every one must be in the file with
-// its dtype and shape), then every "ef:NAME" residual into ef and a plan into codec/scheme (n
-// parts, codec indices below ncand; *planned = 1 when the file holds one). Collective over g:
-// 0 on every rank, or -1 on every rank after the failing ones printed why (prog: the trainer).
+// its dtype and shape), then every "ef:NAME" residual into ef and a plan into codec/scheme/lane
+// (n parts, codec indices below ncand; *planned = 1 when the file holds one; lane may be NULL,
+// and a plan saved without lanes, or with a value that is no lane, leaves lane[k] at 0: the GPU
+// lane of a device run). Collective over g: 0 on every rank, or -1 on every rank after the
+// failing ones printed why (prog: the trainer).
 int ex_ckpt_load(const char *prog, const char *dir, const loom_group_t *g, long step,
                  const ex_ckpt_set_t *fixed, loom_ef_t *ef, int *codec, loom_scheme_t *scheme,
-                 int n, int ncand, int *planned);
+                 int *lane, int n, int ncand, int *planned);
 
 #endif

@@ -147,35 +147,6 @@ int ex_device(const char *prog, const loom_ctx_t *ctx, int cuda, int rank) {
   return -2;
 }
 
-int ex_device_compress_check(const char *spec, loom_scheme_t scheme, char *err, size_t errlen) {
-  if (!spec || !strcmp(spec, "none") || !strcmp(spec, "auto")) {
-    return 0;
-  }
-  if (!strncmp(spec, "powersgd", 8)) {
-    snprintf(err, errlen,
-             "--device cuda does not support --compress %s (PowerSGD runs on host tensors only): "
-             "use fp16, bf16, int8, int8:sr, topk:RATIO, randomk:RATIO, efsign or auto on the "
-             "device, or --device host",
-             spec);
-    return -1;
-  }
-  (void)scheme; // every scheme has a device form
-  return 0;
-}
-
-int ex_device_compress(const char *prog, const char *spec, loom_scheme_t scheme, int flag_given,
-                       int cuda, int rank) {
-  char err[384];
-  if (!cuda || ex_device_compress_check(spec, scheme, err, sizeof err) == 0) {
-    return 0;
-  }
-  if (rank == 0) {
-    fprintf(stderr, "%s: %s%s\n", prog, err,
-            flag_given ? "" : " (the spec came from LOOM_COMPRESS: set it to another one)");
-  }
-  return -1;
-}
-
 // ---- random numbers ---------------------------------------------------------------------------
 
 uint64_t ex_splitmix64(uint64_t *state) {

@@ -74,15 +74,6 @@ int ex_parse_device(const char *v, int *cuda, char *err, size_t errlen);
 // The device a trainer with --device cuda (cuda != 0) runs on: loom_gpu(ctx), or LOOM_DEVICE_HOST
 // without --device cuda. -2 when cuda is asked for but this rank has no GPU (rank 0 says why).
 int ex_device(const char *prog, const loom_ctx_t *ctx, int cuda, int rank);
-// Whether gradients on a CUDA device can be compressed with spec and scheme (the device path:
-// every scheme with a payload codec; auto plans among fp16 and int8 on the flat schemes): 0, or
-// -1 with a message in err naming the flag and the fix (PowerSGD runs on host tensors only).
-// NULL, "none" and "auto" are fine.
-int ex_device_compress_check(const char *spec, loom_scheme_t scheme, char *err, size_t errlen);
-// Whether a run (--device cuda when cuda is set) can apply compression spec with scheme: 0, or
-// -1 when the device path cannot (rank 0 says why, naming the flag or LOOM_COMPRESS and the fix).
-int ex_device_compress(const char *prog, const char *spec, loom_scheme_t scheme, int flag_given,
-                       int cuda, int rank);
 
 // LOOM_NONFINITE for a step whose averaged gradient norm is not finite (every rank sees the same
 // norm, so every rank decides alike): abort (default) ends the job with MPI_Abort after rank 0

@@ -79,12 +79,15 @@ static void usage(FILE *out) {
       "  --compress SPEC     compress each layer's gradient with SPEC (none, fp16, bf16, int8,\n"
       "                      int8:sr, topk:RATIO, randomk:RATIO, efsign, powersgd:RANK) and\n"
       "                      error feedback, or auto: profile the first steps, then a plan per\n"
-      "                      layer; not with --no-overlap (default: LOOM_COMPRESS, auto)\n"
+      "                      layer; not with --no-overlap (default: LOOM_COMPRESS, auto).\n"
+      "                      On --device cuda, LOOM_PLAN_LANE picks what encodes: gpu (the CUDA\n"
+      "                      codecs), cpu (the host codecs on a pinned host copy: ByteComp's CPU\n"
+      "                      lane) or auto (the plan's lane per layer; with SPEC the GPU)\n"
       "  --compress-scheme S indivisible, divisible or hierarchical (default divisible)\n"
       "  --device D          host or cuda: cuda keeps the model, momentum and activations on\n"
       "                      this rank's GPU (LOOM_GPU picks it; NCCL averages the gradients,\n"
-      "                      compressed ones too with the CUDA codecs; the overlapped step;\n"
-      "                      not PowerSGD) (default host)\n" EX_CKPT_HELP
+      "                      compressed ones too with the CUDA codecs or PowerSGD on the\n"
+      "                      device; with or without --no-overlap) (default host)\n" EX_CKPT_HELP
       "  --inject-nan S      testing: rank 0 puts a NaN in its gradient at step S (before the\n"
       "                      allreduce); LOOM_NONFINITE=abort|skip decides what follows\n"
       "  --help              this text\n"
@@ -193,15 +196,6 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
     return -1;
   }
   if (ex_check_ckpt(&o->ck, err, errlen) != 0) {
-    return -1;
-  }
-  if (o->cuda && o->no_overlap) {
-    snprintf(err, errlen,
-             "--device cuda does not support --no-overlap yet (the fused allreduce runs on host "
-             "tensors): drop it or use --device host");
-    return -1;
-  }
-  if (o->cuda && ex_device_compress_check(o->compress, o->scheme, err, errlen) != 0) {
     return -1;
   }
   return 0;
@@ -506,7 +500,8 @@ static void ckpt_collect(ex_ckpt_set_t *cs, const mlp_t *m, const loom_ef_t *ef,
   }
   ex_ckpt_set_add_ef(cs, ef);
   if (plan) {
-    ex_ckpt_set_add_plan(cs, plan->codec, plan->scheme, 3);
+    ex_ckpt_set_add_plan(cs, plan->codec, plan->scheme,
+                         plan->device != LOOM_DEVICE_HOST ? plan->lane : NULL, 3);
   }
 }
 
@@ -544,6 +539,8 @@ typedef struct step {
   loom_compressor_t *codec;          // --compress SPEC (every layer), or NULL
   loom_compressor_t *layer_codec[3]; // per layer (auto decides), NULL: plain allreduce
   loom_scheme_t layer_scheme[3];
+  loom_host_stage_t *layer_stage[3]; // on a device: the stage of a layer the CPU encodes
+                                     // (ByteComp's CPU lane), NULL for the GPU's codecs
   double ready[3]; // ms after the step start when each layer's allreduce began (auto's profile)
   double t_step;   // MPI_Wtime at the step start
   loom_ef_t *ef;   // its error feedback, keyed by gradient name
@@ -592,6 +589,14 @@ static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   const int l = la->layer - 1;
   loom_tensor_t *g = &st->m->gbuf[l]; // weight and bias gradients of the layer
   st->ready[l] = 1e3 * (MPI_Wtime() - st->t_step);
+  if (st->layer_codec[l] && st->layer_stage[l]) { // the CPU lane: see set_cpu_lane
+    size_t sent = 0;
+    loom_status_t status =
+        loom_icompressed_allreduce_staged(st->dp, st->layer_codec[l], st->layer_scheme[l], st->ef,
+                                          g, st->layer_stage[l], LOOM_AVG, st->seed, &sent, req);
+    st->sent += sent;
+    return status;
+  }
   if (st->layer_codec[l]) { // encoded now; the rest moves as the request is advanced
     size_t sent = 0;
     loom_status_t status = loom_icompressed_allreduce(
@@ -600,6 +605,32 @@ static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
     return status;
   }
   return loom_iallreduce(la->st->dp, g, g, LOOM_AVG, req);
+}
+
+// The CPU lane of a device gradient (LOOM_PLAN_LANE=cpu, or the auto plan's choice): the stage
+// of layer l, made once when the lane is decided (pinned host memory, a copy stream). The
+// layer's allreduce task starts on the compute stream after its backward: the copy to the host
+// waits there for the kernels that wrote the gradient, the host codecs run as the request is
+// advanced, and the request completes once the sum is back on the device, so that the clip and
+// the update, queued after it, read the sum. Residuals stay in ef's host table.
+static void set_cpu_lane(step_t *st, int l, int cpu) {
+  const loom_tensor_t *g = &st->m->gbuf[l];
+  if (cpu && !st->layer_stage[l]) {
+    EX_CHECK(loom_host_stage_create(g->device, loom_tensor_numel(g), &st->layer_stage[l]));
+  } else if (!cpu && st->layer_stage[l]) {
+    loom_host_stage_destroy(st->layer_stage[l]);
+    st->layer_stage[l] = NULL;
+  }
+}
+
+// --compress auto's plan on the three layers.
+static void apply_plan(step_t *st, const ex_auto_t *a) {
+  for (int l = 0; l < 3; l++) {
+    const int c = a->codec[l];
+    st->layer_codec[l] = c >= 0 ? a->cand[c] : NULL;
+    st->layer_scheme[l] = a->scheme[l];
+    set_cpu_lane(st, l, ex_auto_cpu(a, l));
+  }
 }
 
 static loom_status_t task_clip(void *arg) {
@@ -822,9 +853,6 @@ int main(int argc, char **argv) {
   // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
   const char *spec =
       ex_compress_spec("train_fmnist", o.compress, ctx, loom_group_size(dp), !o.no_overlap, rank);
-  if (ex_device_compress("train_fmnist", spec, o.scheme, o.compress != NULL, o.cuda, rank) != 0) {
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
   const int use_auto = spec && !strcmp(spec, "auto");
   const loom_tensor_t *layer_t[3] = {&m.gbuf[0], &m.gbuf[1], &m.gbuf[2]};
   ex_auto_t plan_auto;
@@ -850,6 +878,7 @@ int main(int argc, char **argv) {
     for (int l = 0; l < 3; l++) {
       st.layer_codec[l] = st.codec;
       st.layer_scheme[l] = o.scheme;
+      set_cpu_lane(&st, l, o.cuda && ex_lane_mode(ctx) == EX_LANE_CPU); // LOOM_PLAN_LANE=cpu
     }
   }
   double plan_time = 0.0, planned_wall = 0.0; // s planning; ms of the steps after planning
@@ -875,8 +904,10 @@ int main(int argc, char **argv) {
                                       ? "one fused allreduce after the backward (--no-overlap)"
                                       : "per-layer allreduce overlapped with the backward");
     if (st.codec) {
-      printf("compression: %s, %s scheme, error feedback per gradient\n",
-             loom_compressor_name(st.codec), loom_scheme_name(o.scheme));
+      printf("compression: %s, %s scheme, error feedback per gradient%s\n",
+             loom_compressor_name(st.codec), loom_scheme_name(o.scheme),
+             st.layer_stage[0] ? "; encoded by the CPU on pinned host copies (LOOM_PLAN_LANE=cpu)"
+                               : "");
     } else if (use_auto) {
       printf("compression: auto: %d uncompressed steps profiled, then a plan per layer "
              "(candidates fp16, int8)\n",
@@ -899,15 +930,14 @@ int main(int argc, char **argv) {
       ex_ckpt_set_t fixed;
       ckpt_collect(&fixed, &m, NULL, NULL);
       if (ex_ckpt_load("train_fmnist", o.ck.dir, dp, latest, &fixed, st.ef,
-                       use_auto ? plan_auto.codec : NULL, use_auto ? plan_auto.scheme : NULL, 3,
-                       use_auto ? plan_auto.ncand : 0, &planned) != 0) {
+                       use_auto ? plan_auto.codec : NULL, use_auto ? plan_auto.scheme : NULL,
+                       use_auto ? plan_auto.lane : NULL, 3, use_auto ? plan_auto.ncand : 0,
+                       &planned) != 0) {
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
       ex_ckpt_set_free(&fixed);
-      for (int l = 0; planned && l < 3; l++) {
-        int c = plan_auto.codec[l];
-        st.layer_codec[l] = c >= 0 ? plan_auto.cand[c] : NULL;
-        st.layer_scheme[l] = plan_auto.scheme[l];
+      if (planned) {
+        apply_plan(&st, &plan_auto);
       }
       step = latest;
     }
@@ -952,11 +982,7 @@ int main(int argc, char **argv) {
           if (step == EX_AUTO_PROFILE_STEPS - 1) {
             double p0 = MPI_Wtime();
             EX_CHECK(ex_auto_plan(&plan_auto, ctx, dp));
-            for (int l = 0; l < 3; l++) {
-              int c = plan_auto.codec[l];
-              st.layer_codec[l] = c >= 0 ? plan_auto.cand[c] : NULL;
-              st.layer_scheme[l] = plan_auto.scheme[l];
-            }
+            apply_plan(&st, &plan_auto);   // (stages made here: set-up too)
             plan_time += MPI_Wtime() - p0; // set-up, not training
             planned = 1;
           }
@@ -981,7 +1007,12 @@ int main(int argc, char **argv) {
         if (step == o.inject_nan && rank == 0) {
           EX_CHECK(poison_grad(&m));
         }
-        EX_CHECK(loom_fusion_allreduce(fusion, reduce, NPARAM + 1, LOOM_AVG));
+        // The loss is a host scalar: on a GPU it travels alone (the buckets are device memory).
+        EX_CHECK(
+            loom_fusion_allreduce(fusion, reduce, NPARAM + (device == LOOM_DEVICE_HOST), LOOM_AVG));
+        if (device != LOOM_DEVICE_HOST) {
+          EX_CHECK(loom_allreduce(dp, &loss_t, &loss_t, LOOM_AVG));
+        }
         EX_CHECK(loom_clip_grad_norm(reduce, NPARAM, (float)o.clip, &norm)); // gradients, not loss
         if (!isfinite(norm)) {
           ex_nonfinite_step("train_fmnist", ctx, step, total, (double)norm, rank, &nonfinite_steps);
@@ -1101,6 +1132,9 @@ int main(int argc, char **argv) {
     ex_auto_free(&plan_auto);
   }
   loom_ef_destroy(st.ef);
+  for (int l = 0; l < 3; l++) { // (the scheduler is gone: no copy in flight)
+    loom_host_stage_destroy(st.layer_stage[l]);
+  }
   acts_free(&a);
   mlp_free(&m);
   free(perm);

@@ -57,6 +57,7 @@ typedef struct opts {
   int moe_overlap;        // a loom_moe_overlap_t, or LOOM_MOE_OVERLAP_DEFAULT (LOOM_MOE_OVERLAP)
   int attn_servers;       // -1: LOOM_ATTN_SERVERS decides; 0 off; 1 inplace; 2 dedicated
   char attn_spec[16];     // --attn-servers as given (passed to loom_init: "inplace" or N)
+  double attn_row_cost;   // --attn-row-cost: pairs per query row for the balancer (< 0: measure)
   char attn_spec_eff[16]; // LOOM_ATTN_SERVERS as loom_init took it
   int doc_skew;           // --doc-lengths skewed: synthetic heavy-tailed document boundaries
   int cuda;               // --device cuda: model, optimizer and activations on this rank's GPU
@@ -94,9 +95,8 @@ static void usage(FILE *out) {
       "  --seed N            weight init, document shuffle and sampling (default 42)\n"
       "  --device D          host or cuda: cuda keeps the parameters, optimizer state and\n"
       "                      activations on this rank's GPU (LOOM_GPU picks it; NCCL averages\n"
-      "                      the gradients, compressed ones too with the CUDA codecs; MoE\n"
-      "                      layers dispatch over NCCL; local attention, --sync overlap,\n"
-      "                      none or comm-only; not PowerSGD)\n"
+      "                      the gradients, compressed ones too (CUDA codecs, PowerSGD); MoE\n"
+      "                      layers dispatch over NCCL; local attention; every --sync mode)\n"
       "                      (default host)\n"
       "data\n"
       "  --data PATH         a text file or a directory of them; repeat for more (default %s,\n"
@@ -128,7 +128,10 @@ static void usage(FILE *out) {
       "  --compress SPEC     compress every gradient with SPEC (none, fp16, bf16, int8,\n"
       "                      int8:sr, topk:RATIO, randomk:RATIO, efsign, powersgd:RANK) and\n"
       "                      error feedback, or auto: profile the first steps, then a plan per\n"
-      "                      gradient; with --sync overlap only (default: LOOM_COMPRESS, auto)\n"
+      "                      gradient; with --sync overlap only (default: LOOM_COMPRESS, auto).\n"
+      "                      On --device cuda, LOOM_PLAN_LANE picks what encodes: gpu (the CUDA\n"
+      "                      codecs), cpu (the host codecs on a pinned host copy: ByteComp's CPU\n"
+      "                      lane) or auto (the plan's lane per gradient; with SPEC the GPU)\n"
       "  --compress-scheme S indivisible, divisible or hierarchical (default divisible)\n"
       "mixture of experts\n"
       "  --moe-experts E     experts per MoE layer, 0 = dense MLP everywhere (default 0); a\n"
@@ -157,6 +160,11 @@ static void usage(FILE *out) {
       "                      of the dK/dV sums). N: the last N ranks only serve attention (no\n"
       "                      model, no data) and the others train on what they give back;\n"
       "                      needs --sync overlap, fused or none\n"
+      "  --attn-row-cost C   0 (default), auto or a number: what the balancer counts for one\n"
+      "                      query row besides its (query, key) pairs, in pairs. 0: pairs only\n"
+      "                      (DistCA's cost); auto: rank 0 times the attention kernels at the\n"
+      "                      first step (loom_attn_measure_row_cost): closer to the kernels'\n"
+      "                      time, but a timing, so two runs may plan (and round) differently\n"
       "  --doc-lengths D     corpus: the documents as the corpus gives them (default); skewed:\n"
       "                      the same tokens cut into synthetic sequences of heavy-tailed\n"
       "                      (lognormal) lengths, seeded per step and rank, so that the ranks'\n"
@@ -198,6 +206,7 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
                 .moe_aux = 0.01,
                 .moe_overlap = LOOM_MOE_OVERLAP_DEFAULT,
                 .attn_servers = -1,
+                .attn_row_cost = 0.0,
                 .ck = EX_CKPT_OPTS_DEFAULT,
                 .inject_nan = -1};
   o->cfg.moe_every = 2;
@@ -310,6 +319,18 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
         rc = -1;
       }
       snprintf(o->attn_spec, sizeof o->attn_spec, "%s", o->attn_servers ? v : "0");
+    } else if (!strcmp(flag, "--attn-row-cost")) {
+      char *end = NULL;
+      double c = strtod(v, &end);
+      if (!strcmp(v, "auto")) {
+        o->attn_row_cost = -1.0;
+      } else if (end && end != v && *end == '\0' && c >= 0.0 && c <= 1e9) {
+        o->attn_row_cost = c;
+      } else {
+        snprintf(err, errlen, "--attn-row-cost wants auto or a number of pairs in 0..1e9, got '%s'",
+                 v);
+        rc = -1;
+      }
     } else if (!strcmp(flag, "--doc-lengths")) {
       if (!strcmp(v, "corpus") || !strcmp(v, "skewed")) {
         o->doc_skew = !strcmp(v, "skewed");
@@ -360,20 +381,11 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
     snprintf(err, errlen, "--profile times the scheduled step: use --sync overlap (or none)");
     return -1;
   }
-  if (o->cuda) {
-    const char *why = o->attn_servers > 0     ? "--attn-servers"
-                      : o->sync == SYNC_FUSED ? "--sync fused"
-                                              : NULL;
-    if (why) {
-      snprintf(err, errlen,
-               "--device cuda does not support %s yet (attention servers and the fused sync run "
-               "on host tensors): drop it or use --device host",
-               why);
-      return -1;
-    }
-    if (ex_device_compress_check(o->compress, o->scheme, err, errlen) != 0) {
-      return -1;
-    }
+  if (o->cuda && o->attn_servers > 0) {
+    snprintf(err, errlen,
+             "--device cuda does not support --attn-servers yet (the attention servers run on "
+             "host tensors): drop it or use --device host");
+    return -1;
   }
   if (o->cfg.width % o->cfg.heads) {
     snprintf(err, errlen, "--width %d does not divide by --heads %d: pick heads that divide it",
@@ -423,6 +435,8 @@ typedef struct step {
   loom_compressor_t **part_codec; // (2 nunits) [2u + p]: the compressor of part p of unit u, or
                                   // NULL for a plain allreduce (--compress auto decides per part)
   loom_scheme_t *part_scheme;     // (2 nunits)
+  loom_host_stage_t **part_stage; // (2 nunits) on a device: the stage of a part the CPU encodes
+                                  // (ByteComp's CPU lane), NULL for the GPU's codecs
   double *ready;                  // (2 nunits) ms after the step start when the allreduce began
   double t_step;                  // MPI_Wtime at the step start
   loom_ef_t *ef;                  // error feedback, keyed by gradient name
@@ -439,6 +453,7 @@ typedef struct step {
   int trainers;
   loom_attn_exec_t **attn; // (L) or NULL when off
   double attn_ratio[2];
+  double attn_row_cost; // the balancer's row cost (< 0 until measured at the first plan)
 } step_t;
 
 typedef struct unit_arg {
@@ -451,6 +466,36 @@ typedef struct moe_arg {
   int l, p; // block, and which parameter of its MoE layer (a loom_moe_param_t)
 } moe_arg_t;
 
+// The balancer's row cost: given (>= 0), or measured at the first plan by world rank 0 and
+// broadcast, since every rank must plan with the same value. Collective over the world.
+static loom_status_t attn_row_cost(const loom_group_t *world, int H, int D, double *row_cost) {
+  if (*row_cost >= 0.0) {
+    return LOOM_OK;
+  }
+  double rc = 0.0;
+  if (loom_group_rank(world) == 0) {
+    if (loom_attn_measure_row_cost(H, H, D, 1, &rc) != LOOM_OK) {
+      fprintf(stderr, "train_gpt: measuring the attention row cost: %s\n", loom_last_error(NULL));
+      rc = NAN;
+    } else {
+      printf("attn-servers: a query row costs %.1f (query, key) pairs besides its pairs "
+             "(measured on rank 0; --attn-row-cost sets it)\n",
+             rc);
+      fflush(stdout);
+    }
+  }
+  if (MPI_Bcast(&rc, 1, MPI_DOUBLE, 0, loom_group_comm(world)) != MPI_SUCCESS) {
+    return LOOM_ERR_MPI;
+  }
+  if (!(rc >= 0.0)) {
+    fprintf(stderr, "train_gpt: attention servers: rank 0 could not measure the row cost (see "
+                    "its error): set it with --attn-row-cost\n");
+    return LOOM_ERR_STATE;
+  }
+  *row_cost = rc;
+  return LOOM_OK;
+}
+
 // Attention servers for one step: every rank's sequence lengths (the cu_seqlens of its batch;
 // a dedicated server has none) gathered over the world in rank order (rank 0's sequences, then
 // rank 1's, ...: each rank's rows are its documents packed in that order), balanced over the
@@ -461,7 +506,7 @@ typedef struct moe_arg {
 // rank instead: the dedicated servers' loop ends.
 static loom_status_t attn_plan(const loom_group_t *world, int trainers, const int32_t *cu, int mine,
                                const gpt_config_t *c, loom_attn_exec_t **x, double ratio[2],
-                               int *stop) {
+                               double *row_cost, int *stop) {
   const int np = loom_group_size(world), H = c->heads, D = c->width / c->heads;
   MPI_Comm comm = loom_group_comm(world);
   int *counts = malloc(sizeof(int) * (size_t)np), *displs = malloc(sizeof(int) * (size_t)np);
@@ -490,6 +535,9 @@ static loom_status_t attn_plan(const loom_group_t *world, int trainers, const in
   if (*stop) {
     goto done;
   }
+  if ((status = attn_row_cost(world, H, D, row_cost)) != LOOM_OK) {
+    goto done;
+  }
   all = malloc(sizeof(int64_t) * ((size_t)total + 1));
   docs = malloc(sizeof *docs * ((size_t)total + 1));
   if (!all || !docs) {
@@ -514,6 +562,7 @@ static loom_status_t attn_plan(const loom_group_t *world, int trainers, const in
   bo.servers_first = trainers < np ? trainers : 0;
   bo.bytes_per_q_row = 4.0 * (4.0 * H * D + H);
   bo.bytes_per_kv_row = 4.0 * (4.0 * H * D);
+  bo.row_cost = *row_cost;
   if ((status = loom_attn_balance(docs, total, np, &bo, &plan)) != LOOM_OK) {
     goto done;
   }
@@ -537,8 +586,9 @@ done:
 // This step's plan for the trainer's batch, and its executors on the activations.
 static loom_status_t attn_setup(step_t *st) {
   int stop = 0;
-  loom_status_t status = attn_plan(st->world, st->trainers, st->b->cu.data, st->b->nseq,
-                                   &st->m->cfg, st->attn, st->attn_ratio, &stop);
+  loom_status_t status =
+      attn_plan(st->world, st->trainers, st->b->cu.data, st->b->nseq, &st->m->cfg, st->attn,
+                st->attn_ratio, &st->attn_row_cost, &stop);
   if (status == LOOM_OK && stop) { // only trainers send the stop: one of them has ended
     fprintf(stderr, "train_gpt: attention servers: another trainer ended the training mid-step\n");
     status = LOOM_ERR_STATE;
@@ -555,7 +605,8 @@ static void attn_release(step_t *st) {
 // A dedicated attention server (LOOM_ATTN_SERVERS=N, the last N ranks): no model, no data. Every
 // training step it takes part in the plan, serves the forward of every block in order and the
 // backward in reverse order, with no rows of its own, until the trainers say they are done.
-static int attn_serve(const loom_group_t *world, int trainers, const gpt_config_t *c) {
+static int attn_serve(const loom_group_t *world, int trainers, const gpt_config_t *c,
+                      double row_cost) {
   const int L = c->layers, H = c->heads, D = c->width / c->heads;
   loom_attn_exec_t **x = calloc((size_t)L, sizeof *x);
   loom_status_t status = x ? LOOM_OK : LOOM_ERR_NOMEM;
@@ -571,7 +622,7 @@ static int attn_serve(const loom_group_t *world, int trainers, const gpt_config_
   double ratio[2];
   int stop = 0;
   while (status == LOOM_OK) {
-    status = attn_plan(world, trainers, NULL, 0, c, x, ratio, &stop);
+    status = attn_plan(world, trainers, NULL, 0, c, x, ratio, &row_cost, &stop);
     if (status != LOOM_OK || stop) {
       break;
     }
@@ -642,6 +693,14 @@ static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   if (st->ready) { // the profile of --compress auto: when this gradient was ready
     st->ready[i] = 1e3 * (MPI_Wtime() - st->t_step);
   }
+  if (st->part_codec && st->part_codec[i] && st->part_stage[i]) { // the CPU lane: see below
+    size_t sent = 0;
+    loom_status_t status =
+        loom_icompressed_allreduce_staged(st->dp, st->part_codec[i], st->part_scheme[i], st->ef, g,
+                                          st->part_stage[i], LOOM_AVG, st->seed, &sent, req);
+    st->sent += sent;
+    return status;
+  }
   if (st->part_codec && st->part_codec[i]) { // encoded now; the rest moves as it is advanced
     size_t sent = 0;
     loom_status_t status = loom_icompressed_allreduce(st->dp, st->part_codec[i], st->part_scheme[i],
@@ -650,6 +709,32 @@ static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
     return status;
   }
   return loom_iallreduce(ua->st->dp, g, g, LOOM_AVG, req);
+}
+
+// The CPU lane of a device gradient (LOOM_PLAN_LANE=cpu, or the auto plan's choice): the stage
+// of part i, made once when the lane is decided (pinned host memory, a copy stream). Its
+// allreduce task (task_grad_allreduce) starts on the compute stream after the part's backward:
+// the copy to the host waits there for the kernels that wrote the gradient, the host codecs run
+// as the request is advanced, and the request completes once the sum is back on the device, so
+// that the clip and AdamW, queued after it, read the sum. Residuals stay in ef's host table.
+static void set_cpu_lane(step_t *st, int i, int cpu) {
+  const loom_tensor_t *g = &st->m->part_grad[i];
+  if (cpu && !st->part_stage[i]) {
+    EX_CHECK(loom_host_stage_create(g->device, loom_tensor_numel(g), &st->part_stage[i]));
+  } else if (!cpu && st->part_stage[i]) {
+    loom_host_stage_destroy(st->part_stage[i]);
+    st->part_stage[i] = NULL;
+  }
+}
+
+// --compress auto's plan on the parts (plan entry k is part slot[k]).
+static void apply_plan(step_t *st, const ex_auto_t *a, const int *slot, int nslots) {
+  for (int k = 0; k < nslots; k++) {
+    const int c = a->codec[k];
+    st->part_codec[slot[k]] = c >= 0 ? a->cand[c] : NULL;
+    st->part_scheme[slot[k]] = a->scheme[k];
+    set_cpu_lane(st, slot[k], ex_auto_cpu(a, k));
+  }
 }
 
 // A MoE gradient (uncompressed): the router over the data-parallel group, an expert tensor over
@@ -878,15 +963,33 @@ static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua, moe_arg_t *m
   free(mar);
 }
 
+// What the attention executors of the step just run spent waiting for messages and in the
+// attention kernels, summed over the layers (ms; zeros without servers).
+static void attn_step_stats(const step_t *st, int layers, double *wait_ms, double *kernel_ms) {
+  *wait_ms = *kernel_ms = 0.0;
+  for (int l = 0; st->attn && l < layers; l++) {
+    loom_attn_exec_stats_t xs = {0};
+    loom_attn_exec_stats(st->attn[l], &xs);
+    *wait_ms += xs.wait_ms;
+    *kernel_ms += xs.compute_ms;
+  }
+}
+
 // The same step without the scheduler: forward, whole backward, one fused allreduce of every
-// gradient and the loss, clip, AdamW.
+// gradient and the loss, clip, AdamW. On a GPU (kernels on this thread's stream, the legacy
+// default one) the fusion's buckets are device memory and NCCL moves them after the backward's
+// kernels; the loss is a host scalar, so it travels alone (the same mean: one value per rank).
 static void fused_step(step_t *st, loom_fusion_t *fusion, loom_tensor_t **reduce) {
   gpt_model_t *m = st->m;
+  const int on_host = m->device == LOOM_DEVICE_HOST;
   EX_CHECK(task_forward(st));
   for (int u = m->nunits - 1; u >= 0; u--) {
     EX_CHECK(gpt_backward_unit(m, st->a, u, NULL));
   }
-  EX_CHECK(loom_fusion_allreduce(fusion, reduce, m->nunits + 1, LOOM_AVG));
+  EX_CHECK(loom_fusion_allreduce(fusion, reduce, m->nunits + on_host, LOOM_AVG));
+  if (!on_host) {
+    EX_CHECK(loom_allreduce(st->dp, &st->loss_t, &st->loss_t, LOOM_AVG));
+  }
   for (int l = 0; l < m->cfg.layers; l++) { // MoE gradients: not fused
     for (int p = 0; m->moe[l] && p < LOOM_MOE_PARAM_COUNT; p++) {
       loom_tensor_t *g = loom_moe_grad(m->moe[l], (loom_moe_param_t)p);
@@ -1114,8 +1217,9 @@ static void ckpt_collect(ex_ckpt_set_t *cs, const gpt_model_t *m, const loom_ef_
     }
   }
   ex_ckpt_set_add_ef(cs, ef);
-  if (plan) { // planned: the candidate index (-1 none) and scheme of every part
-    ex_ckpt_set_add_plan(cs, plan->codec, plan->scheme, nslots);
+  if (plan) { // planned: the candidate index (-1 none), scheme and (device) lane of every part
+    ex_ckpt_set_add_plan(cs, plan->codec, plan->scheme,
+                         plan->device != LOOM_DEVICE_HOST ? plan->lane : NULL, nslots);
   }
 }
 
@@ -1189,9 +1293,9 @@ int main(int argc, char **argv) {
     servers_world = loom_group(ctx, LOOM_GROUP_WORLD);
   }
   if (rank < 0) { // a dedicated attention server: serves until the trainers are done
-    int src =
-        attn_serve(loom_group(ctx, LOOM_GROUP_WORLD),
-                   loom_size(ctx) - loom_group_size(loom_group(ctx, LOOM_GROUP_ATTN)), &o.cfg);
+    int src = attn_serve(loom_group(ctx, LOOM_GROUP_WORLD),
+                         loom_size(ctx) - loom_group_size(loom_group(ctx, LOOM_GROUP_ATTN)), &o.cfg,
+                         o.attn_row_cost);
     return loom_finalize(ctx) == LOOM_OK ? src : 1;
   }
   const loom_group_t *ep = loom_group(ctx, LOOM_GROUP_EP);
@@ -1305,6 +1409,7 @@ int main(int argc, char **argv) {
   loom_tensor_t **reduce = calloc((size_t)m.nunits + 1, sizeof *reduce);
   int64_t *moe_count = calloc((size_t)E + 1, sizeof *moe_count); // sent per expert, dropped
   st.trainers = np;
+  st.attn_row_cost = o.attn_row_cost;
   if (o.attn_servers > 0) {
     st.attn = calloc((size_t)o.cfg.layers, sizeof *st.attn);
   }
@@ -1320,9 +1425,6 @@ int main(int argc, char **argv) {
   // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
   const char *spec = ex_compress_spec("train_gpt", o.compress, ctx, loom_group_size(dp),
                                       o.sync == SYNC_OVERLAP || o.sync == SYNC_COMM_ONLY, rank);
-  if (ex_device_compress("train_gpt", spec, o.scheme, o.compress != NULL, o.cuda, rank) != 0) {
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
   const int use_auto = spec && !strcmp(spec, "auto");
   ex_auto_t plan_auto;
   int nslots = 0, *slot = calloc(2 * (size_t)m.nunits, sizeof(int)); // the parts that exist
@@ -1330,7 +1432,8 @@ int main(int argc, char **argv) {
   double *slot_ready = calloc(2 * (size_t)m.nunits, sizeof(double));
   st.part_codec = calloc(2 * (size_t)m.nunits, sizeof *st.part_codec);
   st.part_scheme = calloc(2 * (size_t)m.nunits, sizeof *st.part_scheme);
-  if (!slot || !slot_t || !slot_ready || !st.part_codec || !st.part_scheme) {
+  st.part_stage = calloc(2 * (size_t)m.nunits, sizeof *st.part_stage);
+  if (!slot || !slot_t || !slot_ready || !st.part_codec || !st.part_scheme || !st.part_stage) {
     fprintf(stderr, "train_gpt: out of memory\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
@@ -1366,6 +1469,9 @@ int main(int argc, char **argv) {
     for (int i = 0; i < 2 * m.nunits; i++) {
       st.part_codec[i] = st.codec;
       st.part_scheme[i] = o.scheme;
+    }
+    for (int k = 0; o.cuda && ex_lane_mode(ctx) == EX_LANE_CPU && k < nslots; k++) {
+      set_cpu_lane(&st, slot[k], 1); // LOOM_PLAN_LANE=cpu: every gradient
     }
   }
   double plan_time = 0.0;    // s spent measuring and planning in this step (auto)
@@ -1419,8 +1525,11 @@ int main(int argc, char **argv) {
            o.batch, o.cfg.ctx, tokens_per_step, o.steps, o.lr, o.warmup, o.lr * o.min_lr_frac, o.wd,
            o.clip, sync_names[o.sync]);
     if (st.codec) {
-      printf("compression: %s, %s scheme, error feedback per gradient\n",
-             loom_compressor_name(st.codec), loom_scheme_name(o.scheme));
+      printf("compression: %s, %s scheme, error feedback per gradient%s\n",
+             loom_compressor_name(st.codec), loom_scheme_name(o.scheme),
+             st.part_stage[slot[0]] ? "; encoded by the CPU on pinned host copies "
+                                      "(LOOM_PLAN_LANE=cpu)"
+                                    : "");
     } else if (use_auto) {
       printf("compression: auto: %d uncompressed steps profiled, then a plan per gradient "
              "(candidates fp16, int8)\n",
@@ -1459,7 +1568,8 @@ int main(int argc, char **argv) {
       ckpt_collect(&fixed, &m, NULL, NULL, nslots);
       int bad = ex_ckpt_load("train_gpt", o.ck.dir, dp, latest, &fixed, st.ef,
                              use_auto ? plan_auto.codec : NULL, use_auto ? plan_auto.scheme : NULL,
-                             nslots, use_auto ? plan_auto.ncand : 0, &planned);
+                             use_auto ? plan_auto.lane : NULL, nslots,
+                             use_auto ? plan_auto.ncand : 0, &planned);
       ex_ckpt_set_free(&fixed);
       if (bad) {
         if (rank == 0) {
@@ -1470,10 +1580,8 @@ int main(int argc, char **argv) {
         loom_finalize(ctx);
         return 1;
       }
-      for (int k = 0; planned && k < nslots; k++) {
-        int c = plan_auto.codec[k];
-        st.part_codec[slot[k]] = c >= 0 ? plan_auto.cand[c] : NULL;
-        st.part_scheme[slot[k]] = plan_auto.scheme[k];
+      if (planned) {
+        apply_plan(&st, &plan_auto, slot, nslots);
       }
       start = latest;
     }
@@ -1500,8 +1608,11 @@ int main(int argc, char **argv) {
   // first steps that a mean over a short run includes.
   const long step_times_cap = o.steps - start < (1L << 20) ? o.steps - start : (1L << 20);
   double *step_times = calloc((size_t)(step_times_cap > 0 ? step_times_cap : 1), sizeof(double));
+  // With attention servers: each step's exchange waits and kernel time over the layers (ms).
+  double *attn_waits = calloc((size_t)(step_times_cap > 0 ? step_times_cap : 1), sizeof(double));
+  double *attn_kernels = calloc((size_t)(step_times_cap > 0 ? step_times_cap : 1), sizeof(double));
   long nstep_times = 0;
-  if (!step_times) {
+  if (!step_times || !attn_waits || !attn_kernels) {
     fprintf(stderr, "train_gpt: out of memory\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
@@ -1536,12 +1647,8 @@ int main(int argc, char **argv) {
         if (step == EX_AUTO_PROFILE_STEPS - 1) {
           double p0 = MPI_Wtime();
           EX_CHECK(ex_auto_plan(&plan_auto, ctx, dp));
+          apply_plan(&st, &plan_auto, slot, nslots); // (stages made here: set-up too)
           plan_time = MPI_Wtime() - p0; // measuring and planning is set-up, not training
-          for (int k = 0; k < nslots; k++) {
-            int c = plan_auto.codec[k];
-            st.part_codec[slot[k]] = c >= 0 ? plan_auto.cand[c] : NULL;
-            st.part_scheme[slot[k]] = plan_auto.scheme[k];
-          }
           planned = 1;
         }
       } else if (use_auto) {
@@ -1568,6 +1675,7 @@ int main(int argc, char **argv) {
     }
     double t1 = MPI_Wtime();
     if (nstep_times < step_times_cap) {
+      attn_step_stats(&st, o.cfg.layers, &attn_waits[nstep_times], &attn_kernels[nstep_times]);
       step_times[nstep_times++] = t1 - t0 - plan_time;
     }
     train_time += t1 - t0 - plan_time;
@@ -1746,7 +1854,8 @@ int main(int argc, char **argv) {
         "\"moe_params\": %lld, \"moe_aux\": %.6f, \"attn_servers\": \"%s\", "
         "\"doc_lengths\": \"%s\", \"attn_max_over_mean_before\": %.4f, "
         "\"attn_max_over_mean\": %.4f, \"device\": \"%s\", \"nonfinite_steps\": %ld, "
-        "\"rss_mib\": %.1f, \"step_ms_median\": %.3f}\n",
+        "\"rss_mib\": %.1f, \"step_ms_median\": %.3f, \"attn_wait_ms_median\": %.3f, "
+        "\"attn_kernel_ms_median\": %.3f}\n",
         o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
         (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
         1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
@@ -1760,10 +1869,13 @@ int main(int argc, char **argv) {
                               : "off",
         o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0], st.attn_ratio[1],
         o.cuda ? "cuda" : "host", nonfinite_steps, last_rss,
-        1e3 * ex_median(step_times, nstep_times));
+        1e3 * ex_median(step_times, nstep_times), ex_median(attn_waits, nstep_times),
+        ex_median(attn_kernels, nstep_times));
     rc |= ex_write_text(o.json, text) != 0;
   }
   free(step_times);
+  free(attn_waits);
+  free(attn_kernels);
   if (loom_sched_destroy(sched) != LOOM_OK) { // writes the rest of the timeline
     fprintf(stderr, "train_gpt: timeline: %s\n", loom_last_error(NULL));
     rc = 1;
@@ -1777,9 +1889,13 @@ int main(int argc, char **argv) {
   free(st.ready);
   free(st.part_codec);
   free(st.part_scheme);
+  for (int i = 0; i < 2 * m.nunits; i++) { // (the scheduler is gone: no copy in flight)
+    loom_host_stage_destroy(st.part_stage[i]);
+  }
+  free(st.part_stage);
   if (o.profile && rank == 0) {
     rc |= gpt_profile_write(&prof, o.profile, &m, slot_t, np, (int64_t)o.batch * o.cfg.ctx,
-                            o.moe_topk) != 0;
+                            o.moe_topk, st.attn_row_cost) != 0;
   }
   if (o.profile) {
     gpt_profile_free(&prof);

@@ -74,6 +74,8 @@ typedef struct loom_config {
   int check_consistency;    // LOOM_CHECK_CONSISTENCY: 1 = ranks compare collectives' arguments
   const char *nonfinite;    // LOOM_NONFINITE: abort | skip a step whose averaged gradient is not
                             // finite (read by training loops through loom_tunable)
+  const char *plan_lane;    // LOOM_PLAN_LANE: auto | gpu | cpu: the lane that encodes compressed
+                            // gradients on a GPU (read by the example trainers)
 } loom_config_t;
 
 // The value of a tunable as resolved at loom_init (environment, config or default), by its

@@ -8,6 +8,12 @@
 #include "loom_core.h"
 
 enum loom_bind_mode { LOOM_BIND_CORE = 0, LOOM_BIND_NUMA, LOOM_BIND_NONE };
+// LOOM_PLAN_LANE: which lane encodes compressed gradients that live on a GPU.
+enum loom_plan_lane_mode {
+  LOOM_PLAN_LANE_MODE_AUTO = 0,
+  LOOM_PLAN_LANE_MODE_GPU,
+  LOOM_PLAN_LANE_MODE_CPU
+};
 #define LOOM_GPU_AUTO     (-2)
 #define LOOM_GPU_NONE     (-1)
 #define LOOM_ATTN_INPLACE (-1)
@@ -39,6 +45,7 @@ enum loom_param_id {
   LOOM_P_TIMEOUT,
   LOOM_P_CHECK_CONSISTENCY,
   LOOM_P_NONFINITE,
+  LOOM_P_PLAN_LANE,
   LOOM_P_COUNT
 };
 
@@ -69,6 +76,7 @@ struct loom_params {
   int timeout;                          // seconds before a stuck operation aborts (0: never)
   int check_consistency;                // 1: ranks compare each collective's arguments first
   int nonfinite;                        // 0 abort, 1 skip a step with a non-finite gradient
+  int plan_lane;                        // enum loom_plan_lane_mode: auto, gpu, cpu
   char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
   int source[LOOM_P_COUNT];                     // enum loom_param_source
 };

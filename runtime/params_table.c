@@ -192,6 +192,18 @@ static int parse_nonfinite(const struct loom_param_desc *d, const char *text,
   return 0;
 }
 
+static int parse_plan_lane(const struct loom_param_desc *d, const char *text,
+                           struct loom_params *out, char *err, size_t errlen) {
+  _Static_assert(LOOM_PLAN_LANE_MODE_AUTO == 0 && LOOM_PLAN_LANE_MODE_GPU == 1 &&
+                     LOOM_PLAN_LANE_MODE_CPU == 2,
+                 "choice order");
+  if (parse_choice(text, d->valid, &out->plan_lane) != 0) {
+    snprintf(err, errlen, "not auto, gpu or cpu");
+    return -1;
+  }
+  return 0;
+}
+
 static int parse_check_consistency(const struct loom_param_desc *d, const char *text,
                                    struct loom_params *out, char *err, size_t errlen) {
   if (parse_int_field(d, text, &out->check_consistency, err, errlen) != 0) {
@@ -332,4 +344,9 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                           "what a training loop does when the averaged gradient holds a NaN or "
                           "an infinity: abort the job naming the step, or skip the step on "
                           "every rank (counted and logged)"},
+    [LOOM_P_PLAN_LANE] = {"LOOM_PLAN_LANE", "plan_lane", STR_FIELD(plan_lane), "auto",
+                          "auto|gpu|cpu", 0, 0, parse_plan_lane,
+                          "gradients on a GPU (example trainers): the lane that encodes the "
+                          "compressed ones: per tensor as the compression plan says (auto), the "
+                          "CUDA codecs, or the CPU (host codecs on a pinned copy) for every one"},
 };

@@ -141,6 +141,13 @@ LOOM_API loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost
 // powersgd; LOOM_ERR_CUDA when the device cannot be used.
 LOOM_API loom_status_t loom_plan_measure_codec_device(const char *spec, int device,
                                                       loom_codec_cost_t *out);
+// The host <-> device copy link of CUDA device `device` (a GPU problem's pcie, for its CPU lane):
+// copies between pinned host memory and the device on a stream of their own, timed on the host
+// to their end, each sample the mean of one copy each way; alpha and the bandwidth from the line
+// through the medians at 64 KiB and 16 MiB (the codecs' fit; a few tens of milliseconds, not
+// cached). LOOM_ERR_UNSUPPORTED in a build without CUDA; LOOM_ERR_CUDA when the device cannot be
+// used.
+LOOM_API loom_status_t loom_plan_measure_pcie(int device, loom_link_t *out);
 
 // ---- MoE tuning (moe_tune.c) ------------------------------------------------------------------
 

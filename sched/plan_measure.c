@@ -188,19 +188,26 @@ static void cache_write(const loom_codec_cost_t *c) {
   loom_cache_append("codec-costs", line);
 }
 
+// The line through two timings, t[0] us at small units and t[1] us at big ones: *per, the slope
+// in us per unit (the mean t[1] / big when the slope is not positive), and *fixed, the intercept
+// in us (at least 0). Codec costs (units: values) and the PCIe link (units: bytes) take it.
+static void fit_line(const double t[2], int64_t small, int64_t big, double *fixed, double *per) {
+  double p = (t[1] - t[0]) / (double)(big - small);
+  p = p > 0 ? p : t[1] / (double)big;
+  *per = p;
+  *fixed = t[0] - p * (double)small > 0 ? t[0] - p * (double)small : 0.0;
+}
+
 // A codec's cost line from its encode (e) and decode (d) times in us at small and big values:
 // per-value ns and fixed us (the slope and intercept), and the payload's bytes likewise.
 static void fit_cost(const char *spec, const loom_compressor_t *c, const double e[2],
                      const double d[2], int64_t small, int64_t big, loom_codec_cost_t *out) {
-  double per_e = (e[1] - e[0]) / (double)(big - small),
-         per_d = (d[1] - d[0]) / (double)(big - small);
-  per_e = per_e > 0 ? per_e : e[1] / (double)big;
-  per_d = per_d > 0 ? per_d : d[1] / (double)big;
+  double per_e = 0.0, per_d = 0.0;
+  fit_line(e, small, big, &out->enc_us, &per_e);
+  fit_line(d, small, big, &out->dec_us, &per_d);
   out->compressor = spec;
   out->enc_ns = per_e * 1000.0;
   out->dec_ns = per_d * 1000.0;
-  out->enc_us = e[0] - per_e * (double)small > 0 ? e[0] - per_e * (double)small : 0.0;
-  out->dec_us = d[0] - per_d * (double)small > 0 ? d[0] - per_d * (double)small : 0.0;
   double pb = (double)loom_compressor_max_bytes(c, big),
          ps = (double)loom_compressor_max_bytes(c, small);
   out->bytes_per_value = (pb - ps) / (double)(big - small);
@@ -350,6 +357,66 @@ fail:
   cudaFree(acc);
   cudaFree(payload);
   loom_compressor_destroy(c);
+  return status;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// PCIe: pinned host memory <-> device copies on a stream of their own, each timed on the host up
+// to its end; one sample is the mean of a copy each way. The median of a few at two sizes, fitted
+// like the codecs: alpha from the intercept, the bandwidth from the slope.
+
+#ifdef LOOM_HAVE_CUDA
+static loom_status_t copy_us(void *dev, void *host, size_t bytes, cudaStream_t stream, double *us) {
+  loom_status_t status = LOOM_OK;
+  double t[LINK_ROUNDS];
+  for (int k = 0; k < LINK_ROUNDS; k++) {
+    double t0 = MPI_Wtime();
+    LOOM_CHECK_CUDA(NULL, cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream));
+    LOOM_CHECK_CUDA(NULL, cudaStreamSynchronize(stream));
+    LOOM_CHECK_CUDA(NULL, cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, stream));
+    LOOM_CHECK_CUDA(NULL, cudaStreamSynchronize(stream));
+    t[k] = (MPI_Wtime() - t0) * 1e6 / 2.0;
+  }
+  qsort(t, LINK_ROUNDS, sizeof t[0], by_value);
+  *us = t[LINK_ROUNDS / 2];
+fail:
+  return status;
+}
+#endif
+
+loom_status_t loom_plan_measure_pcie(int device, loom_link_t *out) {
+  if (!out) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_plan_measure_pcie: out is NULL: pass where to store the link");
+  }
+#ifndef LOOM_HAVE_CUDA
+  (void)device;
+  return loom_error(NULL, LOOM_ERR_UNSUPPORTED,
+                    "loom_plan_measure_pcie: loom was built without CUDA: there is no host <-> "
+                    "device link to measure (a host problem leaves pcie unset)");
+#else
+  enum { SMALL = 1 << 16, BIG = 1 << 24 }; // bytes: 64 KiB and 16 MiB
+  loom_status_t status = LOOM_OK;
+  void *dev = NULL, *host = NULL;
+  cudaStream_t stream = NULL;
+  double t[2] = {0.0, 0.0}, per = 0.0;
+  LOOM_CHECK(loom_cuda_use_device(device));
+  LOOM_CHECK_CUDA(NULL, cudaMalloc(&dev, BIG));
+  LOOM_CHECK_CUDA(NULL, cudaHostAlloc(&host, BIG, cudaHostAllocDefault));
+  LOOM_CHECK_CUDA(NULL, cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  memset(host, 1, BIG);
+  LOOM_CHECK(copy_us(dev, host, SMALL, stream, &t[0])); // warm-up: first use of the memory
+  LOOM_CHECK(copy_us(dev, host, SMALL, stream, &t[0]));
+  LOOM_CHECK(copy_us(dev, host, BIG, stream, &t[1]));
+  fit_line(t, SMALL, BIG, &out->alpha_us, &per);   // per: us per byte
+  out->gbps = per > 0 ? 1.0 / (per * 125.0) : 1e6; // bytes per us / 125 = Gbit/s
+fail:
+  if (stream) {
+    cudaStreamDestroy(stream);
+  }
+  cudaFree(dev);
+  cudaFreeHost(host);
   return status;
 #endif
 }

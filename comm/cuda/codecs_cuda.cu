@@ -388,6 +388,14 @@ __global__ void ef_residual_kernel(const float *y, float *res, int64_t n) {
   }
 }
 
+// A residual computed elsewhere (PowerSGD's M - P Ql^T): a non-finite value becomes 0.
+__global__ void keep_finite_kernel(float *dst, const float *src, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const float v = src[i]; // src, dst: (n)
+    dst[i] = isfinite(v) ? v : 0.0f;
+  }
+}
+
 // LOOM_AVG of the compressed allreduce: the host's x[i] / np.
 __global__ void div_kernel(float *dst, const float *src, int64_t n, float d) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
@@ -954,6 +962,14 @@ extern "C" loom_status_t loom_cuda_div(float *dst, const float *src, int64_t n, 
   }
   div_kernel<<<blocks_for(n), kThreads, 0, loom_cuda_stream()>>>(dst, src, n, d);
   return loom_cuda_launch_check("div_kernel");
+}
+
+extern "C" loom_status_t loom_cuda_keep_finite(float *dst, const float *src, int64_t n) {
+  if (n <= 0) {
+    return LOOM_OK;
+  }
+  keep_finite_kernel<<<blocks_for(n), kThreads, 0, loom_cuda_stream()>>>(dst, src, n);
+  return loom_cuda_launch_check("keep_finite_kernel");
 }
 
 extern "C" loom_status_t loom_cuda_put_bytes(uint8_t *dst, const void *src, int count) {

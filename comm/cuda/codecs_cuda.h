@@ -39,6 +39,8 @@ loom_status_t loom_cuda_ef_encode(const loom_compressor_t *c, float *res, float 
 // and count <= 20 bytes from host memory src to device memory dst, passed by value to a kernel
 // (src may be reused as soon as the call returns).
 loom_status_t loom_cuda_div(float *dst, const float *src, int64_t n, float d);
+// dst[0..n) = src[0..n) where finite, else 0 (error feedback's rule for a residual; PowerSGD's).
+loom_status_t loom_cuda_keep_finite(float *dst, const float *src, int64_t n);
 loom_status_t loom_cuda_put_bytes(uint8_t *dst, const void *src, int count);
 
 #ifdef __cplusplus

@@ -25,7 +25,7 @@ fi
 t0=$(date +%s)
 make -j"$jobs" > make.log 2>&1 || { say "FAIL: build (see $build/make.log)"; tail -30 make.log; exit 1; }
 gpu_tests="test_gpu_ops test_gpu_gemm test_gpu_attention test_gpu_codecs test_gpu_sched"
-gpu_mpi_tests="test_gpu_compress_coll test_gpu_moe" # under mpirun (not in make check's TESTS)
+gpu_mpi_tests="test_gpu_compress_coll test_gpu_moe test_gpu_compress_staged" # under mpirun
 make -j"$jobs" $(for t in $gpu_tests $gpu_mpi_tests; do printf 'tests/gpu/%s ' "$t"; done) \
   tests/bench/gpu_gemm_perf tests/bench/gpu_attn_perf >> make.log 2>&1 ||
   { say "FAIL: building the GPU tests (see $build/make.log)"; tail -30 make.log; exit 1; }

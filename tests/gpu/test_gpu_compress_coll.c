@@ -4,6 +4,7 @@
 #include "config.h"
 #include "loom.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,8 +31,14 @@
 // - a residual restored with loom_ef_set on both tables before a step: the same bits again;
 // - the gradient written by a kernel on a non-blocking current stream just before the call (the
 //   encodes and the NCCL exchanges must come after it);
-// - powersgd on a device tensor is LOOM_ERR_UNSUPPORTED (with the hierarchical scheme too); host
-//   memory labelled as a device tensor is LOOM_ERR_INVALID_ARG.
+// - powersgd on device tensors (compress_powersgd_nccl.c) against the host form on the same
+//   inputs, four steps (warm start, error feedback, one LOOM_AVG), 2-d and 3-d tensors, padded 1-d
+//   ones (1000, 100003), tiny ones (1, 5: full rank), every entry point and scheme (the scheme is
+//   ignored), a gradient written on a non-blocking stream: result, residual (loom_ef_entry) and Q
+//   (loom_ef_state_entry) within a tolerance (below), bytes sent equal; at full rank the result is
+//   the exact sum; a checkpoint round trip of the residual and Q (into a new ef, and back into the
+//   same one) continues with the same bits; without ef it is LOOM_ERR_INVALID_ARG;
+// - host memory labelled as a device tensor is LOOM_ERR_INVALID_ARG.
 // The hierarchical scheme (NCCL allreduce and broadcast in each node, the indivisible scheme
 // among the node leaders; run_all.sh also runs np 2 with LOOM_NODE_SIZE=1 and np 4 with
 // LOOM_NODE_SIZE=2 where 2 or 4 GPUs are visible) must give the host's bits, result and
@@ -76,9 +83,8 @@ static loom_tensor_t dev_tensor(int64_t n, const char *name) {
 
 // Host floats to device tensor d (and wait: the copy runs on the legacy stream).
 static void put(loom_tensor_t *d, const float *x) {
-  int64_t n = loom_tensor_numel(d);
   loom_tensor_t h;
-  OK(loom_tensor_wrap(&h, (void *)x, LOOM_F32, LOOM_DEVICE_HOST, 1, &n, "h"));
+  OK(loom_tensor_wrap(&h, (void *)x, LOOM_F32, LOOM_DEVICE_HOST, d->ndim, d->shape, "h"));
   OK(loom_tensor_copy(d, &h));
   CHECK(cudaDeviceSynchronize() == cudaSuccess, "cudaDeviceSynchronize");
 }
@@ -277,6 +283,265 @@ static void stream_case(const loom_group_t *g, const char *spec, loom_scheme_t s
   loom_compressor_destroy(c);
 }
 
+// ---- PowerSGD -----------------------------------------------------------------------------------
+//
+// Tolerance: every compared vector (result, residual, Q) must satisfy |device - host| <= 1e-4 *
+// max |host| (elementwise, scaled by the vector's largest magnitude). The two forms run the same
+// algorithm on the same f32 inputs, with the same Gram-Schmidt code (in double, on the host) and
+// the same NCCL-or-MPI sums of P and Q (up to two ranks a sum has one rounding in any order); what
+// differs is the GEMMs: cuBLAS and OpenBLAS add the K products of an entry (K up to 317 here) in
+// different orders, with and without FMA, so an entry may differ by a few ulp of the larger
+// partial sums (at most K * 2^-24 relative, about 2e-5; typically sqrt(K) * 2^-24, about 1e-6).
+// Gram-Schmidt divides by column norms and subtracts projections, which scales such differences
+// by the conditioning of M Q (a few, on these random inputs), and the warm start and the residual
+// carry them into the next step, where power iteration damps rather than grows them. 1e-4 leaves
+// room for that; a wrong transpose, leading dimension or stale buffer gives differences of the
+// order of the values themselves. Within the device form nothing is reordered: a checkpoint round
+// trip must give the same bits.
+
+#define PSGD_RTOL 1e-4
+
+// A device tensor of the given shape.
+static loom_tensor_t dev_tensor_shaped(int ndim, const int64_t *shape, const char *name) {
+  loom_tensor_t d;
+  loom_status_t st = loom_tensor_alloc(&d, LOOM_F32, g_gpu, ndim, shape, name);
+  if (st != LOOM_OK) {
+    fprintf(stderr, "FAIL: device allocation of %s: %s\n", name, loom_last_error(NULL));
+    exit(1);
+  }
+  return d;
+}
+
+// got (n floats) within PSGD_RTOL * max |want| of want.
+static int psgd_close(const char *what, const float *got, const float *want, int64_t n) {
+  double scale = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    scale = fabs((double)want[i]) > scale ? fabs((double)want[i]) : scale;
+  }
+  return same_bits_tol(what, got, want, n, PSGD_RTOL * (scale > 0.0 ? scale : 1.0));
+}
+
+// ef's one residual and one state entry (Q), both named "grad"; 0 (and a message) otherwise.
+static int psgd_entries(const char *what, const loom_ef_t *ef, const float **res, int64_t *nres,
+                        const float **q, int64_t *nq) {
+  const char *nr = NULL, *ns = NULL;
+  if (loom_ef_count(ef) != 1 || loom_ef_state_count(ef) != 1) {
+    fprintf(stderr, "rank %d: %s: %d residuals and %d states, want 1 each\n", g_rank, what,
+            loom_ef_count(ef), loom_ef_state_count(ef));
+    return 0;
+  }
+  OK(loom_ef_entry(ef, 0, &nr, res, nres));
+  OK(loom_ef_state_entry(ef, 0, &ns, q, nq));
+  return nr && ns && !strcmp(nr, "grad") && !strcmp(ns, "grad");
+}
+
+// The residual and Q of the device table ef_d against those of the host table ef_h.
+static void psgd_compare_ef(const char *what, const loom_ef_t *ef_d, const loom_ef_t *ef_h) {
+  const float *rd = NULL, *rh = NULL, *qd = NULL, *qh = NULL;
+  int64_t nrd = -1, nrh = -2, nqd = -1, nqh = -2;
+  char w[240];
+  if (!psgd_entries(what, ef_d, &rd, &nrd, &qd, &nqd) ||
+      !psgd_entries(what, ef_h, &rh, &nrh, &qh, &nqh) || nrd != nrh || nqd != nqh) {
+    CHECK(0, "%s: error-feedback entries differ (residual %lld/%lld, Q %lld/%lld floats)", what,
+          (long long)nrd, (long long)nrh, (long long)nqd, (long long)nqh);
+    return;
+  }
+  snprintf(w, sizeof w, "%s: residual", what);
+  CHECK(psgd_close(w, rd, rh, nrd), "%s", w);
+  snprintf(w, sizeof w, "%s: Q", what);
+  CHECK(psgd_close(w, qd, qh, nqd), "%s", w);
+}
+
+// One device call of spec on td: blocking, non-blocking (no request comes back) or with td
+// written by a kernel on a non-blocking current stream s just before the call (from tx, on s).
+enum { PSGD_BLOCKING, PSGD_NONBLOCKING, PSGD_STREAM };
+
+static loom_status_t psgd_device_call(const loom_group_t *g, const loom_compressor_t *c,
+                                      loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *td,
+                                      loom_tensor_t *tx, loom_tensor_t *tz, loom_redop_t op,
+                                      int how, cudaStream_t s, size_t *sent) {
+  loom_status_t st = LOOM_OK;
+  if (how == PSGD_NONBLOCKING) {
+    loom_request_t *req = (loom_request_t *)sent; // must come back NULL
+    st = loom_icompressed_allreduce(g, c, scheme, ef, td, op, 9, sent, &req);
+    CHECK(st != LOOM_OK || req == NULL, "powersgd: a device call returned a request");
+    return st;
+  }
+  if (how == PSGD_STREAM) {
+    loom_cuda_set_stream(s);
+    st = loom_residual_forward(td, tx, tz); // td = x + 0, on s
+    if (st == LOOM_OK) {
+      st = loom_compressed_allreduce(g, c, scheme, ef, td, op, 9, sent);
+    }
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "cudaStreamSynchronize");
+    loom_cuda_set_stream(0);
+    return st;
+  }
+  return loom_compressed_allreduce(g, c, scheme, ef, td, op, 9, sent);
+}
+
+// Four steps of spec on a tensor of the given shape, host and device side by side (each rank its
+// own inputs; step 2 is LOOM_AVG), then the checkpoint round trip of the device side.
+static void powersgd_case(const loom_group_t *g, const char *spec, int ndim, const int64_t *shape,
+                          loom_scheme_t scheme, int how) {
+  const int me = loom_group_rank(g);
+  char what[200], shp[64] = "";
+  for (int i = 0; i < ndim; i++) {
+    snprintf(shp + strlen(shp), sizeof shp - strlen(shp), "%s%lld", i ? "x" : "",
+             (long long)shape[i]);
+  }
+  loom_compressor_t *c = NULL;
+  loom_ef_t *ef_h = NULL, *ef_d = NULL, *ef_r = NULL;
+  cudaStream_t s = NULL;
+  OK(loom_compressor_create(spec, &c));
+  OK(loom_ef_create(&ef_h));
+  OK(loom_ef_create(&ef_d));
+  OK(loom_ef_create(&ef_r));
+  if (how == PSGD_STREAM) {
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  }
+  loom_tensor_t th = test_tensor_f32(ndim, shape, "grad");
+  loom_tensor_t td = dev_tensor_shaped(ndim, shape, "grad");
+  loom_tensor_t tx = dev_tensor_shaped(ndim, shape, "x"), tz = dev_tensor_shaped(ndim, shape, "z");
+  const int64_t n = loom_tensor_numel(&th);
+  float *x = test_floats(&th);
+  float *zero = calloc((size_t)n + 1, sizeof(float)),
+        *junk = malloc(sizeof(float) * (size_t)(n + 1));
+  for (int64_t i = 0; i < n; i++) {
+    junk[i] = 1e30f; // td before the kernel on s writes it: must never reach the result
+  }
+  put(&tz, zero);
+  for (int step = 0; step < 4 && c && (how != PSGD_STREAM || s); step++) {
+    const loom_redop_t op = step == 2 ? LOOM_AVG : LOOM_SUM;
+    size_t sent_h = 0, sent_d = 0;
+    snprintf(what, sizeof what, "%s %s %s how=%d step %d", spec, shp, loom_scheme_name(scheme), how,
+             step);
+    input(x, n, me, 60 + step);
+    put(&td, how == PSGD_STREAM ? junk : x);
+    put(&tx, x);
+    OK(loom_compressed_allreduce(g, c, scheme, ef_h, &th, op, 9, &sent_h));
+    OK(psgd_device_call(g, c, scheme, ef_d, &td, &tx, &tz, op, how, s, &sent_d));
+    CHECK(cudaDeviceSynchronize() == cudaSuccess, "cudaDeviceSynchronize");
+    loom_tensor_t got = gpu_download(&td);
+    CHECK(psgd_close(what, test_floats(&got), x, n), "%s: device result != host result", what);
+    loom_tensor_free(&got);
+    CHECK(sent_d == sent_h, "%s: bytes sent %zu on the device, %zu on the host", what, sent_d,
+          sent_h);
+    if (n > 0) {
+      psgd_compare_ef(what, ef_d, ef_h);
+    } else {
+      CHECK(loom_ef_count(ef_d) == 0 && loom_ef_state_count(ef_d) == 0,
+            "%s: an empty tensor made error-feedback entries", what);
+    }
+  }
+  // Checkpoint round trip: save the device side's residual and Q (as example_ckpt.c does), run
+  // one more step (A); restore into a new ef and run the same step (B); restore into the same ef
+  // (loom_ef_set drops its device residual) and run it again (C). A, B and C: the same bits.
+  const float *rd = NULL, *qd = NULL;
+  int64_t nr = 0, nq = 0;
+  if (n > 0 && c && psgd_entries("checkpoint", ef_d, &rd, &nr, &qd, &nq)) {
+    float *rsave = malloc(sizeof(float) * (size_t)nr), *qsave = malloc(sizeof(float) * (size_t)nq);
+    float *res_a = malloc(sizeof(float) * (size_t)nr), *q_a = malloc(sizeof(float) * (size_t)nq);
+    memcpy(rsave, rd, sizeof(float) * (size_t)nr);
+    memcpy(qsave, qd, sizeof(float) * (size_t)nq);
+    loom_tensor_t out[3];
+    loom_ef_t *efs[3] = {ef_d, ef_r, ef_d};
+    for (int k = 0; k < 3; k++) {
+      size_t sent = 0;
+      snprintf(what, sizeof what, "%s %s checkpoint round trip %c", spec, shp, "ABC"[k]);
+      if (k > 0) {
+        OK(loom_ef_set(efs[k], "grad", rsave, nr));
+        OK(loom_ef_state_set(efs[k], "grad", qsave, nq));
+      }
+      input(x, n, me, 70);
+      put(&td, x);
+      OK(loom_compressed_allreduce(g, c, scheme, efs[k], &td, LOOM_SUM, 9, &sent));
+      out[k] = gpu_download(&td);
+      const float *r = NULL, *q = NULL;
+      int64_t n1 = 0, n2 = 0;
+      if (!psgd_entries(what, efs[k], &r, &n1, &q, &n2) || n1 != nr || n2 != nq) {
+        CHECK(0, "%s: entries", what);
+      } else if (k == 0) {
+        memcpy(res_a, r, sizeof(float) * (size_t)nr);
+        memcpy(q_a, q, sizeof(float) * (size_t)nq);
+      } else {
+        CHECK(test_same_bits(test_floats(&out[k]), test_floats(&out[0]), n) &&
+                  test_same_bits(r, res_a, nr) && test_same_bits(q, q_a, nq),
+              "%s: result, residual or Q differ from the uninterrupted run", what);
+      }
+    }
+    TEST_FREE(&out[0], &out[1], &out[2]);
+    free(rsave);
+    free(qsave);
+    free(res_a);
+    free(q_a);
+  }
+  if (s) {
+    cudaStreamDestroy(s);
+  }
+  free(zero);
+  free(junk);
+  loom_tensor_free(&td);
+  loom_tensor_free(&tx);
+  loom_tensor_free(&tz);
+  TEST_FREE(&th);
+  loom_ef_destroy(ef_h);
+  loom_ef_destroy(ef_d);
+  loom_ef_destroy(ef_r);
+  loom_compressor_destroy(c);
+}
+
+// Full rank (powersgd:4 on a 4 x 6 tensor): P is a basis of R^4, so P Q^T is the exact sum of
+// every rank's input (f32 sums of np values of at most 2: within 1e-4 np, as the host test) and
+// the residual is zero within rounding.
+static void powersgd_exact(const loom_group_t *g) {
+  const int me = loom_group_rank(g), np = loom_group_size(g);
+  int64_t shape[2] = {4, 6};
+  const int64_t n = 24;
+  loom_compressor_t *c = NULL;
+  loom_ef_t *ef = NULL;
+  float x[24], want[24] = {0};
+  OK(loom_compressor_create("powersgd:4", &c));
+  OK(loom_ef_create(&ef));
+  loom_tensor_t td = dev_tensor_shaped(2, shape, "grad");
+  for (int r = 0; r < np; r++) {
+    input(x, n, r, 80);
+    for (int64_t i = 0; i < n; i++) {
+      want[i] += x[i];
+    }
+  }
+  input(x, n, me, 80);
+  put(&td, x);
+  OK(loom_compressed_allreduce(g, c, LOOM_SCHEME_DIVISIBLE, ef, &td, LOOM_SUM, 1, NULL));
+  loom_tensor_t got = gpu_download(&td);
+  CHECK(same_bits_tol("powersgd:4 on 4 x 6: result", test_floats(&got), want, n, 1e-4 * np),
+        "powersgd:4 at full rank is not the exact sum");
+  const float *res = NULL, *q = NULL;
+  int64_t nr = 0, nq = 0;
+  if (psgd_entries("powersgd:4 on 4 x 6", ef, &res, &nr, &q, &nq)) {
+    float zeros[24] = {0};
+    CHECK(nr == n && same_bits_tol("powersgd:4 on 4 x 6: residual", res, zeros, n, 1e-4),
+          "powersgd:4 at full rank left a residual");
+  }
+  loom_tensor_free(&got);
+  loom_tensor_free(&td);
+  loom_ef_destroy(ef);
+  loom_compressor_destroy(c);
+}
+
+static void powersgd_cases(const loom_group_t *g) {
+  const int64_t s2[2] = {64, 48}, s3[3] = {8, 4, 6}, s1k[1] = {1000}, s100k[1] = {100003};
+  const int64_t s5[1] = {5}, s1[1] = {1}, s0[1] = {0};
+  powersgd_case(g, "powersgd:2", 2, s2, LOOM_SCHEME_INDIVISIBLE, PSGD_BLOCKING);
+  powersgd_case(g, "powersgd:3", 3, s3, LOOM_SCHEME_HIERARCHICAL, PSGD_BLOCKING);
+  powersgd_case(g, "powersgd:4", 1, s100k, LOOM_SCHEME_DIVISIBLE, PSGD_NONBLOCKING);
+  powersgd_case(g, "powersgd:1", 1, s1k, LOOM_SCHEME_DIVISIBLE, PSGD_STREAM);
+  powersgd_case(g, "powersgd:8", 1, s5, LOOM_SCHEME_DIVISIBLE, PSGD_BLOCKING);
+  powersgd_case(g, "powersgd:1", 1, s1, LOOM_SCHEME_INDIVISIBLE, PSGD_BLOCKING);
+  powersgd_case(g, "powersgd:2", 1, s0, LOOM_SCHEME_DIVISIBLE, PSGD_BLOCKING);
+  powersgd_exact(g);
+}
+
 static void error_cases(const loom_group_t *g) {
   int64_t n = 64;
   loom_compressor_t *c = NULL, *p = NULL;
@@ -287,13 +552,9 @@ static void error_cases(const loom_group_t *g) {
   loom_tensor_t td = dev_tensor(n, "grad");
   loom_tensor_t th = test_tensor_f32(1, &n, "grad");
   loom_status_t st =
-      loom_compressed_allreduce(g, p, LOOM_SCHEME_INDIVISIBLE, ef, &td, LOOM_SUM, 1, NULL);
-  CHECK(st == LOOM_ERR_UNSUPPORTED && strstr(loom_last_error(NULL), "powersgd"),
-        "powersgd on a device tensor: %s: %s", loom_strerror(st), loom_last_error(NULL));
-  st = loom_compressed_allreduce(g, p, LOOM_SCHEME_HIERARCHICAL, ef, &td, LOOM_SUM, 1, NULL);
-  CHECK(st == LOOM_ERR_UNSUPPORTED && strstr(loom_last_error(NULL), "powersgd"),
-        "powersgd, hierarchical, on a device tensor: %s: %s", loom_strerror(st),
-        loom_last_error(NULL));
+      loom_compressed_allreduce(g, p, LOOM_SCHEME_INDIVISIBLE, NULL, &td, LOOM_SUM, 1, NULL);
+  CHECK(st == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), "error feedback"),
+        "powersgd on a device tensor without ef: %s: %s", loom_strerror(st), loom_last_error(NULL));
   loom_tensor_t fake = th; // host memory that claims to be on the GPU
   fake.device = g_gpu;
   fake.owns_data = 0;
@@ -355,6 +616,7 @@ int main(int argc, char **argv) {
   if (g_node_max <= 2) { // bitwise only there
     stream_case(g, "int8", LOOM_SCHEME_HIERARCHICAL);
   }
+  powersgd_cases(g);
   error_cases(g);
   int rc = check_exit_all(kTest);
   loom_finalize(ctx);

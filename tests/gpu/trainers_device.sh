@@ -1,10 +1,14 @@
 #!/bin/sh
 # trainers_device.sh — the device paths of the example trainers against their host runs: train_gpt
 # and train_fmnist --device cuda with --compress int8 (the CUDA codecs over NCCL, device error
-# feedback; train_gpt also with the hierarchical scheme), train_gpt --device cuda --moe-experts 4
-# (MoE over NCCL), --compress auto on the device (the GPU lane), and a checkpoint resume keeping
-# the device residuals. SKIP (77) without a GPU. np 1, and np 2 where two GPUs are visible (NCCL
-# wants one GPU per rank).
+# feedback; train_gpt also with the hierarchical scheme) and --compress powersgd:2 (cuBLAS and
+# NCCL, the orthonormalisation on the host), train_gpt --device cuda --moe-experts 4 (MoE over
+# NCCL), --compress auto on the device (the GPU lane), and checkpoint resumes keeping the device
+# residuals (int8) and PowerSGD's Q (powersgd:2). The CPU lane (LOOM_PLAN_LANE=cpu: host codecs on
+# pinned host copies of the device gradients) with int8, hierarchical and auto, and its resume
+# (host residuals in the checkpoint); --sync fused (train_gpt, dense and MoE) and --no-overlap
+# (train_fmnist) on the device. SKIP (77) without a GPU. np 1, and np 2 where two GPUs are
+# visible (NCCL wants one GPU per rank).
 #
 # Tolerances: the GPU kernels round differently from the CPU ones (fp32 either way), so a device
 # run's final training loss must be within 2% (relative) of the host run's; a resumed device run
@@ -49,6 +53,9 @@ for np in $nps; do
   run "host_hier_np$np" "$np" --compress int8 --compress-scheme hierarchical
   run "cuda_hier_np$np" "$np" --compress int8 --compress-scheme hierarchical --device cuda
   near "train_gpt np $np --compress int8, hierarchical" "host_hier_np$np" "cuda_hier_np$np"
+  run "host_psgd_np$np" "$np" --compress powersgd:2
+  run "cuda_psgd_np$np" "$np" --compress powersgd:2 --device cuda
+  near "train_gpt np $np --compress powersgd:2" "host_psgd_np$np" "cuda_psgd_np$np"
   run "host_moe_np$np" "$np" --moe-experts 4 --moe-every 1
   run "cuda_moe_np$np" "$np" --moe-experts 4 --moe-every 1 --device cuda
   near "train_gpt np $np --moe-experts 4" "host_moe_np$np" "cuda_moe_np$np"
@@ -64,9 +71,22 @@ if [ "$ngpu" -ge 2 ]; then
   grep -q "compression plan (auto)" "$tmp/cuda_auto.log" &&
     echo "ok: --compress auto on the device printed a plan" ||
     { cat "$tmp/cuda_auto.log"; echo "FAIL: --compress auto on the device made no plan"; fail=1; }
-  if grep -Eq ' (compute|worker|cpu) +[0-9.]+$' "$tmp/cuda_auto.log"; then
+  if grep -Eq ' (compute|worker) +[0-9.]+$' "$tmp/cuda_auto.log"; then
     echo "FAIL: the device plan encodes on a lane the device executor lacks"; fail=1
   fi
+  # The CPU lane under auto: a slow link as the planner sees it (the tunables) makes it compress,
+  # and LOOM_PLAN_LANE=cpu puts every compressed gradient on the CPU.
+  run_env cuda_auto_cpu 2 "LOOM_PLAN_LANE=cpu LOOM_NET_GBPS=1 LOOM_NET_ALPHA_US=50" \
+    --compress auto --device cuda
+  if grep -Eq ' cpu +[0-9.]+$' "$tmp/cuda_auto_cpu.log" &&
+    ! grep -Eq ' gpu +[0-9.]+$' "$tmp/cuda_auto_cpu.log"; then
+    echo "ok: LOOM_PLAN_LANE=cpu: the auto plan encodes on the CPU lane only"
+  else
+    cat "$tmp/cuda_auto_cpu.log"
+    echo "FAIL: LOOM_PLAN_LANE=cpu: the auto plan has no CPU lane, or a GPU one"; fail=1
+  fi
+  run host_plain_auto 2
+  near "train_gpt np 2 --compress auto on the CPU lane" host_plain_auto cuda_auto_cpu
 fi
 
 # Checkpoint and resume with device error feedback: 20 steps straight equal 10 + resume to 20.
@@ -80,6 +100,45 @@ grep -q "resume: step 10" "$tmp/resumed.log" && echo "ok: resumed at step 10" ||
   { echo "FAIL: the resumed run did not start at step 10"; fail=1; }
 close "np $np, device int8: 20 steps straight equal 10 + resume" "$tmp/straight.bin" \
   "$tmp/resumed.bin"
+# The same with PowerSGD: the checkpoint keeps the device residuals ("ef:NAME") and Q ("efq:NAME").
+run psgd_straight "$np" --compress powersgd:2 --device cuda --dump-params "$tmp/psgd_straight.bin"
+run psgd_first "$np" --compress powersgd:2 --device cuda --steps 10 --ckpt "$tmp/ckp" \
+  --save-every 10
+run psgd_resumed "$np" --compress powersgd:2 --device cuda --ckpt "$tmp/ckp" --resume \
+  --dump-params "$tmp/psgd_resumed.bin"
+grep -q "resume: step 10" "$tmp/psgd_resumed.log" && echo "ok: powersgd resumed at step 10" ||
+  { echo "FAIL: the resumed powersgd run did not start at step 10"; fail=1; }
+close "np $np, device powersgd:2: 20 steps straight equal 10 + resume" \
+  "$tmp/psgd_straight.bin" "$tmp/psgd_resumed.bin"
+# The same on the CPU lane: the residuals live in the host table, and the checkpoint keeps them.
+cpu="LOOM_PLAN_LANE=cpu"
+run_env cpu_straight "$np" "$cpu" --compress int8 --device cuda --dump-params "$tmp/cpu_straight.bin"
+run_env cpu_first "$np" "$cpu" --compress int8 --device cuda --steps 10 --ckpt "$tmp/ckc" \
+  --save-every 10
+run_env cpu_resumed "$np" "$cpu" --compress int8 --device cuda --ckpt "$tmp/ckc" --resume \
+  --dump-params "$tmp/cpu_resumed.bin"
+grep -q "resume: step 10" "$tmp/cpu_resumed.log" && echo "ok: the CPU lane resumed at step 10" ||
+  { echo "FAIL: the resumed CPU-lane run did not start at step 10"; fail=1; }
+close "np $np, int8 on the CPU lane: 20 steps straight equal 10 + resume" \
+  "$tmp/cpu_straight.bin" "$tmp/cpu_resumed.bin"
+
+# The CPU lane against the host runs (the same host codecs; only the GPU kernels differ), and the
+# fused sync on the device (device buckets over NCCL, the loss alone on the host), dense and MoE.
+for np in $nps; do
+  run_env "cpu_int8_np$np" "$np" "$cpu" --compress int8 --device cuda
+  grep -q "encoded by the CPU" "$tmp/cpu_int8_np$np.log" ||
+    { echo "FAIL: np $np: LOOM_PLAN_LANE=cpu did not put the gradients on the CPU lane"; fail=1; }
+  near "train_gpt np $np --compress int8 on the CPU lane" "host_int8_np$np" "cpu_int8_np$np"
+  run_env "cpu_hier_np$np" "$np" "$cpu" --compress int8 --compress-scheme hierarchical \
+    --device cuda
+  near "train_gpt np $np --compress int8, hierarchical, on the CPU lane" "host_hier_np$np" \
+    "cpu_hier_np$np"
+  run "host_plain_np$np" "$np"
+  run "cuda_fused_np$np" "$np" --sync fused --device cuda
+  near "train_gpt np $np --sync fused" "host_plain_np$np" "cuda_fused_np$np"
+  run "cuda_moe_fused_np$np" "$np" --moe-experts 4 --moe-every 1 --sync fused --device cuda
+  near "train_gpt np $np --moe-experts 4 --sync fused" "host_moe_np$np" "cuda_moe_fused_np$np"
+done
 
 # train_fmnist on Fashion-MNIST (Debian's dataset-fashion-mnist; skipped, not failed, without it).
 fm=$b/examples/train_fmnist
@@ -91,24 +150,61 @@ if [ ! -r "$fmdata/train-images-idx3-ubyte.gz" ]; then
   fnps=
 fi
 for np in $fnps; do
-  for dev in host cuda; do
-    cat >"$tmp/fm_${dev}_np$np.mpi" <<SPEC
+  for codec in int8 powersgd:2; do
+    tag=$(echo "$codec" | tr -d :)
+    for dev in host cuda; do
+      f=$tmp/fm_${tag}_${dev}_np$np
+      cat >"$f.mpi" <<SPEC
 np=$np
 prog=examples/train_fmnist
-args='$fcommon --compress int8 --device $dev'
+args='$fcommon --compress $codec --device $dev'
 SPEC
-    "$sh" "$b/tests/mpirun.sh" "$tmp/fm_${dev}_np$np.mpi" >"$tmp/fm_${dev}_np$np.log" 2>&1 ||
-      { cat "$tmp/fm_${dev}_np$np.log"; echo "FAIL: train_fmnist --device $dev np $np"; fail=1; }
+      "$sh" "$b/tests/mpirun.sh" "$f.mpi" >"$f.log" 2>&1 ||
+        { cat "$f.log"; echo "FAIL: train_fmnist --compress $codec --device $dev np $np"; fail=1; }
+    done
+    la=$(sed -n 's/.*train_loss \([0-9.]*\).*/\1/p' "$tmp/fm_${tag}_host_np$np.log" | tail -1)
+    lb=$(sed -n 's/.*train_loss \([0-9.]*\).*/\1/p' "$tmp/fm_${tag}_cuda_np$np.log" | tail -1)
+    if [ -n "$la" ] && [ -n "$lb" ] &&
+      awk -v a="$la" -v b="$lb" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02 * a) }'; then
+      echo "ok: train_fmnist np $np --compress $codec: loss $lb on the device, $la on the host"
+    else
+      echo "FAIL: train_fmnist np $np --compress $codec: loss '$lb' on the device, '$la' on the host"
+      fail=1
+    fi
   done
-  la=$(sed -n 's/.*train_loss \([0-9.]*\).*/\1/p' "$tmp/fm_host_np$np.log" | tail -1)
-  lb=$(sed -n 's/.*train_loss \([0-9.]*\).*/\1/p' "$tmp/fm_cuda_np$np.log" | tail -1)
+done
+# train_fmnist on the CPU lane, and with --no-overlap (the fused allreduce of device gradients).
+fm_run() { # name env args...: train_fmnist with $fcommon and args at np $np, env in the spec
+  name=$1 env=$2
+  shift 2
+  cat >"$tmp/fm_$name.mpi" <<SPEC
+np=$np
+prog=examples/train_fmnist
+env='$env'
+args='$fcommon $*'
+SPEC
+  "$sh" "$b/tests/mpirun.sh" "$tmp/fm_$name.mpi" >"$tmp/fm_$name.log" 2>&1 ||
+    { cat "$tmp/fm_$name.log"; echo "FAIL: train_fmnist $name"; fail=1; }
+}
+fm_near() { # what host-run device-run: final training losses within 2% of the host's
+  la=$(sed -n 's/.*train_loss \([0-9.]*\).*/\1/p' "$tmp/fm_$2.log" | tail -1)
+  lb=$(sed -n 's/.*train_loss \([0-9.]*\).*/\1/p' "$tmp/fm_$3.log" | tail -1)
   if [ -n "$la" ] && [ -n "$lb" ] &&
     awk -v a="$la" -v b="$lb" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02 * a) }'; then
-    echo "ok: train_fmnist np $np --compress int8: loss $lb on the device, $la on the host"
+    echo "ok: train_fmnist np $np $1: loss $lb on the device, $la on the host"
   else
-    echo "FAIL: train_fmnist np $np --compress int8: loss '$lb' on the device, '$la' on the host"
+    echo "FAIL: train_fmnist np $np $1: loss '$lb' on the device, '$la' on the host"
     fail=1
   fi
+}
+for np in $fnps; do
+  fm_run "cpu_int8_np$np" "LOOM_PLAN_LANE=cpu" --compress int8 --device cuda
+  grep -q "encoded by the CPU" "$tmp/fm_cpu_int8_np$np.log" ||
+    { echo "FAIL: train_fmnist np $np: LOOM_PLAN_LANE=cpu did not use the CPU lane"; fail=1; }
+  fm_near "--compress int8 on the CPU lane" "int8_host_np$np" "cpu_int8_np$np"
+  fm_run "fused_host_np$np" "" --no-overlap
+  fm_run "fused_cuda_np$np" "" --no-overlap --device cuda
+  fm_near "--no-overlap" "fused_host_np$np" "fused_cuda_np$np"
 done
 [ -x "$fm" ] || { echo "FAIL: $fm is not built"; fail=1; }
 exit "$fail"

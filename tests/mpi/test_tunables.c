@@ -18,7 +18,7 @@ static const char *const bad[LOOM_P_COUNT] = {
     [LOOM_P_BLAS_THREADS] = "-4",      [LOOM_P_GPU] = "first",
     [LOOM_P_NODE_SIZE] = "half",       [LOOM_P_EP_SIZE] = "0",
     [LOOM_P_ATTN_SERVERS] = "all",     [LOOM_P_TIMEOUT] = "soon",
-    [LOOM_P_CHECK_CONSISTENCY] = "on",
+    [LOOM_P_CHECK_CONSISTENCY] = "on", [LOOM_P_PLAN_LANE] = "both",
 };
 
 // loom_init must fail with want on every rank and the message must contain both strings.

@@ -26,6 +26,7 @@ static const char *const bad_values[LOOM_P_COUNT][5] = {
     [LOOM_P_ATTN_SERVERS] = {"all", "-2", "65536", NULL},
     [LOOM_P_TIMEOUT] = {"-1", "5s", "forever", "31536001", NULL},
     [LOOM_P_CHECK_CONSISTENCY] = {"2", "yes", "-1", "", NULL},
+    [LOOM_P_PLAN_LANE] = {"both", "worker", "", "2", NULL},
 };
 
 static void unset_all(void) {
