@@ -57,7 +57,10 @@ LOOM_API void loom_tensor_free(loom_tensor_t *t);
 // integers round half away from zero, saturate to the type's range, and take 0 for NaN.
 // Runs on the tensor's device.
 LOOM_API loom_status_t loom_tensor_fill(loom_tensor_t *t, double value);
-// Copy src into dst (same dtype and element count) across host and devices.
+// Copy src into dst (same dtype and element count) across host and devices. Blocking: on return
+// dst holds the values, and a kernel queued afterwards on any stream reads them. A device source
+// is read in the legacy default stream's order: when a kernel on another stream wrote it, wait
+// for that stream (or its event) first.
 LOOM_API loom_status_t loom_tensor_copy(loom_tensor_t *dst, const loom_tensor_t *src);
 
 // Number of CUDA devices this process sees (0 without the CUDA backend or without a GPU).

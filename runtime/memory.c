@@ -216,6 +216,13 @@ loom_status_t loom_memcpy_any(void *dst, int dst_dev, const void *src, int src_d
       LOOM_CHECK_CUDA(NULL, cudaSetDevice(dev));
     }
     cudaError_t rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
+    // From pageable host memory cudaMemcpy may return once the source is staged, before the DMA
+    // lands, and streams made with cudaStreamNonBlocking (the scheduler's lanes) do not wait for
+    // the legacy stream: wait for it here, so a kernel queued after this call on any stream
+    // reads the copied values.
+    if (rc == cudaSuccess && src_dev == LOOM_DEVICE_HOST) {
+      rc = cudaStreamSynchronize(cudaStreamLegacy);
+    }
     if (prev != dev) {
       cudaSetDevice(prev);
     }
