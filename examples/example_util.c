@@ -338,6 +338,17 @@ double ex_rss_mib(void) {
   return ok && page > 0 ? (double)pages_resident * (double)page / (1024.0 * 1024.0) : -1.0;
 }
 
+loom_status_t ex_cpu_lane_stage(loom_host_stage_t **stage, const loom_tensor_t *g, int cpu) {
+  if (cpu && !*stage) {
+    return loom_host_stage_create(g->device, loom_tensor_numel(g), stage);
+  }
+  if (!cpu && *stage) {
+    loom_host_stage_destroy(*stage);
+    *stage = NULL;
+  }
+  return LOOM_OK;
+}
+
 static int by_double(const void *a, const void *b) {
   const double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y ? 1 : 0;

@@ -84,6 +84,10 @@ int ex_nonfinite_skip(const loom_ctx_t *ctx);
 void ex_nonfinite_step(const char *prog, const loom_ctx_t *ctx, long step, long total, double norm,
                        int rank, long *count);
 
+// The CPU encoding lane of device gradient g: cpu makes its host stage (once: pinned memory and
+// a copy stream, for loom_icompressed_allreduce_staged), !cpu frees it (*stage NULL).
+loom_status_t ex_cpu_lane_stage(loom_host_stage_t **stage, const loom_tensor_t *g, int cpu);
+
 // The median of x[0..n) (sorts x in place); 0 when n is 0.
 double ex_median(double *x, long n);
 

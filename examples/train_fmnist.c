@@ -614,13 +614,7 @@ static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
 // advanced, and the request completes once the sum is back on the device, so that the clip and
 // the update, queued after it, read the sum. Residuals stay in ef's host table.
 static void set_cpu_lane(step_t *st, int l, int cpu) {
-  const loom_tensor_t *g = &st->m->gbuf[l];
-  if (cpu && !st->layer_stage[l]) {
-    EX_CHECK(loom_host_stage_create(g->device, loom_tensor_numel(g), &st->layer_stage[l]));
-  } else if (!cpu && st->layer_stage[l]) {
-    loom_host_stage_destroy(st->layer_stage[l]);
-    st->layer_stage[l] = NULL;
-  }
+  EX_CHECK(ex_cpu_lane_stage(&st->layer_stage[l], &st->m->gbuf[l], cpu));
 }
 
 // --compress auto's plan on the three layers.

@@ -718,13 +718,7 @@ static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
 // as the request is advanced, and the request completes once the sum is back on the device, so
 // that the clip and AdamW, queued after it, read the sum. Residuals stay in ef's host table.
 static void set_cpu_lane(step_t *st, int i, int cpu) {
-  const loom_tensor_t *g = &st->m->part_grad[i];
-  if (cpu && !st->part_stage[i]) {
-    EX_CHECK(loom_host_stage_create(g->device, loom_tensor_numel(g), &st->part_stage[i]));
-  } else if (!cpu && st->part_stage[i]) {
-    loom_host_stage_destroy(st->part_stage[i]);
-    st->part_stage[i] = NULL;
-  }
+  EX_CHECK(ex_cpu_lane_stage(&st->part_stage[i], &st->m->part_grad[i], cpu));
 }
 
 // --compress auto's plan on the parts (plan entry k is part slot[k]).
