@@ -757,6 +757,7 @@ loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
   if (!x) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: x is NULL", op);
   }
+  const double t_busy = now_ms();
   const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
   LOOM_CHECK(check_rows(op, "q", q, x->rows, hd));
   LOOM_CHECK(check_rows(op, "k", k, x->rows, kvd));
@@ -818,6 +819,7 @@ fail:
   if (status != LOOM_OK && x->phase == 1) { // the servers still waiting get a failure notice
     send_failed(x, PH_SHIP, status);
   }
+  x->st.busy_ms += now_ms() - t_busy;
   return status;
 }
 
@@ -903,6 +905,7 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
                       "computes and finishes, in that order)");
   }
   x->phase = 2;
+  const double t_busy = now_ms();
   const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
   enter(x, LOOM_OPK_ATTN_COMPUTE, x->name);
   wait_posted(x, x->rreq, x->rst);
@@ -997,6 +1000,7 @@ fail:
     send_failed(x, PH_RETURN, status);
   }
   free(in);
+  x->st.busy_ms += now_ms() - t_busy;
   return status;
 }
 
@@ -1036,6 +1040,7 @@ loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out, loo
   LOOM_CHECK(check_rows(op, "out", out, x->rows, hd));
   LOOM_CHECK(check_rows(op, "lse", lse, x->H, x->rows));
   x->phase = 0;
+  const double t_busy = now_ms();
   enter(x, LOOM_OPK_ATTN_FINISH, out->name);
   wait_posted(x, x->freq, x->fst);
   for (int s = 0; s < x->np; s++) {
@@ -1060,6 +1065,7 @@ loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out, loo
   if (status != LOOM_OK) {
     x->broken = status;
   }
+  x->st.busy_ms += now_ms() - t_busy;
 fail:
   return status;
 }
@@ -1188,6 +1194,7 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   if (!x) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: x is NULL", op);
   }
+  const double t_busy = now_ms();
   const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
   const float **in = calloc((size_t)x->np, sizeof(float *));
   const int64_t *task_q = x->task_q, *task_k = x->task_k;
@@ -1348,5 +1355,6 @@ fail:
     send_failed(x, PH_BRETURN, status);
   }
   free(in);
+  x->st.busy_ms += now_ms() - t_busy;
   return status;
 }

@@ -93,6 +93,8 @@ typedef struct loom_attn_exec_stats {
   double bytes_sent;   // bytes this rank sent (forward and backward)
   double compute_ms;   // time in the attention kernels (forward + backward)
   double wait_ms;      // time waiting for messages
+  double busy_ms;      // time inside the executor's calls (ship, compute, finish, backward):
+                       // the kernels, the waits, packing, copying and MPI
 } loom_attn_exec_stats_t;
 LOOM_API void loom_attn_exec_stats(const loom_attn_exec_t *x, loom_attn_exec_stats_t *out);
 

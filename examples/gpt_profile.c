@@ -20,8 +20,9 @@ int gpt_profile_init(gpt_profile_t *pf, long from, int nslots) {
   pf->step_compute = calloc(GPT_PROFILE_MAX_STEPS, sizeof(double));
   pf->step_wall = calloc(GPT_PROFILE_MAX_STEPS, sizeof(double));
   pf->step_idle = calloc(GPT_PROFILE_MAX_STEPS, sizeof(double));
+  pf->step_exchange = calloc(GPT_PROFILE_MAX_STEPS, sizeof(double));
   return pf->ready_ms && pf->docs && pf->batch_end && pf->step_compute && pf->step_wall &&
-                 pf->step_idle
+                 pf->step_idle && pf->step_exchange
              ? 0
              : -1;
 }
@@ -33,12 +34,14 @@ void gpt_profile_free(gpt_profile_t *pf) {
   free(pf->step_compute);
   free(pf->step_wall);
   free(pf->step_idle);
+  free(pf->step_exchange);
   free(pf->moe_load);
   memset(pf, 0, sizeof *pf);
 }
 
 void gpt_profile_step(gpt_profile_t *pf, long step, const loom_step_stats_t *ss,
-                      const double *ready, const gpt_batch_t *b, const gpt_model_t *m) {
+                      const double *ready, const gpt_batch_t *b, const gpt_model_t *m,
+                      double attn_exchange_ms) {
   if (step < pf->from) {
     pf->attn_s0 = m->timers->attn_s; // the timers as the first profiled step begins
     pf->moe_s0 = m->timers->moe_compute_s;
@@ -49,6 +52,7 @@ void gpt_profile_step(gpt_profile_t *pf, long step, const loom_step_stats_t *ss,
     pf->step_wall[pf->steps] = ss->wall_ms;
     pf->step_idle[pf->steps] =
         ss->wall_ms - ss->compute_ms - ss->exposed_comm_ms - ss->exposed_worker_ms;
+    pf->step_exchange[pf->steps] = attn_exchange_ms;
   }
   pf->steps++;
   pf->compute_ms += ss->compute_ms;
@@ -129,6 +133,9 @@ int gpt_profile_write(const gpt_profile_t *pf, const char *path, const gpt_model
             loom_last_error(NULL));
     return -1;
   }
+  // What the attention servers' exchanges cost: there are none to time on one rank.
+  p.attn_exchange_ms = np > 1 ? ex_median(pf->step_exchange, kept) : 0.0;
+  p.attn_exchange_ms = p.attn_exchange_ms < p.attn_ms ? p.attn_exchange_ms : p.attn_ms;
   p.overhead_ms = ex_median(pf->step_idle, kept);
   p.overhead_ms = p.overhead_ms > 0 ? p.overhead_ms : 0.0;
   for (int l = 0; l < L; l++) {

@@ -18,6 +18,7 @@ typedef struct gpt_profile {
   double compute_ms, wall_ms; // summed per-step statistics of the scheduler
   double exposed_ms;
   double *step_compute, *step_wall, *step_idle; // (steps, up to GPT_PROFILE_MAX_STEPS) per step
+  double *step_exchange; // (steps) the attention servers' time outside their kernels (ms)
 
   int nslots;
   double *ready_ms;       // (nslots) summed ready times of the gradient allreduces
@@ -35,12 +36,15 @@ typedef struct gpt_profile {
 int gpt_profile_init(gpt_profile_t *pf, long from, int nslots);
 void gpt_profile_free(gpt_profile_t *pf);
 // Record step `step` (ignored before pf->from): its statistics, ready[k] the ms after the step
-// start when slot k's allreduce started, the batch it trained on and the model's timers.
+// start when slot k's allreduce started, the batch it trained on, the model's timers and the
+// attention servers' time outside their kernels in the step (ms, 0 without servers).
 void gpt_profile_step(gpt_profile_t *pf, long step, const loom_step_stats_t *ss,
-                      const double *ready, const gpt_batch_t *b, const gpt_model_t *m);
+                      const double *ready, const gpt_batch_t *b, const gpt_model_t *m,
+                      double attn_exchange_ms);
 // Write the profile (rank 0): the means, the gradients (slot_t names and sizes), the costs of
 // the fp16 and int8 codecs on this core, the attention row cost (attn_row_cost, or measured on
-// this core when it is < 0). Returns 0 or -1 (printed).
+// this core when it is < 0) and, when np >= 2, the median exchange time. Returns 0 or -1
+// (printed).
 int gpt_profile_write(const gpt_profile_t *pf, const char *path, const gpt_model_t *m,
                       const loom_tensor_t *const *slot_t, int np, int64_t tokens, int moe_topk,
                       double attn_row_cost);

@@ -958,14 +958,16 @@ static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua, moe_arg_t *m
 }
 
 // What the attention executors of the step just run spent waiting for messages and in the
-// attention kernels, summed over the layers (ms; zeros without servers).
-static void attn_step_stats(const step_t *st, int layers, double *wait_ms, double *kernel_ms) {
-  *wait_ms = *kernel_ms = 0.0;
+// attention kernels, and all their calls took, summed over the layers (ms; zeros without servers).
+static void attn_step_stats(const step_t *st, int layers, double *wait_ms, double *kernel_ms,
+                            double *busy_ms) {
+  *wait_ms = *kernel_ms = *busy_ms = 0.0;
   for (int l = 0; st->attn && l < layers; l++) {
     loom_attn_exec_stats_t xs = {0};
     loom_attn_exec_stats(st->attn[l], &xs);
     *wait_ms += xs.wait_ms;
     *kernel_ms += xs.compute_ms;
+    *busy_ms += xs.busy_ms;
   }
 }
 
@@ -1605,8 +1607,9 @@ int main(int argc, char **argv) {
   // With attention servers: each step's exchange waits and kernel time over the layers (ms).
   double *attn_waits = calloc((size_t)(step_times_cap > 0 ? step_times_cap : 1), sizeof(double));
   double *attn_kernels = calloc((size_t)(step_times_cap > 0 ? step_times_cap : 1), sizeof(double));
+  double *attn_busy = calloc((size_t)(step_times_cap > 0 ? step_times_cap : 1), sizeof(double));
   long nstep_times = 0;
-  if (!step_times || !attn_waits || !attn_kernels) {
+  if (!step_times || !attn_waits || !attn_kernels || !attn_busy) {
     fprintf(stderr, "train_gpt: out of memory\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
@@ -1653,7 +1656,9 @@ int main(int argc, char **argv) {
         for (int k = 0; k < nslots; k++) {
           slot_ready[k] = st.ready[slot[k]];
         }
-        gpt_profile_step(&prof, step, &ss, slot_ready, &batch, &m);
+        double wait_ms, kernel_ms, busy_ms; // the attention servers' exchanges (0 without)
+        attn_step_stats(&st, o.cfg.layers, &wait_ms, &kernel_ms, &busy_ms);
+        gpt_profile_step(&prof, step, &ss, slot_ready, &batch, &m, busy_ms - kernel_ms);
       }
       sum_stats.wall_ms += ss.wall_ms;
       sum_stats.compute_ms += ss.compute_ms;
@@ -1669,7 +1674,8 @@ int main(int argc, char **argv) {
     }
     double t1 = MPI_Wtime();
     if (nstep_times < step_times_cap) {
-      attn_step_stats(&st, o.cfg.layers, &attn_waits[nstep_times], &attn_kernels[nstep_times]);
+      attn_step_stats(&st, o.cfg.layers, &attn_waits[nstep_times], &attn_kernels[nstep_times],
+                      &attn_busy[nstep_times]);
       step_times[nstep_times++] = t1 - t0 - plan_time;
     }
     train_time += t1 - t0 - plan_time;
@@ -1849,7 +1855,7 @@ int main(int argc, char **argv) {
         "\"doc_lengths\": \"%s\", \"attn_max_over_mean_before\": %.4f, "
         "\"attn_max_over_mean\": %.4f, \"device\": \"%s\", \"nonfinite_steps\": %ld, "
         "\"rss_mib\": %.1f, \"step_ms_median\": %.3f, \"attn_wait_ms_median\": %.3f, "
-        "\"attn_kernel_ms_median\": %.3f}\n",
+        "\"attn_kernel_ms_median\": %.3f, \"attn_busy_ms_median\": %.3f}\n",
         o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
         (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
         1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
@@ -1864,12 +1870,13 @@ int main(int argc, char **argv) {
         o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0], st.attn_ratio[1],
         o.cuda ? "cuda" : "host", nonfinite_steps, last_rss,
         1e3 * ex_median(step_times, nstep_times), ex_median(attn_waits, nstep_times),
-        ex_median(attn_kernels, nstep_times));
+        ex_median(attn_kernels, nstep_times), ex_median(attn_busy, nstep_times));
     rc |= ex_write_text(o.json, text) != 0;
   }
   free(step_times);
   free(attn_waits);
   free(attn_kernels);
+  free(attn_busy);
   if (loom_sched_destroy(sched) != LOOM_OK) { // writes the rest of the timeline
     fprintf(stderr, "train_gpt: timeline: %s\n", loom_last_error(NULL));
     rc = 1;

@@ -41,8 +41,13 @@ typedef struct loom_sim_profile {
   int64_t *docs;  // (ndocs) document lengths of the batches the run trained on, batch by batch
   int nbatches;   // batches in docs (0: docs are a plain sample, drawn one by one)
   int *batch_end; // (nbatches) batch k is docs[batch_end[k - 1] .. batch_end[k])
-  double attn_row_cost; // pairs one query row costs besides its pairs (the balancer's row_cost;
-                        // 0: pairs only, as in profiles that predate it)
+  double attn_row_cost;    // pairs one query row costs besides its pairs (the balancer's row_cost;
+                           // 0: pairs only, as in profiles that predate it)
+  double attn_exchange_ms; // the part of attn_ms the attention servers spent outside their
+                           // kernels (packing, copying, MPI, waiting for peers) in a run of np >= 2
+                           // ranks; 0 in a run of one rank, which exchanges nothing. An np 1
+                           // profile cannot see what the exchanges cost: record the attention
+                           // servers' profile at np >= 2.
 } loom_sim_profile_t;
 
 // Write p to path (text; see the format in sim.c). LOOM_ERR_SYSTEM names the path on failure.
@@ -61,11 +66,13 @@ typedef struct loom_sim_cluster {
   int nodes, ranks_per_node, cores_per_node;
   loom_link_t intra, inter;
   int intra_shared, inter_shared;
+  double timeshare; // a core holding K > 1 ranks runs their step K (1 + timeshare) times as
+                    // long (context switches, caches refilled; tests/bench/timeshare_perf)
 } loom_sim_cluster_t;
 
 // Parse a cluster description (lines "key value...", '#' comments):
 //   name NAME / nodes N / ranks_per_node R / cores_per_node C
-//   intra ALPHA_US GBPS [shared] / inter ALPHA_US GBPS [shared]
+//   intra ALPHA_US GBPS [shared] / inter ALPHA_US GBPS [shared] / timeshare F (default 0)
 // A missing key or a bad value is LOOM_ERR_INVALID_ARG naming the line and the fix.
 LOOM_API loom_status_t loom_sim_cluster_load(const char *path, loom_sim_cluster_t *c);
 

@@ -260,16 +260,21 @@ loom_status_t loom_sim_predict(const loom_sim_profile_t *p, const loom_sim_clust
   const int rpn = c->ranks_per_node;
   const int nodes = (ranks + rpn - 1) / rpn, on_node = ranks < rpn ? ranks : rpn;
   // More ranks than cores: loom binds rank i to core i % cores (LOOM_BIND=core), so the busiest
-  // core holds ceil(ranks / cores) of them, and every step waits for its ranks.
+  // core holds ceil(ranks / cores) of them, and every step waits for its ranks; sharing a core
+  // costs the cluster's timeshare on top of the shares.
   const int per_core = (on_node + c->cores_per_node - 1) / c->cores_per_node;
-  const double oversub = per_core > 1 ? (double)per_core : 1.0;
+  const double oversub = per_core > 1 ? per_core * (1.0 + c->timeshare) : 1.0;
   out->ranks = ranks;
   out->nodes = nodes;
 
   // Compute: attention with its straggler (or balanced by the servers), the rest as profiled.
-  const double attn = p->attn_ms < p->compute_ms ? p->attn_ms : p->compute_ms;
-  const double moe = p->moe_ms < p->compute_ms - attn ? p->moe_ms : p->compute_ms - attn;
-  const double other = p->compute_ms - attn - moe;
+  const double attn0 = p->attn_ms < p->compute_ms ? p->attn_ms : p->compute_ms;
+  const double moe = p->moe_ms < p->compute_ms - attn0 ? p->moe_ms : p->compute_ms - attn0;
+  const double other = p->compute_ms - attn0 - moe;
+  // Without servers, or on one rank, nothing is exchanged: what the profiled run's servers spent
+  // on their exchanges goes (its compute lane did it: `other` keeps the rest).
+  const double exch = p->attn_exchange_ms < attn0 ? p->attn_exchange_ms : attn0;
+  const double attn = ranks == 1 || !s->attn_servers ? attn0 - exch : attn0;
   double ratio = 1.0, ship_bytes = 0.0;
   if (p->ndocs > 0 && attn > 0.0 && ranks > 1) {
     if (s->attn_servers) {

@@ -19,7 +19,7 @@
 // The format, one record per line (numbers in C locale, names without spaces):
 //   loom-profile 1
 //   run NP TOKENS CTX COMPUTE_MS STEP_MS OVERHEAD_MS
-//   attn ATTN_MS PAIRS Q_ROW_BYTES KV_ROW_BYTES [ROW_COST]   (ROW_COST 0 when left out)
+//   attn ATTN_MS PAIRS Q_ROW_BYTES KV_ROW_BYTES [ROW_COST [EXCHANGE_MS]]   (0 when left out)
 //   moe LAYERS EXPERTS TOPK HIDDEN MOE_MS FINE_HIDDEN
 //   moe_load COUNT ... (one per profiled step: assignments per expert, every MoE layer summed)
 //   tensor NAME FLOATS READY_US                     (one per gradient, in ready order)
@@ -39,8 +39,8 @@ loom_status_t loom_sim_profile_save(const char *path, const loom_sim_profile_t *
   fprintf(f, "loom-profile 1\n");
   fprintf(f, "run %d %lld %lld %.6f %.6f %.6f\n", p->np, (long long)p->tokens, (long long)p->ctx,
           p->compute_ms, p->step_ms, p->overhead_ms);
-  fprintf(f, "attn %.6f %.1f %.1f %.1f %.3f\n", p->attn_ms, p->attn_pairs, p->attn_q_bytes,
-          p->attn_kv_bytes, p->attn_row_cost);
+  fprintf(f, "attn %.6f %.1f %.1f %.1f %.3f %.6f\n", p->attn_ms, p->attn_pairs, p->attn_q_bytes,
+          p->attn_kv_bytes, p->attn_row_cost, p->attn_exchange_ms);
   fprintf(f, "moe %d %d %d %d %.6f %.4f\n", p->moe_layers, p->moe_experts, p->moe_topk,
           p->moe_hidden, p->moe_ms, p->moe_fine_hidden);
   for (int k = 0; k < p->moe_steps; k++) {
@@ -191,10 +191,23 @@ static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int 
         num(r, "kv_row_bytes", 0, 1e12, &p->attn_kv_bytes)) {
       return -1;
     }
-    p->attn_row_cost = 0.0;
+    p->attn_row_cost = p->attn_exchange_ms = 0.0;
     const char *more = r->save;
     more += more ? strspn(more, " \t\r\n") : 0;
     if (more && *more && num(r, "row_cost", 0, 1e9, &p->attn_row_cost)) {
+      return -1;
+    }
+    more = r->save;
+    more += more ? strspn(more, " \t\r\n") : 0;
+    if (more && *more && num(r, "exchange_ms", 0, 1e9, &p->attn_exchange_ms)) {
+      return -1;
+    }
+    if (p->attn_exchange_ms > p->attn_ms) {
+      r->err = loom_error(NULL, r->code,
+                          "%s line %d: exchange_ms %g is more than attn_ms %g (the exchanges are "
+                          "part of the attention time): record the profile again with train_gpt "
+                          "--profile",
+                          r->path, r->line, p->attn_exchange_ms, p->attn_ms);
       return -1;
     }
   } else if (!strcmp(key, "moe")) {
@@ -423,10 +436,12 @@ loom_status_t loom_sim_cluster_load(const char *path, loom_sim_cluster_t *c) {
     } else if (!strcmp(key, "inter")) {
       bad = cluster_link(&r, &c->inter, &c->inter_shared) != 0;
       have_inter = 1;
+    } else if (!strcmp(key, "timeshare")) {
+      bad = num(&r, "timeshare", 0, 10, &c->timeshare) != 0;
     } else {
       r.err = loom_error(NULL, LOOM_ERR_INVALID_ARG,
                          "cluster %s line %d: unknown key '%s' (name, nodes, ranks_per_node, "
-                         "cores_per_node, intra, inter)",
+                         "cores_per_node, intra, inter, timeshare)",
                          path, r.line, key);
       bad = 1;
     }

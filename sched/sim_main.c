@@ -19,8 +19,10 @@ static void usage(FILE *out) {
           "  --profile FILE   the profile (train_gpt --profile)\n"
           "  --cluster FILE   the cluster: lines 'name NAME', 'nodes N', 'ranks_per_node R',\n"
           "                   'cores_per_node C', 'intra ALPHA_US GBPS [shared]',\n"
-          "                   'inter ALPHA_US GBPS [shared]' ('#' starts a comment); shared: the\n"
-          "                   link's bandwidth is split among the node's ranks using it at once\n"
+          "                   'inter ALPHA_US GBPS [shared]', 'timeshare F' ('#' starts a\n"
+          "                   comment); shared: the link's bandwidth is split among the node's\n"
+          "                   ranks using it at once; timeshare: a core holding K > 1 ranks runs\n"
+          "                   K (1 + F) times as long (tests/bench/timeshare_perf; default 0)\n"
           "  --ranks LIST     comma-separated rank counts (default 8,16,...,4096 up to the\n"
           "                   cluster's size)\n"
           "  --grad LIST      gradient strategies: none, plan, and codecs of the profile\n"
@@ -262,11 +264,11 @@ int main(int argc, char **argv) {
   if (rc == 0) {
     printf("loom_sim: profile %s (np %d, %lld tokens per rank, compute %.2f ms, measured step "
            "%.2f ms, %d gradients, %d codecs%s), cluster %s: %d nodes x %d ranks, %d cores per "
-           "node, intra %.1f us %.1f Gbit/s%s, inter %.1f us %.1f Gbit/s%s\n",
+           "node (timeshare %.3f), intra %.1f us %.1f Gbit/s%s, inter %.1f us %.1f Gbit/s%s\n",
            o.profile, p.np, (long long)p.tokens, p.compute_ms, p.step_ms, p.ntensors, p.ncodecs,
            p.moe_layers ? ", MoE" : "", c.name, c.nodes, c.ranks_per_node, c.cores_per_node,
-           c.intra.alpha_us, c.intra.gbps, c.intra_shared ? " shared" : "", c.inter.alpha_us,
-           c.inter.gbps, c.inter_shared ? " shared" : "");
+           c.timeshare, c.intra.alpha_us, c.intra.gbps, c.intra_shared ? " shared" : "",
+           c.inter.alpha_us, c.inter.gbps, c.inter_shared ? " shared" : "");
     printf("%-30s %6s %5s %10s %10s %9s %9s %9s %6s %12s %6s\n", "strategy", "ranks", "nodes",
            "step_ms", "compute", "grad_exp", "moe_exp", "attn_ship", "imbal", "tokens/s", "eff");
   }

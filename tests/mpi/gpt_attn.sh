@@ -73,6 +73,21 @@ fi
 run in_2_rc_500 2 --doc-lengths skewed --attn-servers inplace --attn-row-cost 500 \
   --dump-params "$tmp/in2rc_%r.bin"
 close "np 2 skewed, --attn-row-cost 500: equals off" "$tmp/off_2_skewed_0.bin" "$tmp/in2rc_0.bin"
+# A profile of 2 ranks with the servers times their exchanges (the sixth field of the attn
+# line, within the attention time), and loom_sim takes it: without the exchanges at one rank.
+run prof_2 2 --doc-lengths skewed --attn-servers inplace --steps 12 --profile "$tmp/prof2.txt"
+if awk '$1 == "attn" { ok = NF == 7 && $7 > 0 && $7 <= $2 } END { exit !ok }' "$tmp/prof2.txt" &&
+  "$b/loom_sim" --profile "$tmp/prof2.txt" --cluster "${srcdir:-.}/tests/scaling/clusters/here-shm.cluster" \
+    --ranks 1,2 --grad none --attn inplace --csv "$tmp/prof2.csv" >"$tmp/prof2_sim.log" 2>&1 &&
+  awk -F, '$1 == 1 { one = $3 } $1 == 2 { two = $3 } END { exit !(one > 0 && two > one) }' \
+    "$tmp/prof2.csv"; then
+  echo "ok: np 2 --profile with servers: the exchange time is recorded and loom_sim reads it"
+else
+  grep '^attn' "$tmp/prof2.txt"
+  cat "$tmp/prof2_sim.log" "$tmp/prof2.csv"
+  echo "FAIL: np 2 --profile with servers: no exchange time in the attn line, or loom_sim"
+  fail=1
+fi
 # Dedicated servers: np 3 with one server and np 4 with two train the 2 remaining ranks exactly
 # like np 2 without servers (the same rows), and the servers end when the training does.
 run ded_3 3 --doc-lengths skewed --attn-servers 1 --dump-params "$tmp/ded3_%r.bin"

@@ -140,6 +140,9 @@ static void run_case(const loom_group_t *g, int variant, int kind, int causal) {
     double served = st.tasks_served, total = 0;
     MPI_Allreduce(&served, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     CHECK(total == nt, "%g tasks served, the plan has %d", total, nt);
+    // The calls' time holds their kernels and waits (the same clock, nested).
+    CHECK(st.busy_ms > 0 && st.busy_ms >= st.compute_ms + st.wait_ms - 1e-3,
+          "busy %.4f ms < kernels %.4f + waits %.4f", st.busy_ms, st.compute_ms, st.wait_ms);
     CHECK(kind != 2 || world_rank == 0 || st.tasks_served == 0, "plan 2: rank %d served %d",
           world_rank, st.tasks_served);
   }

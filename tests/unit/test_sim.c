@@ -103,6 +103,8 @@ static void test_roundtrip_and_damage(void) {
   loom_codec_cost_t c[2];
   int64_t docs[200];
   make_profile(&p, t, c, docs, 1);
+  p.attn_row_cost = 12.5;
+  p.attn_exchange_ms = 1.75;
   char path[128], bad[128];
   path_of(path, sizeof path, "p.txt");
   path_of(bad, sizeof bad, "bad.txt");
@@ -112,6 +114,9 @@ static void test_roundtrip_and_damage(void) {
             fabs(q.overhead_ms - 0.5) < 1e-6 && q.ntensors == 4 && q.ncodecs == 2 &&
             q.ndocs == 200 && q.moe_layers == 2 && q.moe_topk == 2,
         "the loaded profile differs from the saved one");
+  CHECK(fabs(q.attn_row_cost - 12.5) < 1e-9 && fabs(q.attn_exchange_ms - 1.75) < 1e-9,
+        "attn row cost %g (want 12.5), exchange %g ms (want 1.75)", q.attn_row_cost,
+        q.attn_exchange_ms);
   for (int i = 0; i < 4 && q.ntensors == 4; i++) {
     CHECK(!strcmp(q.tensors[i].name, t[i].name) && q.tensors[i].n == t[i].n &&
               fabs(q.tensors[i].ready_us - t[i].ready_us) < 1e-3,
@@ -175,6 +180,17 @@ static void test_roundtrip_and_damage(void) {
   CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "negative tokens accepted");
   CHECK(strstr(loom_last_error(NULL), "tokens") != NULL, "the message does not name tokens: %s",
         loom_last_error(NULL));
+  // An attn line of four fields (older profiles) means no row cost and no exchange time; an
+  // exchange longer than the attention it is part of is corrupt, and says so.
+  write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\nattn 2 100 16 16\nend\n");
+  CHECK(loom_sim_profile_load(bad, &q) == LOOM_OK && q.attn_row_cost == 0.0 &&
+            q.attn_exchange_ms == 0.0,
+        "a 4-field attn line: %s", loom_last_error(NULL));
+  loom_sim_profile_free(&q);
+  write_text(bad, "loom-profile 1\nrun 2 5 128 10 10 0\nattn 2 100 16 16 0 3\nend\n");
+  CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "exchange 3 ms of 2 ms accepted");
+  CHECK(strstr(loom_last_error(NULL), "exchange_ms") != NULL, "the message does not name it: %s",
+        loom_last_error(NULL));
   write_text(bad, "loom-profile 2\nend\n");
   CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "version 2 accepted");
   write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\nmoe 2 0 0 0 1 0.5\nend\n");
@@ -193,9 +209,14 @@ static void test_cluster_file(void) {
                    "intra 1 100\ninter 5 25 shared\n");
   CHECK(loom_sim_cluster_load(path, &c) == LOOM_OK, "cluster: %s", loom_last_error(NULL));
   CHECK(c.nodes == 4 && c.ranks_per_node == 8 && c.inter.gbps == 25 && c.inter_shared &&
-            !c.intra_shared && !strcmp(c.name, "x"),
+            !c.intra_shared && !strcmp(c.name, "x") && c.timeshare == 0.0,
         "cluster fields");
+  write_text(path, "nodes 1\nranks_per_node 4\ncores_per_node 2\nintra 2 47\ntimeshare 0.048\n");
+  CHECK(loom_sim_cluster_load(path, &c) == LOOM_OK && fabs(c.timeshare - 0.048) < 1e-12,
+        "timeshare: %s", loom_last_error(NULL));
   quiet_begin();
+  write_text(path, "nodes 1\nranks_per_node 4\ncores_per_node 2\nintra 2 47\ntimeshare -1\n");
+  CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG, "timeshare -1 accepted");
   write_text(path, "nodes 4\nranks_per_node 8\ncores_per_node 8\n");
   CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG, "no intra link accepted");
   write_text(path, "nodes 4\nranks_per_node 8\ncores_per_node 8\nintra 1 0\n");
@@ -259,12 +280,36 @@ static void test_model(void) {
   step(&p, &c, 8, LOOM_SIM_GRAD_NONE, 0, 0, &r2);
   CHECK(fabs(r.compute_ms - 4.0 * r2.compute_ms) < 1e-6, "oversubscribed compute %.3f vs %.3f",
         r.compute_ms, r2.compute_ms);
+  // Sharing a core costs the cluster's timeshare on top: 8 ranks on 2 cores at 0.05.
+  small.timeshare = 0.05;
+  step(&p, &small, 8, LOOM_SIM_GRAD_NONE, 0, 0, &r);
+  CHECK(fabs(r.compute_ms - 4.0 * 1.05 * r2.compute_ms) < 1e-6,
+        "timeshare 0.05: oversubscribed compute %.3f vs %.3f", r.compute_ms, r2.compute_ms);
+  small.timeshare = 0.0;
   // Attention servers bring the imbalance within the balancer's tolerance (0.1, plus rounding).
   step(&p, &c, 256, LOOM_SIM_GRAD_NONE, 0, 0, &r);
   step(&p, &c, 256, LOOM_SIM_GRAD_NONE, 0, 1, &r2);
   CHECK(r.attn_imbalance > 1.2 && r2.attn_imbalance <= 1.15 && r2.attn_ship_ms > 0,
         "256 ranks: imbalance %.3f without servers, %.3f with (ship %.3f ms)", r.attn_imbalance,
         r2.attn_imbalance, r2.attn_ship_ms);
+  // A profile from 2 ranks with servers carries their exchange time: it stays while there are
+  // exchanges (servers on, 2 or more ranks) and goes on one rank or without servers.
+  loom_sim_cluster_t flat = cluster(1, 8, 8, 100, 0);
+  double with[3], without[3];
+  for (int k = 0; k < 3; k++) {
+    const int ranks = k == 0 ? 1 : 2, servers = k < 2;
+    p.attn_exchange_ms = 3.0;
+    with[k] = step(&p, &flat, ranks, LOOM_SIM_GRAD_NONE, 0, servers, &r);
+    p.attn_exchange_ms = 0.0;
+    without[k] = step(&p, &flat, ranks, LOOM_SIM_GRAD_NONE, 0, servers, &r2);
+  }
+  CHECK(fabs(without[0] - with[0] - 3.0) < 1e-6, "one rank: %.4f with the exchange, %.4f without",
+        with[0], without[0]);
+  CHECK(fabs(with[1] - without[1]) < 1e-9,
+        "2 ranks with servers: %.4f with the exchange, %.4f without (it is part of attn_ms)",
+        with[1], without[1]);
+  CHECK(with[2] < without[2] - 2.9, "2 ranks without servers: %.4f with the exchange, %.4f without",
+        with[2], without[2]);
   // MoE: the all-to-all is exposed least under fine overlap, most under none.
   make_profile(&p, t, cd, docs, 1);
   double e[3];
