@@ -62,21 +62,39 @@ static double draw_rank(const loom_sim_profile_t *p, uint64_t *s, int owner, loo
   return pairs;
 }
 
-// The attention imbalance (max over mean of the ranks' costs) without servers, averaged over
-// SIM_TRIALS drawn steps.
-static double imbalance(const loom_sim_profile_t *p, int ranks, uint64_t seed) {
+// The attention imbalance without servers, averaged over SIM_TRIALS drawn steps: the busiest
+// core's attention over per_core ranks' share of the mean. Ranks bound to one core (rank i of a
+// node on core i % cores) take turns, so a core's load is the sum of its ranks': with one rank
+// per core this is max / mean over the ranks, with more the draws of a core average out.
+// Returns LOOM_ERR_NOMEM only.
+static loom_status_t imbalance(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks,
+                               int per_core, uint64_t seed, double *ratio) {
+  const int rpn = c->ranks_per_node, cores = c->cores_per_node < rpn ? c->cores_per_node : rpn;
+  double *load = malloc((size_t)ranks * sizeof *load);
+  if (!load) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "loom_sim: out of memory for %d ranks", ranks);
+  }
   double sum = 0.0;
   for (int t = 0; t < SIM_TRIALS; t++) {
     uint64_t s = seed ^ (0x5157ull * (uint64_t)(t + 1));
     double max = 0.0, total = 0.0;
+    memset(load, 0, (size_t)ranks * sizeof *load);
     for (int r = 0; r < ranks; r++) {
-      double pr = draw_rank(p, &s, r, NULL, NULL, 0);
-      max = pr > max ? pr : max;
+      const double pr = draw_rank(p, &s, r, NULL, NULL, 0);
+      const int core = (r / rpn) * cores + (r % rpn) % cores; // < ranks
+      load[core] += pr;
       total += pr;
     }
-    sum += total > 0.0 ? max / (total / ranks) : 1.0;
+    for (int k = 0; k < ranks; k++) {
+      max = load[k] > max ? load[k] : max;
+    }
+    // (>= 1 when every core holds per_core ranks; a core with fewer is no busier)
+    const double r = total > 0.0 ? max / (per_core * total / ranks) : 1.0;
+    sum += r > 1.0 ? r : 1.0;
   }
-  return sum / SIM_TRIALS;
+  free(load);
+  *ratio = sum / SIM_TRIALS;
+  return LOOM_OK;
 }
 
 // With attention servers in place: the balancer's max / mean and the bytes a rank ships per
@@ -282,8 +300,8 @@ loom_status_t loom_sim_predict(const loom_sim_profile_t *p, const loom_sim_clust
       if (st != LOOM_OK) {
         return st;
       }
-    } else {
-      ratio = imbalance(p, ranks, seed);
+    } else if ((st = imbalance(p, c, ranks, per_core, seed, &ratio)) != LOOM_OK) {
+      return st;
     }
   }
   out->attn_imbalance = ratio;
