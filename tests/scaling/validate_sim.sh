@@ -6,12 +6,15 @@
 # (the straggler) and with them.
 # Usage (from the build folder): ../tests/scaling/validate_sim.sh [OUT_DIR]   (root: slownet)
 # Environment: STEPS (default 40), CONFIGS (default "dense moe skew attn"), NETS (default
-# "shm 1gbit 10gbit", the dense model's).
+# "shm 1gbit 10gbit", the dense model's), REPEAT (default 1: runs of each measured cell, whose
+# median step is compared; runs of one command differ by up to 5% on a shared host).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 b=${LOOM_BUILDDIR:-$PWD}
 out=${1:-$b/sim-validate}
 steps=${STEPS:-40}
+repeat=${REPEAT:-1}
+case $repeat in '' | *[!0-9]* | 0) echo "validate_sim: REPEAT=$repeat: pass a count >= 1" >&2; exit 2 ;; esac
 configs=${CONFIGS:-dense moe skew attn}
 nets=${NETS:-shm 1gbit 10gbit}
 model="--layers 2 --width 128 --heads 4 --ctx 128 --batch 4 --sample 0 --val-every 0 --compress none"
@@ -64,9 +67,16 @@ for config in $configs; do
       --ranks 1,2,3,4 $(sim_flags_of "$config") --csv "$out/sim-$config-$net.csv" \
       >"$out/sim-$config-$net.txt"
     for np in 1 2 3 4; do
-      # shellcheck disable=SC2086
-      run "$config-$net-np$np" "$net" "$np" $model $model_flags $run_flags --steps "$steps"
-      m=$(sed -n 's/.*"step_ms_median": \([0-9.]*\).*/\1/p' "$out/$config-$net-np$np.json")
+      runs=""
+      for k in $(seq 1 "$repeat"); do
+        name="$config-$net-np$np"
+        [ "$k" -eq 1 ] || name="$name-r$k"
+        # shellcheck disable=SC2086
+        run "$name" "$net" "$np" $model $model_flags $run_flags --steps "$steps"
+        runs="$runs $(sed -n 's/.*"step_ms_median": \([0-9.]*\).*/\1/p' "$out/$name.json")"
+      done
+      # the median of the runs' medians (REPEAT runs of the same command)
+      m=$(printf '%s\n' $runs | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
       p=$(awk -F, -v np="$np" '$1 == np {print $3}' "$out/sim-$config-$net.csv")
       e=$(awk -v m="$m" -v p="$p" 'BEGIN {printf "%+.1f", 100 * (p - m) / m}')
       printf "%-6s %-7s %3s %12.2f %12.2f %7s%%\n" "$config" "$net" "$np" "$m" "$p" "$e"
