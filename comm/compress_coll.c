@@ -175,6 +175,7 @@ typedef struct flat {
   MPI_Comm p2p;               // the group's point-to-point communicator
   int tag;                    // A on tag, B on tag + 1, reserved when the call starts
   loom_status_t status;       // the first error
+  int poisoned;               // x never held the tensor: every block this rank sends is failed
   char errmsg[256];
 } flat_t;
 
@@ -225,6 +226,13 @@ static void encode_chunk(flat_t *f, int k, uint8_t *dst) {
   chunk_range(f, k, &lo, &len);
   const uint64_t seed = f->seed + (uint64_t)k;
   float *y = f->out + lo; // free until chunk k is decoded: holds x + residual while encoding
+  if (f->poisoned) {      // nothing to encode: failed blocks, the residual untouched
+    const uint64_t failed = LEN_FAILED;
+    for (int i = 0; i < (f->divisible ? np : 1); i++) {
+      memcpy(dst + (size_t)i * f->bsize, &failed, LEN_BYTES);
+    }
+    return;
+  }
   if (!f->divisible) {
     flat_fail(
         f, encode_block(f->c, f->res ? f->res + lo : NULL, y, f->x + lo, len, seed, dst, f->bsize));
@@ -768,6 +776,12 @@ loom_status_t loom_compress_host_run(const loom_group_t *g, const loom_compresso
                                      loom_tensor_t *t, loom_redop_t op, uint64_t seed, size_t *sent,
                                      const struct loom_watch *w) {
   return run_blocking(g, c, scheme, ef, res, t, op, seed, sent, w);
+}
+
+void loom_compress_flat_poison(loom_request_t *r, loom_status_t status) {
+  flat_t *f = r->state;
+  f->poisoned = 1;
+  flat_fail(f, status != LOOM_OK ? status : LOOM_ERR_INTERNAL);
 }
 
 loom_status_t loom_compress_flat_deferred(loom_request_t *r, const loom_group_t *g,

@@ -153,6 +153,14 @@ loom_status_t loom_compress_flat_deferred(loom_request_t *r, const loom_group_t 
                                           const loom_compressor_t *c, loom_scheme_t scheme,
                                           float *res, loom_tensor_t *t, loom_redop_t op,
                                           uint64_t seed, size_t *sent);
+// Mark r, a request from loom_compress_flat_deferred, failed with status (not LOOM_OK) before its
+// first step: the tensor was never copied to the host. It still runs every exchange, sending
+// failed blocks in place of this rank's payloads (its peers fail with LOOM_ERR_CORRUPT instead of
+// waiting for them), touches neither t nor the residual, and completes with status.
+void loom_compress_flat_poison(loom_request_t *r, loom_status_t status);
+// Test hook: the next n copies into the stage s fail as a failed CUDA copy would (LOOM_ERR_CUDA),
+// on a host stage too.
+void loom_host_stage_fail_copies(loom_host_stage_t *s, int n);
 
 // ---- error feedback of CUDA tensors (compress_coll_nccl.c) ------------------------------------
 //

@@ -35,9 +35,10 @@ struct loom_host_stage {
   int64_t cap; // f32 values the host memory holds
   float *host; // (cap) page-locked on a CUDA stage; loom_host_alloc memory on a host one
   // The operation in flight (one at a time).
-  void *data;   // the tensor's memory, on device
-  size_t bytes; // its size
-  int back;     // the copy back was queued
+  void *data;      // the tensor's memory, on device
+  size_t bytes;    // its size
+  int back;        // the copy back was queued
+  int fail_copies; // test hook (loom_host_stage_fail_copies): copies still to fail
 #ifdef LOOM_HAVE_CUDA
   cudaStream_t stream;  // the copies (non-blocking: ordered by the events below only)
   cudaEvent_t produced; // on the caller's current stream at the call: t is written
@@ -198,6 +199,12 @@ void loom_host_stage_destroy(loom_host_stage_t *s) {
   free(s);
 }
 
+void loom_host_stage_fail_copies(loom_host_stage_t *s, int n) {
+  if (s) {
+    s->fail_copies = n > 0 ? n : 0;
+  }
+}
+
 // ---- the copies ---------------------------------------------------------------------------------
 
 // Queue the copy of t into the host memory after the current stream's work (the same thread's
@@ -206,6 +213,13 @@ static loom_status_t copy_in(loom_host_stage_t *s, const loom_tensor_t *t) {
   s->data = t->data;
   s->bytes = loom_tensor_bytes(t);
   s->back = 0;
+  if (s->fail_copies > 0) {
+    s->fail_copies--;
+    return loom_error(NULL, LOOM_ERR_CUDA,
+                      "the copy of '%s' to the host failed (injected by "
+                      "loom_host_stage_fail_copies)",
+                      t->name);
+  }
   if (s->device == LOOM_DEVICE_HOST) {
     if (s->bytes > 0 && s->host != t->data) {
       memcpy(s->host, t->data, s->bytes);
@@ -249,9 +263,16 @@ static loom_status_t landed(loom_host_stage_t *s, int block, int any_thread, int
   return LOOM_OK;
 }
 
-// The request's gate before the host scheme's first step (any thread, list lock held).
+// The request's gate before the host scheme's first step (any thread, list lock held). A copy
+// that failed on the stream still takes part in the exchanges, with failed blocks: the request
+// completes with the error, and no peer waits for this rank.
 static loom_status_t ready_hook(loom_request_t *r, int *ok) {
-  return landed(r->aux, 0, 1, ok);
+  loom_status_t status = landed(r->aux, 0, 1, ok);
+  if (status != LOOM_OK) {
+    loom_compress_flat_poison(r, status);
+    *ok = 1;
+  }
+  return LOOM_OK;
 }
 
 // The request's completion: the host scheme is done; queue the copy back (once), then report
@@ -359,12 +380,20 @@ static loom_status_t start(const char *name, const loom_group_t *g, const loom_c
   r->watch = w;
   r->aux = s;
   r->poll = poll_hook;
-  LOOM_CHECK(copy_in(s, t));
   if (loom_compress_host_flat(c, scheme)) {
+    // Tags and buffers before the copy: a copy that fails still takes part in the exchanges
+    // (failed blocks), so that its peers fail too instead of waiting for this rank; the wait
+    // reports the copy's error, and neither t nor the residual is touched.
     LOOM_CHECK(loom_compress_flat_deferred(r, g, c, scheme, res, &h, op, seed, sent));
-    r->ready = ready_hook;
+    loom_status_t copied = copy_in(s, t);
+    if (copied == LOOM_OK) {
+      r->ready = ready_hook;
+    } else {
+      loom_compress_flat_poison(r, copied);
+    }
     loom_request_started(r); // listed: any thread's progress begins it once the copy landed
-  } else {                   // runs to completion here, on the landed copy
+  } else { // runs to completion here, on the landed copy (a failed copy: peers wait, see .h)
+    LOOM_CHECK(copy_in(s, t));
     int ok = 0;
     LOOM_CHECK(landed(s, 1, 0, &ok));
     LOOM_CHECK(loom_compress_host_run(g, c, scheme, ef, res, &h, op, seed, sent, &w));

@@ -191,10 +191,13 @@ LOOM_API void loom_host_stage_destroy(loom_host_stage_t *s);
 // several may be in flight on one group beside other collectives, started in the same order on
 // every rank. The hierarchical scheme and powersgd wait for the copy to the host inside the call
 // and run there (as on host tensors); the request then completes with the copy back. t must stay
-// untouched, and the stage serve no other call, until the request completes. Unlike a codec
-// failure (which still takes part in every exchange), a failed copy (a CUDA error, usually
-// sticky) ends this rank's part of the call: its peers wait in the exchange until LOOM_TIMEOUT's
-// watchdog ends the job, naming this rank.
+// untouched, and the stage serve no other call, until the request completes. A failed copy to
+// the host (a CUDA error, usually sticky) under a flat scheme still takes part in every exchange,
+// with blocks marked failed: the wait returns the copy's error on this rank and LOOM_ERR_CORRUPT
+// ("a peer could not encode its part") on its peers; no rank's t changes, nor this rank's
+// residual (the peers' residuals move, as in any flat allreduce a peer's error ends). Under
+// the hierarchical scheme and powersgd a failed copy ends this rank's part of the call: its peers
+// wait in the exchange until LOOM_TIMEOUT's watchdog ends the job, naming this rank.
 LOOM_API loom_status_t loom_icompressed_allreduce_staged(const loom_group_t *g,
                                                          const loom_compressor_t *c,
                                                          loom_scheme_t scheme, loom_ef_t *ef,

@@ -8,6 +8,7 @@
 
 #include "../check_mpi.h"
 #include "../testutil.h"
+#include "compress_internal.h" // loom_host_stage_fail_copies (the library's test hook)
 
 // What is checked, at the np of the spec (and its LOOM_COMPRESS_CHUNK), on host tensors through
 // host stages (the same request as for a CUDA tensor, with memcpy for the copies):
@@ -21,7 +22,11 @@
 // - errors before anything is posted: a NULL group, compressor, tensor, stage or req, a bad
 //   scheme or op, an f16 tensor, a tensor larger than the stage, a stage made for another device;
 //   stages for a device this process cannot use (LOOM_ERR_UNSUPPORTED in a build without CUDA), a
-//   negative size, a NULL out.
+//   negative size, a NULL out;
+// - a copy to the host that fails on the last rank (the test hook), blocking and non-blocking,
+//   divisible and indivisible, with error feedback: that rank gets the copy's error, every other
+//   rank LOOM_ERR_CORRUPT (nobody waits), no tensor changes nor the failing rank's residual, and
+//   the next call on the same stage gives the host path's bits.
 
 static int world_rank, world_size;
 
@@ -255,6 +260,70 @@ static void check_errors(const loom_group_t *g, loom_host_stage_t *stage) {
   loom_compressor_destroy(c);
 }
 
+// The last rank's copy to the host fails (the stage's test hook): every rank still completes.
+static void check_copy_failure(const loom_group_t *g, loom_host_stage_t *stage) {
+  loom_compressor_t *c = NULL;
+  OK(loom_compressor_create("int8", &c));
+  const int64_t n = 1000;
+  const int failing = world_size - 1;
+  for (int variant = 0; variant < 4; variant++) { // (indivisible, divisible) x (blocking, not)
+    const loom_scheme_t scheme = variant & 1 ? LOOM_SCHEME_DIVISIBLE : LOOM_SCHEME_INDIVISIBLE;
+    const int nonblocking = variant >> 1;
+    loom_ef_t *ef = NULL, *ref_ef = NULL;
+    OK(loom_ef_create(&ef));
+    OK(loom_ef_create(&ref_ef));
+    loom_tensor_t t = make(0, n, "grad.fail"), ref = make(0, n, "grad.fail"),
+                  keep = make(0, n, "k");
+    // A first call gives both tables a residual, so that "untouched" means something.
+    input(t.data, n, 0, variant);
+    memcpy(ref.data, t.data, (size_t)n * sizeof(float));
+    OK(loom_compressed_allreduce_staged(g, c, scheme, ef, &t, stage, LOOM_SUM, 3, NULL));
+    OK(loom_compressed_allreduce(g, c, scheme, ref_ef, &ref, LOOM_SUM, 3, NULL));
+    input(t.data, n, 1, variant);
+    memcpy(keep.data, t.data, (size_t)n * sizeof(float));
+    if (world_rank == failing) {
+      loom_host_stage_fail_copies(stage, 1);
+    }
+    loom_status_t st;
+    size_t sent = 0;
+    if (nonblocking) {
+      loom_request_t *r = NULL;
+      st = loom_icompressed_allreduce_staged(g, c, scheme, ef, &t, stage, LOOM_SUM, 4, &sent, &r);
+      CHECK(st == LOOM_OK && r, "variant %d: the call with a failed copy returns %s: %s", variant,
+            loom_strerror(st), loom_last_error(NULL));
+      st = r ? loom_wait(&r) : st;
+    } else {
+      st = loom_compressed_allreduce_staged(g, c, scheme, ef, &t, stage, LOOM_SUM, 4, &sent);
+    }
+    if (world_rank == failing) {
+      CHECK(st == LOOM_ERR_CUDA && strstr(loom_last_error(NULL), "injected"),
+            "variant %d: the failing rank got %s: %s", variant, loom_strerror(st),
+            loom_last_error(NULL));
+    } else {
+      CHECK(st == LOOM_ERR_CORRUPT && strstr(loom_last_error(NULL), "could not encode"),
+            "variant %d: rank %d got %s: %s (want CORRUPT: a peer could not encode)", variant,
+            world_rank, loom_strerror(st), loom_last_error(NULL));
+    }
+    CHECK(same_bits(t.data, keep.data, n), "variant %d: a failed call changed the tensor", variant);
+    // The failing rank encoded nothing; its peers encoded (their residuals moved, as in any flat
+    // allreduce that a peer's error ends) before the failed blocks arrived.
+    CHECK(world_rank != failing || same_state(ef, ref_ef, "grad.fail"),
+          "variant %d: the failed copy changed the residual", variant);
+    // The same stage and group go on: the next call (without error feedback) equals the host path.
+    memcpy(ref.data, t.data, (size_t)n * sizeof(float));
+    OK(loom_compressed_allreduce_staged(g, c, scheme, NULL, &t, stage, LOOM_SUM, 5, NULL));
+    OK(loom_compressed_allreduce(g, c, scheme, NULL, &ref, LOOM_SUM, 5, NULL));
+    CHECK(same_bits(t.data, ref.data, n),
+          "variant %d: the call after the failure differs from the host path", variant);
+    loom_tensor_free(&t);
+    loom_tensor_free(&ref);
+    loom_tensor_free(&keep);
+    loom_ef_destroy(ef);
+    loom_ef_destroy(ref_ef);
+  }
+  loom_compressor_destroy(c);
+}
+
 int main(int argc, char **argv) {
   loom_ctx_t *ctx = NULL;
   if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {
@@ -272,6 +341,7 @@ int main(int argc, char **argv) {
   check_equal(g, s2, 0, 5);
   check_in_flight(g, s1, s2);
   check_errors(g, s2);
+  check_copy_failure(g, s2);
   loom_host_stage_destroy(s1);
   loom_host_stage_destroy(s2);
   if (world_rank == 0 && check_failures == 0) {
