@@ -262,13 +262,15 @@ int main(int argc, char **argv) {
                  "strategy_id,strategy,moe_imbalance\n");
   }
   if (rc == 0) {
-    printf("loom_sim: profile %s (np %d, %lld tokens per rank, compute %.2f ms, measured step "
-           "%.2f ms, %d gradients, %d codecs%s), cluster %s: %d nodes x %d ranks, %d cores per "
-           "node (timeshare %.3f), intra %.1f us %.1f Gbit/s%s, inter %.1f us %.1f Gbit/s%s\n",
-           o.profile, p.np, (long long)p.tokens, p.compute_ms, p.step_ms, p.ntensors, p.ncodecs,
-           p.moe_layers ? ", MoE" : "", c.name, c.nodes, c.ranks_per_node, c.cores_per_node,
-           c.timeshare, c.intra.alpha_us, c.intra.gbps, c.intra_shared ? " shared" : "",
-           c.inter.alpha_us, c.inter.gbps, c.inter_shared ? " shared" : "");
+    printf("loom_sim: profile %s (np %d, %lld tokens per rank, compute %.2f ms of which "
+           "attention %.2f (exchanges %.2f), measured step %.2f ms, %d gradients, %d codecs%s), "
+           "cluster %s: %d nodes x %d ranks, %d cores per node (timeshare %.3f), intra %.1f us "
+           "%.1f Gbit/s%s, inter %.1f us %.1f Gbit/s%s\n",
+           o.profile, p.np, (long long)p.tokens, p.compute_ms, p.attn_ms, p.attn_exchange_ms,
+           p.step_ms, p.ntensors, p.ncodecs, p.moe_layers ? ", MoE" : "", c.name, c.nodes,
+           c.ranks_per_node, c.cores_per_node, c.timeshare, c.intra.alpha_us, c.intra.gbps,
+           c.intra_shared ? " shared" : "", c.inter.alpha_us, c.inter.gbps,
+           c.inter_shared ? " shared" : "");
     printf("%-30s %6s %5s %10s %10s %9s %9s %9s %6s %12s %6s\n", "strategy", "ranks", "nodes",
            "step_ms", "compute", "grad_exp", "moe_exp", "attn_ship", "imbal", "tokens/s", "eff");
   }
