@@ -76,7 +76,9 @@ for config in $configs; do
         runs="$runs $(sed -n 's/.*"step_ms_median": \([0-9.]*\).*/\1/p' "$out/$name.json")"
       done
       # the median of the runs' medians (REPEAT runs of the same command)
-      m=$(printf '%s\n' $runs | sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
+      # shellcheck disable=SC2086 # one value a word
+      m=$(printf '%s\n' $runs | sort -g |
+        awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}')
       p=$(awk -F, -v np="$np" '$1 == np {print $3}' "$out/sim-$config-$net.csv")
       e=$(awk -v m="$m" -v p="$p" 'BEGIN {printf "%+.1f", 100 * (p - m) / m}')
       printf "%-6s %-7s %3s %12.2f %12.2f %7s%%\n" "$config" "$net" "$np" "$m" "$p" "$e"
