@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "exp_cpu.h"
 #include "simd.h"
 
 // Outputs may alias inputs exactly (in-place use), so the aliased pointers are not restrict; GCC
@@ -27,30 +28,6 @@
 //   gelu'(x) = s + 2 x s (1 - s) u'(x),  u' = k (1 + 3 c x^2)
 // and the only transcendental left is exp, computed below in a form the compiler vectorises.
 // Neither form cancels: 1 + tanh u never appears as a difference.
-
-// exp(x) for x in [-87, 88]: x = n ln2 + r with |r| <= ln2 / 2, exp(r) by a degree-6 Taylor
-// polynomial (relative error < 2e-7 on that interval) and 2^n put in the exponent bits. Rounding
-// to nearest uses the 1.5 * 2^23 trick so that no libm call remains in the loop.
-static inline float exp_bounded(float x) {
-  const float log2e = 1.44269504088896341f, round_magic = 12582912.0f; // 1.5 * 2^23
-  const float ln2_hi = 0.693145751953125f, ln2_lo = 1.42860682030941723e-6f;
-  float n = (x * log2e + round_magic) - round_magic;
-  float r = (x - n * ln2_hi) - n * ln2_lo;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  // n in -126..127: a normal power of two. A NaN x (a NaN input) has no integer n: take 0, the
-  // result is NaN through p anyway; the shift is unsigned (a negative int shifted left is UB).
-  const float n_int = n == n ? n : 0.0f;
-  uint32_t bits = (uint32_t)((int32_t)n_int + 127) << 23;
-  float scale;
-  memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
-}
 
 // s = sigmoid(2 u(x)) of the clamped x (NaN passes through the clamp and stays NaN).
 static inline float gelu_sigmoid(float xc) {

@@ -2,6 +2,7 @@
  * online softmax in base 2, cblas_sgemm for every tile product, 8-wide vector code for the rest. */
 #include "config.h"
 #include "attention_cpu.h"
+#include "attention_short_cpu.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -10,82 +11,10 @@
 #include "error.h"
 #include "loom_tensor.h"
 #include "simd.h"
+#include "vec8.h"
 
 #define BR LOOM_ATTN_BR
 #define BC LOOM_ATTN_BC
-
-#define LOG2E 1.4426950408889634f
-#define LN2   0.6931471805599453f
-
-// ---------------------------------------------------------------------------------------------
-// 8-wide float vectors (GCC/Clang vector extensions): one AVX2 register in the x86-64-v3 clone
-// of the tile functions (LOOM_CPU_CLONES), two SSE2 registers in the baseline one, NEON pairs
-// on arm64; no target flags needed, and both clones compute the same bits (lane-wise IEEE
-// operations, no contraction). Loops take 8 columns a step; every row of a score tile is padded
-// to a multiple of 8 columns. Loads and stores go through memcpy (no alignment assumptions).
-// The helpers are inlined into the clones, so their vector arguments never cross an ABI
-// boundary: GCC's note that a 32-byte vector return changes the ABI without AVX is moot.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi"
-#endif
-
-typedef float vf __attribute__((vector_size(32)));
-typedef int32_t vi __attribute__((vector_size(32)));
-
-static inline vf vf_load(const float *p) {
-  vf x;
-  memcpy(&x, p, sizeof x);
-  return x;
-}
-
-static inline void vf_store(float *p, vf x) {
-  memcpy(p, &x, sizeof x);
-}
-
-static inline vf vf_splat(float a) {
-  vf x = {a, a, a, a, a, a, a, a};
-  return x;
-}
-
-static inline vf vf_select(vi mask, vf a, vf b) { // mask ? a : b, lane by lane
-  return (vf)(((vi)a & mask) | ((vi)b & ~mask));
-}
-
-static inline vf vf_max(vf a, vf b) {
-  return vf_select(a > b, a, b);
-}
-
-static inline float vf_hmax(vf x) {
-  float m = x[0];
-  for (int i = 1; i < 8; i++) {
-    m = x[i] > m ? x[i] : m;
-  }
-  return m;
-}
-
-static inline float vf_hsum(vf x) {
-  return ((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]));
-}
-
-// 2^x with a relative error below 2.5e-7 for x in [-126, 126]; 0 for x < -126 (and -inf, NaN);
-// x > 126 is clamped. Round-to-nearest split x = n + f, f in [-0.5, 0.5]; 2^f from the Cephes
-// exp2f minimax polynomial; 2^n built in the exponent bits.
-static inline vf vf_exp2(vf x) {
-  const vi live = x >= vf_splat(-126.0f);
-  vf xc = vf_select(live, x, vf_splat(-126.0f));
-  xc = vf_select(xc <= vf_splat(126.0f), xc, vf_splat(126.0f));
-  vi n = __builtin_convertvector(xc + 128.5f, vi) - 128; // floor(xc + 0.5): the sum is > 0
-  vf f = xc - __builtin_convertvector(n, vf);
-  vf p = vf_splat(1.535336188319500e-4f);
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.0f;
-  vf scale2 = (vf)((n + 127) << 23);
-  return (vf)((vi)(p * scale2) & live);
-}
 
 static float exp2_scalar(float x) {
   return vf_exp2(vf_splat(x))[0];
@@ -130,6 +59,18 @@ static void scale_row(float *x, int D, float a) {
   for (int d = 0; d < D; d++) {
     x[d] *= a;
   }
+}
+
+// Workspace of the short path: enough for the longest sequence that takes it (0 if none).
+static size_t short_ws(const int32_t *cu_k, int B, int D) {
+  int lk_max = -1;
+  for (int b = 0; b < B; b++) {
+    const int lk = cu_k[b + 1] - cu_k[b];
+    if (loom_cpu_attn_short_ok(D, lk) && lk > lk_max) {
+      lk_max = lk;
+    }
+  }
+  return lk_max < 0 ? 0 : loom_cpu_attn_short_ws(D, lk_max);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -206,10 +147,11 @@ loom_status_t loom_cpu_attention_fwd(float *out, float *lse, const float *q, con
   if (B <= 0 || cu_q[B] == 0) {
     return LOOM_OK;
   }
-  float *ws = loom_host_alloc(((size_t)BR * BC + 2 * BR) * sizeof(float));
+  const size_t n_ws = ((size_t)BR * BC + 2 * BR) + short_ws(cu_k, B, D);
+  float *ws = loom_host_alloc(n_ws * sizeof(float));
   if (!ws) {
-    return loom_error(NULL, LOOM_ERR_NOMEM, "attention forward: cannot allocate a %d x %d tile", BR,
-                      BC);
+    return loom_error(NULL, LOOM_ERR_NOMEM,
+                      "attention forward: cannot allocate %zu floats of workspace", n_ws);
   }
   if (scale <= 0.0f) {
     scale = 1.0f / sqrtf((float)D);
@@ -220,6 +162,12 @@ loom_status_t loom_cpu_attention_fwd(float *out, float *lse, const float *q, con
   for (int b = 0; b < B; b++) {
     const int64_t q0 = cu_q[b], k0 = cu_k[b];
     const int lq = cu_q[b + 1] - cu_q[b], lk = cu_k[b + 1] - cu_k[b];
+    if (loom_cpu_attn_short_ok(D, lk)) {
+      loom_cpu_attn_short_fwd(out + q0 * ldq, lse + q0, q + q0 * ldq, k + k0 * ldk, v + k0 * ldk,
+                              ldq, ldk, total_q, lq, lk, H, H_kv, D, causal, s2,
+                              ws + BR * BC + 2 * BR);
+      continue;
+    }
     for (int h = 0; h < H; h++) {
       const int64_t g = h / group;
       fwd_head(out + q0 * ldq + (int64_t)h * D, lse + h * total_q + q0,
@@ -308,15 +256,16 @@ loom_status_t loom_cpu_attention_bwd(float *dq, float *dk, float *dv, const floa
   if (total_q == 0 && total_k == 0) {
     return LOOM_OK;
   }
-  const size_t tile = (size_t)BR * BC, acc = (size_t)BC * D;
-  float *ws = loom_host_alloc((2 * tile + 2 * acc + BR) * sizeof(float));
+  const size_t tile = (size_t)BR * BC, acc = (size_t)BC * D, fa2_ws = 2 * tile + 2 * acc + BR;
+  const size_t n_ws = fa2_ws + short_ws(cu_k, B, D);
+  float *ws = loom_host_alloc(n_ws * sizeof(float));
   float *di = loom_host_alloc(((size_t)total_q * H + 1) * sizeof(float));
   if (!ws || !di) {
     loom_host_free(ws);
     loom_host_free(di);
     return loom_error(NULL, LOOM_ERR_NOMEM,
-                      "attention backward: cannot allocate %lld floats of workspace",
-                      (long long)(2 * tile + 2 * acc + BR + (size_t)total_q * H));
+                      "attention backward: cannot allocate %zu floats of workspace",
+                      n_ws + (size_t)total_q * H);
   }
   bwd_ws_t w = {ws, ws + tile, ws + 2 * tile, ws + 2 * tile + acc, ws + 2 * tile + 2 * acc};
   if (scale <= 0.0f) {
@@ -343,6 +292,16 @@ loom_status_t loom_cpu_attention_bwd(float *dq, float *dk, float *dv, const floa
   for (int b = 0; b < B; b++) {
     const int64_t q0 = cu_q[b], k0 = cu_k[b];
     const int lq = cu_q[b + 1] - cu_q[b], lk = cu_k[b + 1] - cu_k[b];
+    if (loom_cpu_attn_short_ok(D, lk)) { // dk, dv accumulate over the sequence's query rows
+      if (lk > 0) {
+        memset(dk + k0 * ldk, 0, (size_t)lk * ldk * sizeof(float));
+        memset(dv + k0 * ldk, 0, (size_t)lk * ldk * sizeof(float));
+      }
+      loom_cpu_attn_short_bwd(dq + q0 * ldq, dk + k0 * ldk, dv + k0 * ldk, dout + q0 * ldq,
+                              q + q0 * ldq, k + k0 * ldk, v + k0 * ldk, lse + q0, di + q0, ldq, ldk,
+                              total_q, lq, lk, H, H_kv, D, causal, scale, s2, ws + fa2_ws);
+      continue;
+    }
     for (int g = 0; g < H_kv; g++) {
       for (int j0 = 0; j0 < lk; j0 += BC) {
         const int cols = lk - j0 < BC ? lk - j0 : BC;

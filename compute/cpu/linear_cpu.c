@@ -5,6 +5,7 @@
 #include "simd.h"
 
 #include <cblas.h>
+#include <string.h>
 
 // ---------------------------------------------------------------------------------------------
 // GEMM.
@@ -32,6 +33,18 @@ void loom_cpu_gemm_strided(int trans_a, int trans_b, int64_t M, int64_t N, int64
                            const float *a, int64_t lda, const float *b, int64_t ldb,
                            const float *bias, float beta, float *c, int64_t ldc) {
   if (M <= 0 || N <= 0) {
+    return;
+  }
+  if (bias && beta == 0.0f && K > 0) {
+    // c = bias rows, then BLAS adds the product (beta = 1): one pass over c instead of BLAS
+    // zeroing it (beta = 0) and a second pass adding the bias; 1% of a train_gpt step. The sum
+    // adds the same terms with the bias first: equal bits when K fits in one BLAS block.
+    for (int64_t i = 0; i < M; i++) {
+      memcpy(c + i * ldc, bias, (size_t)N * sizeof(float));
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, (int)M, (int)N, (int)K, alpha, a, (int)lda, b,
+                (int)ldb, 1.0f, c, (int)ldc);
     return;
   }
   if (K <= 0) {

@@ -1,7 +1,9 @@
 /* loss_cpu.c — CPU cross-entropy: numerically stable log-sum-exp per row (maximum subtracted,
- * exponentials in float, the row sum in double) for the loss and its softmax gradient. */
+ * exponentials in float without libm, the row sum in double) for the loss and its softmax gradient.
+ */
 #include "config.h"
 #include "loss_cpu.h"
+#include "exp_cpu.h"
 #include "simd.h"
 
 #include <math.h>
@@ -28,7 +30,7 @@ static float row_max(int64_t v, const float *restrict x) {
 static double row_sumexp(int64_t v, const float *restrict x, float mx) {
   double sum = 0.0;
   for (int64_t j = 0; j < v; j++) {
-    sum += (double)expf(x[j] - mx);
+    sum += (double)exp_nonpositive(x[j] - mx);
   }
   return sum;
 }
@@ -76,12 +78,17 @@ static void cross_entropy_backward_kernel(int64_t n, int64_t v, float *dlogits, 
       }
       continue;
     }
-    // Both reductions read the row before any element is written: in place is safe.
     const float *x = logits + i * v;
     float mx = row_max(v, x);
-    float k = (float)((double)scale / row_sumexp(v, x, mx));
+    double sum = 0.0;
+    for (int64_t j = 0; j < v; j++) { // x[j] is read before d[j] is written: in place is safe
+      float e = exp_nonpositive(x[j] - mx);
+      d[j] = e;
+      sum += (double)e;
+    }
+    float k = (float)((double)scale / sum);
     for (int64_t j = 0; j < v; j++) {
-      d[j] = k * expf(x[j] - mx);
+      d[j] *= k;
     }
     d[targets[i]] -= scale;
   }

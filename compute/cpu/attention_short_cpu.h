@@ -1,0 +1,44 @@
+/* attention_short_cpu.h — the short-sequence path of CPU core attention: strips of 6 query rows
+ * against all the keys they see, on FMA micro-kernels (attention_cpu.c dispatches to it). */
+#ifndef LOOM_ATTENTION_SHORT_CPU_H
+#define LOOM_ATTENTION_SHORT_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// Query rows per strip: the micro-kernels hold a 6 x 16 block of the result in registers.
+#define LOOM_ATTN_STRIP 6
+
+// Sequences with at most this many keys (and D a multiple of 16) take the short path; longer
+// ones take the FlashAttention-2 tiles, whose workspace and cache footprint do not grow with the
+// sequence. The short path's workspace is 2 D Lk + 12 Lk + 18 D floats, and every strip streams
+// the whole K^T, V (and in the backward dK, dV) of its head, which leave L2 as Lk grows. On a
+// Zen 4 core (1 MiB L2, D = 64, 4 heads, 2048 tokens of equal sequences), forward + backward
+// against the tiles: 16.5 / 21.4 ms at Lk = 256, 25.3 / 29.2 at 512, 33.7 / 37.8 at 768,
+// 53.6 / 52.7 at 1024, 119 / 101 at 2048 (tests/bench/attn_kernel_perf). Override at build time
+// (CPPFLAGS=-DLOOM_ATTN_SHORT_MAX=0 turns the short path off).
+#ifndef LOOM_ATTN_SHORT_MAX
+#define LOOM_ATTN_SHORT_MAX 768
+#endif
+
+// Whether a sequence with lk keys and head size D takes the short path.
+int loom_cpu_attn_short_ok(int D, int lk);
+
+// Floats of workspace for sequences of up to lk_max keys (forward or backward).
+size_t loom_cpu_attn_short_ws(int D, int lk_max);
+
+// One sequence, every head: the arguments are those of loom_cpu_attention_fwd with the pointers
+// moved to the sequence's first row (lse to its first entry of head 0; head h's entries are
+// lse_stride apart) and s2 = scale * log2(e). out and lse are overwritten.
+void loom_cpu_attn_short_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                             int64_t ldq, int64_t ldk, int64_t lse_stride, int lq, int lk, int H,
+                             int H_kv, int D, int causal, float s2, float *ws);
+
+// One sequence, every head, as loom_cpu_attention_bwd; di = rowsum(dO * O), laid out as lse.
+// dq is overwritten; dk and dv are added to (the caller zeroes the sequence's rows first).
+void loom_cpu_attn_short_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q,
+                             const float *k, const float *v, const float *lse, const float *di,
+                             int64_t ldq, int64_t ldk, int64_t lse_stride, int lq, int lk, int H,
+                             int H_kv, int D, int causal, float scale, float s2, float *ws);
+
+#endif

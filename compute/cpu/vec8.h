@@ -1,0 +1,81 @@
+/* vec8.h — 8-wide float vectors (GCC/Clang vector extensions) for the attention kernels: loads,
+ * stores, select, max, horizontal max and sum, and 2^x with a relative error below 2.5e-7. */
+#ifndef LOOM_VEC8_H
+#define LOOM_VEC8_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define LOG2E 1.4426950408889634f
+#define LN2   0.6931471805599453f
+
+// 8-wide float vectors (GCC/Clang vector extensions): one AVX2 register in the x86-64-v3 clone
+// of the tile functions (LOOM_CPU_CLONES), two SSE2 registers in the baseline one, NEON pairs
+// on arm64; no target flags needed, and both clones compute the same bits (lane-wise IEEE
+// operations, no contraction). Loops take 8 columns a step; every row of a score tile is padded
+// to a multiple of 8 columns. Loads and stores go through memcpy (no alignment assumptions).
+// The helpers are inlined into the clones, so their vector arguments never cross an ABI
+// boundary: GCC's note that a 32-byte vector return changes the ABI without AVX is moot.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+typedef float vf __attribute__((vector_size(32)));
+typedef int32_t vi __attribute__((vector_size(32)));
+
+static inline vf vf_load(const float *p) {
+  vf x;
+  memcpy(&x, p, sizeof x);
+  return x;
+}
+
+static inline void vf_store(float *p, vf x) {
+  memcpy(p, &x, sizeof x);
+}
+
+static inline vf vf_splat(float a) {
+  vf x = {a, a, a, a, a, a, a, a};
+  return x;
+}
+
+static inline vf vf_select(vi mask, vf a, vf b) { // mask ? a : b, lane by lane
+  return (vf)(((vi)a & mask) | ((vi)b & ~mask));
+}
+
+static inline vf vf_max(vf a, vf b) {
+  return vf_select(a > b, a, b);
+}
+
+static inline float vf_hmax(vf x) {
+  float m = x[0];
+  for (int i = 1; i < 8; i++) {
+    m = x[i] > m ? x[i] : m;
+  }
+  return m;
+}
+
+static inline float vf_hsum(vf x) {
+  return ((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]));
+}
+
+// 2^x with a relative error below 2.5e-7 for x in [-126, 126]; 0 for x < -126 (and -inf, NaN);
+// x > 126 is clamped. Round-to-nearest split x = n + f, f in [-0.5, 0.5]; 2^f from the Cephes
+// exp2f minimax polynomial; 2^n built in the exponent bits.
+static inline vf vf_exp2(vf x) {
+  const vi live = x >= vf_splat(-126.0f);
+  vf xc = vf_select(live, x, vf_splat(-126.0f));
+  xc = vf_select(xc <= vf_splat(126.0f), xc, vf_splat(126.0f));
+  vi n = __builtin_convertvector(xc + 128.5f, vi) - 128; // floor(xc + 0.5): the sum is > 0
+  vf f = xc - __builtin_convertvector(n, vf);
+  vf p = vf_splat(1.535336188319500e-4f);
+  p = p * f + 1.339887440266574e-3f;
+  p = p * f + 9.618437357674640e-3f;
+  p = p * f + 5.550332471162809e-2f;
+  p = p * f + 2.402264791363012e-1f;
+  p = p * f + 6.931472028550421e-1f;
+  p = p * f + 1.0f;
+  vf scale2 = (vf)((n + 127) << 23);
+  return (vf)((vi)(p * scale2) & live);
+}
+
+#endif
