@@ -1,5 +1,5 @@
-/* attention_cpu.c — padding-free varlen core attention on the CPU: FlashAttention-2 tiles with an
- * online softmax in base 2, cblas_sgemm for every tile product, 8-wide vector code for the rest. */
+/* attention_cpu.c — padding-free varlen core attention on the CPU: short sequences go to the strip
+ * kernels, the rest to FlashAttention-2 tiles (online softmax in base 2, cblas_sgemm per tile). */
 #include "config.h"
 #include "attention_cpu.h"
 #include "attention_short_cpu.h"
@@ -285,9 +285,6 @@ loom_status_t loom_cpu_attention_bwd(float *dq, float *dk, float *dv, const floa
       di[h * total_q + i] = (float)sum;
     }
   }
-  if (total_q > 0) { // dq may be NULL when it is empty
-    memset(dq, 0, (size_t)total_q * ldq * sizeof(float));
-  }
 
   for (int b = 0; b < B; b++) {
     const int64_t q0 = cu_q[b], k0 = cu_k[b];
@@ -301,6 +298,9 @@ loom_status_t loom_cpu_attention_bwd(float *dq, float *dk, float *dv, const floa
                               q + q0 * ldq, k + k0 * ldk, v + k0 * ldk, lse + q0, di + q0, ldq, ldk,
                               total_q, lq, lk, H, H_kv, D, causal, scale, s2, ws + fa2_ws);
       continue;
+    }
+    if (lq > 0) { // the key tiles add to dq
+      memset(dq + q0 * ldq, 0, (size_t)lq * ldq * sizeof(float));
     }
     for (int g = 0; g < H_kv; g++) {
       for (int j0 = 0; j0 < lk; j0 += BC) {

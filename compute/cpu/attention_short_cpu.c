@@ -37,8 +37,10 @@ static int round16(int n) {
   return (n + 15) & ~15;
 }
 
+int loom_attn_short_max = LOOM_ATTN_SHORT_MAX;
+
 int loom_cpu_attn_short_ok(int D, int lk) {
-  return D > 0 && D % 16 == 0 && lk <= LOOM_ATTN_SHORT_MAX;
+  return D > 0 && D % 16 == 0 && lk <= loom_attn_short_max;
 }
 
 size_t loom_cpu_attn_short_ws(int D, int lk_max) {

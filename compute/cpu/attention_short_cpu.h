@@ -13,13 +13,17 @@
 // ones take the FlashAttention-2 tiles, whose workspace and cache footprint do not grow with the
 // sequence. The short path's workspace is 2 D Lk + 12 Lk + 18 D floats, and every strip streams
 // the whole K^T, V (and in the backward dK, dV) of its head, which leave L2 as Lk grows. On a
-// Zen 4 core (1 MiB L2, D = 64, 4 heads, 2048 tokens of equal sequences), forward + backward
-// against the tiles: 16.5 / 21.4 ms at Lk = 256, 25.3 / 29.2 at 512, 33.7 / 37.8 at 768,
-// 53.6 / 52.7 at 1024, 119 / 101 at 2048 (tests/bench/attn_kernel_perf). Override at build time
-// (CPPFLAGS=-DLOOM_ATTN_SHORT_MAX=0 turns the short path off).
+// Zen 4 core (1 MiB L2; D = 64, 4 heads, 2048 tokens of equal sequences), forward + backward
+// ms, short against tiles: 12.5 / 15.8 at Lk = 256, 26.4 / 28.1 at 512, 33.7 / 37.6 at 768,
+// 57.5 / 52.8 at 1024, 123 / 100 at 2048 (tests/bench/attn_kernel_perf). Override at build time
+// (CPPFLAGS=-DLOOM_ATTN_SHORT_MAX=-1 turns the short path off).
 #ifndef LOOM_ATTN_SHORT_MAX
 #define LOOM_ATTN_SHORT_MAX 768
 #endif
+
+// The limit in force, LOOM_ATTN_SHORT_MAX unless a benchmark or test changed it (-1: never take
+// the short path) to compare the two paths on the same input; the library never writes it.
+extern int loom_attn_short_max;
 
 // Whether a sequence with lk keys and head size D takes the short path.
 int loom_cpu_attn_short_ok(int D, int lk);

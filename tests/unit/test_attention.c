@@ -9,6 +9,7 @@
 
 #include "../check.h"
 #include "../testutil.h"
+#include "cpu/attention_short_cpu.h"
 #include "error.h"
 
 // Tolerances (float tiles against a double reference; q, k, v, dout uniform, |v| <= 1):
@@ -342,6 +343,34 @@ static void test_random(void) {
   }
 }
 
+// Both CPU paths against the reference on the same kinds of batch, each forced for every
+// sequence: the short path (strips of LOOM_ATTN_STRIP query rows on FMA micro-kernels) and the
+// FlashAttention-2 tiles. Lengths around the strip size, rows without keys (lq > lk, lk = 0),
+// keys without queries, GQA. Then the default split at its limit (LOOM_ATTN_SHORT_MAX keys
+// take the short path, one more the tiles) in one batch.
+static void test_paths(void) {
+  test_rng_t rng = test_rng(11);
+  const int lq[] = {1, 5, 6, 7, 12, 13, 100, 0, 40, 300, 17, 64};
+  const int lk[] = {1, 5, 6, 7, 12, 13, 100, 9, 0, 250, 31, 65};
+  const int B = (int)(sizeof lq / sizeof lq[0]);
+  static const int Ds[] = {16, 64, 80};
+  for (int path = 0; path < 2; path++) {
+    loom_attn_short_max = path == 0 ? -1 : 1 << 30;
+    for (int c = 0; c < 6; c++) {
+      const int D = Ds[c % 3], causal = c / 3;
+      char name[96];
+      snprintf(name, sizeof name, "%s path causal=%d H=4 H_kv=2 D=%d", path ? "short" : "tiled",
+               causal, D);
+      run_case(name, &rng, B, lq, lk, 4, 2, D, causal, 0.0f, 1.0);
+    }
+  }
+  loom_attn_short_max = LOOM_ATTN_SHORT_MAX;
+  const int lq2[3] = {LOOM_ATTN_SHORT_MAX, LOOM_ATTN_SHORT_MAX + 1, 3};
+  const int lk2[3] = {LOOM_ATTN_SHORT_MAX, LOOM_ATTN_SHORT_MAX + 1, 3};
+  run_case("at the short-path limit causal H=2 H_kv=1 D=32", &rng, 3, lq2, lk2, 2, 1, 32, 1, 0.0f,
+           1.0);
+}
+
 // The way padded code computes attention: pad q, k, v to (B, T, H, D) with loom_varlen_unpack,
 // build each head's full T x T score matrix with a mask (padding keys, padding query rows and the
 // bottom-right causal triangle at -inf), softmax in double, then pack the padded output back.
@@ -651,6 +680,7 @@ int main(void) {
   test_long();
   test_edges();
   test_random();
+  test_paths();
   test_empty();
   test_padded_reference();
   test_finite_differences();
