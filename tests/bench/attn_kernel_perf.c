@@ -300,6 +300,7 @@ int main(int argc, char **argv) {
   openblas_set_num_threads(1);
 #endif
   buffers_t x;
+  memset(&x, 0, sizeof x);
   const size_t nq = (size_t)TOKENS * H * D;
   float **all[] = {&x.q,     &x.k,     &x.v,     &x.dout,  &x.out[0], &x.out[1],
                    &x.dq[0], &x.dq[1], &x.dk[0], &x.dk[1], &x.dv[0],  &x.dv[1]};
