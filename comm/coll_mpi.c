@@ -310,6 +310,14 @@ static void reduce_pair(const struct ordered *s, void *acc, const void *a, const
 static void reduce_chunk(const struct ordered *s, int64_t c) {
   size_t ws = loom_dtype_size(s->wire), es = loom_dtype_size(s->dtype);
   int64_t len = chunk_len(s, s->me, c);
+  if (s->n == 1 && s->wire == s->dtype) { // one rank: the result is the input (x / 1 is x)
+    const char *src = contribution(s, 0, c);
+    char *dst = s->out + (size_t)(c * s->chunk) * es;
+    if (src != dst) {
+      memcpy(dst, src, (size_t)len * es);
+    }
+    return; // in place: nothing to move (it was two copies of every gradient per step)
+  }
   union { // TILE wire elements (f32 when the result is f16/bf16)
     float f32[TILE];
     int64_t i64[TILE];

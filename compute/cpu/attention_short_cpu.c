@@ -128,18 +128,45 @@ LOOM_CPU_CLONES LOOM_CONTRACT static void strip_rank_update(int m, int n, const 
 // ---------------------------------------------------------------------------------------------
 // Helpers.
 
+// The 8 x 8 block at rows r[0..7] (8 floats each) transposed into out[0..7] with shuffles
+// (unpack pairs, then pairs of pairs, then halves): no scalar gathers.
+static inline void transpose8(const vf r[8], vf out[8]) {
+  const vi lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
+  const vi lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+  const vi first = {0, 1, 2, 3, 8, 9, 10, 11}, second = {4, 5, 6, 7, 12, 13, 14, 15};
+  vf t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = __builtin_shuffle(r[i], r[i + 1], lo);
+    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], hi);
+  }
+  for (int i = 0; i < 8; i += 4) { // u[i + c] holds columns c and c + 4 of 4 rows
+    u[i] = __builtin_shuffle(t[i], t[i + 2], lo2);
+    u[i + 1] = __builtin_shuffle(t[i], t[i + 2], hi2);
+    u[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], lo2);
+    u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi2);
+  }
+  for (int c = 0; c < 4; c++) {
+    out[c] = __builtin_shuffle(u[c], u[c + 4], first);
+    out[c + 4] = __builtin_shuffle(u[c], u[c + 4], second);
+  }
+}
+
 // kt (D x lkp) = the lk rows of one head of a packed tensor (row stride ld), transposed; the
-// columns lk..lkp-1 are zero. Eight rows at a time: each row is read once, contiguously, and the
-// eight values of a column land in one 32-byte store.
+// columns lk..lkp-1 are zero. Blocks of 8 rows x 8 columns go through registers (D % 16 == 0).
 LOOM_CPU_CLONES
 static void pack_transposed(float *kt, int lkp, const float *k, int64_t ld, int lk, int D) {
   int j = 0;
   for (; j + 8 <= lk; j += 8) {
     const float *r0 = k + j * ld;
-    for (int d = 0; d < D; d++) {
-      const vf col = {r0[d],          r0[ld + d],     r0[2 * ld + d], r0[3 * ld + d],
-                      r0[4 * ld + d], r0[5 * ld + d], r0[6 * ld + d], r0[7 * ld + d]};
-      vf_store(kt + (int64_t)d * lkp + j, col);
+    for (int d = 0; d < D; d += 8) {
+      vf r[8], c[8];
+      for (int i = 0; i < 8; i++) {
+        r[i] = vf_load(r0 + i * ld + d);
+      }
+      transpose8(r, c);
+      for (int i = 0; i < 8; i++) {
+        vf_store(kt + (int64_t)(d + i) * lkp + j, c[i]);
+      }
     }
   }
   for (int d = 0; d < D; d++) {
