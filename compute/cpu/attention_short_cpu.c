@@ -129,33 +129,35 @@ LOOM_CPU_CLONES LOOM_CONTRACT static void strip_rank_update(int m, int n, const 
 // Helpers.
 
 // The 8 x 8 block at rows r[0..7] (8 floats each) transposed into out[0..7] with shuffles
-// (unpack pairs, then pairs of pairs, then halves): no scalar gathers.
+// (unpack pairs, then pairs of pairs, then halves): no scalar gathers. __builtin_shufflevector
+// is in GCC >= 12 and clang.
+#if defined(__clang__) || (defined(__GNUC__) && __GNUC__ >= 12)
+#define HAVE_SHUFFLEVECTOR 1
 static inline void transpose8(const vf r[8], vf out[8]) {
-  const vi lo = {0, 8, 1, 9, 4, 12, 5, 13}, hi = {2, 10, 3, 11, 6, 14, 7, 15};
-  const vi lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
-  const vi first = {0, 1, 2, 3, 8, 9, 10, 11}, second = {4, 5, 6, 7, 12, 13, 14, 15};
   vf t[8], u[8];
-  for (int i = 0; i < 8; i += 2) {
-    t[i] = __builtin_shuffle(r[i], r[i + 1], lo);
-    t[i + 1] = __builtin_shuffle(r[i], r[i + 1], hi);
+  for (int i = 0; i < 8; i += 2) { // pairs of rows interleaved: columns 0 1 4 5, then 2 3 6 7
+    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
   }
   for (int i = 0; i < 8; i += 4) { // u[i + c] holds columns c and c + 4 of 4 rows
-    u[i] = __builtin_shuffle(t[i], t[i + 2], lo2);
-    u[i + 1] = __builtin_shuffle(t[i], t[i + 2], hi2);
-    u[i + 2] = __builtin_shuffle(t[i + 1], t[i + 3], lo2);
-    u[i + 3] = __builtin_shuffle(t[i + 1], t[i + 3], hi2);
+    u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+    u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+    u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
   }
   for (int c = 0; c < 4; c++) {
-    out[c] = __builtin_shuffle(u[c], u[c + 4], first);
-    out[c + 4] = __builtin_shuffle(u[c], u[c + 4], second);
+    out[c] = __builtin_shufflevector(u[c], u[c + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+    out[c + 4] = __builtin_shufflevector(u[c], u[c + 4], 4, 5, 6, 7, 12, 13, 14, 15);
   }
 }
+#endif
 
 // kt (D x lkp) = the lk rows of one head of a packed tensor (row stride ld), transposed; the
 // columns lk..lkp-1 are zero. Blocks of 8 rows x 8 columns go through registers (D % 16 == 0).
 LOOM_CPU_CLONES
 static void pack_transposed(float *kt, int lkp, const float *k, int64_t ld, int lk, int D) {
   int j = 0;
+#ifdef HAVE_SHUFFLEVECTOR // else every column goes the scalar way below
   for (; j + 8 <= lk; j += 8) {
     const float *r0 = k + j * ld;
     for (int d = 0; d < D; d += 8) {
@@ -169,6 +171,7 @@ static void pack_transposed(float *kt, int lkp, const float *k, int64_t ld, int 
       }
     }
   }
+#endif
   for (int d = 0; d < D; d++) {
     float *row = kt + (int64_t)d * lkp;
     for (int jj = j; jj < lkp; jj++) {
