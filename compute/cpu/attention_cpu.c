@@ -25,18 +25,6 @@ static float exp2_scalar(float x) {
 // to 8. Row r of a tile whose first query is query i0 of its sequence sees the tile's columns
 // [0, min(cols, end0 + r)) when causal (end0 = i0 + Lk - Lq + 1 - j0), [0, cols) otherwise.
 
-static int round8(int n) {
-  return (n + 7) & ~7;
-}
-
-// Query rows before the first one that sees any key: they get zero output and lse = -inf.
-static int first_live_row(int causal, int lq, int lk) {
-  if (lk == 0) {
-    return lq;
-  }
-  return causal && lq > lk ? lq - lk : 0;
-}
-
 // Set the masked and padding columns of each row to -inf (only diagonal and last tiles have any).
 static void mask_tile(float *s, int rows, int cols, int causal, int64_t end0) {
   const int pad = round8(cols);
@@ -88,7 +76,7 @@ static void fwd_head(float *o,       // (Lq, ...) row stride ldq: head h of the 
                      float *s,          // (BR, BC) workspace
                      float *m, float *l // (BR) workspace
 ) {
-  const int i_first = first_live_row(causal, lq, lk);
+  const int i_first = loom_cpu_attn_first_live_row(causal, lq, lk);
   zero_rows(o, ldq, i_first, D);
   for (int i = 0; i < i_first; i++) {
     lse[i] = -INFINITY;
@@ -203,7 +191,7 @@ static void bwd_key_tile(const float *q,    // (Lq, ...) row stride ldq, head h
                          int64_t ldq, int64_t ldk, int lq, int lk, int j0, int cols, int D,
                          int causal, float scale, float s2, const bwd_ws_t *w) {
   const int pad = round8(cols);
-  int i_start = first_live_row(causal, lq, lk);
+  int i_start = loom_cpu_attn_first_live_row(causal, lq, lk);
   if (causal && j0 + lq - lk > i_start) {
     i_start = j0 + lq - lk; // earlier queries see none of this tile's keys
   }

@@ -29,10 +29,6 @@
 
 #define STRIP LOOM_ATTN_STRIP // the micro-kernels below are written for 6
 
-static int round8(int n) {
-  return (n + 7) & ~7;
-}
-
 static int round16(int n) {
   return (n + 15) & ~15;
 }
@@ -210,14 +206,6 @@ static strip_t make_strip(int i0, int lq, int lk, int causal) {
   return st;
 }
 
-// Query rows before the first one that sees any key (bottom-right causal, or no keys at all).
-static int first_live_row(int causal, int lq, int lk) {
-  if (lk == 0) {
-    return lq;
-  }
-  return causal && lq > lk ? lq - lk : 0;
-}
-
 // Rows of the strip past its last real row: zero over the keys, so that they add nothing.
 static void zero_pad_rows(float *s, int lds, const strip_t *st) {
   for (int r = st->rows; r < STRIP; r++) {
@@ -266,7 +254,7 @@ void loom_cpu_attn_short_fwd(float *out, float *lse, const float *q, const float
                              int H_kv, int D, int causal, float s2, float *ws) {
   const int lkp = round16(lk > 0 ? lk : 1), group = H / H_kv;
   float *kt = ws, *s = kt + (int64_t)D * lkp, *qs = s + (int64_t)STRIP * lkp, *os = qs + STRIP * D;
-  const int i_first = first_live_row(causal, lq, lk);
+  const int i_first = loom_cpu_attn_first_live_row(causal, lq, lk);
   for (int h = 0; h < H; h++) {
     const int64_t g = h / group;
     if (h % group == 0 && lk > 0) {
@@ -330,7 +318,7 @@ void loom_cpu_attn_short_bwd(float *dq, float *dk, float *dv, const float *dout,
   float *kt = ws, *vt = kt + (int64_t)D * lkp, *s = vt + (int64_t)D * lkp;
   float *dp = s + (int64_t)STRIP * lkp, *qs = dp + (int64_t)STRIP * lkp, *dos = qs + STRIP * D;
   float *dqs = dos + STRIP * D;
-  const int i_first = first_live_row(causal, lq, lk);
+  const int i_first = loom_cpu_attn_first_live_row(causal, lq, lk);
   for (int g = 0; g < H_kv; g++) {
     if (lk > 0) {
       pack_transposed(kt, lkp, k + (int64_t)g * D, ldk, lk, D);

@@ -25,6 +25,15 @@
 // the short path) to compare the two paths on the same input; the library never writes it.
 extern int loom_attn_short_max;
 
+// Query rows of a sequence before the first one that sees any key (bottom-right causal with
+// lq > lk, or no keys at all): both paths give them a zero output, lse = -inf, zero dq.
+static inline int loom_cpu_attn_first_live_row(int causal, int lq, int lk) {
+  if (lk == 0) {
+    return lq;
+  }
+  return causal && lq > lk ? lq - lk : 0;
+}
+
 // Whether a sequence with lk keys and head size D takes the short path.
 int loom_cpu_attn_short_ok(int D, int lk);
 

@@ -23,6 +23,11 @@
 typedef float vf __attribute__((vector_size(32)));
 typedef int32_t vi __attribute__((vector_size(32)));
 
+// n rounded up to a multiple of 8: the vector loops' range over a row.
+static inline int round8(int n) {
+  return (n + 7) & ~7;
+}
+
 static inline vf vf_load(const float *p) {
   vf x;
   memcpy(&x, p, sizeof x);
