@@ -1,5 +1,6 @@
 # loom_blas.m4 — find a BLAS with the CBLAS interface (required), OpenBLAS by default.
-# --with-blas=DIR looks in DIR/include and DIR/lib first; the thread-count hook is optional.
+# --with-blas=DIR looks in DIR/include and DIR/lib first; the OpenBLAS hooks (threads, config,
+# core name) are optional.
 AC_DEFUN([LOOM_CHECK_BLAS], [
   AC_ARG_WITH([blas],
     [AS_HELP_STRING([--with-blas=DIR], [BLAS with CBLAS installed under DIR (default: system OpenBLAS)])],
@@ -16,7 +17,7 @@ AC_DEFUN([LOOM_CHECK_BLAS], [
   AC_SEARCH_LIBS([cblas_sgemm], [openblas cblas blas], [],
     [AC_MSG_ERROR([no library provides cblas_sgemm. On Debian: apt-get install libopenblas-dev, or --with-blas=DIR])])
   BLAS_LIBS="$BLAS_LDFLAGS $LIBS"
-  AC_CHECK_FUNCS([openblas_set_num_threads openblas_get_config])
+  AC_CHECK_FUNCS([openblas_set_num_threads openblas_get_config openblas_get_corename])
   CPPFLAGS=$loom_save_CPPFLAGS; LIBS=$loom_save_LIBS; LDFLAGS=$loom_save_LDFLAGS
   AC_SUBST([BLAS_CFLAGS])
   AC_SUBST([BLAS_LIBS])

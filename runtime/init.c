@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "blas_check.h"
 #include "ctx.h"
 #include "error.h"
 #include "groups.h"
@@ -190,6 +191,7 @@ loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_
   }
   LOOM_CHECK(agree(ctx, status));
   LOOM_CHECK(agree(ctx, loom_groups_build(ctx)));
+  loom_blas_check(ctx);
 
   char where[256];
   loom_describe_placement(ctx, where, sizeof where);
@@ -298,9 +300,10 @@ loom_status_t loom_describe_placement(const loom_ctx_t *ctx, char *buf, size_t l
   if (ctx->gpu >= 0) {
     snprintf(gpu, sizeof gpu, "%d", ctx->gpu);
   }
-  snprintf(buf, len, "host %s node %d/%d local %d/%d bind=%s cores %d-%d blas_threads %d gpu %s",
+  snprintf(buf, len,
+           "host %s node %d/%d local %d/%d bind=%s cores %d-%d blas_threads %d blas_core %s gpu %s",
            ctx->hostname, ctx->node, ctx->num_nodes, ctx->local_rank, ctx->local_size,
            modes[ctx->params.bind], ctx->bind_first, ctx->bind_first + ctx->bind_count - 1,
-           ctx->blas_threads, gpu);
+           ctx->blas_threads, loom_blas_core(), gpu);
   return LOOM_OK;
 }

@@ -123,7 +123,7 @@ LOOM_API const loom_topology_t *loom_topology(const loom_ctx_t *ctx);
 LOOM_API void loom_bound_cores(const loom_ctx_t *ctx, int *first, int *count);
 LOOM_API int loom_blas_threads(const loom_ctx_t *ctx); // BLAS threads set for this rank
 LOOM_API int loom_gpu(const loom_ctx_t *ctx);          // CUDA device of this rank, -1 if none
-// One line describing this rank's placement: host, node, cores, BLAS threads, GPU.
+// One line describing this rank's placement: host, node, cores, BLAS threads and core, GPU.
 LOOM_API loom_status_t loom_describe_placement(const loom_ctx_t *ctx, char *buf, size_t len);
 
 // ---------------------------------------------------------------------------------------------
