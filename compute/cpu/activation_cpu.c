@@ -27,7 +27,9 @@
 //   gelu(x)  = x s
 //   gelu'(x) = s + 2 x s (1 - s) u'(x),  u' = k (1 + 3 c x^2)
 // and the only transcendental left is exp, computed below in a form the compiler vectorises.
-// Neither form cancels: 1 + tanh u never appears as a difference.
+// Neither form cancels: 1 + tanh u never appears as a difference. The kernels are mostly
+// multiply-adds (the exp polynomial, u, u'): they are compiled with contraction on
+// (LOOM_CONTRACT), which took them from ~40 to ~25 vector operations per 16 elements.
 
 // s = sigmoid(2 u(x)) of the clamped x (NaN passes through the clamp and stays NaN).
 static inline float gelu_sigmoid(float xc) {
@@ -39,8 +41,8 @@ static inline float clamp_gelu(float x) {
   return x < -GELU_CLAMP ? -GELU_CLAMP : (x > GELU_CLAMP ? GELU_CLAMP : x);
 }
 
-LOOM_CPU_CLONES
-static void gelu_forward_kernel(int64_t n, const float *in, float *out) {
+LOOM_CPU_CLONES LOOM_CONTRACT static void gelu_forward_kernel(int64_t n, const float *in,
+                                                              float *out) {
   for (int64_t i = 0; i < n; i++) {
     float x = in[i];
     float s = gelu_sigmoid(clamp_gelu(x));
@@ -52,8 +54,8 @@ void loom_cpu_gelu_forward(int64_t n, const float *in, float *out) {
   gelu_forward_kernel(n, in, out);
 }
 
-LOOM_CPU_CLONES
-static void gelu_backward_kernel(int64_t n, const float *in, const float *dout, float *din) {
+LOOM_CPU_CLONES LOOM_CONTRACT static void gelu_backward_kernel(int64_t n, const float *in,
+                                                               const float *dout, float *din) {
   for (int64_t i = 0; i < n; i++) {
     float x = in[i], xc = clamp_gelu(x);
     float s = gelu_sigmoid(xc);

@@ -17,16 +17,11 @@
 // micro-kernel wants it), so the causal waste is a 6 x 16 corner per strip, the softmax is exact
 // in one pass (no running maximum), and nothing leaves L1/L2 between the products.
 //
-// The micro-kernels keep a 6 x 16 block of C in twelve 8-wide accumulators. They are compiled
-// with contraction on (multiply-add fused where the clone has FMA, like the BLAS they replace):
-// the x86-64-v3 and v4 clones give the same bits, the baseline clone (no FMA) differs in the
-// last bits, as BLAS kernels do between machines. Everything else here is lane-wise IEEE.
-#if defined(__GNUC__) && !defined(__clang__)
-#define LOOM_CONTRACT __attribute__((optimize("fp-contract=fast")))
-#else
-#define LOOM_CONTRACT
-#endif
-
+// The micro-kernels keep a 6 x 16 block of C in twelve 8-wide accumulators (6 x 32 in twelve
+// 16-wide ones with AVX-512). They are compiled with contraction on (multiply-add fused where the
+// target has FMA, like the BLAS they replace): the AVX-512 kernels and the x86-64-v3 and v4
+// clones give the same bits, the baseline clone (no FMA) differs in the last bits, as BLAS
+// kernels do between machines. Everything else here is lane-wise IEEE.
 #define STRIP LOOM_ATTN_STRIP // the micro-kernels below are written for 6
 
 static int round16(int n) {
@@ -45,80 +40,58 @@ size_t loom_cpu_attn_short_ws(int D, int lk_max) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Micro-kernels.
+// Micro-kernels (strip_kernels.h): 8-wide in target clones (AVX2 with FMA, or the baseline), and
+// 16-wide for CPUs with AVX-512, whose cores with 512-bit FMA units (Intel server cores, AMD Zen
+// 5) do twice the multiply-adds per cycle of the 8-wide ones. The two widths give the same bits.
 
-// c (6 x n, row stride ldc) = a (6 x k, row stride lda) . b (k x n, row stride ldb); n % 16 == 0.
-LOOM_CPU_CLONES LOOM_CONTRACT static void strip_matmul(int n, int k, const float *a, int64_t lda,
-                                                       const float *b, int64_t ldb, float *c,
-                                                       int64_t ldc) {
-  const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda, *a4 = a + 4 * lda,
-              *a5 = a + 5 * lda;
-  for (int j = 0; j < n; j += 16) {
-    vf c00 = vf_splat(0.0f), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
-       c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    const float *bp = b + j;
-    for (int t = 0; t < k; t++, bp += ldb) {
-      const vf b0 = vf_load(bp), b1 = vf_load(bp + 8);
-      c00 += a0[t] * b0; // scalar * vector: one broadcast (an initializer list is
-      c01 += a0[t] * b1; // built lane by lane by GCC 12)
-      c10 += a1[t] * b0;
-      c11 += a1[t] * b1;
-      c20 += a2[t] * b0;
-      c21 += a2[t] * b1;
-      c30 += a3[t] * b0;
-      c31 += a3[t] * b1;
-      c40 += a4[t] * b0;
-      c41 += a4[t] * b1;
-      c50 += a5[t] * b0;
-      c51 += a5[t] * b1;
-    }
-    float *cp = c + j;
-    vf_store(cp, c00);
-    vf_store(cp + 8, c01);
-    vf_store(cp + ldc, c10);
-    vf_store(cp + ldc + 8, c11);
-    vf_store(cp + 2 * ldc, c20);
-    vf_store(cp + 2 * ldc + 8, c21);
-    vf_store(cp + 3 * ldc, c30);
-    vf_store(cp + 3 * ldc + 8, c31);
-    vf_store(cp + 4 * ldc, c40);
-    vf_store(cp + 4 * ldc + 8, c41);
-    vf_store(cp + 5 * ldc, c50);
-    vf_store(cp + 5 * ldc + 8, c51);
-  }
+#define SK_VEC    vf
+#define SK_W      8
+#define SK_SUFFIX w8
+#define SK_ATTR   LOOM_CPU_CLONES
+#define SK_HELPER_ATTR
+#include "strip_kernels.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && defined(__has_attribute)
+#if __has_attribute(target)
+#define HAVE_KERNELS_W16 1
+typedef float vf16 __attribute__((vector_size(64)));
+#define SK_VEC         vf16
+#define SK_W           16
+#define SK_SUFFIX      w16
+#define SK_ATTR        __attribute__((target("avx512f")))
+#define SK_HELPER_ATTR __attribute__((target("avx512f")))
+#include "strip_kernels.h"
+#endif
+#endif
+
+int loom_attn_vector_width = 0;
+
+typedef void (*strip_matmul_fn)(int n, int k, const float *a, int64_t lda, const float *b,
+                                int64_t ldb, float *c, int64_t ldc);
+typedef void (*strip_rank_update_fn)(int m, int n, const float *a, int64_t lda, const float *b,
+                                     int64_t ldb, float *c, int64_t ldc);
+typedef struct kernels {
+  strip_matmul_fn matmul;
+  strip_rank_update_fn rank_update;
+} kernels_t;
+
+int loom_cpu_attn_vector_width(void) {
+#ifdef HAVE_KERNELS_W16
+  __builtin_cpu_init();
+  const int avx512 = __builtin_cpu_supports("avx512f");
+#else
+  const int avx512 = 0;
+#endif
+  return loom_attn_vector_width == 8 || !avx512 ? 8 : 16;
 }
 
-// c (m x n, row stride ldc) += a^T b: a (6 x m, row stride lda), b (6 x n, row stride ldb);
-// n % 16 == 0. The six 16-column pieces of b stay in registers while c streams past.
-LOOM_CPU_CLONES LOOM_CONTRACT static void strip_rank_update(int m, int n, const float *a,
-                                                            int64_t lda, const float *b,
-                                                            int64_t ldb, float *c, int64_t ldc) {
-  for (int j = 0; j < n; j += 16) {
-    const vf b00 = vf_load(b + j), b01 = vf_load(b + j + 8), b10 = vf_load(b + ldb + j),
-             b11 = vf_load(b + ldb + j + 8), b20 = vf_load(b + 2 * ldb + j),
-             b21 = vf_load(b + 2 * ldb + j + 8), b30 = vf_load(b + 3 * ldb + j),
-             b31 = vf_load(b + 3 * ldb + j + 8), b40 = vf_load(b + 4 * ldb + j),
-             b41 = vf_load(b + 4 * ldb + j + 8), b50 = vf_load(b + 5 * ldb + j),
-             b51 = vf_load(b + 5 * ldb + j + 8);
-    for (int i = 0; i < m; i++) {
-      float *cp = c + (int64_t)i * ldc + j;
-      vf c0 = vf_load(cp), c1 = vf_load(cp + 8);
-      c0 += a[i] * b00;
-      c1 += a[i] * b01;
-      c0 += a[lda + i] * b10;
-      c1 += a[lda + i] * b11;
-      c0 += a[2 * lda + i] * b20;
-      c1 += a[2 * lda + i] * b21;
-      c0 += a[3 * lda + i] * b30;
-      c1 += a[3 * lda + i] * b31;
-      c0 += a[4 * lda + i] * b40;
-      c1 += a[4 * lda + i] * b41;
-      c0 += a[5 * lda + i] * b50;
-      c1 += a[5 * lda + i] * b51;
-      vf_store(cp, c0);
-      vf_store(cp + 8, c1);
-    }
+static kernels_t pick_kernels(void) {
+#ifdef HAVE_KERNELS_W16
+  if (loom_cpu_attn_vector_width() == 16) {
+    return (kernels_t){strip_matmul_w16, strip_rank_update_w16};
   }
+#endif
+  return (kernels_t){strip_matmul_w8, strip_rank_update_w8};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -149,17 +122,19 @@ static inline void transpose8(const vf r[8], vf out[8]) {
 #endif
 
 // kt (D x lkp) = the lk rows of one head of a packed tensor (row stride ld), transposed; the
-// columns lk..lkp-1 are zero. Blocks of 8 rows x 8 columns go through registers (D % 16 == 0).
+// columns lk..lkp-1 are zero. Blocks of 8 rows x 8 columns go through registers (D % 16 == 0);
+// the last block of fewer than 8 rows is completed with zero rows.
 LOOM_CPU_CLONES
 static void pack_transposed(float *kt, int lkp, const float *k, int64_t ld, int lk, int D) {
   int j = 0;
 #ifdef HAVE_SHUFFLEVECTOR // else every column goes the scalar way below
-  for (; j + 8 <= lk; j += 8) {
+  for (; j < lk; j += 8) {
     const float *r0 = k + j * ld;
+    const int rows = lk - j < 8 ? lk - j : 8;
     for (int d = 0; d < D; d += 8) {
       vf r[8], c[8];
       for (int i = 0; i < 8; i++) {
-        r[i] = vf_load(r0 + i * ld + d);
+        r[i] = i < rows ? vf_load(r0 + i * ld + d) : vf_splat(0.0f);
       }
       transpose8(r, c);
       for (int i = 0; i < 8; i++) {
@@ -168,7 +143,7 @@ static void pack_transposed(float *kt, int lkp, const float *k, int64_t ld, int 
     }
   }
 #endif
-  for (int d = 0; d < D; d++) {
+  for (int d = 0; d < D; d++) { // j is round8(lk) here, or 0 without the shuffles
     float *row = kt + (int64_t)d * lkp;
     for (int jj = j; jj < lkp; jj++) {
       row[jj] = jj < lk ? k[(int64_t)jj * ld + d] : 0.0f;
@@ -213,9 +188,36 @@ static void zero_pad_rows(float *s, int lds, const strip_t *st) {
   }
 }
 
-// -inf from the row's end up to the next multiple of 8 past kend: the vector loops' range.
-static void mask_row(float *sr, int e, int kend) {
-  for (int c = e; c < round8(kend); c++) {
+// The softmax loops below are plain C over LANES floats at a time, which each clone vectorises
+// at its own width (one AVX-512 register, two AVX2 ones): 16-wide where the CPU has it, with the
+// same bits in every clone (lane-wise operations, the row sum in LANES partial sums added in a
+// fixed order).
+#define LANES 16
+
+// 2^x as vf_exp2 (vec8.h) computes it, for one lane: 0 below -126 (and for NaN), clamped above
+// 126. The same operations, so the same bits.
+LOOM_CLONE_HELPER float exp2_lane(float x) {
+  const int live = x >= -126.0f;
+  float xc = live ? x : -126.0f;
+  xc = xc <= 126.0f ? xc : 126.0f;
+  const int32_t n = (int32_t)(xc + 128.5f) - 128; // floor(xc + 0.5): the sum is > 0
+  const float f = xc - (float)n;
+  float p = EXP2_C6;
+  p = p * f + EXP2_C5;
+  p = p * f + EXP2_C4;
+  p = p * f + EXP2_C3;
+  p = p * f + EXP2_C2;
+  p = p * f + EXP2_C1;
+  p = p * f + EXP2_C0;
+  const uint32_t bits = (uint32_t)(n + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, sizeof scale);
+  return live ? p * scale : 0.0f;
+}
+
+// -inf from the row's end e up to pad (kend rounded up to LANES): the loops' range.
+static void mask_row(float *sr, int e, int pad) {
+  for (int c = e; c < pad; c++) {
     sr[c] = -INFINITY;
   }
 }
@@ -226,25 +228,39 @@ static void mask_row(float *sr, int e, int kend) {
 
 LOOM_CPU_CLONES
 static void softmax_rows(float *s, int lds, const strip_t *st, float s2, float *m, float *l) {
-  const int pad = round8(st->kend);
+  const int pad = round16(st->kend); // <= lds: rows are round16(lk) long
   for (int r = 0; r < st->rows; r++) {
     float *sr = s + (int64_t)r * lds;
-    mask_row(sr, row_end(st, r), st->kend);
-    const vf sc = vf_splat(s2);
-    vf m0 = vf_load(sr) * sc;
-    for (int c = 8; c < pad; c += 8) {
-      m0 = vf_max(m0, vf_load(sr + c) * sc);
+    mask_row(sr, row_end(st, r), pad);
+    float mx16[LANES], acc[LANES];
+    for (int i = 0; i < LANES; i++) {
+      mx16[i] = sr[i] * s2;
+      acc[i] = 0.0f;
     }
-    const float mx = vf_hmax(m0); // finite: every live row sees key 0
-    const vf mv = vf_splat(mx);
-    vf acc = vf_splat(0.0f);
-    for (int c = 0; c < pad; c += 8) {
-      vf p = vf_exp2(vf_load(sr + c) * sc - mv);
-      acc += p;
-      vf_store(sr + c, p);
+    for (int c = LANES; c < pad; c += LANES) {
+      for (int i = 0; i < LANES; i++) {
+        const float t = sr[c + i] * s2;
+        mx16[i] = t > mx16[i] ? t : mx16[i];
+      }
+    }
+    float mx = mx16[0]; // finite: every live row sees key 0
+    for (int i = 1; i < LANES; i++) {
+      mx = mx16[i] > mx ? mx16[i] : mx;
+    }
+    for (int c = 0; c < pad; c += LANES) {
+      for (int i = 0; i < LANES; i++) {
+        const float p = exp2_lane(sr[c + i] * s2 - mx);
+        sr[c + i] = p;
+        acc[i] += p;
+      }
+    }
+    for (int w = LANES / 2; w > 0; w /= 2) { // a fixed tree: lanes i and i + w
+      for (int i = 0; i < w; i++) {
+        acc[i] += acc[i + w];
+      }
     }
     m[r] = mx;
-    l[r] = vf_hsum(acc); // >= 1: the maximum contributes 2^0
+    l[r] = acc[0]; // >= 1: the maximum contributes 2^0
   }
   zero_pad_rows(s, lds, st);
 }
@@ -255,6 +271,7 @@ void loom_cpu_attn_short_fwd(float *out, float *lse, const float *q, const float
   const int lkp = round16(lk > 0 ? lk : 1), group = H / H_kv;
   float *kt = ws, *s = kt + (int64_t)D * lkp, *qs = s + (int64_t)STRIP * lkp, *os = qs + STRIP * D;
   const int i_first = loom_cpu_attn_first_live_row(causal, lq, lk);
+  const kernels_t kn = pick_kernels();
   for (int h = 0; h < H; h++) {
     const int64_t g = h / group;
     if (h % group == 0 && lk > 0) {
@@ -270,9 +287,9 @@ void loom_cpu_attn_short_fwd(float *out, float *lse, const float *q, const float
       const strip_t st = make_strip(i0, lq, lk, causal);
       float m[STRIP], l[STRIP];
       load_strip(qs, qh + i0 * ldq, ldq, st.rows, D);
-      strip_matmul(round16(st.kend), D, qs, D, kt, lkp, s, lkp);
+      kn.matmul(round16(st.kend), D, qs, D, kt, lkp, s, lkp);
       softmax_rows(s, lkp, &st, s2, m, l);
-      strip_matmul(D, st.kend, s, lkp, vh, ldk, os, D);
+      kn.matmul(D, st.kend, s, lkp, vh, ldk, os, D);
       for (int r = 0; r < st.rows; r++) {
         const float inv = 1.0f / l[r];
         float *orow = oh + (i0 + r) * ldq;
@@ -293,17 +310,18 @@ void loom_cpu_attn_short_fwd(float *out, float *lse, const float *q, const float
 LOOM_CPU_CLONES
 static void grad_scores(float *s, float *dp, int lds, const strip_t *st, const float *lse,
                         const float *di, float s2, float scale) {
-  const int pad = round8(st->kend);
+  const int pad = round16(st->kend);
   for (int r = 0; r < st->rows; r++) {
     float *sr = s + (int64_t)r * lds, *dr = dp + (int64_t)r * lds;
-    mask_row(sr, row_end(st, r), st->kend);
+    mask_row(sr, row_end(st, r), pad);
     const float l2 = lse[st->i0 + r] * LOG2E;
-    const vf lv = vf_splat(l2 == -INFINITY ? INFINITY : l2), sc = vf_splat(s2);
-    const vf dv = vf_splat(di[st->i0 + r]), scv = vf_splat(scale);
-    for (int c = 0; c < pad; c += 8) {
-      vf p = vf_exp2(vf_load(sr + c) * sc - lv);
-      vf_store(sr + c, p);
-      vf_store(dr + c, p * (vf_load(dr + c) - dv) * scv);
+    const float lv = l2 == -INFINITY ? INFINITY : l2, dv = di[st->i0 + r];
+    for (int c = 0; c < pad; c += LANES) {
+      for (int i = 0; i < LANES; i++) {
+        const float p = exp2_lane(sr[c + i] * s2 - lv);
+        sr[c + i] = p;
+        dr[c + i] = p * (dr[c + i] - dv) * scale;
+      }
     }
   }
   zero_pad_rows(s, lds, st);
@@ -319,6 +337,7 @@ void loom_cpu_attn_short_bwd(float *dq, float *dk, float *dv, const float *dout,
   float *dp = s + (int64_t)STRIP * lkp, *qs = dp + (int64_t)STRIP * lkp, *dos = qs + STRIP * D;
   float *dqs = dos + STRIP * D;
   const int i_first = loom_cpu_attn_first_live_row(causal, lq, lk);
+  const kernels_t kn = pick_kernels();
   for (int g = 0; g < H_kv; g++) {
     if (lk > 0) {
       pack_transposed(kt, lkp, k + (int64_t)g * D, ldk, lk, D);
@@ -338,12 +357,12 @@ void loom_cpu_attn_short_bwd(float *dq, float *dk, float *dv, const float *dout,
         const int ncols = round16(st.kend);
         load_strip(qs, qh + i0 * ldq, ldq, st.rows, D);
         load_strip(dos, doh + i0 * ldq, ldq, st.rows, D);
-        strip_matmul(ncols, D, qs, D, kt, lkp, s, lkp);
-        strip_matmul(ncols, D, dos, D, vt, lkp, dp, lkp);
+        kn.matmul(ncols, D, qs, D, kt, lkp, s, lkp);
+        kn.matmul(ncols, D, dos, D, vt, lkp, dp, lkp);
         grad_scores(s, dp, lkp, &st, lh, dih, s2, scale);
-        strip_rank_update(st.kend, D, s, lkp, dos, D, dvg, ldk);
-        strip_matmul(D, st.kend, dp, lkp, kg, ldk, dqs, D);
-        strip_rank_update(st.kend, D, dp, lkp, qs, D, dkg, ldk);
+        kn.rank_update(st.kend, D, s, lkp, dos, D, dvg, ldk);
+        kn.matmul(D, st.kend, dp, lkp, kg, ldk, dqs, D);
+        kn.rank_update(st.kend, D, dp, lkp, qs, D, dkg, ldk);
         for (int r = 0; r < st.rows; r++) {
           memcpy(dqh + (i0 + r) * ldq, dqs + r * D, (size_t)D * sizeof(float));
         }

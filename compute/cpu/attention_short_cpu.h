@@ -6,7 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// Query rows per strip: the micro-kernels hold a 6 x 16 block of the result in registers.
+// Query rows per strip: the micro-kernels hold a 6 x 16 (AVX-512: 6 x 32) block of the result
+// in registers.
 #define LOOM_ATTN_STRIP 6
 
 // Sequences with at most this many keys (and D a multiple of 16) take the short path; longer
@@ -24,6 +25,12 @@
 // The limit in force, LOOM_ATTN_SHORT_MAX unless a benchmark or test changed it (-1: never take
 // the short path) to compare the two paths on the same input; the library never writes it.
 extern int loom_attn_short_max;
+
+// The micro-kernels' vector width: 16 floats where the CPU has AVX-512, else 8. A test or
+// benchmark sets loom_attn_vector_width = 8 to run the 8-wide kernels on an AVX-512 CPU (0, the
+// default: the widest the CPU has); the library never writes it. Both widths give the same bits.
+extern int loom_attn_vector_width;
+int loom_cpu_attn_vector_width(void);
 
 // Query rows of a sequence before the first one that sees any key (bottom-right causal with
 // lq > lk, or no keys at all): both paths give them a zero output, lse = -inf, zero dq.

@@ -3,16 +3,12 @@
 #include "config.h"
 #include "layernorm_cpu.h"
 #include "simd.h"
+#include "sum8.h"
 
 #include <math.h>
 
 // din and out may alias dout or in exactly (in-place use), so those pointers are not restrict.
-// The row reductions use eight double partial sums: a fixed order (deterministic, independent of
-// the vector width) that the compiler can still vectorise.
-
-static inline double sum8_finish(const double s[8], double tail) {
-  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7])) + tail;
-}
+// The row reductions use eight double partial sums (sum8.h).
 
 // ---------------------------------------------------------------------------------------------
 // Forward.

@@ -7,7 +7,8 @@
 // the few loops that are worth it (elementwise transcendental kernels, attention tiles) get AVX2
 // and AVX-512 copies too. The v4 copy was worth 1.5-2.4% of a train_gpt step on a Zen 4 core
 // (gelu, layernorm, cross-entropy, AdamW, attention softmax; 40-step runs, two pairs). All copies
-// compute the same bits: lane-wise IEEE operations, and configure turns contraction off.
+// compute the same bits: lane-wise IEEE operations, and configure turns contraction off, except
+// in the kernels marked LOOM_CONTRACT below.
 // Elsewhere (other architectures, compilers without the attribute) the macro is empty.
 //
 // Put it only on static functions and call them from the public loom_cpu_ entry point: GCC
@@ -21,6 +22,25 @@
 #endif
 #ifndef LOOM_CPU_CLONES
 #define LOOM_CPU_CLONES
+#endif
+
+// Contraction on for one function (GCC; clang keeps the file's setting): a * b + c becomes one
+// fused multiply-add where the target has FMA. The FMA clones (x86-64-v3, v4) of such a kernel
+// then agree with each other but not with the baseline clone, in the last bits, as BLAS kernels
+// differ between machines. Used where the multiply-adds are the work: the attention
+// micro-kernels and GELU's polynomials. Ranks on the same kind of CPU still agree bit for bit.
+#if defined(__GNUC__) && !defined(__clang__)
+#define LOOM_CONTRACT __attribute__((optimize("fp-contract=fast")))
+#else
+#define LOOM_CONTRACT
+#endif
+
+// A static helper of a cloned kernel: inlined into every clone. A helper that stays a call runs
+// its baseline (SSE2) code from the AVX-512 clone too.
+#if defined(__GNUC__) || defined(__clang__)
+#define LOOM_CLONE_HELPER static inline __attribute__((always_inline))
+#else
+#define LOOM_CLONE_HELPER static inline
 #endif
 
 #endif

@@ -63,6 +63,15 @@ static inline float vf_hsum(vf x) {
   return ((x[0] + x[4]) + (x[2] + x[6])) + ((x[1] + x[5]) + (x[3] + x[7]));
 }
 
+// The Cephes exp2f minimax polynomial for 2^f, f in [-0.5, 0.5]: C0 + C1 f + ... + C6 f^6.
+#define EXP2_C6 1.535336188319500e-4f
+#define EXP2_C5 1.339887440266574e-3f
+#define EXP2_C4 9.618437357674640e-3f
+#define EXP2_C3 5.550332471162809e-2f
+#define EXP2_C2 2.402264791363012e-1f
+#define EXP2_C1 6.931472028550421e-1f
+#define EXP2_C0 1.0f
+
 // 2^x with a relative error below 2.5e-7 for x in [-126, 126]; 0 for x < -126 (and -inf, NaN);
 // x > 126 is clamped. Round-to-nearest split x = n + f, f in [-0.5, 0.5]; 2^f from the Cephes
 // exp2f minimax polynomial; 2^n built in the exponent bits.
@@ -72,13 +81,13 @@ static inline vf vf_exp2(vf x) {
   xc = vf_select(xc <= vf_splat(126.0f), xc, vf_splat(126.0f));
   vi n = __builtin_convertvector(xc + 128.5f, vi) - 128; // floor(xc + 0.5): the sum is > 0
   vf f = xc - __builtin_convertvector(n, vf);
-  vf p = vf_splat(1.535336188319500e-4f);
-  p = p * f + 1.339887440266574e-3f;
-  p = p * f + 9.618437357674640e-3f;
-  p = p * f + 5.550332471162809e-2f;
-  p = p * f + 2.402264791363012e-1f;
-  p = p * f + 6.931472028550421e-1f;
-  p = p * f + 1.0f;
+  vf p = vf_splat(EXP2_C6);
+  p = p * f + EXP2_C5;
+  p = p * f + EXP2_C4;
+  p = p * f + EXP2_C3;
+  p = p * f + EXP2_C2;
+  p = p * f + EXP2_C1;
+  p = p * f + EXP2_C0;
   vf scale2 = (vf)((n + 127) << 23);
   return (vf)((vi)(p * scale2) & live);
 }

@@ -12,7 +12,7 @@
 #include "cpu/attention_cpu.h"
 #include "cpu/attention_short_cpu.h"
 
-// Usage: attn_kernel_perf [--profile FILE] [--iters N] [--heads H] [--head-dim D]
+// Usage: attn_kernel_perf [--profile FILE] [--iters N] [--heads H] [--head-dim D] [--width W]
 // Workloads of 2048 tokens, causal, H heads of D (default 4 x 64, train_gpt's default model):
 // - documents: the packed batches of a train_gpt --profile FILE (its `batch` lines, at most 32),
 //   or without one, seeded lognormal document lengths (mean ~110, as train_gpt's corpus) cut
@@ -23,6 +23,8 @@
 // backward ms per batch, and the rate of the causal FLOPs (4 D H per pair forward, twice that
 // backward) against the 1024^3 sgemm rate measured at start. The exit status is non-zero when
 // the two paths disagree beyond 1e-4 relative to the largest value, or produce a non-finite one.
+// --width 8 runs the short path's 8-wide micro-kernels on a CPU with AVX-512 (default: the
+// widest the CPU has).
 
 #define TOKENS    2048
 #define ROW       256
@@ -266,12 +268,12 @@ static double bench(const workload_t *w, int iters, int H, int D, double sgemm, 
 
 int main(int argc, char **argv) {
   const char *profile = NULL;
-  int iters = 5, H = 4, D = 64;
+  int iters = 5, H = 4, D = 64, width = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
       printf("usage: attn_kernel_perf [--profile FILE] [--iters N (5)] [--heads H (4)] "
-             "[--head-dim D (64)]\n");
+             "[--head-dim D (64)] [--width 8|16 (the widest the CPU has)]\n");
       return 0;
     }
     if (!val) {
@@ -286,14 +288,23 @@ int main(int argc, char **argv) {
       H = atoi(val);
     } else if (strcmp(a, "--head-dim") == 0) {
       D = atoi(val);
+    } else if (strcmp(a, "--width") == 0) {
+      width = atoi(val);
     } else {
       fprintf(stderr, "attn_kernel_perf: unknown flag %s (see --help)\n", a);
       return 2;
     }
     i++;
   }
-  if (iters < 1 || iters > 64 || H < 1 || H > 64 || D < 1 || D > 512) {
-    fprintf(stderr, "attn_kernel_perf: --iters 1..64, --heads 1..64, --head-dim 1..512\n");
+  if (iters < 1 || iters > 64 || H < 1 || H > 64 || D < 1 || D > 512 ||
+      (width != 0 && width != 8 && width != 16)) {
+    fprintf(stderr,
+            "attn_kernel_perf: --iters 1..64, --heads 1..64, --head-dim 1..512, --width 8 or 16\n");
+    return 2;
+  }
+  loom_attn_vector_width = width == 8 ? 8 : 0;
+  if (width == 16 && loom_cpu_attn_vector_width() != 16) {
+    fprintf(stderr, "attn_kernel_perf: --width 16 needs a CPU with AVX-512 (this one has not)\n");
     return 2;
   }
 #ifdef HAVE_OPENBLAS_SET_NUM_THREADS
@@ -315,8 +326,8 @@ int main(int argc, char **argv) {
 
   const double sgemm = sgemm_rate();
   printf("# attn_kernel_perf: %d tokens per batch, causal, %d heads x D = %d, one core; sgemm "
-         "1024^3 %.1f GFLOP/s\n",
-         TOKENS, H, D, sgemm / 1e9);
+         "1024^3 %.1f GFLOP/s; short path's micro-kernels %d-wide\n",
+         TOKENS, H, D, sgemm / 1e9, loom_cpu_attn_vector_width());
   printf("# ms per batch (median of %d); rate = causal FLOPs (fwd + bwd) / sgemm rate; short "
          "path up to %d keys by default%s\n",
          iters, LOOM_ATTN_SHORT_MAX, D % 16 ? " (D % 16 != 0: the short path is not taken)" : "");

@@ -371,6 +371,52 @@ static void test_paths(void) {
            1.0);
 }
 
+// The short path's micro-kernels at both vector widths (8, and 16 where the CPU has AVX-512) on
+// the same batches: each against the reference, and the same bits from both. D = 48 and 80 and
+// key counts that are odd multiples of 16 take the 16-wide kernels' 16-column tails.
+static void test_widths(void) {
+  const int wide = loom_cpu_attn_vector_width();
+  test_rng_t rng = test_rng(12);
+  const int lq[] = {1, 6, 7, 16, 17, 31, 33, 100, 250, 12, 48};
+  const int lk[] = {1, 6, 7, 16, 17, 31, 33, 100, 250, 40, 48};
+  const int B = (int)(sizeof lq / sizeof lq[0]);
+  static const int Ds[] = {16, 48, 64, 80};
+  loom_attn_short_max = 1 << 30;
+  for (int c = 0; c < 8; c++) {
+    const int D = Ds[c % 4], causal = c / 4;
+    batch_t t;
+    batch_init(&t, &rng, B, lq, lk, 4, 2, D, causal, 0.0f, 1.0);
+    char name[96];
+    snprintf(name, sizeof name, "8-wide kernels causal=%d H=4 H_kv=2 D=%d", causal, D);
+    loom_attn_vector_width = 8;
+    check_batch(name, &t);
+    loom_attn_vector_width = 0;
+    const loom_tensor_t *o[5] = {&t.out, &t.lse, &t.dq, &t.dk, &t.dv};
+    float *first[5];
+    for (int i = 0; i < 5; i++) {
+      const size_t bytes = (size_t)loom_tensor_numel(o[i]) * sizeof(float);
+      first[i] = malloc(bytes ? bytes : 1);
+      memcpy(first[i], o[i]->data, bytes);
+    }
+    fill_outputs(&t, NAN);
+    CHECK(loom_attention_forward(&t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, causal,
+                                 0.0f) == LOOM_OK &&
+              loom_attention_backward(&t.dq, &t.dk, &t.dv, &t.dout, &t.q, &t.k, &t.v, &t.out,
+                                      &t.lse, &t.cu_q, &t.cu_k, causal, 0.0f) == LOOM_OK,
+          "%d-wide kernels causal=%d D=%d: %s", wide, causal, D, loom_last_error(NULL));
+    for (int i = 0; i < 5; i++) {
+      CHECK(test_same_bits(first[i], o[i]->data, loom_tensor_numel(o[i])),
+            "%d-wide kernels causal=%d D=%d: output %d differs from the 8-wide kernels' bits", wide,
+            causal, D, i);
+      free(first[i]);
+    }
+    batch_free(&t);
+  }
+  loom_attn_short_max = LOOM_ATTN_SHORT_MAX;
+  printf("test_attention: the %d-wide kernels gave the 8-wide kernels' bits%s\n", wide,
+         wide == 8 ? " (no AVX-512 here: one width only)" : "");
+}
+
 // The way padded code computes attention: pad q, k, v to (B, T, H, D) with loom_varlen_unpack,
 // build each head's full T x T score matrix with a mask (padding keys, padding query rows and the
 // bottom-right causal triangle at -inf), softmax in double, then pack the padded output back.
@@ -681,6 +727,7 @@ int main(void) {
   test_edges();
   test_random();
   test_paths();
+  test_widths();
   test_empty();
   test_padded_reference();
   test_finite_differences();
