@@ -12,9 +12,10 @@
 extern "C" {
 #endif
 
-// Two paths, chosen per sequence: sequences of up to LOOM_ATTN_SHORT_MAX keys with D a multiple
-// of 16 (the packed documents of a training batch) take the short path of attention_short_cpu.h
-// (strips of 6 query rows on FMA micro-kernels, ~1.3x faster there); the others the tiles below.
+// Two paths, chosen per sequence: sequences of up to loom_cpu_attn_short_limit() keys (768, or
+// 2048 with AVX-512) with D a multiple of 16 (the packed documents of a training batch) take the
+// short path of attention_short_cpu.h (strips of 6 query rows on FMA micro-kernels, 1.3-1.9x
+// faster there); the others the tiles below.
 //
 // Tile sizes. For each (sequence, head, query tile of LOOM_ATTN_BR rows) the kernels loop over key
 // tiles of LOOM_ATTN_BC columns; the workspace is a few BR x BC and BC x D tiles, never Lq x Lk.

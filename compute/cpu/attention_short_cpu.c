@@ -28,10 +28,10 @@ static int round16(int n) {
   return (n + 15) & ~15;
 }
 
-int loom_attn_short_max = LOOM_ATTN_SHORT_MAX;
+int loom_attn_short_max = 0;
 
 int loom_cpu_attn_short_ok(int D, int lk) {
-  return D > 0 && D % 16 == 0 && lk <= loom_attn_short_max;
+  return D > 0 && D % 16 == 0 && lk <= loom_cpu_attn_short_limit();
 }
 
 size_t loom_cpu_attn_short_ws(int D, int lk_max) {
@@ -83,6 +83,13 @@ int loom_cpu_attn_vector_width(void) {
   const int avx512 = 0;
 #endif
   return loom_attn_vector_width == 8 || !avx512 ? 8 : 16;
+}
+
+int loom_cpu_attn_short_limit(void) {
+  if (loom_attn_short_max != 0) {
+    return loom_attn_short_max;
+  }
+  return loom_cpu_attn_vector_width() == 16 ? LOOM_ATTN_SHORT_MAX_WIDE : LOOM_ATTN_SHORT_MAX;
 }
 
 static kernels_t pick_kernels(void) {
@@ -142,8 +149,13 @@ static void pack_transposed(float *kt, int lkp, const float *k, int64_t ld, int 
       }
     }
   }
+  for (; j < lkp; j += 8) { // lkp = round16(lk): at most 8 more zero columns
+    for (int d = 0; d < D; d++) {
+      vf_store(kt + (int64_t)d * lkp + j, vf_splat(0.0f));
+    }
+  }
 #endif
-  for (int d = 0; d < D; d++) { // j is round8(lk) here, or 0 without the shuffles
+  for (int d = 0; d < D; d++) { // j is lkp here, or 0 without the shuffles
     float *row = kt + (int64_t)d * lkp;
     for (int jj = j; jj < lkp; jj++) {
       row[jj] = jj < lk ? k[(int64_t)jj * ld + d] : 0.0f;

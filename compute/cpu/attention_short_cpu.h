@@ -13,18 +13,30 @@
 // Sequences with at most this many keys (and D a multiple of 16) take the short path; longer
 // ones take the FlashAttention-2 tiles, whose workspace and cache footprint do not grow with the
 // sequence. The short path's workspace is 2 D Lk + 12 Lk + 18 D floats, and every strip streams
-// the whole K^T, V (and in the backward dK, dV) of its head, which leave L2 as Lk grows. On a
-// Zen 4 core (1 MiB L2; D = 64, 4 heads, 2048 tokens of equal sequences), forward + backward
-// ms, short against tiles: 12.5 / 15.8 at Lk = 256, 26.4 / 28.1 at 512, 33.7 / 37.6 at 768,
-// 57.5 / 52.8 at 1024, 123 / 100 at 2048 (tests/bench/attn_kernel_perf). Override at build time
-// (CPPFLAGS=-DLOOM_ATTN_SHORT_MAX=-1 turns the short path off).
+// the whole K^T, V (and in the backward dK, dV) of its head, which leave L2 as Lk grows.
+// - 8-wide kernels, LOOM_ATTN_SHORT_MAX: on a Zen 4 core (1 MiB L2; D = 64, 4 heads, 2048 tokens
+//   of equal sequences), forward + backward ms, short against tiles: 12.5 / 15.8 at Lk = 256,
+//   26.4 / 28.1 at 512, 33.7 / 37.6 at 768, 57.5 / 52.8 at 1024, 123 / 100 at 2048.
+// - 16-wide kernels (AVX-512), LOOM_ATTN_SHORT_MAX_WIDE: on a Zen 5 core (1 MiB L2, same
+//   workload) the short path won at every length measured, 1.74x at 768, 1.45x at 1024 and 1.30x
+//   at 2048; longer sequences were not measured and keep the tiles.
+// (tests/bench/attn_kernel_perf). Override at build time (CPPFLAGS=-DLOOM_ATTN_SHORT_MAX=-1
+// -DLOOM_ATTN_SHORT_MAX_WIDE=-1 turns the short path off).
 #ifndef LOOM_ATTN_SHORT_MAX
 #define LOOM_ATTN_SHORT_MAX 768
 #endif
+#ifndef LOOM_ATTN_SHORT_MAX_WIDE
+#define LOOM_ATTN_SHORT_MAX_WIDE 2048
+#endif
 
-// The limit in force, LOOM_ATTN_SHORT_MAX unless a benchmark or test changed it (-1: never take
-// the short path) to compare the two paths on the same input; the library never writes it.
+// A limit set by a benchmark or test to compare the two paths on the same input (-1: never take
+// the short path); 0, the default, means the build's limit for the kernels' width. The library
+// never writes it.
 extern int loom_attn_short_max;
+
+// The limit in force: loom_attn_short_max, or when it is 0 LOOM_ATTN_SHORT_MAX_WIDE with the
+// 16-wide kernels and LOOM_ATTN_SHORT_MAX with the 8-wide ones.
+int loom_cpu_attn_short_limit(void);
 
 // The micro-kernels' vector width: 16 floats where the CPU has AVX-512, else 8. A test or
 // benchmark sets loom_attn_vector_width = 8 to run the 8-wide kernels on an AVX-512 CPU (0, the

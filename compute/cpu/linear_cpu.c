@@ -29,6 +29,17 @@ static void scale_rows(int64_t M, int64_t N, float beta, float *c, int64_t ldc) 
   }
 }
 
+// c (M x N, row stride ldc) += the bias row, every row.
+LOOM_CPU_CLONES
+static void add_bias_rows(int64_t M, int64_t N, const float *restrict bias, float *c, int64_t ldc) {
+  for (int64_t i = 0; i < M; i++) {
+    float *restrict row = c + i * ldc;
+    for (int64_t j = 0; j < N; j++) {
+      row[j] += bias[j];
+    }
+  }
+}
+
 void loom_cpu_gemm_strided(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                            const float *a, int64_t lda, const float *b, int64_t ldb,
                            const float *bias, float beta, float *c, int64_t ldc) {
@@ -55,13 +66,7 @@ void loom_cpu_gemm_strided(int trans_a, int trans_b, int64_t M, int64_t N, int64
                 (int)ldb, beta, c, (int)ldc);
   }
   if (bias) {
-    const float *restrict bv = bias;
-    for (int64_t i = 0; i < M; i++) {
-      float *restrict row = c + i * ldc;
-      for (int64_t j = 0; j < N; j++) {
-        row[j] += bv[j];
-      }
-    }
+    add_bias_rows(M, N, bias, c, ldc);
   }
 }
 

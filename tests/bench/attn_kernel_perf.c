@@ -18,7 +18,7 @@
 //   or without one, seeded lognormal document lengths (mean ~110, as train_gpt's corpus) cut
 //   into rows of 256, as train_gpt packs them;
 // - equal: every sequence of length L, for L = 64 .. 2048; both paths are forced at every L, to
-//   show where the short path stops paying (LOOM_ATTN_SHORT_MAX in attention_short_cpu.h).
+//   show where the short path stops paying (loom_cpu_attn_short_limit, attention_short_cpu.h).
 // Per workload and path: the median over N runs (default 5, after one warm-up) of forward and
 // backward ms per batch, and the rate of the causal FLOPs (4 D H per pair forward, twice that
 // backward) against the 1024^3 sgemm rate measured at start. The exit status is non-zero when
@@ -237,7 +237,7 @@ static double bench(const workload_t *w, int iters, int H, int D, double sgemm, 
     double tf[2] = {0, 0}, tb[2] = {0, 0};
     for (int b = 0; b < w->nb; b++) {
       for (int p = 0; p < 2; p++) {
-        loom_attn_short_max = p == 0 ? -1 : (force_short ? TOKENS : LOOM_ATTN_SHORT_MAX);
+        loom_attn_short_max = p == 0 ? -1 : (force_short ? TOKENS : 0);
         run_batch(w, b, p, H, D, x, &tf[p], &tb[p]);
       }
       float *got[4] = {x->out[1], x->dq[1], x->dk[1], x->dv[1]};
@@ -253,7 +253,7 @@ static double bench(const workload_t *w, int iters, int H, int D, double sgemm, 
       }
     }
   }
-  loom_attn_short_max = LOOM_ATTN_SHORT_MAX;
+  loom_attn_short_max = 0;
   const double flops = 4.0 * D * H * w->pairs / w->nb; // forward, per batch
   double mf[2], mb[2];
   for (int p = 0; p < 2; p++) {
@@ -330,7 +330,8 @@ int main(int argc, char **argv) {
          TOKENS, H, D, sgemm / 1e9, loom_cpu_attn_vector_width());
   printf("# ms per batch (median of %d); rate = causal FLOPs (fwd + bwd) / sgemm rate; short "
          "path up to %d keys by default%s\n",
-         iters, LOOM_ATTN_SHORT_MAX, D % 16 ? " (D % 16 != 0: the short path is not taken)" : "");
+         iters, loom_cpu_attn_short_limit(),
+         D % 16 ? " (D % 16 != 0: the short path is not taken)" : "");
   printf("%-22s %7s %7s %5s   %7s %7s %5s   %7s  %8s\n", "workload", "tiles", "bwd", "rate",
          "short", "bwd", "rate", "speedup", "max diff");
   double worst = 0.0;

@@ -346,8 +346,8 @@ static void test_random(void) {
 // Both CPU paths against the reference on the same kinds of batch, each forced for every
 // sequence: the short path (strips of LOOM_ATTN_STRIP query rows on FMA micro-kernels) and the
 // FlashAttention-2 tiles. Lengths around the strip size, rows without keys (lq > lk, lk = 0),
-// keys without queries, GQA. Then the default split at its limit (LOOM_ATTN_SHORT_MAX keys
-// take the short path, one more the tiles) in one batch.
+// keys without queries, GQA. Then the default split at its limit (loom_cpu_attn_short_limit()
+// keys take the short path, one more the tiles) in one batch.
 static void test_paths(void) {
   test_rng_t rng = test_rng(11);
   const int lq[] = {1, 5, 6, 7, 12, 13, 100, 0, 40, 300, 17, 64};
@@ -364,9 +364,11 @@ static void test_paths(void) {
       run_case(name, &rng, B, lq, lk, 4, 2, D, causal, 0.0f, 1.0);
     }
   }
-  loom_attn_short_max = LOOM_ATTN_SHORT_MAX;
-  const int lq2[3] = {LOOM_ATTN_SHORT_MAX, LOOM_ATTN_SHORT_MAX + 1, 3};
-  const int lk2[3] = {LOOM_ATTN_SHORT_MAX, LOOM_ATTN_SHORT_MAX + 1, 3};
+  loom_attn_short_max = 0;
+  const int lim = loom_cpu_attn_short_limit();
+  CHECK(lim == LOOM_ATTN_SHORT_MAX || lim == LOOM_ATTN_SHORT_MAX_WIDE, "default limit %d", lim);
+  const int lq2[3] = {lim, lim + 1, 3};
+  const int lk2[3] = {lim, lim + 1, 3};
   run_case("at the short-path limit causal H=2 H_kv=1 D=32", &rng, 3, lq2, lk2, 2, 1, 32, 1, 0.0f,
            1.0);
 }
@@ -412,7 +414,7 @@ static void test_widths(void) {
     }
     batch_free(&t);
   }
-  loom_attn_short_max = LOOM_ATTN_SHORT_MAX;
+  loom_attn_short_max = 0;
   printf("test_attention: the %d-wide kernels gave the 8-wide kernels' bits%s\n", wide,
          wide == 8 ? " (no AVX-512 here: one width only)" : "");
 }
