@@ -11,6 +11,7 @@
 #include "error.h"
 #include "loom_tensor.h"
 #include "simd.h"
+#include "sum8.h"
 #include "vec8.h"
 
 #define BR LOOM_ATTN_BR
@@ -234,6 +235,29 @@ static void bwd_key_tile(const float *q,    // (Lq, ...) row stride ldq, head h
   }
 }
 
+// di[h * total_q + i] = rowsum(dO * O) for every (query row i, head h), products and sums in
+// double, eight partial sums per row (sum8.h): the same bits in every clone.
+LOOM_CPU_CLONES
+static void rowsum_dout_out(float *di, const float *dout, const float *out, int64_t total_q, int H,
+                            int D, int64_t ldq) {
+  for (int64_t i = 0; i < total_q; i++) {
+    for (int h = 0; h < H; h++) {
+      const float *a = dout + i * ldq + (int64_t)h * D, *o = out + i * ldq + (int64_t)h * D;
+      double s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, tail = 0.0;
+      int d = 0;
+      for (; d + 8 <= D; d += 8) {
+        for (int l = 0; l < 8; l++) {
+          s[l] += (double)a[d + l] * (double)o[d + l];
+        }
+      }
+      for (; d < D; d++) {
+        tail += (double)a[d] * (double)o[d];
+      }
+      di[h * total_q + i] = (float)sum8_finish(s, tail);
+    }
+  }
+}
+
 loom_status_t loom_cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout,
                                      const float *q, const float *k, const float *v,
                                      const float *out, const float *lse, const int32_t *cu_q,
@@ -262,17 +286,7 @@ loom_status_t loom_cpu_attention_bwd(float *dq, float *dk, float *dv, const floa
   const float s2 = scale * LOG2E;
   const int group = H / H_kv;
 
-  // Di = rowsum(dO * O) for every (head, query row), accumulated in double.
-  for (int64_t i = 0; i < total_q; i++) {
-    for (int h = 0; h < H; h++) {
-      const float *a = dout + i * ldq + (int64_t)h * D, *o = out + i * ldq + (int64_t)h * D;
-      double sum = 0;
-      for (int d = 0; d < D; d++) {
-        sum += (double)a[d] * o[d];
-      }
-      di[h * total_q + i] = (float)sum;
-    }
-  }
+  rowsum_dout_out(di, dout, out, total_q, H, D, ldq);
 
   for (int b = 0; b < B; b++) {
     const int64_t q0 = cu_q[b], k0 = cu_k[b];
