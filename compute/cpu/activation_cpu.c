@@ -29,7 +29,8 @@
 // and the only transcendental left is exp, computed below in a form the compiler vectorises.
 // Neither form cancels: 1 + tanh u never appears as a difference. The kernels are mostly
 // multiply-adds (the exp polynomial, u, u'): they are compiled with contraction on
-// (LOOM_CONTRACT), which took them from ~40 to ~25 vector operations per 16 elements.
+// (LOOM_CONTRACT), which took the AVX-512 clone on a Zen 5 core from 0.44 to 0.31 ns per element
+// forward and from 0.63 to 0.47 backward (in cache and at 16 MB alike: compute-bound).
 
 // s = sigmoid(2 u(x)) of the clamped x (NaN passes through the clamp and stays NaN).
 static inline float gelu_sigmoid(float xc) {
