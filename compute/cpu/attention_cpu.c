@@ -17,10 +17,6 @@
 #define BR LOOM_ATTN_BR
 #define BC LOOM_ATTN_BC
 
-static float exp2_scalar(float x) {
-  return vf_exp2(vf_splat(x))[0];
-}
-
 // ---------------------------------------------------------------------------------------------
 // Tile helpers. A score tile is `rows` x `pad` floats with row stride BC, pad = cols rounded up
 // to 8. Row r of a tile whose first query is query i0 of its sequence sees the tile's columns
@@ -112,7 +108,7 @@ static void fwd_head(float *o,       // (Lq, ...) row stride ldq: head h of the 
         if (j0 == 0) {
           l[r] = sum;
         } else {
-          float alpha = exp2_scalar(m[r] - m_new);
+          float alpha = exp2_lane(m[r] - m_new);
           l[r] = l[r] * alpha + sum;
           if (alpha != 1.0f) {
             scale_row(ot + r * ldq, D, alpha);

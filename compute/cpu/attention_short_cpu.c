@@ -206,27 +206,6 @@ static void zero_pad_rows(float *s, int lds, const strip_t *st) {
 // fixed order).
 #define LANES 16
 
-// 2^x as vf_exp2 (vec8.h) computes it, for one lane: 0 below -126 (and for NaN), clamped above
-// 126. The same operations, so the same bits.
-LOOM_CLONE_HELPER float exp2_lane(float x) {
-  const int live = x >= -126.0f;
-  float xc = live ? x : -126.0f;
-  xc = xc <= 126.0f ? xc : 126.0f;
-  const int32_t n = (int32_t)(xc + 128.5f) - 128; // floor(xc + 0.5): the sum is > 0
-  const float f = xc - (float)n;
-  float p = EXP2_C6;
-  p = p * f + EXP2_C5;
-  p = p * f + EXP2_C4;
-  p = p * f + EXP2_C3;
-  p = p * f + EXP2_C2;
-  p = p * f + EXP2_C1;
-  p = p * f + EXP2_C0;
-  const uint32_t bits = (uint32_t)(n + 127) << 23;
-  float scale;
-  memcpy(&scale, &bits, sizeof scale);
-  return live ? p * scale : 0.0f;
-}
-
 // -inf from the row's end e up to pad (kend rounded up to LANES): the loops' range.
 static void mask_row(float *sr, int e, int pad) {
   for (int c = e; c < pad; c++) {

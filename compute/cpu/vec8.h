@@ -1,5 +1,6 @@
 /* vec8.h — 8-wide float vectors (GCC/Clang vector extensions) for the attention kernels: loads,
- * stores, select, max, horizontal max and sum, and 2^x with a relative error below 2.5e-7. */
+ * stores, select, max, horizontal max and sum, and 2^x with a relative error below 2.5e-7 (also
+ * one float at a time, with the same bits). */
 #ifndef LOOM_VEC8_H
 #define LOOM_VEC8_H
 
@@ -71,6 +72,32 @@ static inline float vf_hsum(vf x) {
 #define EXP2_C2 2.402264791363012e-1f
 #define EXP2_C1 6.931472028550421e-1f
 #define EXP2_C0 1.0f
+
+// 2^x as vf_exp2 below computes it, for one float: the same operations, so the same bits. Loops
+// written over plain floats with it vectorise at the width of each clone (16 floats a register
+// with AVX-512). Always inlined, so that the clones run their own code for it.
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((always_inline))
+#endif
+static inline float
+exp2_lane(float x) {
+  const int live = x >= -126.0f;
+  float xc = live ? x : -126.0f;
+  xc = xc <= 126.0f ? xc : 126.0f;
+  const int32_t n = (int32_t)(xc + 128.5f) - 128; // floor(xc + 0.5): the sum is > 0
+  const float f = xc - (float)n;
+  float p = EXP2_C6;
+  p = p * f + EXP2_C5;
+  p = p * f + EXP2_C4;
+  p = p * f + EXP2_C3;
+  p = p * f + EXP2_C2;
+  p = p * f + EXP2_C1;
+  p = p * f + EXP2_C0;
+  const uint32_t bits = (uint32_t)(n + 127) << 23;
+  float scale;
+  memcpy(&scale, &bits, sizeof scale);
+  return live ? p * scale : 0.0f;
+}
 
 // 2^x with a relative error below 2.5e-7 for x in [-126, 126]; 0 for x < -126 (and -inf, NaN);
 // x > 126 is clamped. Round-to-nearest split x = n + f, f in [-0.5, 0.5]; 2^f from the Cephes
