@@ -88,6 +88,33 @@ static void param_name(const gpt_config_t *c, int i, char *out, size_t cap) {
   }
 }
 
+// The first and last tensor of each block part (enum gpt_block_part), and its name.
+static const int part_range[GPT_MAX_PARTS][2] = {{GPT_FC2_W, GPT_FC2_B},
+                                                 {GPT_LN2_W, GPT_FC1_B},
+                                                 {GPT_WO, GPT_BO},
+                                                 {GPT_WQ, GPT_BV},
+                                                 {GPT_LN1_W, GPT_LN1_B}};
+static const char *const part_names[GPT_MAX_PARTS] = {"fc2", "mlp", "wo", "qkv", "ln1"};
+
+int gpt_unit_parts(const gpt_model_t *m, int u) {
+  if (u <= 0 || u >= m->nunits - 1) {
+    return 1;
+  }
+  return gpt_block_is_moe(&m->cfg, u - 1) ? GPT_MAX_PARTS - 1 : GPT_MAX_PARTS; // no fc2 in MoE
+}
+
+int gpt_part_kind(const gpt_model_t *m, int u, int p) {
+  if (gpt_unit_parts(m, u) == 1 || p < 0 || p >= gpt_unit_parts(m, u)) {
+    return -1;
+  }
+  return gpt_block_is_moe(&m->cfg, u - 1) ? p + 1 : p;
+}
+
+const char *gpt_part_name(const gpt_model_t *m, int u, int p) {
+  const int kind = gpt_part_kind(m, u, p);
+  return kind < 0 ? NULL : part_names[kind];
+}
+
 loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
   memset(m, 0, sizeof *m);
   if (cfg->layers < 1 || cfg->width < 1 || cfg->heads < 1 || cfg->width % cfg->heads ||
@@ -111,7 +138,7 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
   m->timers = calloc(1, sizeof *m->timers);
   m->unit_grad = calloc((size_t)m->nunits, sizeof *m->unit_grad);
   m->unit_first = calloc((size_t)m->nunits + 1, sizeof *m->unit_first);
-  m->part_grad = calloc(2 * (size_t)m->nunits, sizeof *m->part_grad);
+  m->part_grad = calloc(GPT_MAX_PARTS * (size_t)m->nunits, sizeof *m->part_grad);
   m->moe = calloc((size_t)cfg->layers, sizeof *m->moe);
   m->moe_m = calloc((size_t)cfg->layers * LOOM_MOE_PARAM_COUNT, sizeof *m->moe_m);
   m->moe_v = calloc((size_t)cfg->layers * LOOM_MOE_PARAM_COUNT, sizeof *m->moe_v);
@@ -170,17 +197,18 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
     }
     loom_tensor_wrap(&m->unit_grad[u], first->data, LOOM_F32, m->device, 1, &n, name);
     if (gpt_unit_parts(m, u) == 1) {
-      m->part_grad[2 * u] = m->unit_grad[u];
+      m->part_grad[GPT_MAX_PARTS * u] = m->unit_grad[u];
       continue;
     }
-    // A block: the MLP half is the tail of its buffer (ln2.w onwards), the attention half the
-    // head.
-    float *mlp = m->grad[block_param(u - 1, GPT_LN2_W)].data;
-    int64_t attn_n = (int64_t)(mlp - (float *)first->data), mlp_n = n - attn_n;
-    snprintf(name, sizeof name, "grad.h%d.mlp", u - 1);
-    loom_tensor_wrap(&m->part_grad[2 * u], mlp, LOOM_F32, m->device, 1, &mlp_n, name);
-    snprintf(name, sizeof name, "grad.h%d.attn", u - 1);
-    loom_tensor_wrap(&m->part_grad[2 * u + 1], first->data, LOOM_F32, m->device, 1, &attn_n, name);
+    for (int p = 0; p < gpt_unit_parts(m, u); p++) { // a block: each part's range of tensors
+      const int kind = gpt_part_kind(m, u, p);
+      const loom_tensor_t *lo = &m->grad[block_param(u - 1, part_range[kind][0])];
+      const loom_tensor_t *hi = &m->grad[block_param(u - 1, part_range[kind][1])];
+      int64_t pn = (int64_t)((float *)hi->data - (float *)lo->data) + loom_tensor_numel(hi);
+      snprintf(name, sizeof name, "grad.h%d.%s", u - 1, gpt_part_name(m, u, p));
+      loom_tensor_wrap(&m->part_grad[GPT_MAX_PARTS * u + p], lo->data, LOOM_F32, m->device, 1, &pn,
+                       name);
+    }
   }
   return LOOM_OK;
 }
@@ -512,16 +540,23 @@ static loom_status_t head_backward(gpt_model_t *m, gpt_acts_t *a, loom_sched_t *
   return LOOM_OK;
 }
 
-// The dense MLP's backward: d ln2 (a->dtmp) from d out (a->dres).
+// fc2's gradients from d out (a->dres): the first products of a dense block's backward.
+static loom_status_t block_backward_fc2(gpt_model_t *m, gpt_acts_t *a, int l) {
+  const int64_t n = a->n;
+  loom_tensor_t *g = &m->grad[block_param(l, 0)];
+  loom_tensor_t h = rows(&a->layer[l].h, n, 0), dres = rows(&a->dres, n, 0);
+  TRY(loom_gemm(&g[GPT_FC2_W], &dres, 1, &h, 0, NULL, 1.0f, 1.0f)); // (C, 4C)
+  return loom_bias_backward(&g[GPT_FC2_B], &dres);
+}
+
+// The rest of the dense MLP's backward: fc1's gradients and d ln2 (a->dtmp) from d out (a->dres).
 static loom_status_t mlp_backward(gpt_model_t *m, gpt_acts_t *a, int l, loom_sched_t *s) {
   const int64_t n = a->n;
   const loom_tensor_t *p = &m->param[block_param(l, 0)];
   loom_tensor_t *g = &m->grad[block_param(l, 0)];
   gpt_layer_acts_t *y = &a->layer[l];
-  loom_tensor_t ln2 = rows(&y->ln2, n, 0), fc = rows(&y->fc, n, 0), h = rows(&y->h, n, 0);
+  loom_tensor_t ln2 = rows(&y->ln2, n, 0), fc = rows(&y->fc, n, 0);
   loom_tensor_t dres = rows(&a->dres, n, 0), dtmp = rows(&a->dtmp, n, 0), dfc = rows(&a->dfc, n, 0);
-  TRY(loom_gemm(&g[GPT_FC2_W], &dres, 1, &h, 0, NULL, 1.0f, 1.0f)); // (C, 4C)
-  TRY(loom_bias_backward(&g[GPT_FC2_B], &dres));
   TRY(loom_gemm(&dfc, &dres, 0, &p[GPT_FC2_W], 0, NULL, 1.0f, 0.0f)); // d h (n, 4C)
   poll(s);
   TRY(loom_gelu_backward(&dfc, &fc, &dfc));
@@ -548,7 +583,8 @@ static loom_status_t moe_backward(loom_moe_t *moe, const loom_tensor_t *dy, loom
   return LOOM_OK;
 }
 
-// The MLP half of block l's backward: d xmid from d x[l+1] (a->dres, updated in place).
+// The MLP half of block l's backward after fc2's gradients: d xmid from d x[l+1] (a->dres,
+// updated in place).
 static loom_status_t block_backward_mlp(gpt_model_t *m, gpt_acts_t *a, int l, loom_sched_t *s) {
   const int64_t n = a->n;
   const loom_tensor_t *p = &m->param[block_param(l, 0)];
@@ -573,20 +609,26 @@ static loom_status_t block_backward_mlp(gpt_model_t *m, gpt_acts_t *a, int l, lo
   return LOOM_OK;
 }
 
-// The attention half of block l's backward: d x[l] from d xmid (a->dres, updated in place).
-static loom_status_t block_backward_attn(gpt_model_t *m, gpt_acts_t *a, int l, loom_sched_t *s) {
+// The output projection's gradients from d xmid (a->dres).
+static loom_status_t block_backward_wo(gpt_model_t *m, gpt_acts_t *a, int l) {
+  const int64_t n = a->n;
+  loom_tensor_t *g = &m->grad[block_param(l, 0)];
+  loom_tensor_t att = rows(&a->layer[l].att, n, 0), dres = rows(&a->dres, n, 0);
+  TRY(loom_gemm(&g[GPT_WO], &dres, 1, &att, 0, NULL, 1.0f, 1.0f)); // (C, C)
+  return loom_bias_backward(&g[GPT_BO], &dres);
+}
+
+// d att, attention's backward into d q, d k, d v (a->dq, dk, dv), and the q, k, v projections'
+// gradients; d ln1 is left to block_backward_ln1, so that these travel while it is computed.
+static loom_status_t block_backward_qkv(gpt_model_t *m, gpt_acts_t *a, int l, loom_sched_t *s) {
   const int64_t n = a->n;
   const int H = m->cfg.heads;
   const loom_tensor_t *p = &m->param[block_param(l, 0)];
   loom_tensor_t *g = &m->grad[block_param(l, 0)];
   gpt_layer_acts_t *y = &a->layer[l];
-  loom_tensor_t x = rows(&a->x[l], n, 0), ln1 = rows(&y->ln1, n, 0),
-                mean1 = rows(&y->ln1_mean, n, 0), rstd1 = rows(&y->ln1_rstd, n, 0),
-                att = rows(&y->att, n, 0), lse = lse_view(&y->lse, n);
-  loom_tensor_t dres = rows(&a->dres, n, 0), dtmp = rows(&a->dtmp, n, 0), dy = rows(&a->dy, n, 0),
-                dq = rows(&a->dq, n, 0), dk = rows(&a->dk, n, 0), dv = rows(&a->dv, n, 0);
-  TRY(loom_gemm(&g[GPT_WO], &dres, 1, &att, 0, NULL, 1.0f, 1.0f));
-  TRY(loom_bias_backward(&g[GPT_BO], &dres));
+  loom_tensor_t ln1 = rows(&y->ln1, n, 0), lse = lse_view(&y->lse, n);
+  loom_tensor_t dres = rows(&a->dres, n, 0), dy = rows(&a->dy, n, 0), dq = rows(&a->dq, n, 0),
+                dk = rows(&a->dk, n, 0), dv = rows(&a->dv, n, 0);
   TRY(loom_gemm(&dy, &dres, 0, &p[GPT_WO], 0, NULL, 1.0f, 0.0f)); // d att (n, C)
   loom_tensor_t dq3 = rows(&a->dq, n, H), dk3 = rows(&a->dk, n, H), dv3 = rows(&a->dv, n, H),
                 dy3 = rows(&a->dy, n, H), q3 = rows(&y->q, n, H), k3 = rows(&y->k, n, H),
@@ -604,16 +646,31 @@ static loom_status_t block_backward_attn(gpt_model_t *m, gpt_acts_t *a, int l, l
   poll(s);
   const loom_tensor_t *dqkv[3] = {&dq, &dk, &dv};
   for (int j = 0; j < 3; j++) {
-    int w = GPT_WQ + 2 * j;
-    TRY(loom_gemm(&g[w], dqkv[j], 1, &ln1, 0, NULL, 1.0f, 1.0f));
-    TRY(loom_bias_backward(&g[w + 1], dqkv[j]));
-    TRY(loom_gemm(&dtmp, dqkv[j], 0, &p[w], 0, NULL, 1.0f, j ? 1.0f : 0.0f)); // d ln1
+    TRY(loom_gemm(&g[GPT_WQ + 2 * j], dqkv[j], 1, &ln1, 0, NULL, 1.0f, 1.0f)); // (C, C)
+    TRY(loom_bias_backward(&g[GPT_WQ + 2 * j + 1], dqkv[j]));
+  }
+  return LOOM_OK;
+}
+
+// The attention half's end: d ln1 from d q, d k, d v, ln1's gradients, and d x[l] from d xmid
+// (a->dres, updated in place).
+static loom_status_t block_backward_ln1(gpt_model_t *m, gpt_acts_t *a, int l, loom_sched_t *s) {
+  const int64_t n = a->n;
+  const loom_tensor_t *p = &m->param[block_param(l, 0)];
+  loom_tensor_t *g = &m->grad[block_param(l, 0)];
+  gpt_layer_acts_t *y = &a->layer[l];
+  loom_tensor_t x = rows(&a->x[l], n, 0), mean1 = rows(&y->ln1_mean, n, 0),
+                rstd1 = rows(&y->ln1_rstd, n, 0);
+  loom_tensor_t dres = rows(&a->dres, n, 0), dtmp = rows(&a->dtmp, n, 0), dy = rows(&a->dy, n, 0),
+                dq = rows(&a->dq, n, 0), dk = rows(&a->dk, n, 0), dv = rows(&a->dv, n, 0);
+  const loom_tensor_t *dqkv[3] = {&dq, &dk, &dv};
+  for (int j = 0; j < 3; j++) { // d ln1 (n, C)
+    TRY(loom_gemm(&dtmp, dqkv[j], 0, &p[GPT_WQ + 2 * j], 0, NULL, 1.0f, j ? 1.0f : 0.0f));
   }
   poll(s);
   TRY(loom_layernorm_backward(&dy, &g[GPT_LN1_W], &g[GPT_LN1_B], &dtmp, &x, &p[GPT_LN1_W], &mean1,
                               &rstd1));
-  TRY(loom_axpy(&dres, 1.0f, &dy)); // d x
-  return LOOM_OK;
+  return loom_axpy(&dres, 1.0f, &dy); // d x
 }
 
 static loom_status_t embed_backward(gpt_model_t *m, gpt_acts_t *a) {
@@ -623,22 +680,29 @@ static loom_status_t embed_backward(gpt_model_t *m, gpt_acts_t *a) {
   return LOOM_OK;
 }
 
-int gpt_unit_parts(const gpt_model_t *m, int u) {
-  return u > 0 && u < m->nunits - 1 ? 2 : 1;
-}
-
 loom_status_t gpt_backward_part(gpt_model_t *m, gpt_acts_t *a, int u, int p, loom_sched_t *s) {
   if (u < 0 || u >= m->nunits || p < 0 || p >= gpt_unit_parts(m, u) || a->n < 1) {
     return LOOM_ERR_INVALID_ARG;
   }
-  TRY(loom_tensor_fill(&m->part_grad[2 * u + p], 0.0)); // every gradient below accumulates
+  TRY(loom_tensor_fill(&m->part_grad[GPT_MAX_PARTS * u + p], 0.0)); // the gradients accumulate
   if (u == m->nunits - 1) {
     return head_backward(m, a, s);
   }
   if (u == 0) {
     return embed_backward(m, a);
   }
-  return p == 0 ? block_backward_mlp(m, a, u - 1, s) : block_backward_attn(m, a, u - 1, s);
+  switch (gpt_part_kind(m, u, p)) {
+  case GPT_PART_FC2:
+    return block_backward_fc2(m, a, u - 1);
+  case GPT_PART_MLP:
+    return block_backward_mlp(m, a, u - 1, s);
+  case GPT_PART_WO:
+    return block_backward_wo(m, a, u - 1);
+  case GPT_PART_QKV:
+    return block_backward_qkv(m, a, u - 1, s);
+  default:
+    return block_backward_ln1(m, a, u - 1, s);
+  }
 }
 
 loom_status_t gpt_backward_unit(gpt_model_t *m, gpt_acts_t *a, int u, loom_sched_t *s) {

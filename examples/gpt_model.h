@@ -60,7 +60,7 @@ typedef struct gpt_model {
   loom_tensor_t *param, *grad; // (nparams) views of flat buffers, in unit order
   loom_tensor_t *m, *v;        // (nparams) AdamW moments
   loom_tensor_t *unit_grad;    // (nunits) the gradients of a unit as one 1-d view
-  loom_tensor_t *part_grad;    // (2 nunits) part p of unit u at [2u + p]: see gpt_backward_part
+  loom_tensor_t *part_grad;    // (GPT_MAX_PARTS nunits) part p of unit u at [GPT_MAX_PARTS u + p]
   int *unit_first;             // (nunits + 1) tensor index range of each unit
   float *flat[4];              // param, grad, m, v: total floats each (device memory with cuda)
   loom_tensor_t flat_t[4];     // the owning tensors of flat
@@ -141,12 +141,25 @@ loom_status_t gpt_forward(const gpt_model_t *m, gpt_acts_t *a, const loom_tensor
 // hold this rank's tokens' share, the expert gradients divided by the group size (so that the
 // average over the expert-data-parallel group is the mean over every rank's tokens).
 loom_status_t gpt_backward_unit(gpt_model_t *m, gpt_acts_t *a, int u, loom_sched_t *s);
-// A unit's backward in parts, so that a part's gradients can be averaged while the next part is
-// computed: a block has two, part 0 the MLP half (ln2, fc1, fc2: two thirds of the block's
-// weights, ready first) and part 1 the attention half (ln1, q, k, v, o); the head and the
-// embeddings have one. Run parts 0, 1 in order; together they are gpt_backward_unit. Each
-// overwrites the gradients in m->part_grad[2 u + p] (contiguous in the unit's buffer).
+// A unit's backward in parts, so that a part's gradients can be averaged while the next parts
+// are computed. The head and the embeddings have one part. A block has five, run in this order,
+// each a contiguous range of the block's buffer ready as soon as its products are done:
+//   GPT_PART_FC2  fc2.w, fc2.b  (the first product of the backward; absent in a MoE block)
+//   GPT_PART_MLP  ln2, fc1 (a MoE block: ln2, after loom_moe_backward)
+//   GPT_PART_WO   wo, bo
+//   GPT_PART_QKV  wq, bq, wk, bk, wv, bv (before the products that carry d ln1 back)
+//   GPT_PART_LN1  ln1 (the block's last gradients, with d x)
+// Finer parts shorten the tail of the step: what is left to average once the backward ends is
+// the first block's q, k, v and ln1 and the embeddings, not its whole attention half.
+// Run parts 0, 1, ... in order; together they are gpt_backward_unit. Each overwrites the
+// gradients in m->part_grad[GPT_MAX_PARTS u + p].
+enum gpt_block_part { GPT_PART_FC2, GPT_PART_MLP, GPT_PART_WO, GPT_PART_QKV, GPT_PART_LN1 };
+#define GPT_MAX_PARTS 5
 int gpt_unit_parts(const gpt_model_t *m, int u);
+// What part p of unit u is: a gpt_block_part for a block, -1 for the head and the embeddings.
+int gpt_part_kind(const gpt_model_t *m, int u, int p);
+// "fc2", "mlp", "wo", "qkv" or "ln1" for a block's part, NULL for the head and the embeddings.
+const char *gpt_part_name(const gpt_model_t *m, int u, int p);
 loom_status_t gpt_backward_part(gpt_model_t *m, gpt_acts_t *a, int u, int p, loom_sched_t *s);
 // AdamW on the tensors of unit u (weight decay on the 2-d weights only; in a MoE block on the
 // router, w1 and w2, not on the biases b1 and b2).

@@ -432,12 +432,13 @@ typedef struct step {
   float norm;                   // of the averaged gradient (measured when clip is 0 too)
   loom_adamw_t hp;
   loom_compressor_t *codec;       // --compress SPEC (every part), or NULL
-  loom_compressor_t **part_codec; // (2 nunits) [2u + p]: the compressor of part p of unit u, or
+  loom_compressor_t **part_codec; // (P nunits) [P u + p], P = GPT_MAX_PARTS: the compressor of
+                                  // part p of unit u, or
                                   // NULL for a plain allreduce (--compress auto decides per part)
-  loom_scheme_t *part_scheme;     // (2 nunits)
-  loom_host_stage_t **part_stage; // (2 nunits) on a device: the stage of a part the CPU encodes
+  loom_scheme_t *part_scheme;     // (P nunits)
+  loom_host_stage_t **part_stage; // (P nunits) on a device: the stage of a part the CPU encodes
                                   // (ByteComp's CPU lane), NULL for the GPU's codecs
-  double *ready;                  // (2 nunits) ms after the step start when the allreduce began
+  double *ready;                  // (P nunits) ms after the step start when the allreduce began
   double t_step;                  // MPI_Wtime at the step start
   loom_ef_t *ef;                  // error feedback, keyed by gradient name
   int die;                        // --die-at: this step ends the process (SIGKILL) mid-step
@@ -688,7 +689,7 @@ static loom_status_t task_backward(void *arg) {
 static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   const unit_arg_t *ua = arg;
   step_t *st = ua->st;
-  const int i = 2 * ua->u + ua->p;
+  const int i = GPT_MAX_PARTS * ua->u + ua->p;
   loom_tensor_t *g = &st->m->part_grad[i];
   if (st->ready) { // the profile of --compress auto: when this gradient was ready
     st->ready[i] = 1e3 * (MPI_Wtime() - st->t_step);
@@ -830,8 +831,8 @@ static void add_task(loom_sched_t *s, const char *name, loom_lane_t lane, int pr
   EX_CHECK(loom_sched_add(s, &d, id));
 }
 
-// "what.embed", "what.head", "what.h3" for a unit; with part >= 0 and a block, "what.h3.mlp" or
-// "what.h3.attn".
+// "what.embed", "what.head", "what.h3" for a unit; with part >= 0 and a block, "what.h3.fc2",
+// "what.h3.mlp" and so on (gpt_part_name).
 static void unit_name(const gpt_model_t *m, const char *what, int u, int part, char *out,
                       size_t cap) {
   if (u == 0) {
@@ -841,28 +842,28 @@ static void unit_name(const gpt_model_t *m, const char *what, int u, int part, c
   } else if (part < 0) {
     snprintf(out, cap, "%s.h%d", what, u - 1);
   } else {
-    snprintf(out, cap, "%s.h%d.%s", what, u - 1, part == 0 ? "mlp" : "attn");
+    snprintf(out, cap, "%s.h%d.%s", what, u - 1, gpt_part_name(m, u, part));
   }
 }
 
-// The step: forward; backward of the head, the blocks last to first (each in two parts, the MLP
-// half and then the attention half), then the embeddings; each part's gradient allreduce as soon
-// as its backward is done (sync overlap), so that the last block's MLP gradients travel while
-// its attention backward runs; the gradient norm (and clip) over every averaged gradient; each
-// unit's AdamW after its parts' allreduces (and after the clip when clipping). Backward outranks
-// the updates, so the compute lane finishes the backward while the allreduces fly. A MoE block's
-// MLP half (loom_moe_backward, collective over the expert-parallel group: the compute lane runs
-// in the same order on every rank) is followed by one allreduce per MoE gradient: the router
-// over the data-parallel group, w1, b1, w2, b2 over the expert-data-parallel group; the block's
-// AdamW waits for them too. --sync none leaves the allreduces out; --sync comm-only keeps only
-// them.
+// The step: forward; backward of the head, the blocks last to first (each in five parts: fc2, the
+// rest of the MLP half, wo, q/k/v, ln1; gpt_backward_part), then the embeddings; each part's
+// gradient allreduce as soon as its backward is done (sync overlap), so that a block's gradients
+// travel while the rest of its backward runs and little is left to send when the backward ends; the
+// gradient norm (and clip) over every averaged gradient; each unit's AdamW after its parts'
+// allreduces (and after the clip when clipping). Backward outranks the updates, so the compute lane
+// finishes the backward while the allreduces fly. A MoE block's MLP half (loom_moe_backward,
+// collective over the expert-parallel group: the compute lane runs in the same order on every rank)
+// is followed by one allreduce per MoE gradient: the router over the data-parallel group, w1, b1,
+// w2, b2 over the expert-data-parallel group; the block's AdamW waits for them too. --sync none
+// leaves the allreduces out; --sync comm-only keeps only them.
 static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua, moe_arg_t *ma) {
   enum { PRIO_FORWARD = 30, PRIO_BACKWARD = 20, PRIO_CLIP = 10, PRIO_UPDATE = 0 };
   const gpt_model_t *m = st->m;
   const int U = m->nunits;
   const sync_mode_t mode = st->o->sync;
   int fwd = -1, loss, prev = -1, clip = -1, id;
-  int *ar = malloc(2 * (size_t)U * sizeof *ar); // [2u + p]: part p's allreduce, or -1
+  int *ar = malloc(GPT_MAX_PARTS * (size_t)U * sizeof *ar); // [P u + p]: part p's allreduce, or -1
   // [l * LOOM_MOE_PARAM_COUNT + p]: the allreduce of MoE gradient p of block l, or -1
   int *mar = malloc((size_t)m->cfg.layers * LOOM_MOE_PARAM_COUNT * sizeof *mar);
   if (!ar || !mar) {
@@ -881,12 +882,12 @@ static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua, moe_arg_t *m
     prev = fwd;
   }
   for (int u = U - 1; u >= 0; u--) {
-    for (int p = 0; p < 2; p++) {
-      ua[2 * u + p] = (unit_arg_t){.st = st, .u = u, .p = p};
-      ar[2 * u + p] = -1;
+    for (int p = 0; p < GPT_MAX_PARTS; p++) {
+      ua[GPT_MAX_PARTS * u + p] = (unit_arg_t){.st = st, .u = u, .p = p};
+      ar[GPT_MAX_PARTS * u + p] = -1;
     }
     for (int p = 0; p < gpt_unit_parts(m, u); p++) {
-      unit_arg_t *arg = &ua[2 * u + p];
+      unit_arg_t *arg = &ua[GPT_MAX_PARTS * u + p];
       int part = gpt_unit_parts(m, u) > 1 ? p : -1, bwd = -1;
       if (mode != SYNC_COMM_ONLY) {
         unit_name(m, "backward", u, part, name, sizeof name);
@@ -897,13 +898,14 @@ static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua, moe_arg_t *m
       if (mode != SYNC_NONE) {
         unit_name(m, "allreduce", u, part, name, sizeof name);
         add_task(s, name, LOOM_LANE_COMM, 0, NULL, task_grad_allreduce, arg,
-                 loom_tensor_bytes(&m->part_grad[2 * u + p]), &ar[2 * u + p]);
+                 loom_tensor_bytes(&m->part_grad[GPT_MAX_PARTS * u + p]),
+                 &ar[GPT_MAX_PARTS * u + p]);
         if (bwd >= 0) {
-          EX_CHECK(loom_sched_depend(s, ar[2 * u + p], bwd));
+          EX_CHECK(loom_sched_depend(s, ar[GPT_MAX_PARTS * u + p], bwd));
         }
       }
       const int l = u - 1; // the block, when u is one
-      for (int q = 0; p == 0 && u > 0 && u < U - 1 && m->moe[l] && mode != SYNC_NONE &&
+      for (int q = 0; gpt_part_kind(m, u, p) == GPT_PART_MLP && m->moe[l] && mode != SYNC_NONE &&
                       q < LOOM_MOE_PARAM_COUNT;
            q++) {
         static const char *const moe_names[] = {"router", "w1", "b1", "w2", "b2"};
@@ -924,7 +926,7 @@ static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua, moe_arg_t *m
     if (mode == SYNC_NONE) {
       EX_CHECK(loom_sched_depend(s, clip, prev));
     }
-    for (int i = 0; i < 2 * U && mode != SYNC_NONE; i++) {
+    for (int i = 0; i < GPT_MAX_PARTS * U && mode != SYNC_NONE; i++) {
       if (ar[i] >= 0) {
         EX_CHECK(loom_sched_depend(s, clip, ar[i]));
       }
@@ -936,12 +938,13 @@ static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua, moe_arg_t *m
     }
     for (int u = U - 1; u >= 0; u--) {
       unit_name(m, "adamw", u, -1, name, sizeof name);
-      add_task(s, name, LOOM_LANE_COMPUTE, PRIO_UPDATE, task_update, NULL, &ua[2 * u], 0, &id);
+      add_task(s, name, LOOM_LANE_COMPUTE, PRIO_UPDATE, task_update, NULL, &ua[GPT_MAX_PARTS * u],
+               0, &id);
       if (mode == SYNC_NONE) {
         EX_CHECK(loom_sched_depend(s, id, prev));
       }
       for (int p = 0; p < gpt_unit_parts(m, u) && mode != SYNC_NONE; p++) {
-        EX_CHECK(loom_sched_depend(s, id, ar[2 * u + p]));
+        EX_CHECK(loom_sched_depend(s, id, ar[GPT_MAX_PARTS * u + p]));
       }
       for (int q = 0; q < LOOM_MOE_PARAM_COUNT && u > 0 && u < U - 1; q++) {
         if (mar[(u - 1) * LOOM_MOE_PARAM_COUNT + q] >= 0) {
@@ -1400,7 +1403,7 @@ int main(int argc, char **argv) {
                .attn_ratio = {-1.0, -1.0}};
   int64_t two = 2;
   EX_CHECK(loom_tensor_wrap(&st.loss_t, st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &two, "loss"));
-  unit_arg_t *ua = calloc(2 * (size_t)m.nunits, sizeof *ua); // [2u + p]
+  unit_arg_t *ua = calloc(GPT_MAX_PARTS * (size_t)m.nunits, sizeof *ua); // [P u + p]
   moe_arg_t *ma = calloc((size_t)o.cfg.layers * LOOM_MOE_PARAM_COUNT, sizeof *ma);
   loom_tensor_t **reduce = calloc((size_t)m.nunits + 1, sizeof *reduce);
   int64_t *moe_count = calloc((size_t)E + 1, sizeof *moe_count); // sent per expert, dropped
@@ -1423,20 +1426,21 @@ int main(int argc, char **argv) {
                                       o.sync == SYNC_OVERLAP || o.sync == SYNC_COMM_ONLY, rank);
   const int use_auto = spec && !strcmp(spec, "auto");
   ex_auto_t plan_auto;
-  int nslots = 0, *slot = calloc(2 * (size_t)m.nunits, sizeof(int)); // the parts that exist
-  const loom_tensor_t **slot_t = calloc(2 * (size_t)m.nunits, sizeof *slot_t);
-  double *slot_ready = calloc(2 * (size_t)m.nunits, sizeof(double));
-  st.part_codec = calloc(2 * (size_t)m.nunits, sizeof *st.part_codec);
-  st.part_scheme = calloc(2 * (size_t)m.nunits, sizeof *st.part_scheme);
-  st.part_stage = calloc(2 * (size_t)m.nunits, sizeof *st.part_stage);
+  const size_t nparts = GPT_MAX_PARTS * (size_t)m.nunits;
+  int nslots = 0, *slot = calloc(nparts, sizeof(int)); // the parts that exist
+  const loom_tensor_t **slot_t = calloc(nparts, sizeof *slot_t);
+  double *slot_ready = calloc(nparts, sizeof(double));
+  st.part_codec = calloc(nparts, sizeof *st.part_codec);
+  st.part_scheme = calloc(nparts, sizeof *st.part_scheme);
+  st.part_stage = calloc(nparts, sizeof *st.part_stage);
   if (!slot || !slot_t || !slot_ready || !st.part_codec || !st.part_scheme || !st.part_stage) {
     fprintf(stderr, "train_gpt: out of memory\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   for (int u = 0; u < m.nunits; u++) {
     for (int p = 0; p < gpt_unit_parts(&m, u); p++) {
-      slot[nslots] = 2 * u + p;
-      slot_t[nslots++] = &m.part_grad[2 * u + p];
+      slot[nslots] = GPT_MAX_PARTS * u + p;
+      slot_t[nslots++] = &m.part_grad[GPT_MAX_PARTS * u + p];
     }
   }
   if (spec && strcmp(spec, "none") != 0 && o.sync != SYNC_OVERLAP && o.sync != SYNC_COMM_ONLY) {
@@ -1446,7 +1450,7 @@ int main(int argc, char **argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   if (use_auto || o.profile) { // when each gradient is ready: auto's profile, --profile
-    st.ready = calloc(2 * (size_t)m.nunits, sizeof(double));
+    st.ready = calloc(nparts, sizeof(double));
     if (!st.ready) {
       fprintf(stderr, "train_gpt: out of memory\n");
       MPI_Abort(MPI_COMM_WORLD, 1);
@@ -1462,7 +1466,7 @@ int main(int argc, char **argv) {
   } else if (spec && strcmp(spec, "none") != 0) {
     EX_CHECK(loom_compressor_create(spec, &st.codec));
     EX_CHECK(loom_ef_create(&st.ef));
-    for (int i = 0; i < 2 * m.nunits; i++) {
+    for (size_t i = 0; i < nparts; i++) {
       st.part_codec[i] = st.codec;
       st.part_scheme[i] = o.scheme;
     }
@@ -1890,7 +1894,7 @@ int main(int argc, char **argv) {
   free(st.ready);
   free(st.part_codec);
   free(st.part_scheme);
-  for (int i = 0; i < 2 * m.nunits; i++) { // (the scheduler is gone: no copy in flight)
+  for (size_t i = 0; i < nparts; i++) { // (the scheduler is gone: no copy in flight)
     loom_host_stage_destroy(st.part_stage[i]);
   }
   free(st.part_stage);

@@ -262,6 +262,34 @@ static void test_gradients(void) {
   gpt_corpus_free(&c);
 }
 
+// The parts of every unit tile its gradient buffer: each part's range ends where the next one
+// to run begins (the backward runs from the end of a block's buffer to its start), and their
+// names say what they hold.
+static void check_parts(const gpt_model_t *m) {
+  for (int u = 0; u < m->nunits; u++) {
+    const float *lo = m->unit_grad[u].data, *end = lo + loom_tensor_numel(&m->unit_grad[u]);
+    const int P = gpt_unit_parts(m, u);
+    CHECK(P == 1 || P == GPT_MAX_PARTS ||
+              (P == GPT_MAX_PARTS - 1 && gpt_block_is_moe(&m->cfg, u - 1)),
+          "unit %d: %d parts", u, P);
+    for (int p = 0; p < P; p++) {
+      const loom_tensor_t *g = &m->part_grad[GPT_MAX_PARTS * u + p];
+      const float *at = g->data;
+      CHECK(at + loom_tensor_numel(g) == end,
+            "unit %d part %d (%s) does not end where part %d begins", u, p, g->name, p - 1);
+      end = at;
+      if (P > 1) {
+        char want[64];
+        snprintf(want, sizeof want, "grad.h%d.%s", u - 1, gpt_part_name(m, u, p));
+        CHECK(!strcmp(g->name, want), "unit %d part %d named %s, not %s", u, p, g->name, want);
+      }
+    }
+    CHECK(end == lo, "unit %d: its parts leave %lld floats uncovered", u, (long long)(end - lo));
+    CHECK(gpt_part_kind(m, u, P) == -1 && gpt_part_name(m, u, -1) == NULL,
+          "unit %d: parts past the end", u);
+  }
+}
+
 // The MoE layout without MPI: which blocks are MoE, their dense MLP tensors hold nothing, the
 // counts shrink by that MLP, and a forward without the layer attached is refused.
 static void test_moe_layout(void) {
@@ -289,8 +317,13 @@ static void test_moe_layout(void) {
   const int fc1 = 2 + 1 * GPT_BLOCK_PARAMS + GPT_FC1_W;
   CHECK(loom_tensor_numel(&m.param[fc1]) == 0 && loom_tensor_numel(&m.param[fc1 + 3]) == 0,
         "h1 fc tensors are empty");
-  CHECK(m.part_grad[2 * 2].shape[0] == 2 * C, "h1 MLP part holds ln2 only: %lld",
-        (long long)m.part_grad[2 * 2].shape[0]);
+  CHECK(gpt_unit_parts(&m, 2) == GPT_MAX_PARTS - 1 && gpt_part_kind(&m, 2, 0) == GPT_PART_MLP,
+        "h1 (MoE) has no fc2 part: %d parts, the first a kind %d", gpt_unit_parts(&m, 2),
+        gpt_part_kind(&m, 2, 0));
+  CHECK(m.part_grad[GPT_MAX_PARTS * 2].shape[0] == 2 * C, "h1 MLP part holds ln2 only: %lld",
+        (long long)m.part_grad[GPT_MAX_PARTS * 2].shape[0]);
+  check_parts(&m);
+  check_parts(&d);
   CHECK(m.moe && m.moe[1] == NULL, "no layer attached yet");
   CHECK(gpt_model_set_moe(&m, 0, NULL) == LOOM_ERR_INVALID_ARG, "h0 is dense");
   CHECK(gpt_acts_alloc(&a, &cfg, cfg.ctx) == LOOM_OK, "acts");
