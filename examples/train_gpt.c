@@ -177,7 +177,8 @@ static void usage(FILE *out) {
       "FLOP/s per rank / the sgemm rate of one rank measured at start (same BLAS threads), with\n"
       "6 FLOPs per token per matmul parameter (12 L C^2 + 256 C; a MoE block counts its\n"
       "router and K experts, 4 C^2 + C E + 2 K C F, instead of the dense MLP's 8 C^2); mfu_attn\n"
-      "adds the causal attention pairs actually computed.\n",
+      "adds the causal attention pairs actually computed. The rate is measured again at the\n"
+      "end (printed, and sgemm_end_gflops in the JSON) to show how far the host drifted.\n",
       GPT_DEFAULT_DATA);
 }
 
@@ -1776,6 +1777,8 @@ int main(int argc, char **argv) {
     }
   }
   servers_release(); // the dedicated servers' loop ends with the training
+  // The rate again: on a shared host it drifts, and MFU (against the start's rate) with it.
+  const double sgemm_end = o.sync == SYNC_COMM_ONLY ? sgemm : measure_sgemm(dp, m.device);
   const double run_steps = o.steps > start ? (double)(o.steps - start) : 1.0; // this process's
   double tokens_per_s = run_steps * tokens_per_step / (train_time > 0 ? train_time : 1e-9);
   double mfu = tokens_per_s / np * flops_per_token / sgemm;
@@ -1804,6 +1807,11 @@ int main(int argc, char **argv) {
     printf("done: %ld steps in %.1f s of training: %.0f tokens/s, %.1f ms/step, mfu %.3f "
            "(with attention %.3f), val_loss %.4f\n",
            o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps, mfu, mfu_attn, val_loss);
+  }
+  if (rank == 0 && o.sync != SYNC_COMM_ONLY) {
+    printf("sgemm at the end: %.1f GFLOP/s per rank (%+.1f%% against the start; MFU uses the "
+           "start's rate)\n",
+           sgemm_end / 1e9, 100.0 * (sgemm_end - sgemm) / sgemm);
   }
   if (rank == 0 && (st.codec || use_auto)) {
     printf("compression: %s (%s): %.0f bytes sent per rank per step by the compressed "
@@ -1851,7 +1859,8 @@ int main(int argc, char **argv) {
         "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
         "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %.6f, \"val_loss\": "
         "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
-        "\"sgemm_gflops\": %.2f, \"blas_threads\": %d, \"train_time_s\": %.3f, "
+        "\"sgemm_gflops\": %.2f, \"sgemm_end_gflops\": %.2f, \"blas_threads\": %d, "
+        "\"train_time_s\": %.3f, "
         "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
         "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s, "
         "\"moe_experts\": %d, \"moe_every\": %d, \"moe_topk\": %d, \"moe_ffn\": %d, "
@@ -1863,8 +1872,8 @@ int main(int argc, char **argv) {
         o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
         (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
         1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
-        corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, loom_blas_threads(ctx), train_time,
-        MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
+        corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, sgemm_end / 1e9, loom_blas_threads(ctx),
+        train_time, MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
         st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
         sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0, nmoe ? o.cfg.moe_every : 0,
         nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0, (long long)moe_params, nmoe ? last_aux : 0.0,
