@@ -583,18 +583,28 @@ static loom_status_t moe_backward(loom_moe_t *moe, const loom_tensor_t *dy, loom
   return LOOM_OK;
 }
 
+// The end of either half of block l's backward: d ln (a->dtmp) back through the layer norm of
+// in (its gradients into gw, gb), added to d out (a->dres, updated in place) for the residual.
+static loom_status_t ln_backward_residual(gpt_acts_t *a, const loom_tensor_t *in_buf,
+                                          const loom_tensor_t *mean_buf,
+                                          const loom_tensor_t *rstd_buf, const loom_tensor_t *w,
+                                          loom_tensor_t *gw, loom_tensor_t *gb) {
+  const int64_t n = a->n;
+  loom_tensor_t in = rows(in_buf, n, 0), mean = rows(mean_buf, n, 0), rstd = rows(rstd_buf, n, 0);
+  loom_tensor_t dres = rows(&a->dres, n, 0), dtmp = rows(&a->dtmp, n, 0), dy = rows(&a->dy, n, 0);
+  TRY(loom_layernorm_backward(&dy, gw, gb, &dtmp, &in, w, &mean, &rstd));
+  return loom_axpy(&dres, 1.0f, &dy);
+}
+
 // The MLP half of block l's backward after fc2's gradients: d xmid from d x[l+1] (a->dres,
 // updated in place).
 static loom_status_t block_backward_mlp(gpt_model_t *m, gpt_acts_t *a, int l, loom_sched_t *s) {
-  const int64_t n = a->n;
   const loom_tensor_t *p = &m->param[block_param(l, 0)];
   loom_tensor_t *g = &m->grad[block_param(l, 0)];
   gpt_layer_acts_t *y = &a->layer[l];
-  loom_tensor_t xmid = rows(&y->xmid, n, 0), mean2 = rows(&y->ln2_mean, n, 0),
-                rstd2 = rows(&y->ln2_rstd, n, 0);
-  loom_tensor_t dres = rows(&a->dres, n, 0), dtmp = rows(&a->dtmp, n, 0), dy = rows(&a->dy, n, 0);
   // dres is d out = d xmid (residual) + the MLP branch's contribution
   if (m->moe[l]) {
+    loom_tensor_t dres = rows(&a->dres, a->n, 0), dtmp = rows(&a->dtmp, a->n, 0);
     TRY(moe_backward(m->moe[l], &dres, &dtmp)); // d ln2
     loom_moe_stats_t ms;
     loom_moe_stats(m->moe[l], &ms);
@@ -603,10 +613,8 @@ static loom_status_t block_backward_mlp(gpt_model_t *m, gpt_acts_t *a, int l, lo
     TRY(mlp_backward(m, a, l, s)); // d ln2 in dtmp
   }
   poll(s);
-  TRY(loom_layernorm_backward(&dy, &g[GPT_LN2_W], &g[GPT_LN2_B], &dtmp, &xmid, &p[GPT_LN2_W],
-                              &mean2, &rstd2));
-  TRY(loom_axpy(&dres, 1.0f, &dy)); // d xmid
-  return LOOM_OK;
+  return ln_backward_residual(a, &y->xmid, &y->ln2_mean, &y->ln2_rstd, &p[GPT_LN2_W], &g[GPT_LN2_W],
+                              &g[GPT_LN2_B]); // d xmid
 }
 
 // The output projection's gradients from d xmid (a->dres).
@@ -659,18 +667,15 @@ static loom_status_t block_backward_ln1(gpt_model_t *m, gpt_acts_t *a, int l, lo
   const loom_tensor_t *p = &m->param[block_param(l, 0)];
   loom_tensor_t *g = &m->grad[block_param(l, 0)];
   gpt_layer_acts_t *y = &a->layer[l];
-  loom_tensor_t x = rows(&a->x[l], n, 0), mean1 = rows(&y->ln1_mean, n, 0),
-                rstd1 = rows(&y->ln1_rstd, n, 0);
-  loom_tensor_t dres = rows(&a->dres, n, 0), dtmp = rows(&a->dtmp, n, 0), dy = rows(&a->dy, n, 0),
-                dq = rows(&a->dq, n, 0), dk = rows(&a->dk, n, 0), dv = rows(&a->dv, n, 0);
+  loom_tensor_t dtmp = rows(&a->dtmp, n, 0), dq = rows(&a->dq, n, 0), dk = rows(&a->dk, n, 0),
+                dv = rows(&a->dv, n, 0);
   const loom_tensor_t *dqkv[3] = {&dq, &dk, &dv};
   for (int j = 0; j < 3; j++) { // d ln1 (n, C)
     TRY(loom_gemm(&dtmp, dqkv[j], 0, &p[GPT_WQ + 2 * j], 0, NULL, 1.0f, j ? 1.0f : 0.0f));
   }
   poll(s);
-  TRY(loom_layernorm_backward(&dy, &g[GPT_LN1_W], &g[GPT_LN1_B], &dtmp, &x, &p[GPT_LN1_W], &mean1,
-                              &rstd1));
-  return loom_axpy(&dres, 1.0f, &dy); // d x
+  return ln_backward_residual(a, &a->x[l], &y->ln1_mean, &y->ln1_rstd, &p[GPT_LN1_W], &g[GPT_LN1_W],
+                              &g[GPT_LN1_B]); // d x
 }
 
 static loom_status_t embed_backward(gpt_model_t *m, gpt_acts_t *a) {

@@ -1035,7 +1035,9 @@ static float validate(const opts_t *o, const gpt_model_t *m, gpt_acts_t *a, gpt_
   return f[1] > 0 ? f[0] / f[1] : NAN;
 }
 
-// sgemm rate of this rank (1024^3, best of 3 after a warm-up) in FLOP/s, averaged over ranks.
+// sgemm rate of this rank (1024^3, best of 10 after a warm-up: a host shared with other work
+// gave best-of-3 rates 7-9% apart at the start and the end of one run) in FLOP/s, averaged over
+// ranks.
 // The f32 GEMM rate of one rank on device (host: one core's sgemm, n = 1024; CUDA: cuBLAS
 // sgemm without TF32, n = 4096), averaged over dp: the denominator of MFU.
 static double measure_sgemm(const loom_group_t *dp, int device) {
@@ -1047,7 +1049,7 @@ static double measure_sgemm(const loom_group_t *dp, int device) {
   EX_CHECK(loom_tensor_fill(&a, 0.5));
   EX_CHECK(loom_tensor_fill(&b, 0.25));
   double best = 1e30, sync = 0.0;
-  for (int rep = 0; rep < 4; rep++) {
+  for (int rep = 0; rep < 11; rep++) {
     double t0 = MPI_Wtime();
     EX_CHECK(loom_gemm(&c, &a, 0, &b, 0, NULL, 1.0f, 0.0f));
     if (device != LOOM_DEVICE_HOST) { // the GEMM is queued: a norm waits for it
