@@ -9,6 +9,7 @@
 #include "args.h"
 #include "comm_internal.h"
 #include "compress_internal.h"
+#include "ctx.h"
 #include "error.h"
 #include "log.h"
 #include "memory.h"
@@ -331,9 +332,42 @@ static loom_status_t poll_hook(loom_request_t *r, int block, int *done) {
 
 // ---- the allreduce ------------------------------------------------------------------------------
 
+// Before a scheme that runs to completion in the call (hierarchical, powersgd): every rank of g
+// learns whether every copy to the host landed (an allreduce of one int, under the watchdog), so
+// that a failed copy ends the call on every rank at once, before any exchange, with no tensor or
+// residual changed. copied is this rank's copy status: returned as it is when it failed; a peer's
+// failure is LOOM_ERR_CORRUPT naming the highest failing rank. The cost: one small allreduce a
+// call.
+static loom_status_t agree_copied(const char *name, const loom_group_t *g, struct loom_watch *w,
+                                  const loom_tensor_t *t, loom_status_t copied) {
+  int failed = copied == LOOM_OK ? 0 : g->rank + 1;
+  MPI_Request rq = MPI_REQUEST_NULL;
+  int rc = MPI_Iallreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, g->comm, &rq);
+  if (rc == MPI_SUCCESS) {
+    rc = loom_watch_waitall(w, 1, &rq);
+  }
+  if (copied != LOOM_OK) {
+    return copied; // copy_in or landed set the message
+  }
+  if (rc != MPI_SUCCESS) {
+    return loom_error(NULL, LOOM_ERR_MPI,
+                      "%s: the check that every rank's copy of '%s' reached the host failed "
+                      "(MPI error %d)",
+                      name, t->name, rc);
+  }
+  if (failed > 0) {
+    return loom_error(NULL, LOOM_ERR_CORRUPT,
+                      "%s: a peer could not encode its part of '%s': the copy to the host of "
+                      "world rank %d failed (its own error message says why); no rank's tensor "
+                      "or residual changed",
+                      name, t->name, g->world_ranks[failed - 1]);
+  }
+  return LOOM_OK;
+}
+
 // The call: checks, entry, the copy in, and the host scheme (begun, or for hierarchical and
-// powersgd run to completion); *req completes with the copy back. *sent grows by the bytes this
-// rank sends.
+// powersgd run to completion after agree_copied); *req completes with the copy back. *sent grows by
+// the bytes this rank sends.
 static loom_status_t start(const char *name, const loom_group_t *g, const loom_compressor_t *c,
                            loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
                            loom_host_stage_t *s, loom_redop_t op, uint64_t seed, size_t *sent,
@@ -392,10 +426,13 @@ static loom_status_t start(const char *name, const loom_group_t *g, const loom_c
       loom_compress_flat_poison(r, copied);
     }
     loom_request_started(r); // listed: any thread's progress begins it once the copy landed
-  } else { // runs to completion here, on the landed copy (a failed copy: peers wait, see .h)
-    LOOM_CHECK(copy_in(s, t));
+  } else { // runs to completion here, on the landed copy, once every rank's copy landed
+    loom_status_t copied = copy_in(s, t);
     int ok = 0;
-    LOOM_CHECK(landed(s, 1, 0, &ok));
+    if (copied == LOOM_OK) {
+      copied = landed(s, 1, 0, &ok);
+    }
+    LOOM_CHECK(agree_copied(name, g, &w, t, copied));
     LOOM_CHECK(loom_compress_host_run(g, c, scheme, ef, res, &h, op, seed, sent, &w));
   }
   *req = r;

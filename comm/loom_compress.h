@@ -196,8 +196,9 @@ LOOM_API void loom_host_stage_destroy(loom_host_stage_t *s);
 // with blocks marked failed: the wait returns the copy's error on this rank and LOOM_ERR_CORRUPT
 // ("a peer could not encode its part") on its peers; no rank's t changes, nor this rank's
 // residual (the peers' residuals move, as in any flat allreduce a peer's error ends). Under
-// the hierarchical scheme and powersgd a failed copy ends this rank's part of the call: its peers
-// wait in the exchange until LOOM_TIMEOUT's watchdog ends the job, naming this rank.
+// the hierarchical scheme and powersgd the ranks first agree (one small allreduce) that every
+// copy landed: a failed copy ends the call on every rank before any exchange, with the copy's
+// error on this rank and LOOM_ERR_CORRUPT on its peers, and no rank's t or residual changes.
 LOOM_API loom_status_t loom_icompressed_allreduce_staged(const loom_group_t *g,
                                                          const loom_compressor_t *c,
                                                          loom_scheme_t scheme, loom_ef_t *ef,

@@ -24,9 +24,10 @@
 //   stages for a device this process cannot use (LOOM_ERR_UNSUPPORTED in a build without CUDA), a
 //   negative size, a NULL out;
 // - a copy to the host that fails on the last rank (the test hook), blocking and non-blocking,
-//   divisible and indivisible, with error feedback: that rank gets the copy's error, every other
-//   rank LOOM_ERR_CORRUPT (nobody waits), no tensor changes nor the failing rank's residual, and
-//   the next call on the same stage gives the host path's bits.
+//   divisible and indivisible, and under hierarchical and powersgd, with error feedback: that
+//   rank gets the copy's error, every other rank LOOM_ERR_CORRUPT (nobody waits), no tensor
+//   changes nor the failing rank's residual (under hierarchical and powersgd no rank's), and the
+//   next call on the same stage gives the host path's bits.
 
 static int world_rank, world_size;
 
@@ -261,19 +262,27 @@ static void check_errors(const loom_group_t *g, loom_host_stage_t *stage) {
 }
 
 // The last rank's copy to the host fails (the stage's test hook): every rank still completes.
+// Variants 0-3: int8, (indivisible, divisible) x (blocking, not); 4, 5: int8 hierarchical and
+// powersgd:2 (they run in the call, after the ranks agree that every copy landed), blocking.
 static void check_copy_failure(const loom_group_t *g, loom_host_stage_t *stage) {
-  loom_compressor_t *c = NULL;
-  OK(loom_compressor_create("int8", &c));
+  loom_compressor_t *int8 = NULL, *psgd = NULL;
+  OK(loom_compressor_create("int8", &int8));
+  OK(loom_compressor_create("powersgd:2", &psgd));
   const int64_t n = 1000;
   const int failing = world_size - 1;
-  for (int variant = 0; variant < 4; variant++) { // (indivisible, divisible) x (blocking, not)
-    const loom_scheme_t scheme = variant & 1 ? LOOM_SCHEME_DIVISIBLE : LOOM_SCHEME_INDIVISIBLE;
-    const int nonblocking = variant >> 1;
+  for (int variant = 0; variant < 6; variant++) {
+    static const loom_scheme_t schemes[6] = {LOOM_SCHEME_INDIVISIBLE,  LOOM_SCHEME_DIVISIBLE,
+                                             LOOM_SCHEME_INDIVISIBLE,  LOOM_SCHEME_DIVISIBLE,
+                                             LOOM_SCHEME_HIERARCHICAL, LOOM_SCHEME_DIVISIBLE};
+    const loom_scheme_t scheme = schemes[variant];
+    const loom_compressor_t *c = variant == 5 ? psgd : int8;
+    const int nonblocking = variant == 2 || variant == 3, in_call = variant >= 4;
+    const int64_t rows = variant == 5 ? 25 : 0, cols = variant == 5 ? 40 : n; // powersgd: a matrix
     loom_ef_t *ef = NULL, *ref_ef = NULL;
     OK(loom_ef_create(&ef));
     OK(loom_ef_create(&ref_ef));
-    loom_tensor_t t = make(0, n, "grad.fail"), ref = make(0, n, "grad.fail"),
-                  keep = make(0, n, "k");
+    loom_tensor_t t = make(rows, cols, "grad.fail"), ref = make(rows, cols, "grad.fail"),
+                  keep = make(rows, cols, "k");
     // A first call gives both tables a residual, so that "untouched" means something.
     input(t.data, n, 0, variant);
     memcpy(ref.data, t.data, (size_t)n * sizeof(float));
@@ -304,15 +313,23 @@ static void check_copy_failure(const loom_group_t *g, loom_host_stage_t *stage) 
             "variant %d: rank %d got %s: %s (want CORRUPT: a peer could not encode)", variant,
             world_rank, loom_strerror(st), loom_last_error(NULL));
     }
+    CHECK(!in_call || world_rank == failing || strstr(loom_last_error(NULL), "world rank"),
+          "variant %d: the message should name the failing rank: %s", variant,
+          loom_last_error(NULL));
     CHECK(same_bits(t.data, keep.data, n), "variant %d: a failed call changed the tensor", variant);
-    // The failing rank encoded nothing; its peers encoded (their residuals moved, as in any flat
-    // allreduce that a peer's error ends) before the failed blocks arrived.
-    CHECK(world_rank != failing || same_state(ef, ref_ef, "grad.fail"),
-          "variant %d: the failed copy changed the residual", variant);
-    // The same stage and group go on: the next call (without error feedback) equals the host path.
+    // The failing rank encoded nothing; under a flat scheme its peers encoded (their residuals
+    // moved, as in any flat allreduce that a peer's error ends) before the failed blocks arrived;
+    // hierarchical and powersgd stop on every rank before anything is encoded.
+    CHECK((world_rank != failing && !in_call) || same_state(ef, ref_ef, "grad.fail"),
+          "variant %d: the failed copy changed rank %d's residual", variant, world_rank);
+    // The same stage and group go on: the next call (fresh error feedback on both sides, as
+    // powersgd needs one) equals the host path.
+    loom_ef_t *ef2 = NULL, *ref_ef2 = NULL;
+    OK(loom_ef_create(&ef2));
+    OK(loom_ef_create(&ref_ef2));
     memcpy(ref.data, t.data, (size_t)n * sizeof(float));
-    OK(loom_compressed_allreduce_staged(g, c, scheme, NULL, &t, stage, LOOM_SUM, 5, NULL));
-    OK(loom_compressed_allreduce(g, c, scheme, NULL, &ref, LOOM_SUM, 5, NULL));
+    OK(loom_compressed_allreduce_staged(g, c, scheme, ef2, &t, stage, LOOM_SUM, 5, NULL));
+    OK(loom_compressed_allreduce(g, c, scheme, ref_ef2, &ref, LOOM_SUM, 5, NULL));
     CHECK(same_bits(t.data, ref.data, n),
           "variant %d: the call after the failure differs from the host path", variant);
     loom_tensor_free(&t);
@@ -320,8 +337,11 @@ static void check_copy_failure(const loom_group_t *g, loom_host_stage_t *stage) 
     loom_tensor_free(&keep);
     loom_ef_destroy(ef);
     loom_ef_destroy(ref_ef);
+    loom_ef_destroy(ef2);
+    loom_ef_destroy(ref_ef2);
   }
-  loom_compressor_destroy(c);
+  loom_compressor_destroy(int8);
+  loom_compressor_destroy(psgd);
 }
 
 int main(int argc, char **argv) {
