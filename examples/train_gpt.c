@@ -434,8 +434,8 @@ typedef struct step {
   loom_adamw_t hp;
   loom_compressor_t *codec;       // --compress SPEC (every part), or NULL
   loom_compressor_t **part_codec; // (P nunits) [P u + p], P = GPT_MAX_PARTS: the compressor of
-                                  // part p of unit u, or
-                                  // NULL for a plain allreduce (--compress auto decides per part)
+                                  // part p of unit u, or NULL for a plain allreduce (--compress
+                                  // auto decides per part)
   loom_scheme_t *part_scheme;     // (P nunits)
   loom_host_stage_t **part_stage; // (P nunits) on a device: the stage of a part the CPU encodes
                                   // (ByteComp's CPU lane), NULL for the GPU's codecs
