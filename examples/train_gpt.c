@@ -178,7 +178,8 @@ static void usage(FILE *out) {
       "6 FLOPs per token per matmul parameter (12 L C^2 + 256 C; a MoE block counts its\n"
       "router and K experts, 4 C^2 + C E + 2 K C F, instead of the dense MLP's 8 C^2); mfu_attn\n"
       "adds the causal attention pairs actually computed. The rate is measured again at the\n"
-      "end (printed, and sgemm_end_gflops in the JSON) to show how far the host drifted.\n",
+      "end (printed, and sgemm_end_gflops in the JSON, -1 if it could not be) to show how far\n"
+      "the host drifted.\n",
       GPT_DEFAULT_DATA);
 }
 
@@ -1035,25 +1036,24 @@ static float validate(const opts_t *o, const gpt_model_t *m, gpt_acts_t *a, gpt_
   return f[1] > 0 ? f[0] / f[1] : NAN;
 }
 
-// sgemm rate of this rank (1024^3, best of 10 after a warm-up: a host shared with other work
-// gave best-of-3 rates 7-9% apart at the start and the end of one run) in FLOP/s, averaged over
-// ranks.
-// The f32 GEMM rate of one rank on device (host: one core's sgemm, n = 1024; CUDA: cuBLAS
-// sgemm without TF32, n = 4096), averaged over dp: the denominator of MFU.
-static double measure_sgemm(const loom_group_t *dp, int device) {
+// This rank's f32 GEMM rate on device in FLOP/s (host: one core's sgemm, n = 1024; CUDA: cuBLAS
+// sgemm without TF32, n = 4096), the best of 10 after a warm-up (a host shared with other work
+// gave best-of-3 rates 7-9% apart at the start and the end of one run); 0 when it could not be
+// measured (its buffers, a failed product), with loom_last_error saying why.
+static double sgemm_rate(int device) {
   const int64_t n = device == LOOM_DEVICE_HOST ? 1024 : 4096, shape[2] = {n, n};
-  loom_tensor_t a, b, c;
-  EX_CHECK(loom_tensor_alloc(&a, LOOM_F32, device, 2, shape, "a"));
-  EX_CHECK(loom_tensor_alloc(&b, LOOM_F32, device, 2, shape, "b"));
-  EX_CHECK(loom_tensor_alloc(&c, LOOM_F32, device, 2, shape, "c"));
-  EX_CHECK(loom_tensor_fill(&a, 0.5));
-  EX_CHECK(loom_tensor_fill(&b, 0.25));
+  loom_tensor_t a = {0}, b = {0}, c = {0};
   double best = 1e30, sync = 0.0;
-  for (int rep = 0; rep < 11; rep++) {
+  loom_status_t st = loom_tensor_alloc(&a, LOOM_F32, device, 2, shape, "a");
+  st = st == LOOM_OK ? loom_tensor_alloc(&b, LOOM_F32, device, 2, shape, "b") : st;
+  st = st == LOOM_OK ? loom_tensor_alloc(&c, LOOM_F32, device, 2, shape, "c") : st;
+  st = st == LOOM_OK ? loom_tensor_fill(&a, 0.5) : st;
+  st = st == LOOM_OK ? loom_tensor_fill(&b, 0.25) : st;
+  for (int rep = 0; rep < 11 && st == LOOM_OK; rep++) {
     double t0 = MPI_Wtime();
-    EX_CHECK(loom_gemm(&c, &a, 0, &b, 0, NULL, 1.0f, 0.0f));
-    if (device != LOOM_DEVICE_HOST) { // the GEMM is queued: a norm waits for it
-      EX_CHECK(loom_norm2(&c, &sync));
+    st = loom_gemm(&c, &a, 0, &b, 0, NULL, 1.0f, 0.0f);
+    if (st == LOOM_OK && device != LOOM_DEVICE_HOST) { // the GEMM is queued: a norm waits for it
+      st = loom_norm2(&c, &sync);
     }
     double dt = MPI_Wtime() - t0;
     best = rep > 0 && dt < best ? dt : best;
@@ -1061,12 +1061,23 @@ static double measure_sgemm(const loom_group_t *dp, int device) {
   loom_tensor_free(&a);
   loom_tensor_free(&b);
   loom_tensor_free(&c);
-  float rate = (float)(2.0 * (double)n * n * n / best);
+  return st == LOOM_OK ? 2.0 * (double)n * n * n / best : 0.0;
+}
+
+// The denominator of MFU: sgemm_rate averaged over dp; 0 on every rank when a rank could not
+// measure it (that rank prints why).
+static double measure_sgemm(const loom_group_t *dp, int device) {
+  const double rate = sgemm_rate(device);
+  if (rate <= 0.0) {
+    fprintf(stderr, "train_gpt: rank %d: cannot measure the sgemm rate: %s\n", loom_group_rank(dp),
+            loom_last_error(NULL));
+  }
+  float sum[2] = {(float)rate, rate > 0 ? 0.0f : 1.0f}; // the rates, the ranks that failed
   loom_tensor_t t;
-  int64_t one = 1;
-  EX_CHECK(loom_tensor_wrap(&t, &rate, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "sgemm"));
-  EX_CHECK(loom_allreduce(dp, &t, &t, LOOM_AVG));
-  return rate;
+  int64_t two = 2;
+  EX_CHECK(loom_tensor_wrap(&t, sum, LOOM_F32, LOOM_DEVICE_HOST, 1, &two, "sgemm"));
+  EX_CHECK(loom_allreduce(dp, &t, &t, LOOM_SUM));
+  return sum[1] > 0.0f ? 0.0 : (double)sum[0] / loom_group_size(dp);
 }
 
 static float lr_at(const opts_t *o, long step) {
@@ -1390,6 +1401,9 @@ int main(int argc, char **argv) {
   const int64_t moe_active = nmoe * (C * E + 2 * (int64_t)o.moe_topk * C * moe_ffn);
   const int64_t moe_params = nmoe * (C * E + E * (2 * C * moe_ffn + moe_ffn + C));
   double sgemm = measure_sgemm(dp, m.device);
+  if (sgemm <= 0.0) { // the rank that failed said why
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   const double tokens_per_step = (double)o.batch * o.cfg.ctx * np;
   const double flops_per_token = 6.0 * (double)(m.matmul_params + moe_active);
 
@@ -1779,7 +1793,8 @@ int main(int argc, char **argv) {
     }
   }
   servers_release(); // the dedicated servers' loop ends with the training
-  // The rate again: on a shared host it drifts, and MFU (against the start's rate) with it.
+  // The rate again: on a shared host it drifts, and MFU (against the start's rate) with it. A
+  // diagnostic: when it cannot be measured (a device filled by the run) the report goes on.
   const double sgemm_end = o.sync == SYNC_COMM_ONLY ? sgemm : measure_sgemm(dp, m.device);
   const double run_steps = o.steps > start ? (double)(o.steps - start) : 1.0; // this process's
   double tokens_per_s = run_steps * tokens_per_step / (train_time > 0 ? train_time : 1e-9);
@@ -1810,10 +1825,12 @@ int main(int argc, char **argv) {
            "(with attention %.3f), val_loss %.4f\n",
            o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps, mfu, mfu_attn, val_loss);
   }
-  if (rank == 0 && o.sync != SYNC_COMM_ONLY) {
+  if (rank == 0 && o.sync != SYNC_COMM_ONLY && sgemm_end > 0.0) {
     printf("sgemm at the end: %.1f GFLOP/s per rank (%+.1f%% against the start; MFU uses the "
            "start's rate)\n",
            sgemm_end / 1e9, 100.0 * (sgemm_end - sgemm) / sgemm);
+  } else if (rank == 0 && o.sync != SYNC_COMM_ONLY) {
+    printf("sgemm at the end: not measured (a rank could not, see its message)\n");
   }
   if (rank == 0 && (st.codec || use_auto)) {
     printf("compression: %s (%s): %.0f bytes sent per rank per step by the compressed "
@@ -1874,8 +1891,8 @@ int main(int argc, char **argv) {
         o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
         (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
         1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
-        corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, sgemm_end / 1e9, loom_blas_threads(ctx),
-        train_time, MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
+        corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, sgemm_end > 0 ? sgemm_end / 1e9 : -1.0,
+        loom_blas_threads(ctx), train_time, MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
         st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
         sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0, nmoe ? o.cfg.moe_every : 0,
         nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0, (long long)moe_params, nmoe ? last_aux : 0.0,
