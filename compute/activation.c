@@ -81,6 +81,82 @@ loom_status_t loom_gelu_backward(loom_tensor_t *din, const loom_tensor_t *in,
   return LOOM_OK;
 }
 
+loom_status_t loom_gelu_forward_deriv(loom_tensor_t *out, loom_tensor_t *deriv,
+                                      const loom_tensor_t *in) {
+  static const char op[] = "loom_gelu_forward_deriv";
+  loom_status_t status = loom_arg_backend(op, "out", out);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  const int dev = out->device;
+  if ((status = loom_arg_tensor(op, "out", out, LOOM_F32, dev)) != LOOM_OK ||
+      (status = loom_arg_tensor(op, "deriv", deriv, LOOM_F32, dev)) != LOOM_OK ||
+      (status = loom_arg_tensor(op, "in", in, LOOM_F32, dev)) != LOOM_OK ||
+      (status = check_same_numel(op, "out", out, "in", in)) != LOOM_OK ||
+      (status = check_same_numel(op, "deriv", deriv, "in", in)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "out", out, "in", in, 0)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "out", out, "deriv", deriv, 0)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "deriv", deriv, "in", in, 1)) != LOOM_OK) {
+    return status;
+  }
+#ifdef LOOM_HAVE_CUDA
+  if (dev != LOOM_DEVICE_HOST) {
+    return loom_cuda_gelu_forward_deriv(loom_tensor_numel(in), (const float *)in->data,
+                                        (float *)out->data, (float *)deriv->data);
+  }
+#endif
+  loom_cpu_gelu_forward_deriv(loom_tensor_numel(in), (const float *)in->data, (float *)out->data,
+                              (float *)deriv->data);
+  return LOOM_OK;
+}
+
+loom_status_t loom_gelu_backward_deriv(loom_tensor_t *din, loom_tensor_t *dbias,
+                                       const loom_tensor_t *deriv, const loom_tensor_t *dout) {
+  static const char op[] = "loom_gelu_backward_deriv";
+  loom_status_t status = loom_arg_backend(op, "din", din);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  const int dev = din->device;
+  int64_t M, N;
+  if ((status = loom_arg_matrix(op, "din", din, LOOM_F32, dev, &M, &N)) != LOOM_OK ||
+      (status = loom_arg_tensor(op, "deriv", deriv, LOOM_F32, dev)) != LOOM_OK ||
+      (status = loom_arg_tensor(op, "dout", dout, LOOM_F32, dev)) != LOOM_OK ||
+      (status = check_same_numel(op, "deriv", deriv, "din", din)) != LOOM_OK ||
+      (status = check_same_numel(op, "dout", dout, "din", din)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "din", din, "deriv", deriv, 1)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "din", din, "dout", dout, 1)) != LOOM_OK) {
+    return status;
+  }
+  if (dbias) {
+    if ((status = loom_arg_tensor(op, "dbias", dbias, LOOM_F32, dev)) != LOOM_OK) {
+      return status;
+    }
+    if (dbias->ndim != 1 || dbias->shape[0] != N) {
+      char bs[LOOM_SHAPE_STR_MAX], ds[LOOM_SHAPE_STR_MAX];
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "%s: dbias %s does not match din %s: expected dbias (%lld), one value per "
+                        "column of din (its last extent)",
+                        op, loom_shape_str(dbias, bs), loom_shape_str(din, ds), (long long)N);
+    }
+    if ((status = loom_arg_disjoint(op, "dbias", dbias, "din", din, 0)) != LOOM_OK ||
+        (status = loom_arg_disjoint(op, "dbias", dbias, "deriv", deriv, 0)) != LOOM_OK ||
+        (status = loom_arg_disjoint(op, "dbias", dbias, "dout", dout, 0)) != LOOM_OK) {
+      return status;
+    }
+  }
+  float *db = dbias ? (float *)dbias->data : NULL;
+#ifdef LOOM_HAVE_CUDA
+  if (dev != LOOM_DEVICE_HOST) {
+    return loom_cuda_gelu_backward_deriv(M, N, (const float *)deriv->data,
+                                         (const float *)dout->data, (float *)din->data, db);
+  }
+#endif
+  loom_cpu_gelu_backward_deriv(M, N, (const float *)deriv->data, (const float *)dout->data,
+                               (float *)din->data, db);
+  return LOOM_OK;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Softmax.
 

@@ -42,6 +42,18 @@ LOOM_API loom_status_t loom_gelu_forward(loom_tensor_t *out, const loom_tensor_t
 // din = dout * gelu'(in).
 LOOM_API loom_status_t loom_gelu_backward(loom_tensor_t *din, const loom_tensor_t *in,
                                           const loom_tensor_t *dout);
+// The pair that saves gelu' in the forward, for a backward without the exp and the division:
+// out = gelu(in) and deriv = gelu'(in), bit for bit those of loom_gelu_forward and of the
+// derivative in loom_gelu_backward; deriv may be in itself (in-place: the pre-activation is
+// replaced by the derivative, no extra memory). Any shape, same numel; out overlaps neither.
+LOOM_API loom_status_t loom_gelu_forward_deriv(loom_tensor_t *out, loom_tensor_t *deriv,
+                                               const loom_tensor_t *in);
+// din = dout * deriv; with dbias (not NULL), dbias (N) += the column sums of din viewed as
+// (M, N), N its last extent: loom_bias_backward fused in, with its bits on the CPU. din may be
+// deriv or dout.
+LOOM_API loom_status_t loom_gelu_backward_deriv(loom_tensor_t *din, loom_tensor_t *dbias,
+                                                const loom_tensor_t *deriv,
+                                                const loom_tensor_t *dout);
 
 // out = (in - mean) * rstd * weight + bias over the last dimension.
 // in, out: (N, C); weight, bias: (C); mean, rstd: (N) saved for the backward.

@@ -461,7 +461,7 @@ static loom_status_t block_forward(const gpt_model_t *m, gpt_acts_t *a, int l) {
   }
   loom_tensor_t fc = rows(&y->fc, n, 0), h = rows(&y->h, n, 0);
   TRY(loom_gemm(&fc, &ln2, 0, &p[GPT_FC1_W], 1, &p[GPT_FC1_B], 1.0f, 0.0f)); // (n, 4C)
-  TRY(loom_gelu_forward(&h, &fc));
+  TRY(loom_gelu_forward_deriv(&h, &fc, &fc)); // fc now holds gelu'(fc1) for the backward
   TRY(loom_tensor_copy(&out, &xmid));
   TRY(loom_gemm(&out, &h, 0, &p[GPT_FC2_W], 1, &p[GPT_FC2_B], 1.0f, 1.0f));
   return LOOM_OK;
@@ -559,9 +559,8 @@ static loom_status_t mlp_backward(gpt_model_t *m, gpt_acts_t *a, int l, loom_sch
   loom_tensor_t dres = rows(&a->dres, n, 0), dtmp = rows(&a->dtmp, n, 0), dfc = rows(&a->dfc, n, 0);
   TRY(loom_gemm(&dfc, &dres, 0, &p[GPT_FC2_W], 0, NULL, 1.0f, 0.0f)); // d h (n, 4C)
   poll(s);
-  TRY(loom_gelu_backward(&dfc, &fc, &dfc));
-  TRY(loom_gemm(&g[GPT_FC1_W], &dfc, 1, &ln2, 0, NULL, 1.0f, 1.0f)); // (4C, C)
-  TRY(loom_bias_backward(&g[GPT_FC1_B], &dfc));
+  TRY(loom_gelu_backward_deriv(&dfc, &g[GPT_FC1_B], &fc, &dfc));        // and fc1's bias gradient
+  TRY(loom_gemm(&g[GPT_FC1_W], &dfc, 1, &ln2, 0, NULL, 1.0f, 1.0f));    // (4C, C)
   return loom_gemm(&dtmp, &dfc, 0, &p[GPT_FC1_W], 0, NULL, 1.0f, 0.0f); // d ln2 (n, C)
 }
 

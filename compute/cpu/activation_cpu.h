@@ -22,6 +22,21 @@ void loom_cpu_gelu_backward(int64_t n,
                             const float *dout, // (n)
                             float *din);       // (n)
 
+// out[i] = gelu(in[i]) and deriv[i] = gelu'(in[i]), the bits of loom_cpu_gelu_forward and of the
+// derivative loom_cpu_gelu_backward uses. deriv may be in (the same pointer); out overlaps neither.
+void loom_cpu_gelu_forward_deriv(int64_t n,
+                                 const float *in, // (n)
+                                 float *out,      // (n)
+                                 float *deriv);   // (n)
+
+// din = dout * deriv (a saved gelu'), and with dbias (not NULL) dbias += the column sums of din as
+// loom_cpu_bias_backward adds them (same bits). din may be deriv or dout; dbias overlaps nothing.
+void loom_cpu_gelu_backward_deriv(int64_t M, int64_t N,
+                                  const float *deriv, // (M, N)
+                                  const float *dout,  // (M, N)
+                                  float *din,         // (M, N)
+                                  float *dbias);      // (N) or NULL
+
 // Softmax of each row over the last dimension, max subtracted first. A row whose entries are all
 // -inf (nothing to attend to) gives zeros. out may be in; no other overlap.
 void loom_cpu_softmax_forward(int64_t N, int64_t C,

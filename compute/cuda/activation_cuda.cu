@@ -82,6 +82,30 @@ __global__ void gelu_backward_kernel(int64_t n, const float *in, // (n)
   }
 }
 
+// gelu(x) and gelu'(x) in one pass, the bits of gelu_forward_kernel and gelu_backward_kernel.
+__global__ void gelu_forward_deriv_kernel(int64_t n, const float *in, // (n)
+                                          float *out,                 // (n)
+                                          float *deriv) {             // (n), may be in
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    float x = in[i], xc = clamp_gelu(x);
+    float s = gelu_sigmoid(xc);
+    float du = mul_rn(GELU_K, add_rn(1.0f, mul_rn(mul_rn(3.0f * GELU_C, xc), xc)));
+    float d = add_rn(s, mul_rn(mul_rn(mul_rn(mul_rn(2.0f, xc), s), sub_rn(1.0f, s)), du));
+    out[i] = mul_rn(x, x < -GELU_CLAMP ? 0.0f : s);
+    deriv[i] = x < -GELU_CLAMP ? 0.0f : (x > GELU_CLAMP ? 1.0f : d);
+  }
+}
+
+__global__ void mul_kernel(int64_t n, const float *a, // (n)
+                           const float *b,            // (n)
+                           float *c) {                // (n), may be a or b
+  const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+    c[i] = mul_rn(a[i], b[i]);
+  }
+}
+
 __global__ void bias_gelu_forward_kernel(int64_t M, int64_t N, const float *x, // (M, N)
                                          const float *bias,                    // (N)
                                          float *pre,                           // (M, N), may be x
@@ -172,6 +196,32 @@ extern "C" loom_status_t loom_cuda_gelu_backward(int64_t n, const float *in, con
   gelu_backward_kernel<<<loom_cuda_blocks(n, kThreads), kThreads, 0, loom_cuda_stream()>>>(
       n, in, dout, din);
   return loom_cuda_launch_check("gelu_backward_kernel");
+}
+
+extern "C" loom_status_t loom_cuda_gelu_forward_deriv(int64_t n, const float *in, float *out,
+                                                      float *deriv) {
+  if (n <= 0) {
+    return LOOM_OK;
+  }
+  gelu_forward_deriv_kernel<<<loom_cuda_blocks(n, kThreads), kThreads, 0, loom_cuda_stream()>>>(
+      n, in, out, deriv);
+  return loom_cuda_launch_check("gelu_forward_deriv_kernel");
+}
+
+extern "C" loom_status_t loom_cuda_gelu_backward_deriv(int64_t M, int64_t N, const float *deriv,
+                                                       const float *dout, float *din,
+                                                       float *dbias) {
+  const int64_t n = M * N;
+  if (n > 0) {
+    mul_kernel<<<loom_cuda_blocks(n, kThreads), kThreads, 0, loom_cuda_stream()>>>(n, dout, deriv,
+                                                                                   din);
+    loom_status_t status = loom_cuda_launch_check("mul_kernel");
+    if (status != LOOM_OK) {
+      return status;
+    }
+  }
+  // The column sums as loom_bias_backward takes them, from din on the same stream.
+  return dbias ? loom_cuda_bias_backward(M, N, din, dbias) : LOOM_OK;
 }
 
 extern "C" loom_status_t loom_cuda_bias_gelu_forward(int64_t M, int64_t N, const float *x,

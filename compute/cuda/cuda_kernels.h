@@ -33,6 +33,11 @@ loom_status_t loom_cuda_bias_backward(int64_t M, int64_t N, const float *dout, f
 // ---- activations (activation_cuda.cu)
 loom_status_t loom_cuda_gelu_forward(int64_t n, const float *in, float *out);
 loom_status_t loom_cuda_gelu_backward(int64_t n, const float *in, const float *dout, float *din);
+// out = gelu(in), deriv = gelu'(in) (deriv may be in); din = dout * deriv (din may be either),
+// then dbias (N, or NULL) += column sums of din (M, N) by loom_cuda_bias_backward.
+loom_status_t loom_cuda_gelu_forward_deriv(int64_t n, const float *in, float *out, float *deriv);
+loom_status_t loom_cuda_gelu_backward_deriv(int64_t M, int64_t N, const float *deriv,
+                                            const float *dout, float *din, float *dbias);
 // Fused bias + GELU (the FFN's first GEMM epilogue): pre[i, j] = x[i, j] + bias[j] is kept for
 // the backward (pre may be x) and out = gelu(pre). x, pre, out: (M, N); bias: (N).
 loom_status_t loom_cuda_bias_gelu_forward(int64_t M, int64_t N, const float *x, const float *bias,

@@ -135,6 +135,29 @@ static void gelu_case(test_rng_t *rng, int64_t n) {
   TEST_FREE(&x, &dout, &out, &din, &dx, &ddout, &dout_d, &ddin);
 }
 
+// The saved-derivative pair against the CPU: deriv in place of the input, din in place of dout,
+// and the fused bias gradient (CPU: one pass; GPU: the product, then loom_bias_backward).
+static void gelu_deriv_case(test_rng_t *rng, int64_t M, int64_t N) {
+  char what[64];
+  snprintf(what, sizeof what, "gelu deriv (%lld, %lld)", (long long)M, (long long)N);
+  const int64_t shape[2] = {M, N};
+  loom_tensor_t x = rand_f32(rng, 2, shape, "x", -12.0, 12.0);
+  loom_tensor_t dout = rand_f32(rng, 2, shape, "dout", -1.0, 1.0);
+  loom_tensor_t db = rand_f32(rng, 1, &N, "db", -1.0, 1.0), out = nan_f32(2, shape, "out");
+  loom_tensor_t dx = gpu_upload(&x), ddout = gpu_upload(&dout), ddb = gpu_upload(&db);
+  loom_tensor_t dout_d = gpu_upload(&out);
+
+  check_ok(loom_gelu_forward_deriv(&out, &x, &x), what, "cpu forward");
+  check_ok(loom_gelu_forward_deriv(&dout_d, &dx, &dx), what, "gpu forward");
+  gpu_compare("gelu forward_deriv out", &dout_d, &out, 1e-5, 1e-6);
+  gpu_compare("gelu forward_deriv deriv", &dx, &x, 1e-5, 1e-6);
+  check_ok(loom_gelu_backward_deriv(&dout, &db, &x, &dout), what, "cpu backward");
+  check_ok(loom_gelu_backward_deriv(&ddout, &ddb, &dx, &ddout), what, "gpu backward");
+  gpu_compare("gelu backward_deriv din", &ddout, &dout, 1e-5, 1e-6);
+  gpu_compare("gelu backward_deriv dbias", &ddb, &db, 1e-5, 1e-5);
+  TEST_FREE(&x, &dout, &db, &out, &dx, &ddout, &ddb, &dout_d);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Softmax
 
@@ -569,6 +592,7 @@ int main(void) {
   const int64_t sizes[] = {0, 1, 37, 257, 1000003};
   for (int k = 0; k < 5; k++) {
     gelu_case(&rng, sizes[k]);
+    gelu_deriv_case(&rng, sizes[k] > 1000 ? 977 : 3, sizes[k] > 1000 ? 1024 : sizes[k]);
     residual_case(&rng, sizes[k]);
     util_case(&rng, sizes[k]);
 #ifdef LOOM_HAVE_CUDA

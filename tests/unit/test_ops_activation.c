@@ -1,5 +1,6 @@
 /* test_ops_activation.c — loom_gelu_* and loom_softmax_* against double-precision references on
- * odd and batched shapes and extreme inputs, in place, finite differences, bad arguments. */
+ * odd and batched shapes and extreme inputs, in place, finite differences, the saved-derivative
+ * GELU pair against the plain one bit for bit, bad arguments. */
 #include "config.h"
 #include "loom.h"
 
@@ -140,6 +141,66 @@ static void test_gelu_reference(void) {
     loom_tensor_free(&din);
     loom_tensor_free(&x);
     loom_tensor_free(&g);
+  }
+}
+
+// loom_gelu_forward_deriv and loom_gelu_backward_deriv give the bits of the plain pair (and of
+// loom_bias_backward for the fused bias gradient): in place, and on both sides of the widest
+// matrix whose column sums are fused (2048 columns), the widest taking the two-pass path.
+static void check_gelu_deriv(int ndim, const int64_t *shape, test_rng_t *rng) {
+  loom_tensor_t in = test_tensor_f32(ndim, shape, "in"), out = test_tensor_f32(ndim, shape, "out");
+  loom_tensor_t dout = test_tensor_f32(ndim, shape, "dout"),
+                ref = test_tensor_f32(ndim, shape, "r");
+  loom_tensor_t one = test_tensor_f32(ndim, shape, "one"), d = test_tensor_f32(ndim, shape, "d");
+  loom_tensor_t x = test_tensor_f32(ndim, shape, "x"), y = test_tensor_f32(ndim, shape, "y");
+  const int64_t n = loom_tensor_numel(&in), N = shape[ndim - 1];
+  loom_tensor_t db = test_tensor_f32(1, &N, "db"), db_ref = test_tensor_f32(1, &N, "db_ref");
+  fill_gelu_inputs(rng, test_floats(&in), n);
+  test_fill_uniform(rng, test_floats(&dout), n, -1, 1);
+  test_fill_uniform(rng, test_floats(&db), N, -1, 1);
+  memcpy(test_floats(&db_ref), test_floats(&db), sizeof(float) * (size_t)N);
+  test_fill_value(test_floats(&one), n, 1.0f);
+  test_fill_value(test_floats(&d), n, NAN);
+
+  // The references: gelu and gelu' (the backward with dout = 1), dout * gelu', its column sums.
+  CHECK(loom_gelu_forward(&ref, &in) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(loom_gelu_backward(&d, &in, &one) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(loom_gelu_backward(&one, &in, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(loom_bias_backward(&db_ref, &one) == LOOM_OK, "%s", loom_last_error(NULL));
+
+  // Forward, deriv in place of the input as train_gpt uses it.
+  memcpy(test_floats(&x), test_floats(&in), sizeof(float) * (size_t)n);
+  CHECK(loom_gelu_forward_deriv(&out, &x, &x) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(test_same_bits(test_floats(&out), test_floats(&ref), n), "gelu_forward_deriv: out, n %lld",
+        (long long)n);
+  CHECK(test_same_bits(test_floats(&x), test_floats(&d), n), "gelu_forward_deriv: deriv, n %lld",
+        (long long)n);
+  // Backward in place of dout, with and without the bias gradient.
+  memcpy(test_floats(&y), test_floats(&dout), sizeof(float) * (size_t)n);
+  CHECK(loom_gelu_backward_deriv(&y, &db, &x, &y) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(test_same_bits(test_floats(&y), test_floats(&one), n), "gelu_backward_deriv: din, n %lld",
+        (long long)n);
+  CHECK(test_same_bits(test_floats(&db), test_floats(&db_ref), N),
+        "gelu_backward_deriv: dbias differs from loom_bias_backward, N %lld", (long long)N);
+  test_fill_value(test_floats(&y), n, NAN);
+  CHECK(loom_gelu_backward_deriv(&y, NULL, &x, &dout) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(test_same_bits(test_floats(&y), test_floats(&one), n),
+        "gelu_backward_deriv without dbias: din, n %lld", (long long)n);
+
+  loom_tensor_t *all[] = {&in, &out, &dout, &ref, &one, &d, &x, &y, &db, &db_ref};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+    loom_tensor_free(all[i]);
+  }
+}
+
+static void test_gelu_deriv(void) {
+  test_rng_t rng = test_rng(23);
+  for (int s = 0; s < NSHAPES; s++) {
+    check_gelu_deriv((int)shapes[s][0], &shapes[s][1], &rng);
+  }
+  static const int64_t wide[][2] = {{5, 2048}, {3, 2049}, {64, 1024}};
+  for (int s = 0; s < 3; s++) {
+    check_gelu_deriv(2, wide[s], &rng);
   }
 }
 
@@ -358,6 +419,32 @@ static void test_bad_args(void) {
   EXPECT_FAIL(loom_gelu_backward(&y_buf, &x_buf, &z_buf), gb, "overlap");
   EXPECT_FAIL(loom_gelu_backward(&y_buf, &z_buf, &x_buf), gb, "overlap");
 
+  static const char gfd[] = "loom_gelu_forward_deriv", gbd[] = "loom_gelu_backward_deriv";
+  loom_tensor_t db5 = test_tensor_f32(1, (const int64_t[]){5}, "db5");
+  loom_tensor_t db3 = test_tensor_f32(1, (const int64_t[]){3}, "db3");
+  loom_tensor_fill(&db5, 7.0);
+  loom_tensor_fill(&db3, 7.0);
+  EXPECT_FAIL(loom_gelu_forward_deriv(NULL, &o, &a), gfd, "out is NULL");
+  EXPECT_FAIL(loom_gelu_forward_deriv(&o, NULL, &a), gfd, "deriv is NULL");
+  EXPECT_FAIL(loom_gelu_forward_deriv(&o, &o53, NULL), gfd, "in is NULL");
+  EXPECT_FAIL(loom_gelu_forward_deriv(&o, &o16, &a), gfd, "(16)");
+  EXPECT_FAIL(loom_gelu_forward_deriv(&o, &o, &a), gfd, "overlap"); // out and deriv the same
+  EXPECT_FAIL(loom_gelu_forward_deriv(&x_buf, &z_buf, &x_buf), gfd, "overlap"); // out = in
+  EXPECT_FAIL(loom_gelu_forward_deriv(&z_buf, &y_buf, &x_buf), gfd, "overlap");
+  EXPECT_FAIL(loom_gelu_forward_deriv(&o, &a_dev, &b), gfd, "cuda:0");
+  EXPECT_FAIL(loom_gelu_backward_deriv(NULL, NULL, &a, &b), gbd, "din is NULL");
+  EXPECT_FAIL(loom_gelu_backward_deriv(&o, NULL, NULL, &b), gbd, "deriv is NULL");
+  EXPECT_FAIL(loom_gelu_backward_deriv(&o, NULL, &a, &o16), gbd, "(16)");
+  EXPECT_FAIL(loom_gelu_backward_deriv(&o, &db3, &a, &b), gbd, "expected dbias (5)");
+  EXPECT_FAIL(loom_gelu_backward_deriv(&o, &o53, &a, &b), gbd, "expected dbias (5)");
+  EXPECT_FAIL(loom_gelu_backward_deriv(&o, &a_bf16, &a, &b), gbd, "bf16");
+  EXPECT_FAIL(loom_gelu_backward_deriv(&y_buf, NULL, &x_buf, &z_buf), gbd, "overlap");
+  EXPECT_FAIL(loom_gelu_backward_deriv(&z_buf, &y_buf, &x_buf, &z_buf), gbd, "overlap");
+  CHECK(test_all_equal(test_floats(&db5), 5, 7.0f) && test_all_equal(test_floats(&db3), 3, 7.0f),
+        "a failed call wrote its dbias");
+  loom_tensor_free(&db5);
+  loom_tensor_free(&db3);
+
   static const char sf[] = "loom_softmax_forward", sb[] = "loom_softmax_backward";
   EXPECT_FAIL(loom_softmax_forward(NULL, &a), sf, "out is NULL");
   EXPECT_FAIL(loom_softmax_forward(&o, NULL), sf, "in is NULL");
@@ -393,6 +480,7 @@ int main(void) {
   test_gelu_reference();
   test_gelu_extremes();
   test_gelu_finite_diff();
+  test_gelu_deriv();
   test_softmax_reference();
   test_softmax_finite_diff();
   test_bad_args();
