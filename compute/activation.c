@@ -129,17 +129,9 @@ loom_status_t loom_gelu_backward_deriv(loom_tensor_t *din, loom_tensor_t *dbias,
     return status;
   }
   if (dbias) {
-    if ((status = loom_arg_tensor(op, "dbias", dbias, LOOM_F32, dev)) != LOOM_OK) {
-      return status;
-    }
-    if (dbias->ndim != 1 || dbias->shape[0] != N) {
-      char bs[LOOM_SHAPE_STR_MAX], ds[LOOM_SHAPE_STR_MAX];
-      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                        "%s: dbias %s does not match din %s: expected dbias (%lld), one value per "
-                        "column of din (its last extent)",
-                        op, loom_shape_str(dbias, bs), loom_shape_str(din, ds), (long long)N);
-    }
-    if ((status = loom_arg_disjoint(op, "dbias", dbias, "din", din, 0)) != LOOM_OK ||
+    if ((status = loom_arg_tensor(op, "dbias", dbias, LOOM_F32, dev)) != LOOM_OK ||
+        (status = loom_arg_bias_of(op, "dbias", dbias, "din", din, N)) != LOOM_OK ||
+        (status = loom_arg_disjoint(op, "dbias", dbias, "din", din, 0)) != LOOM_OK ||
         (status = loom_arg_disjoint(op, "dbias", dbias, "deriv", deriv, 0)) != LOOM_OK ||
         (status = loom_arg_disjoint(op, "dbias", dbias, "dout", dout, 0)) != LOOM_OK) {
       return status;

@@ -183,6 +183,19 @@ int loom_tensors_overlap(const loom_tensor_t *a, const loom_tensor_t *b) {
   return na && nb && pa < pb + nb && pb < pa + na;
 }
 
+loom_status_t loom_arg_bias_of(const char *op, const char *name, const loom_tensor_t *t,
+                               const char *ref_name, const loom_tensor_t *ref, int64_t cols) {
+  if (t->ndim == 1 && t->shape[0] == cols) {
+    return LOOM_OK;
+  }
+  char ts[LOOM_SHAPE_STR_MAX], rs[LOOM_SHAPE_STR_MAX];
+  return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                    "%s: %s %s does not match %s %s: expected %s (%lld), one value per column of "
+                    "%s (its last extent)",
+                    op, name, loom_shape_str(t, ts), ref_name, loom_shape_str(ref, rs), name,
+                    (long long)cols, ref_name);
+}
+
 loom_status_t loom_arg_disjoint(const char *op, const char *xname, const loom_tensor_t *x,
                                 const char *yname, const loom_tensor_t *y, int allow_same) {
   if (!loom_tensors_overlap(x, y)) {

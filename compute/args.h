@@ -44,6 +44,11 @@ loom_status_t loom_arg_numel(const char *op, const char *name, const loom_tensor
 loom_status_t loom_arg_shape(const char *op, const char *name, const loom_tensor_t *t,
                              loom_dtype_t dtype, int device, int ndim, const int64_t *shape);
 
+// A bias gradient: t (already checked) must be (cols), one value per column of the matrix view of
+// ref (cols its last extent). The message names both and the shape expected.
+loom_status_t loom_arg_bias_of(const char *op, const char *name, const loom_tensor_t *t,
+                               const char *ref_name, const loom_tensor_t *ref, int64_t cols);
+
 // 1 when the bytes of a and b overlap; NULL, empty or data-less tensors never do.
 int loom_tensors_overlap(const loom_tensor_t *a, const loom_tensor_t *b);
 

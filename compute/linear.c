@@ -115,14 +115,8 @@ loom_status_t loom_bias_backward(loom_tensor_t *dbias, const loom_tensor_t *dout
       (status = loom_arg_matrix(op, "dout", dout, LOOM_F32, dbias->device, &M, &N)) != LOOM_OK) {
     return status;
   }
-  if (dbias->ndim != 1 || dbias->shape[0] != N) {
-    char ds[LOOM_SHAPE_STR_MAX], os[LOOM_SHAPE_STR_MAX];
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "%s: dbias %s does not match dout %s: expected dbias (%lld), one value per "
-                      "column of dout",
-                      op, loom_shape_str(dbias, ds), loom_shape_str(dout, os), (long long)N);
-  }
-  if ((status = loom_arg_disjoint(op, "dbias", dbias, "dout", dout, 0)) != LOOM_OK) {
+  if ((status = loom_arg_bias_of(op, "dbias", dbias, "dout", dout, N)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "dbias", dbias, "dout", dout, 0)) != LOOM_OK) {
     return status;
   }
 #ifdef LOOM_HAVE_CUDA
