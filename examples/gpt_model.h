@@ -84,7 +84,8 @@ typedef struct gpt_layer_acts {
   loom_tensor_t lse;                     // (H, N)
   loom_tensor_t xmid;                    // (N, C) x + attention
   loom_tensor_t ln2, ln2_mean, ln2_rstd; // (N, C) (N) (N)
-  loom_tensor_t fc, h;                   // (N, 4C) before and after GELU
+  loom_tensor_t fc, h;                   // (N, 4C) gelu' of fc1's output (the forward writes it
+                                         // over that output), and gelu(fc1)
 } gpt_layer_acts_t;
 
 typedef struct gpt_acts {

@@ -99,8 +99,8 @@ void loom_cpu_gelu_forward_deriv(int64_t n, const float *in, float *out, float *
 
 // din = dout * deriv and dbias += column sums of din (M, N) in double, row after row: the
 // additions of loom_cpu_bias_backward in its order, so the bits are those of the two passes.
-// Whole rows at a time: a column tile at a time over every row would read each row in pieces,
-// which the prefetcher follows badly (measured 2x slower than the two passes on 8 MB).
+// Whole rows at a time: a version that took a 256-column tile at a time over every row read each
+// row in pieces and took 1.13% of a train_gpt step under perf, against 0.49% for this one.
 LOOM_CPU_CLONES
 static void gelu_backward_deriv_kernel(int64_t M, int64_t N, const float *deriv, const float *dout,
                                        float *din, float *restrict dbias) {

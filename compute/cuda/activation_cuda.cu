@@ -60,6 +60,13 @@ __device__ __forceinline__ float gelu(float x) {
   return mul_rn(x, x < -GELU_CLAMP ? 0.0f : s); // exactly (-)0 far left
 }
 
+// gelu'(x) from x, its clamped value and s = gelu_sigmoid(xc); saturated: exactly 0 or 1.
+__device__ __forceinline__ float gelu_deriv(float x, float xc, float s) {
+  float du = mul_rn(GELU_K, add_rn(1.0f, mul_rn(mul_rn(3.0f * GELU_C, xc), xc)));
+  float d = add_rn(s, mul_rn(mul_rn(mul_rn(mul_rn(2.0f, xc), s), sub_rn(1.0f, s)), du));
+  return x < -GELU_CLAMP ? 0.0f : (x > GELU_CLAMP ? 1.0f : d);
+}
+
 __global__ void gelu_forward_kernel(int64_t n, const float *in, // (n)
                                     float *out) {               // (n), may be in
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -74,11 +81,7 @@ __global__ void gelu_backward_kernel(int64_t n, const float *in, // (n)
   const int64_t stride = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     float x = in[i], xc = clamp_gelu(x);
-    float s = gelu_sigmoid(xc);
-    float du = mul_rn(GELU_K, add_rn(1.0f, mul_rn(mul_rn(3.0f * GELU_C, xc), xc)));
-    float d = add_rn(s, mul_rn(mul_rn(mul_rn(mul_rn(2.0f, xc), s), sub_rn(1.0f, s)), du));
-    d = x < -GELU_CLAMP ? 0.0f : (x > GELU_CLAMP ? 1.0f : d); // saturated: exactly 0 or 1
-    din[i] = mul_rn(dout[i], d);
+    din[i] = mul_rn(dout[i], gelu_deriv(x, xc, gelu_sigmoid(xc)));
   }
 }
 
@@ -90,10 +93,8 @@ __global__ void gelu_forward_deriv_kernel(int64_t n, const float *in, // (n)
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
     float x = in[i], xc = clamp_gelu(x);
     float s = gelu_sigmoid(xc);
-    float du = mul_rn(GELU_K, add_rn(1.0f, mul_rn(mul_rn(3.0f * GELU_C, xc), xc)));
-    float d = add_rn(s, mul_rn(mul_rn(mul_rn(mul_rn(2.0f, xc), s), sub_rn(1.0f, s)), du));
     out[i] = mul_rn(x, x < -GELU_CLAMP ? 0.0f : s);
-    deriv[i] = x < -GELU_CLAMP ? 0.0f : (x > GELU_CLAMP ? 1.0f : d);
+    deriv[i] = gelu_deriv(x, xc, s);
   }
 }
 
