@@ -499,6 +499,7 @@ loom_status_t gpt_forward(const gpt_model_t *m, gpt_acts_t *a, const loom_tensor
     }
     tokens = &a->tokens;
     pos = &a->pos;
+    targets = targets ? &a->target : NULL;
   }
   loom_tensor_t x0 = rows(&a->x[0], n, 0), tmp = rows(&a->dtmp, n, 0);
   TRY(loom_embedding_forward(&x0, tokens, &m->param[0]));

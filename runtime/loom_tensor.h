@@ -55,12 +55,15 @@ LOOM_API loom_status_t loom_tensor_wrap(loom_tensor_t *t, void *data, loom_dtype
 LOOM_API void loom_tensor_free(loom_tensor_t *t);
 // Set every element to value, converted to the dtype: f16/bf16/f32 round to nearest even;
 // integers round half away from zero, saturate to the type's range, and take 0 for NaN.
-// Runs on the tensor's device.
+// Runs on the tensor's device, in the order of the calling thread's current CUDA stream (the
+// stream loom's ops use; a scheduler lane's inside a task): after the kernels queued there before
+// it, before those queued after it. It may still be running on return: work on another stream
+// must wait for this one (an event) first.
 LOOM_API loom_status_t loom_tensor_fill(loom_tensor_t *t, double value);
-// Copy src into dst (same dtype and element count) across host and devices. Blocking: on return
-// dst holds the values, and a kernel queued afterwards on any stream reads them. A device source
-// is read in the legacy default stream's order: when a kernel on another stream wrote it, wait
-// for that stream (or its event) first.
+// Copy src into dst (same dtype and element count) across host and devices. A device side is
+// read or written in the current CUDA stream's order (as loom_tensor_fill). A copy to or from
+// the host is complete on return; a copy between device buffers may still be in flight (kernels
+// queued afterwards on the same stream see dst).
 LOOM_API loom_status_t loom_tensor_copy(loom_tensor_t *dst, const loom_tensor_t *src);
 
 // Number of CUDA devices this process sees (0 without the CUDA backend or without a GPU).

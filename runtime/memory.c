@@ -11,6 +11,9 @@
 
 #include "error.h"
 #include "log.h"
+#ifdef LOOM_HAVE_CUDA
+#include "cuda/cuda_ctx.h"
+#endif
 
 #define LOOM_HOST_ALIGN 64 // bytes: a cache line, and enough for any vector load
 
@@ -208,27 +211,30 @@ loom_status_t loom_memcpy_any(void *dst, int dst_dev, const void *src, int src_d
 #ifdef LOOM_HAVE_CUDA
   {
     // Unified addressing lets cudaMemcpyDefault infer the direction; run it on a device the
-    // copy involves so that its context is the one used.
+    // copy involves so that its context is the one used. The copy goes on the calling thread's
+    // current stream (loom's ops' stream: a scheduler lane's inside a task), so it reads src
+    // after the kernels queued there before it; the legacy stream would not wait for them (the
+    // scheduler's lanes are cudaStreamNonBlocking), and a device-to-device copy of an activation
+    // in train_gpt's forward read it before it was written (seen on an H200). On another device
+    // than the current one, that device's legacy stream. A copy that involves the host is
+    // waited for, so the host may read dst or reuse src on return.
     int dev = dst_dev != LOOM_DEVICE_HOST ? dst_dev : src_dev;
     int prev = -1;
     LOOM_CHECK_CUDA(NULL, cudaGetDevice(&prev));
     if (prev != dev) {
       LOOM_CHECK_CUDA(NULL, cudaSetDevice(dev));
     }
-    cudaError_t rc = cudaMemcpy(dst, src, bytes, cudaMemcpyDefault);
-    // From pageable host memory cudaMemcpy may return once the source is staged, before the DMA
-    // lands, and streams made with cudaStreamNonBlocking (the scheduler's lanes) do not wait for
-    // the legacy stream: wait for it here, so a kernel queued after this call on any stream
-    // reads the copied values.
-    if (rc == cudaSuccess && src_dev == LOOM_DEVICE_HOST) {
-      rc = cudaStreamSynchronize(cudaStreamLegacy);
+    cudaStream_t stream = prev == dev ? loom_cuda_stream() : cudaStreamLegacy;
+    cudaError_t rc = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream);
+    if (rc == cudaSuccess && (src_dev == LOOM_DEVICE_HOST || dst_dev == LOOM_DEVICE_HOST)) {
+      rc = cudaStreamSynchronize(stream);
     }
     if (prev != dev) {
       cudaSetDevice(prev);
     }
     if (rc != cudaSuccess) {
       return loom_error(NULL, rc == cudaErrorMemoryAllocation ? LOOM_ERR_NOMEM : LOOM_ERR_CUDA,
-                        "cudaMemcpy of %zu bytes from device %d to device %d failed: %s (%s)",
+                        "cudaMemcpyAsync of %zu bytes from device %d to device %d failed: %s (%s)",
                         bytes, src_dev, dst_dev, cudaGetErrorString(rc), cudaGetErrorName(rc));
     }
     return LOOM_OK;

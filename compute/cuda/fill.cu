@@ -9,6 +9,7 @@
 // loom_core.h includes mpi.h; its C++ bindings would need libmpi_cxx, so leave them out.
 #define OMPI_SKIP_MPICXX  1
 #define MPICH_SKIP_MPICXX 1
+#include "cuda_ctx.h"
 #include "error.h"
 #include "fill.h"
 #include "loom_core.h"
@@ -25,8 +26,10 @@ template <typename T> __global__ void fill_kernel(T *data, size_t n, T value) {
   }
 }
 
-template <typename T> void launch_fill(void *data, size_t n, uint64_t pattern, int blocks) {
-  fill_kernel<T><<<blocks, kThreads>>>(static_cast<T *>(data), n, static_cast<T>(pattern));
+template <typename T>
+void launch_fill(void *data, size_t n, uint64_t pattern, int blocks, cudaStream_t stream) {
+  fill_kernel<T>
+      <<<blocks, kThreads, 0, stream>>>(static_cast<T *>(data), n, static_cast<T>(pattern));
 }
 
 } // namespace
@@ -38,6 +41,7 @@ extern "C" loom_status_t loom_cuda_fill_pattern(int device, void *data, size_t n
   int sms = 0;
   size_t blocks = 0;
   cudaError_t rc = cudaSuccess;
+  cudaStream_t stream = 0;
 
   if (n == 0) {
     return LOOM_OK;
@@ -59,18 +63,21 @@ extern "C" loom_status_t loom_cuda_fill_pattern(int device, void *data, size_t n
   if (blocks == 0) {
     blocks = 1;
   }
+  // The current stream's order when device is the current device (see loom_tensor_fill); on
+  // another device, its legacy stream, waited for.
+  stream = prev == device ? loom_cuda_stream() : cudaStreamLegacy;
   switch (elem_size) {
   case 1:
-    launch_fill<uint8_t>(data, n, pattern, (int)blocks);
+    launch_fill<uint8_t>(data, n, pattern, (int)blocks, stream);
     break;
   case 2:
-    launch_fill<uint16_t>(data, n, pattern, (int)blocks);
+    launch_fill<uint16_t>(data, n, pattern, (int)blocks, stream);
     break;
   case 4:
-    launch_fill<uint32_t>(data, n, pattern, (int)blocks);
+    launch_fill<uint32_t>(data, n, pattern, (int)blocks, stream);
     break;
   default:
-    launch_fill<unsigned long long>(data, n, pattern, (int)blocks);
+    launch_fill<unsigned long long>(data, n, pattern, (int)blocks, stream);
     break;
   }
   rc = cudaGetLastError();
@@ -81,7 +88,7 @@ extern "C" loom_status_t loom_cuda_fill_pattern(int device, void *data, size_t n
                         n, elem_size, blocks, device, cudaGetErrorString(rc), cudaGetErrorName(rc));
     goto fail;
   }
-  rc = cudaDeviceSynchronize();
+  rc = prev == device ? cudaSuccess : cudaStreamSynchronize(stream);
   if (rc != cudaSuccess) {
     status = loom_error(NULL, LOOM_ERR_CUDA,
                         "the fill kernel (%zu elements of %zu bytes at %p) on device %d failed: "

@@ -312,12 +312,18 @@ static loom_tensor_t dev_tensor_shaped(int ndim, const int64_t *shape, const cha
   return d;
 }
 
+// The largest |v[i]| of n floats, at least floor.
+static double max_abs_floor(const float *v, int64_t n, double floor) {
+  double m = floor;
+  for (int64_t i = 0; i < n; i++) {
+    m = fabs((double)v[i]) > m ? fabs((double)v[i]) : m;
+  }
+  return m;
+}
+
 // got (n floats) within PSGD_RTOL * max |want| of want.
 static int psgd_close(const char *what, const float *got, const float *want, int64_t n) {
-  double scale = 0.0;
-  for (int64_t i = 0; i < n; i++) {
-    scale = fabs((double)want[i]) > scale ? fabs((double)want[i]) : scale;
-  }
+  const double scale = max_abs_floor(want, n, 0.0);
   return same_bits_tol(what, got, want, n, PSGD_RTOL * (scale > 0.0 ? scale : 1.0));
 }
 
@@ -335,8 +341,13 @@ static int psgd_entries(const char *what, const loom_ef_t *ef, const float **res
   return nr && ns && !strcmp(nr, "grad") && !strcmp(ns, "grad");
 }
 
-// The residual and Q of the device table ef_d against those of the host table ef_h.
-static void psgd_compare_ef(const char *what, const loom_ef_t *ef_d, const loom_ef_t *ef_h) {
+// The residual and Q of the device table ef_d against those of the host table ef_h. The residual
+// (gradient minus its rank-r reconstruction) is measured against grad_scale, the magnitude of the
+// gradient it was taken from: where the rank covers the matrix (powersgd:8 on 5 values) the
+// reconstruction is exact, the residual is rounding noise of the gradient (a few 1e-7 here, seen
+// on an H200), and cuBLAS and OpenBLAS round it differently.
+static void psgd_compare_ef(const char *what, const loom_ef_t *ef_d, const loom_ef_t *ef_h,
+                            double grad_scale) {
   const float *rd = NULL, *rh = NULL, *qd = NULL, *qh = NULL;
   int64_t nrd = -1, nrh = -2, nqd = -1, nqh = -2;
   char w[240];
@@ -347,7 +358,7 @@ static void psgd_compare_ef(const char *what, const loom_ef_t *ef_d, const loom_
     return;
   }
   snprintf(w, sizeof w, "%s: residual", what);
-  CHECK(psgd_close(w, rd, rh, nrd), "%s", w);
+  CHECK(same_bits_tol(w, rd, rh, nrd, PSGD_RTOL * max_abs_floor(rh, nrd, grad_scale)), "%s", w);
   snprintf(w, sizeof w, "%s: Q", what);
   CHECK(psgd_close(w, qd, qh, nqd), "%s", w);
 }
@@ -417,6 +428,7 @@ static void powersgd_case(const loom_group_t *g, const char *spec, int ndim, con
     snprintf(what, sizeof what, "%s %s %s how=%d step %d", spec, shp, loom_scheme_name(scheme), how,
              step);
     input(x, n, me, 60 + step);
+    const double grad_scale = max_abs_floor(x, n, 0.0);
     put(&td, how == PSGD_STREAM ? junk : x);
     put(&tx, x);
     OK(loom_compressed_allreduce(g, c, scheme, ef_h, &th, op, 9, &sent_h));
@@ -428,7 +440,7 @@ static void powersgd_case(const loom_group_t *g, const char *spec, int ndim, con
     CHECK(sent_d == sent_h, "%s: bytes sent %zu on the device, %zu on the host", what, sent_d,
           sent_h);
     if (n > 0) {
-      psgd_compare_ef(what, ef_d, ef_h);
+      psgd_compare_ef(what, ef_d, ef_h, grad_scale);
     } else {
       CHECK(loom_ef_count(ef_d) == 0 && loom_ef_state_count(ef_d) == 0,
             "%s: an empty tensor made error-feedback entries", what);

@@ -11,8 +11,10 @@
 # visible (NCCL wants one GPU per rank).
 #
 # Tolerances: the GPU kernels round differently from the CPU ones (fp32 either way), so a device
-# run's final training loss must be within 2% (relative) of the host run's; a resumed device run
-# must equal the straight one within rtol 1e-5 (--compare).
+# train_gpt run's final training loss must be within 0.5% (relative) of the host run's and its
+# gradient norm within 5% (train_fmnist: the loss within 2%); a resumed device run must equal the
+# straight one within rtol 1e-5 (--compare). Four device runs at once check the lane streams'
+# ordering with the GPU far behind the host.
 set -u
 export LOOM_COMPRESS=none
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -25,18 +27,26 @@ common="--layers 2 --width 64 --heads 2 --ctx 64 --batch 4 --steps 20 --seed 3 -
 common="$common --warmup 0 --min-lr-frac 1 --sample 0 --val-every 0 --val-rows 4"
 common="$common --log-every 20 --data $tmp/corpus"
 
-# loss NAME: the mean training loss of the last progress line of run NAME.
+# loss NAME, gnorm NAME: the mean training loss and the gradient norm of run NAME's last progress
+# line.
 loss() {
   sed -n 's/^step *[0-9]*\/[0-9]*  loss \([0-9.]*\) .*/\1/p' "$tmp/$1.log" | tail -1
 }
-# near WHAT A B: the losses of runs A and B within 2% of A's.
+gnorm() {
+  sed -n 's/^step *[0-9]*\/[0-9]*  loss .* grad_norm \([0-9.]*\) .*/\1/p' "$tmp/$1.log" | tail -1
+}
+# near WHAT A B: run B's loss within 0.5% of run A's, and its last gradient norm within 5%. On an
+# H200 the device runs matched the host's losses to 1e-4 (the kernels round differently); a copy
+# that raced the lane stream moved the loss by 1% and the gradient norm 80-fold.
 near() {
-  la=$(loss "$2") lb=$(loss "$3")
-  if [ -n "$la" ] && [ -n "$lb" ] &&
-    awk -v a="$la" -v b="$lb" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.02 * a) }'; then
-    echo "ok: $1: loss $lb on the device, $la on the host (within 2%)"
+  la=$(loss "$2") lb=$(loss "$3") ga=$(gnorm "$2") gb=$(gnorm "$3")
+  if [ -n "$la" ] && [ -n "$lb" ] && [ -n "$ga" ] && [ -n "$gb" ] &&
+    awk -v a="$la" -v b="$lb" -v ga="$ga" -v gb="$gb" 'BEGIN { d = a - b; e = ga - gb
+      if (d < 0) d = -d; if (e < 0) e = -e; exit !(d <= 0.005 * a && e <= 0.05 * ga) }'; then
+    echo "ok: $1: loss $lb, grad_norm $gb on the device; $la, $ga on the host"
   else
-    echo "FAIL: $1: loss '$lb' on the device, '$la' on the host (want within 2%)"
+    echo "FAIL: $1: loss '$lb', grad_norm '$gb' on the device; '$la', '$ga' on the host (want" \
+      "within 0.5% and 5%)"
     fail=1
   fi
 }
@@ -88,6 +98,20 @@ if [ "$ngpu" -ge 2 ]; then
   run host_plain_auto 2
   near "train_gpt np 2 --compress auto on the CPU lane" host_plain_auto cuda_auto_cpu
 fi
+
+# The device far behind the host: four device runs at once on GPU 0, so that each queues its
+# kernels well ahead of the GPU (a copy or fill outside the lane stream's order showed only so),
+# each against its host run: overlapped sync uncompressed and int8.
+run host_busy_ref 1
+for k in 1 2; do
+  run "busy_plain_$k" 1 --device cuda &
+  run "busy_int8_$k" 1 --compress int8 --device cuda &
+done
+wait
+for k in 1 2; do
+  near "train_gpt np 1 on a busy GPU ($k), overlap" host_busy_ref "busy_plain_$k"
+  near "train_gpt np 1 on a busy GPU ($k), --compress int8" host_int8_np1 "busy_int8_$k"
+done
 
 # Checkpoint and resume with device error feedback: 20 steps straight equal 10 + resume to 20.
 np=1
