@@ -88,7 +88,7 @@ run_test trainers_device "np 1$([ "${ngpu:-0}" -ge 2 ] && echo ' and 2'); " env 
 say "--- benchmarks"
 ./tests/bench/gpu_gemm_perf --json "$out/gpu_gemm_perf.json" 2>&1 | tee -a "$summary"
 ./tests/bench/gpu_attn_perf --json "$out/gpu_attn_perf.json" 2>&1 | tee -a "$summary"
-if [ -x ./examples/train_gpt ]; then
+if [ -x ./examples/train_gpt ] && [ "${ngpu:-0}" -ge 1 ]; then
   # The default corpus is Debian's fortunes; a GPU host without them trains on the test corpus.
   data=
   [ -d /usr/share/games/fortunes ] || data="--data $src/tests/mpi/gpt_corpus.txt"
