@@ -13,6 +13,11 @@
 #include "loom.h"
 #ifdef LOOM_HAVE_CUDA
 #include "cuda/cuda_kernels.h" // the bf16 conversions have no public op: called directly
+#ifdef LOOM_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_ctx.h" // loom_cuda_set_stream: a scheduler lane's stream, made current
+#endif
 #endif
 
 // Every case builds random host inputs, uploads copies to device 0, runs the public op on both
@@ -585,8 +590,58 @@ static void moe_case(test_rng_t *rng, int64_t T, int64_t E, int64_t K, int speci
 
 // ---------------------------------------------------------------------------------------------
 
+#ifdef LOOM_HAVE_CUDA
+// loom_tensor_fill and loom_tensor_copy in the current stream's order, as a scheduler lane runs
+// them (a cudaStreamNonBlocking stream, which the legacy stream does not wait for): eight
+// accumulating f32 GEMMs of 4096^3 (~20 ms on an H200) write c on the stream, then c is copied
+// device to device at once, and the copy must see the last GEMM's values. Before the fix the copy
+// ran on the legacy stream, beside the GEMMs, and train_gpt's forward read activations early.
+static void stream_order_case(void) {
+  const int64_t n = 4096, shape[2] = {n, n}, reps = 8;
+  cudaStream_t s = NULL;
+  loom_tensor_t a, b, c, dst;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+  check_ok(loom_tensor_alloc(&a, LOOM_F32, 0, 2, shape, "a"), "stream order: alloc", "device");
+  check_ok(loom_tensor_alloc(&b, LOOM_F32, 0, 2, shape, "b"), "stream order: alloc", "device");
+  check_ok(loom_tensor_alloc(&c, LOOM_F32, 0, 2, shape, "c"), "stream order: alloc", "device");
+  check_ok(loom_tensor_alloc(&dst, LOOM_F32, 0, 2, shape, "dst"), "stream order: alloc", "device");
+  loom_cuda_set_stream(s);
+  check_ok(loom_tensor_fill(&a, 0.5), "stream order: fill a", "device");
+  check_ok(loom_tensor_fill(&b, 0.25), "stream order: fill b", "device");
+  check_ok(loom_tensor_fill(&c, -1.0), "stream order: fill c", "device");
+  check_ok(loom_tensor_fill(&dst, -2.0), "stream order: fill dst", "device");
+  for (int r = 0; r < reps; r++) { // c = 0.125 n per product (exact), accumulated: 512 * reps
+    check_ok(loom_gemm(&c, &a, 0, &b, 0, NULL, 1.0f, r ? 1.0f : 0.0f), "stream order: gemm",
+             "device");
+  }
+  check_ok(loom_tensor_copy(&dst, &c), "stream order: copy", "device");
+  loom_tensor_t h = gpu_download(&dst); // waits for the stream
+  loom_cuda_set_stream(0);
+  const float want = 0.125f * (float)n * (float)reps;
+  int64_t bad = 0, first = -1;
+  for (int64_t i = 0; i < n * n; i++) {
+    if (test_floats(&h)[i] != want) {
+      bad++;
+      first = first < 0 ? i : first;
+    }
+  }
+  CHECK(bad == 0, "stream order: %lld of %lld copied values differ from %g; first [%lld] = %g",
+        (long long)bad, (long long)(n * n), (double)want, (long long)first,
+        first >= 0 ? (double)test_floats(&h)[first] : 0.0);
+  loom_tensor_free(&h);
+  loom_tensor_free(&a);
+  loom_tensor_free(&b);
+  loom_tensor_free(&c);
+  loom_tensor_free(&dst);
+  cudaStreamDestroy(s);
+}
+#endif
+
 int main(void) {
   gpu_require_device("test_gpu_ops");
+#ifdef LOOM_HAVE_CUDA
+  stream_order_case();
+#endif
   test_rng_t rng = test_rng(20240611);
 
   const int64_t sizes[] = {0, 1, 37, 257, 1000003};
