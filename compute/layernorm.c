@@ -16,19 +16,6 @@
 // ---------------------------------------------------------------------------------------------
 // Shared checks.
 
-// t (already checked) must be a vector (C) over the last dimension of in.
-static loom_status_t check_channels(const char *op, const char *name, const loom_tensor_t *t,
-                                    const loom_tensor_t *in, int64_t C) {
-  if (t->ndim == 1 && t->shape[0] == C) {
-    return LOOM_OK;
-  }
-  char ts[LOOM_SHAPE_STR_MAX], is[LOOM_SHAPE_STR_MAX];
-  return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                    "%s: %s %s does not match in %s: expected (%lld), one value per element of "
-                    "the last dimension",
-                    op, name, loom_shape_str(t, ts), loom_shape_str(in, is), (long long)C);
-}
-
 // t (already checked) must hold one value per row of in (any shape).
 static loom_status_t check_per_row(const char *op, const char *name, const loom_tensor_t *t,
                                    const loom_tensor_t *in, int64_t N) {
@@ -78,8 +65,8 @@ loom_status_t loom_layernorm_forward(loom_tensor_t *out, loom_tensor_t *mean, lo
       (status = loom_arg_like(op, "out", out, "in", in, N, C)) != LOOM_OK ||
       (status = check_per_row(op, "mean", mean, in, N)) != LOOM_OK ||
       (status = check_per_row(op, "rstd", rstd, in, N)) != LOOM_OK ||
-      (status = check_channels(op, "weight", weight, in, C)) != LOOM_OK ||
-      (status = check_channels(op, "bias", bias, in, C)) != LOOM_OK) {
+      (status = loom_arg_bias_of(op, "weight", weight, "in", in, C)) != LOOM_OK ||
+      (status = loom_arg_bias_of(op, "bias", bias, "in", in, C)) != LOOM_OK) {
     return status;
   }
   if (!(eps >= 0.0f) || isinf(eps)) {
@@ -142,9 +129,9 @@ loom_status_t loom_layernorm_backward(loom_tensor_t *din, loom_tensor_t *dweight
   if ((status = check_nonempty_rows(op, in, N, C)) != LOOM_OK ||
       (status = loom_arg_like(op, "din", din, "in", in, N, C)) != LOOM_OK ||
       (status = loom_arg_like(op, "dout", dout, "in", in, N, C)) != LOOM_OK ||
-      (status = check_channels(op, "dweight", dweight, in, C)) != LOOM_OK ||
-      (status = check_channels(op, "dbias", dbias, in, C)) != LOOM_OK ||
-      (status = check_channels(op, "weight", weight, in, C)) != LOOM_OK ||
+      (status = loom_arg_bias_of(op, "dweight", dweight, "in", in, C)) != LOOM_OK ||
+      (status = loom_arg_bias_of(op, "dbias", dbias, "in", in, C)) != LOOM_OK ||
+      (status = loom_arg_bias_of(op, "weight", weight, "in", in, C)) != LOOM_OK ||
       (status = check_per_row(op, "mean", mean, in, N)) != LOOM_OK ||
       (status = check_per_row(op, "rstd", rstd, in, N)) != LOOM_OK) {
     return status;
