@@ -1,12 +1,12 @@
 /* attention_cuda.cu — CUDA varlen core attention (FlashAttention-2 tiles, online softmax in base 2,
- * bottom-right causal, LSE out): bf16 tensor-core (wmma) kernels for D = 32, 64, 128, FMA others.
+ * bottom-right causal, LSE out): bf16 tensor-core (mma.sync) kernels for D = 32, 64, 128, FMA
+ * others.
  */
 #include "config.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
-#include <mma.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,8 +20,9 @@
 
 // Two families of kernels, both mirroring compute/cpu/attention_cpu.c (same masks, base-2
 // softmax, lse = (m + log2 l) ln 2, dS = P (dP - Di), dQ = scale dS K, dK = scale dS^T Q):
-// - Tensor cores (bf16, D = 32, 64, 128, 16-byte aligned tensors): nvcuda::wmma 16x16x16 bf16
-//   products with f32 accumulators; each warp owns 16 rows of the block's tile. P and dS are
+// - Tensor cores (bf16, D = 32, 64, 128, 16-byte aligned tensors): mma.sync m16n8k16 bf16
+//   products with f32 accumulators, scores, softmax and gradients in registers; each warp owns 16
+//   rows of the block's tile; K and V tiles stream in by cp.async, two stages. P and dS are
 //   rounded to bf16 before their products (as FlashAttention does); softmax, sums and lse in f32.
 // - FMA (f32 at any D <= 256, bf16 at the other D <= 256): square tiles of BT rows kept in
 //   shared memory as f32, products by 4x4 register micro-tiles.
@@ -32,7 +33,6 @@
 
 namespace {
 
-namespace wmma = nvcuda::wmma;
 typedef __nv_bfloat16 bf16;
 
 constexpr int kThreads = 128;           // every kernel: 4 warps
@@ -52,9 +52,6 @@ __host__ __device__ constexpr int64_t max64(int64_t a, int64_t b) {
 }
 __host__ __device__ constexpr int align128(int n) {
   return (n + 127) & ~127;
-}
-__host__ __device__ constexpr int imax(int a, int b) {
-  return a > b ? a : b;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -431,49 +428,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tensor-core kernels (bf16). Every warp owns 16 rows of the block's 64-row tile. Products are
-// wmma 16x16x16 bf16 with f32 accumulators. wmma leaves the place of a matrix element inside an
-// accumulator fragment unspecified but the same for every fragment of one type; loading a 16 x
-// 16 matrix whose entries are their own row (column) numbers into a fragment tells each lane the
-// row (column) of each of its elements x[i], for masking and per-row scaling in registers.
-
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> FragA;
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> FragB;  // B (k, n)
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> FragBT; // X^T, X (n, k)
-typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
-constexpr int kFragElems = FragC::num_elements; // accumulator elements per lane
-
-// erow[i], ecol[i] = the row and column of element x[i] of every accumulator fragment, from the
-// index matrices (fill_index_matrices; cols may be NULL). The whole warp calls.
-__device__ void element_places(const float *rows, const float *cols, int *erow, int *ecol) {
-  FragC f;
-  wmma::load_matrix_sync(f, rows, 16, wmma::mem_row_major);
-#pragma unroll
-  for (int i = 0; i < kFragElems; i++) {
-    erow[i] = (int)f.x[i];
-  }
-  if (cols) {
-    wmma::load_matrix_sync(f, cols, 16, wmma::mem_row_major);
-#pragma unroll
-    for (int i = 0; i < kFragElems; i++) {
-      ecol[i] = (int)f.x[i];
-    }
-  }
-}
-
-__host__ __device__ constexpr bool tc_head_dim(int D) {
-  return D == 32 || D == 64 || D == 128;
-}
-
-// rows[e] = e / 16 and cols[e] = e % 16 (16 x 16 each); every thread of the block calls.
-__device__ void fill_index_matrices(float *rows, float *cols) {
-  for (int e = threadIdx.x; e < 256; e += blockDim.x) {
-    rows[e] = (float)(e / 16);
-    if (cols) {
-      cols[e] = (float)(e % 16);
-    }
-  }
-}
+// Tensor-core kernels (bf16, sm_80+): mma.sync m16n8k16 with f32 accumulators, operands loaded
+// from shared memory by ldmatrix, everything between the products in registers (FlashAttention-2
+// style). Every warp owns 16 rows of the block's 64-row tile. Fragment layout (PTX ISA, g = lane
+// / 4, t = lane % 4): an accumulator tile (16 x 8) holds c0, c1 at row g, columns 2t, 2t + 1 and
+// c2, c3 at row g + 8; an A operand (16 x 16, bf16 pairs) holds rows g, g + 8 and columns 2t,
+// 2t + 8; so two adjacent accumulator tiles, rounded to bf16, are the A operand of the next
+// product (P and dS never leave registers). Row sums and maxima reduce over the 4 lanes of a quad.
 
 // Two bf16 in a 32-bit word, the first element in the low half (little endian), as floats:
 // exact, a bf16 is the top half of an f32.
@@ -488,96 +449,125 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
          (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16;
 }
 
-// Rows [0, tile_rows) of a bf16 tile in shared memory (row stride ld): row r < nrows is row r of
-// src (row stride src_ld), the rest zeros; 16-byte chunks, threads tid, tid + nthr, ...
-template <int D>
-__device__ void stage_bf16(bf16 *dst, int ld, const bf16 *src, int64_t src_ld, int nrows,
-                           int tile_rows, int tid, int nthr) {
-  constexpr int kChunks = D / 8;
-  for (int e = tid; e < tile_rows * kChunks; e += nthr) {
-    const int r = e / kChunks, c = e % kChunks;
-    uint4 x = make_uint4(0u, 0u, 0u, 0u);
-    if (r < nrows) {
-      x = *reinterpret_cast<const uint4 *>(src + r * src_ld + c * 8);
-    }
-    *reinterpret_cast<uint4 *>(dst + r * ld + c * 8) = x;
-  }
+__device__ __forceinline__ uint32_t smem_u32(const void *p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
 }
 
-// stage_bf16 of dO that also writes partial[r * D/8 + c] = the dot product of chunk c of row r
-// of dO with the same chunk of O (0 past nrows); sum_partials adds them up per row.
+// Four 8 x 8 bf16 matrices; lanes 8i .. 8i + 7 give the row addresses of matrix i, and lane
+// (g, t) receives elements (g, 2t), (g, 2t + 1) of each (with .trans, (2t, g), (2t + 1, g)).
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const bf16 *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t r[4], const bf16 *p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+// c (16 x 8, f32) += a (16 x 16, bf16) b (16 x 8, bf16; b0 rows 0-7, b1 rows 8-15).
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+               "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Where each lane points ldmatrix, for a 16 x 16 block at (r0, c0) of a row-major bf16 tile:
+// - frag_a: the A operand of rows r0.. and columns c0.. (registers a0 .. a3);
+// - frag_b: B (k, n) = X[n][k], X's rows r0.. being n (two 8-column B tiles: r[0..1], r[2..3]);
+// - frag_bt: B (k, n) = X[k][n], X's rows r0.. being k (two B tiles, as frag_b).
+__device__ __forceinline__ const bf16 *frag_a(const bf16 *x, int ld, int r0, int c0, int lane) {
+  return x + (r0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8;
+}
+__device__ __forceinline__ const bf16 *frag_b(const bf16 *x, int ld, int r0, int c0, int lane) {
+  return x + (r0 + (lane & 7) + (lane >> 4) * 8) * ld + c0 + ((lane >> 3) & 1) * 8;
+}
+__device__ __forceinline__ const bf16 *frag_bt(const bf16 *x, int ld, int r0, int c0, int lane) {
+  return x + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + c0 + (lane >> 4) * 8;
+}
+
+// The A operand (16 x 16) made of accumulator tiles c[0] (columns 0-7) and c[1] (8-15), in bf16.
+__device__ __forceinline__ void acc_to_a(uint32_t a[4], const float c0[4], const float c1[4]) {
+  a[0] = pack_bf16x2(c0[0], c0[1]);
+  a[1] = pack_bf16x2(c0[2], c0[3]);
+  a[2] = pack_bf16x2(c1[0], c1[1]);
+  a[3] = pack_bf16x2(c1[2], c1[3]);
+}
+
+__device__ __forceinline__ float quad_max(float v) {
+  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+// Asynchronous copies (cp.async, 16 bytes; a row past nrows is filled with zeros).
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+// Waits until at most N of the groups committed last are still in flight.
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// A bf16 tile by cp.async, every thread of the block: rows [0, nrows) of src (nrows >= 1), zeros
+// up to tile_rows; lands after cp_async_wait and a barrier.
 template <int D>
-__device__ void stage_bf16_dot(bf16 *dst, int ld, float *partial, const bf16 *src, const bf16 *o,
-                               int64_t src_ld, int nrows, int tile_rows) {
+__device__ void stage_async(bf16 *dst, int ld, const bf16 *src, int64_t src_ld, int nrows,
+                            int tile_rows) {
   constexpr int kChunks = D / 8;
   for (int e = threadIdx.x; e < tile_rows * kChunks; e += blockDim.x) {
     const int r = e / kChunks, c = e % kChunks;
-    uint4 x = make_uint4(0u, 0u, 0u, 0u);
-    float dot = 0.0f;
-    if (r < nrows) {
-      x = *reinterpret_cast<const uint4 *>(src + r * src_ld + c * 8);
-      const uint4 y = *reinterpret_cast<const uint4 *>(o + r * src_ld + c * 8);
-      const uint32_t xw[4] = {x.x, x.y, x.z, x.w}, yw[4] = {y.x, y.y, y.z, y.w};
+    const bool valid = r < nrows;
+    cp_async16(dst + r * ld + c * 8, valid ? src + r * src_ld + c * 8 : src, valid);
+  }
+}
+
+// Stores rows r and r + 8 (valid0, valid1) of a warp's 16 x D accumulators times `mul`, in bf16.
+template <int D>
+__device__ void store_rows_bf16(bf16 *dst0, bf16 *dst1, bool valid0, bool valid1,
+                                const float acc[D / 8][4], float mul0, float mul1, int t) {
 #pragma unroll
-      for (int i = 0; i < 4; i++) { // elements 2i (low half) and 2i + 1
-        dot = fmaf(bf16_lo(xw[i]), bf16_lo(yw[i]), dot);
-        dot = fmaf(bf16_hi(xw[i]), bf16_hi(yw[i]), dot);
-      }
+  for (int n = 0; n < D / 8; n++) {
+    if (valid0) {
+      *reinterpret_cast<uint32_t *>(dst0 + n * 8 + 2 * t) =
+          pack_bf16x2(acc[n][0] * mul0, acc[n][1] * mul0);
     }
-    *reinterpret_cast<uint4 *>(dst + r * ld + c * 8) = x;
-    partial[r * kChunks + c] = dot;
-  }
-}
-
-// di[r] = sum of partial[r, 0 .. D/8) in order: Di = rowsum(dO * O), the same bits in both kernels.
-template <int D> __device__ void sum_partials(float *di, const float *partial, int tile_rows) {
-  constexpr int kChunks = D / 8;
-  for (int r = threadIdx.x; r < tile_rows; r += blockDim.x) {
-    float sum = 0.0f;
-    for (int c = 0; c < kChunks; c++) {
-      sum += partial[r * kChunks + c];
+    if (valid1) {
+      *reinterpret_cast<uint32_t *>(dst1 + n * 8 + 2 * t) =
+          pack_bf16x2(acc[n][2] * mul1, acc[n][3] * mul1);
     }
-    di[r] = sum;
   }
 }
 
-// Rows [0, nrows) of a 16 x 16 fragment to dst (row stride dst_ld), rounded to bf16, through the
-// warp's 256-float scratch; each lane writes 8 elements (16 bytes) of one row.
-__device__ void store_frag_bf16(bf16 *dst, int64_t dst_ld, const FragC &f, float *scratch,
-                                int nrows, int lane) {
-  wmma::store_matrix_sync(scratch, f, 16, wmma::mem_row_major);
-  __syncwarp();
-  const int r = lane / 2, c = (lane % 2) * 8;
-  if (r < nrows) {
-    const float *x = scratch + r * 16 + c;
-    const uint4 u = make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]),
-                               pack_bf16x2(x[4], x[5]), pack_bf16x2(x[6], x[7]));
-    *reinterpret_cast<uint4 *>(dst + r * dst_ld + c) = u;
-  }
-  __syncwarp();
+__host__ __device__ constexpr bool tc_head_dim(int D) {
+  return D == 32 || D == 64 || D == 128;
 }
 
-// Forward shared memory: K and V tiles, the row-index matrix, then per warp its scores (which
-// first stage its Q rows and last stage its output), its probabilities and 16 row factors.
+// Forward shared memory: K and V tiles of two stages (the next tile loads while this one is
+// used); Q passes through stage 1's K tile before the loop.
 template <int D> struct TcFwd {
   static constexpr int BR = 16 * kWarps; // query rows per block
   static constexpr int BC = 64;          // key rows per tile
-  static constexpr int LDK = D + 8;      // bf16 row stride of K, V, Q (+16 bytes: no conflicts)
-  static constexpr int LDS = BC + 4;     // f32 row stride of a warp's scores
-  static constexpr int LDP = BC + 8;     // bf16 row stride of a warp's probabilities
-  static constexpr int KV_BYTES = align128(BC * LDK * 2);
-  static constexpr int STAGE_BYTES = align128(imax(imax(16 * LDS * 4, 16 * LDK * 2), 256 * 4));
-  static constexpr int P_BYTES = align128(16 * LDP * 2);
-  static constexpr int ROW_BYTES = 128;
-  static constexpr int K_OFF = 0, V_OFF = KV_BYTES, IDX_OFF = 2 * KV_BYTES;
-  static constexpr int WARP_OFF = IDX_OFF + 1024;
-  static constexpr int WARP_BYTES = STAGE_BYTES + P_BYTES + ROW_BYTES;
-  static constexpr int SMEM = WARP_OFF + kWarps * WARP_BYTES;
+  static constexpr int LD = D + 8; // bf16 row stride (+16 bytes: ldmatrix rows in distinct banks)
+  static constexpr int TILE = BC * LD; // elements per tile
+  static constexpr int SMEM = 4 * TILE * 2;
+  static_assert(BR == BC, "Q is staged in a key tile");
   static_assert(SMEM <= kMaxSmem, "tensor-core forward tiles exceed the shared memory budget");
 };
 
 // Forward: block (query tile, head, sequence), the longest causal tiles first. Per key tile:
-// S = Q K^T to shared memory, online softmax by two lanes a row, O = alpha O + P V in registers.
+// S = Q K^T, online softmax (base 2) and O = alpha O + P V, all in registers.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     tc_fwd_kernel(AttnArgs a, bf16 *out, float *lse, const bf16 *q, const bf16 *k, const bf16 *v) {
@@ -590,165 +580,222 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const int rows = (int)min64(L::BR, s.lq - i0);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int r0 = warp * 16;                                  // the warp's first row in the tile
-  const int wrows = (int)max64(0, min64(16, rows - r0));     // of which in the sequence
-  bf16 *Ks = reinterpret_cast<bf16 *>(smem + L::K_OFF);      // (BC, LDK)
-  bf16 *Vs = reinterpret_cast<bf16 *>(smem + L::V_OFF);      // (BC, LDK)
-  float *idx = reinterpret_cast<float *>(smem + L::IDX_OFF); // (16, 16)
-  unsigned char *wsm = smem + L::WARP_OFF + warp * L::WARP_BYTES;
-  float *Sw = reinterpret_cast<float *>(wsm);                                 // (16, LDS)
-  bf16 *Pw = reinterpret_cast<bf16 *>(wsm + L::STAGE_BYTES);                  // (16, LDP)
-  float *roww = reinterpret_cast<float *>(wsm + L::STAGE_BYTES + L::P_BYTES); // (16)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int r0 = warp * 16;                     // the warp's first row in the tile
+  bf16 *tiles = reinterpret_cast<bf16 *>(smem); // stage st: K at 2 st TILE, V at (2 st + 1) TILE
   const int64_t ldq = (int64_t)a.H * D, ldk = (int64_t)a.H_kv * D;
   const int64_t hk = h / (a.H / a.H_kv);
-  const int64_t qoff = (s.q0 + i0 + r0) * ldq + (int64_t)h * D; // the warp's rows, head h
+  const int kend = keys_seen(i0 + rows - 1, s, a.causal); // later key tiles are fully masked
+  const int ntiles = (kend + L::BC - 1) / L::BC;
 
-  fill_index_matrices(idx, nullptr);
-  bf16 *Qw = reinterpret_cast<bf16 *>(Sw); // (16, LDK): the warp's Q rows, then fragments
-  stage_bf16<D>(Qw, L::LDK, q + qoff, ldq, wrows, 16, lane, 32);
-  __syncwarp();
-  FragA qf[D / 16];
+  bf16 *Qs = tiles + 2 * L::TILE;
+  stage_async<D>(Qs, L::LD, q + (s.q0 + i0) * ldq + (int64_t)h * D, ldq, rows, L::BR);
+  cp_async_commit();
+  if (ntiles > 0) {
+    const int64_t koff = s.k0 * ldk + hk * D;
+    const int krows = (int)min64(L::BC, s.lk);
+    stage_async<D>(tiles, L::LD, k + koff, ldk, krows, L::BC);
+    stage_async<D>(tiles + L::TILE, L::LD, v + koff, ldk, krows, L::BC);
+  }
+  cp_async_commit();
+  cp_async_wait<1>(); // Q has landed
+  __syncthreads();
+  uint32_t qa[D / 16][4];
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
-    wmma::load_matrix_sync(qf[kk], Qw + kk * 16, L::LDK);
+    ldsm_x4(qa[kk], frag_a(Qs, L::LD, r0, kk * 16, lane));
   }
-  FragC of[D / 16];
-#pragma unroll
-  for (int n = 0; n < D / 16; n++) {
-    wmma::fill_fragment(of[n], 0.0f);
-  }
-  __syncthreads(); // idx is written; each warp is done with its Q staging before scores land
-  int erow[kFragElems];
-  element_places(idx, nullptr, erow, nullptr);
+  __syncthreads(); // every warp holds its Q: stage 1 is free
 
-  // Softmax lanes: lanes sr and sr + 16 share row sr of the warp (columns 2t and 2t + 1); both
-  // keep the row's running maximum m and sum l (base 2).
-  const int sr = lane % 16, half = lane / 16;
-  const int row_end = sr < wrows ? keys_seen(i0 + r0 + sr, s, a.causal) : 0;
-  float m = -INFINITY, l = 0.0f;
-  const int kend = keys_seen(i0 + rows - 1, s, a.causal); // later key tiles are fully masked
-  for (int j0 = 0; j0 < kend; j0 += L::BC) {
-    const int64_t koff = (s.k0 + j0) * ldk + hk * D;
-    const int krows = (int)min64(L::BC, s.lk - j0);
-    stage_bf16<D>(Ks, L::LDK, k + koff, ldk, krows, L::BC, threadIdx.x, kThreads);
-    stage_bf16<D>(Vs, L::LDK, v + koff, ldk, krows, L::BC, threadIdx.x, kThreads);
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; n++) {
+    o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  }
+  // The lane's rows g and g + 8 of the warp: running maximum m and sum l (base 2), and the keys
+  // each sees.
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  int row_end[2];
+#pragma unroll
+  for (int x = 0; x < 2; x++) {
+    const int64_t qi = i0 + r0 + g + 8 * x;
+    row_end[x] = qi < s.lq ? keys_seen(qi, s, a.causal) : 0;
+  }
+  for (int jt = 0; jt < ntiles; jt++) {
+    const int j0 = jt * L::BC;
+    if (jt + 1 < ntiles) { // the next tile into the other stage, freed by the last barrier
+      const int64_t koff = (s.k0 + j0 + L::BC) * ldk + hk * D;
+      const int krows = (int)min64(L::BC, s.lk - j0 - L::BC);
+      bf16 *next = tiles + 2 * ((jt + 1) & 1) * L::TILE;
+      stage_async<D>(next, L::LD, k + koff, ldk, krows, L::BC);
+      stage_async<D>(next + L::TILE, L::LD, v + koff, ldk, krows, L::BC);
+    }
+    cp_async_commit();
+    cp_async_wait<1>(); // this tile has landed
     __syncthreads();
+    const bf16 *Ks = tiles + 2 * (jt & 1) * L::TILE, *Vs = Ks + L::TILE;
+
+    float sc[L::BC / 8][4]; // S = Q K^T: 8 tiles of 8 keys
 #pragma unroll
-    for (int n = 0; n < L::BC / 16; n++) { // S = Q K^T, 16 keys at a time
-      FragC sf;
-      wmma::fill_fragment(sf, 0.0f);
-#pragma unroll
-      for (int kk = 0; kk < D / 16; kk++) {
-        FragBT kb;
-        wmma::load_matrix_sync(kb, Ks + n * 16 * L::LDK + kk * 16, L::LDK);
-        wmma::mma_sync(sf, qf[kk], kb, sf);
-      }
-      wmma::store_matrix_sync(Sw + n * 16, sf, L::LDS, wmma::mem_row_major);
+    for (int n = 0; n < L::BC / 8; n++) {
+      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
     }
-    __syncwarp();
-    const int end = row_end - j0; // the row sees columns [0, end) of this tile
-    const float *srow = Sw + sr * L::LDS;
-    float mx = -INFINITY;
-    for (int t = 0; t < L::BC / 2; t++) {
-      const int c = 2 * t + half;
-      if (c < end) {
-        mx = fmaxf(mx, srow[c] * a.s2);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+      for (int np = 0; np < L::BC / 16; np++) {
+        uint32_t b[4];
+        ldsm_x4(b, frag_b(Ks, L::LD, np * 16, kk * 16, lane));
+        mma_bf16(sc[2 * np], qa[kk], b[0], b[1]);
+        mma_bf16(sc[2 * np + 1], qa[kk], b[2], b[3]);
       }
     }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-    const float m_new = fmaxf(m, mx);
-    const bool live = m_new != -INFINITY; // the row has seen a key
-    bf16 *prow = Pw + sr * L::LDP;
-    float sum = 0.0f;
-    for (int t = 0; t < L::BC / 2; t++) {
-      const int c = 2 * t + half;
-      const float p = live && c < end ? exp2f(srow[c] * a.s2 - m_new) : 0.0f;
-      sum += p;
-      prow[c] = __float2bfloat16_rn(p);
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 16);
-    const float alpha = live ? exp2f(m - m_new) : 1.0f; // m = -inf: 0
-    l = l * alpha + sum;
-    m = m_new;
-    if (half == 0) {
-      roww[sr] = alpha;
-    }
-    __syncwarp();
+    float alpha[2];
 #pragma unroll
-    for (int i = 0; i < kFragElems; i++) { // O *= alpha of each element's row
-      const float al = roww[erow[i]];
+    for (int x = 0; x < 2; x++) { // online softmax of row g + 8x: columns 8n + 2t + e
+      const int end = row_end[x] - j0;
+      float mx = -INFINITY;
 #pragma unroll
-      for (int n = 0; n < D / 16; n++) {
-        of[n].x[i] *= al;
+      for (int n = 0; n < L::BC / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const float val = n * 8 + 2 * t + e < end ? sc[n][2 * x + e] * a.s2 : -INFINITY;
+          sc[n][2 * x + e] = val;
+          mx = fmaxf(mx, val);
+        }
+      }
+      const float m_new = fmaxf(m[x], quad_max(mx));
+      const bool live = m_new != -INFINITY; // the row has seen a key
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < L::BC / 8; n++) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const float p = live ? exp2f(sc[n][2 * x + e] - m_new) : 0.0f;
+          sc[n][2 * x + e] = p;
+          sum += p;
+        }
+      }
+      alpha[x] = live ? exp2f(m[x] - m_new) : 1.0f; // m = -inf: 0
+      l[x] = l[x] * alpha[x] + quad_sum(sum);
+      m[x] = m_new;
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+#pragma unroll
+    for (int kk = 0; kk < L::BC / 16; kk++) { // O += P V, 16 keys at a time
+      uint32_t pa[4];
+      acc_to_a(pa, sc[2 * kk], sc[2 * kk + 1]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; dp++) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, frag_bt(Vs, L::LD, kk * 16, dp * 16, lane));
+        mma_bf16(o[2 * dp], pa, b[0], b[1]);
+        mma_bf16(o[2 * dp + 1], pa, b[2], b[3]);
       }
     }
-#pragma unroll
-    for (int kk = 0; kk < L::BC / 16; kk++) { // O += P V
-      FragA pf;
-      wmma::load_matrix_sync(pf, Pw + kk * 16, L::LDP);
-#pragma unroll
-      for (int n = 0; n < D / 16; n++) {
-        FragB vb;
-        wmma::load_matrix_sync(vb, Vs + kk * 16 * L::LDK + n * 16, L::LDK);
-        wmma::mma_sync(of[n], pf, vb, of[n]);
-      }
-    }
-    __syncthreads(); // the next tile rewrites K, V, S and P
+    __syncthreads(); // this stage is free for the tile after next
   }
 
   // out = O / l, lse = (m + log2 l) ln 2; rows without keys get 0 and -inf.
-  if (half == 0) {
-    roww[sr] = l > 0.0f ? 1.0f / l : 0.0f;
-    if (sr < wrows) {
-      lse[h * s.total_q + s.q0 + i0 + r0 + sr] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+  float inv[2];
+  int64_t qi[2];
+#pragma unroll
+  for (int x = 0; x < 2; x++) {
+    qi[x] = i0 + r0 + g + 8 * x;
+    inv[x] = l[x] > 0.0f ? 1.0f / l[x] : 0.0f;
+    if (t == 0 && qi[x] < s.lq) {
+      lse[h * s.total_q + s.q0 + qi[x]] = l[x] > 0.0f ? (m[x] + log2f(l[x])) * kLn2 : -INFINITY;
     }
   }
-  __syncwarp();
-#pragma unroll
-  for (int i = 0; i < kFragElems; i++) {
-    const float inv = roww[erow[i]];
-#pragma unroll
-    for (int n = 0; n < D / 16; n++) {
-      of[n].x[i] *= inv;
-    }
+  bf16 *o0 = out + (s.q0 + qi[0]) * ldq + (int64_t)h * D;
+  store_rows_bf16<D>(o0, o0 + 8 * ldq, qi[0] < s.lq, qi[1] < s.lq, o, inv[0], inv[1], t);
+}
+
+// Backward, three kernels in order on one stream: Di, then dK dV, then dQ. Di = rowsum(dO * O)
+// of each (query row, head) is computed once, in f32, and kept in the first 4 bytes of dq's own
+// storage for that row and head: the dK/dV kernel reads it there, and so does the dQ block that
+// owns the row, before it writes the row's dQ last (no scratch, no atomics).
+__device__ __forceinline__ int64_t di_at(int64_t row, int64_t ldq, int h, int D) {
+  return row * ldq + (int64_t)h * D;
+}
+
+// Di of 64 query rows of one head and sequence: D/8 lanes a row, a fixed order of sums.
+template <int D>
+__global__ void __launch_bounds__(kThreads)
+    tc_bwd_di_kernel(AttnArgs a, bf16 *dq, const bf16 *dout, const bf16 *out) {
+  constexpr int kChunks = D / 8, kRowsPerWarp = 32 / kChunks, kTileRows = 64;
+  const SeqInfo s = seq_info(a);
+  const int h = blockIdx.y;
+  const int64_t i0 = (int64_t)blockIdx.x * kTileRows;
+  if (i0 >= s.lq) {
+    return;
   }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % kChunks;
+  const int64_t ldq = (int64_t)a.H * D;
+  for (int r = warp * kRowsPerWarp + lane / kChunks; r < kTileRows; r += kWarps * kRowsPerWarp) {
+    const int64_t i = i0 + r; // every lane of the warp takes the same number of turns
+    float dot = 0.0f;
+    if (i < s.lq) {
+      const int64_t off = (s.q0 + i) * ldq + (int64_t)h * D + c * 8;
+      const uint4 x = *reinterpret_cast<const uint4 *>(dout + off);
+      const uint4 y = *reinterpret_cast<const uint4 *>(out + off);
+      const uint32_t xw[4] = {x.x, x.y, x.z, x.w}, yw[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll
-  for (int n = 0; n < D / 16; n++) {
-    store_frag_bf16(out + qoff + n * 16, ldq, of[n], Sw, wrows, lane);
+      for (int e = 0; e < 4; e++) { // elements 2e (low half) and 2e + 1
+        dot = fmaf(bf16_lo(xw[e]), bf16_lo(yw[e]), dot);
+        dot = fmaf(bf16_hi(xw[e]), bf16_hi(yw[e]), dot);
+      }
+    }
+#pragma unroll
+    for (int off = kChunks / 2; off > 0; off /= 2) { // the row's lanes are contiguous
+      dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    }
+    if (c == 0 && i < s.lq) {
+      *reinterpret_cast<float *>(dq + di_at(s.q0 + i, ldq, h, D)) = dot;
+    }
   }
 }
 
-// Backward shared memory: K, V, Q, dO tiles (64 rows each), lse2 and di of the query tile, the
-// partial dot products of Di, the row- and column-index matrices, then per warp two 16 x 64
-// bf16 tiles (P^T and dS^T in the dK/dV kernel, dS in the dQ kernel) and a 256-float scratch.
+// 4-byte cp.async (a float; zero when !valid).
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+               "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+// Backward shared memory: two stages, each a Q tile, a dO tile (64 rows), and the lse and Di of
+// those rows. dK/dV: K and V pass through stage 1's tiles on their way to registers, then query
+// tiles alternate between the stages. dQ: Q and dO pass through stage 0, then key tiles (K in
+// the Q tile, V in the dO tile) alternate.
 template <int D> struct TcBwd {
   static constexpr int BR = 16 * kWarps; // query rows per tile
   static constexpr int BC = 16 * kWarps; // key rows per tile
-  static constexpr int LDK = D + 8;      // bf16 row stride of K, V, Q, dO
-  static constexpr int LDP = 64 + 8;     // bf16 row stride of the warp tiles
-  static constexpr int CHUNKS = D / 8;   // 16-byte chunks per row
-  static constexpr int TILE_BYTES = align128(64 * LDK * 2);
-  static constexpr int K_OFF = 0, V_OFF = TILE_BYTES, Q_OFF = 2 * TILE_BYTES;
-  static constexpr int DO_OFF = 3 * TILE_BYTES, LSE_OFF = 4 * TILE_BYTES;
-  static constexpr int DI_OFF = LSE_OFF + align128(BR * 4), PART_OFF = DI_OFF + align128(BR * 4);
-  static constexpr int IDX_OFF = PART_OFF + align128(BR * CHUNKS * 4);
-  static constexpr int WARP_OFF = IDX_OFF + 2 * 1024;
-  static constexpr int WTILE_BYTES = align128(16 * LDP * 2);
-  static constexpr int WARP_BYTES = 2 * WTILE_BYTES + 1024;
-  static constexpr int SMEM = WARP_OFF + kWarps * WARP_BYTES;
-  static_assert(BR == 64 && BC == 64, "the warp tiles are 16 x 64");
+  static constexpr int LD = D + 8;       // bf16 row stride of the tiles
+  static constexpr int TILE_BYTES = align128(64 * LD * 2);
+  static constexpr int VEC_BYTES = align128(64 * 4);
+  static constexpr int Q_AT = 0, DO_AT = TILE_BYTES, LSE_AT = 2 * TILE_BYTES;
+  static constexpr int DI_AT = LSE_AT + VEC_BYTES;
+  static constexpr int STAGE_BYTES = DI_AT + VEC_BYTES;
+  static constexpr int SMEM = 2 * STAGE_BYTES;
+  static_assert(BR == 64 && BC == 64, "tiles of 64 rows");
   static_assert(SMEM <= kMaxSmem, "tensor-core backward tiles exceed the shared memory budget");
 };
 
-// Backward dK, dV: block (key tile, key/value head, sequence); each warp owns 16 keys and keeps
-// their dK, dV in registers while it walks the group's query heads in order and the query tiles
-// that see the key tile: P^T = 2^(s2 K Q^T - lse2), dP^T = V dO^T, dS^T = P^T (dP^T - Di),
-// dV += P^T dO, dK += dS^T Q; dK is scaled once at the end.
+// Backward dK, dV: block (key tile, key/value head, sequence); each warp owns 16 keys, keeps
+// their K, V fragments and dK, dV accumulators in registers, and walks the group's query heads
+// in order and the query tiles that see the key tile (the next one loading while this one is
+// used), 16 queries at a time: P^T = 2^(s2 K Q^T - lse2), dP^T = V dO^T, dS^T = P^T (dP^T -
+// Di), dV += P^T dO, dK += dS^T Q; dK is scaled once at the end.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     tc_bwd_dkdv_kernel(AttnArgs a, bf16 *dk, bf16 *dv, const bf16 *dout, const bf16 *q,
-                       const bf16 *k, const bf16 *v, const bf16 *out, const float *lse) {
+                       const bf16 *k, const bf16 *v, const bf16 *dq, const float *lse) {
   typedef TcBwd<D> L;
   extern __shared__ __align__(128) unsigned char smem[];
   const SeqInfo s = seq_info(a);
@@ -758,116 +805,139 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const int cols = (int)min64(L::BC, s.lk - j0);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int c0 = warp * 16;                                    // the warp's first key in the tile
-  const int wcols = (int)max64(0, min64(16, cols - c0));       // of which in the sequence
-  bf16 *Ks = reinterpret_cast<bf16 *>(smem + L::K_OFF);        // (BC, LDK)
-  bf16 *Vs = reinterpret_cast<bf16 *>(smem + L::V_OFF);        // (BC, LDK)
-  bf16 *Qs = reinterpret_cast<bf16 *>(smem + L::Q_OFF);        // (BR, LDK)
-  bf16 *dOs = reinterpret_cast<bf16 *>(smem + L::DO_OFF);      // (BR, LDK)
-  float *lse2 = reinterpret_cast<float *>(smem + L::LSE_OFF);  // (BR)
-  float *di = reinterpret_cast<float *>(smem + L::DI_OFF);     // (BR)
-  float *part = reinterpret_cast<float *>(smem + L::PART_OFF); // (BR, CHUNKS)
-  float *ridx_m = reinterpret_cast<float *>(smem + L::IDX_OFF), *cidx_m = ridx_m + 256;
-  unsigned char *wsm = smem + L::WARP_OFF + warp * L::WARP_BYTES;
-  bf16 *PTw = reinterpret_cast<bf16 *>(wsm);                            // (16, LDP)
-  bf16 *dSTw = reinterpret_cast<bf16 *>(wsm + L::WTILE_BYTES);          // (16, LDP)
-  float *scratch = reinterpret_cast<float *>(wsm + 2 * L::WTILE_BYTES); // (16, 16)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int c0 = warp * 16; // the warp's first key in the tile
   const int64_t ldq = (int64_t)a.H * D, ldk = (int64_t)a.H_kv * D;
   const int64_t koff = (s.k0 + j0) * ldk + (int64_t)hk * D;
-
-  fill_index_matrices(ridx_m, cidx_m);
-  stage_bf16<D>(Ks, L::LDK, k + koff, ldk, cols, L::BC, threadIdx.x, kThreads);
-  stage_bf16<D>(Vs, L::LDK, v + koff, ldk, cols, L::BC, threadIdx.x, kThreads);
-  FragC dkf[D / 16], dvf[D / 16];
-#pragma unroll
-  for (int n = 0; n < D / 16; n++) {
-    wmma::fill_fragment(dkf[n], 0.0f);
-    wmma::fill_fragment(dvf[n], 0.0f);
-  }
-  __syncthreads();
-  int erow[kFragElems], ecol[kFragElems];
-  element_places(ridx_m, cidx_m, erow, ecol);
-
   const int group = a.H / a.H_kv;
-  for (int h = hk * group; h < (hk + 1) * group; h++) {
-    for (int64_t i0 = first_query(j0, s, a.causal); i0 < s.lq; i0 += L::BR) {
-      const int rows = (int)min64(L::BR, s.lq - i0);
-      const int64_t qoff = (s.q0 + i0) * ldq + (int64_t)h * D;
-      __syncthreads(); // the previous query tile is done with Q, dO, lse2, di, the warp tiles
-      stage_bf16<D>(Qs, L::LDK, q + qoff, ldq, rows, L::BR, threadIdx.x, kThreads);
-      stage_bf16_dot<D>(dOs, L::LDK, part, dout + qoff, out + qoff, ldq, rows, L::BR);
-      for (int r = threadIdx.x; r < L::BR; r += kThreads) {
-        lse2[r] = r < rows ? lse_base2(lse[h * s.total_q + s.q0 + i0 + r]) : INFINITY;
-      }
-      __syncthreads();
-      sum_partials<D>(di, part, L::BR);
-      __syncthreads();
-#pragma unroll 1
-      for (int n = 0; n < L::BR / 16; n++) { // 16 queries at a time
-        FragC sf, dpf;
-        wmma::fill_fragment(sf, 0.0f);
-        wmma::fill_fragment(dpf, 0.0f);
+  const int64_t iq0 = first_query(j0, s, a.causal);
+  const int per_head = iq0 < s.lq ? (int)((s.lq - iq0 + L::BR - 1) / L::BR) : 0;
+  const int items = group * per_head; // (head, query tile) in order
+
+  // Item `it` (head hk group + it / per_head, query tile it % per_head) into stage st.
+  auto prefetch = [&](int it, int st) {
+    const int h = hk * group + it / per_head;
+    const int64_t i0 = iq0 + (int64_t)(it % per_head) * L::BR;
+    const int rows = (int)min64(L::BR, s.lq - i0);
+    const int64_t qoff = (s.q0 + i0) * ldq + (int64_t)h * D;
+    unsigned char *base = smem + st * L::STAGE_BYTES;
+    stage_async<D>(reinterpret_cast<bf16 *>(base + L::Q_AT), L::LD, q + qoff, ldq, rows, L::BR);
+    stage_async<D>(reinterpret_cast<bf16 *>(base + L::DO_AT), L::LD, dout + qoff, ldq, rows, L::BR);
+    for (int r = threadIdx.x; r < L::BR; r += kThreads) {
+      const bool valid = r < rows;
+      const int64_t row = s.q0 + i0 + (valid ? r : 0);
+      cp_async4(base + L::LSE_AT + 4 * r, lse + h * s.total_q + row, valid);
+      cp_async4(base + L::DI_AT + 4 * r, dq + di_at(row, ldq, h, D), valid);
+    }
+  };
+
+  bf16 *Ks = reinterpret_cast<bf16 *>(smem + L::STAGE_BYTES + L::Q_AT);
+  bf16 *Vs = reinterpret_cast<bf16 *>(smem + L::STAGE_BYTES + L::DO_AT);
+  stage_async<D>(Ks, L::LD, k + koff, ldk, cols, L::BC);
+  stage_async<D>(Vs, L::LD, v + koff, ldk, cols, L::BC);
+  cp_async_commit();
+  if (items > 0) {
+    prefetch(0, 0);
+  }
+  cp_async_commit();
+  cp_async_wait<1>(); // K and V have landed
+  __syncthreads();
+  uint32_t ka[D / 16][4], va[D / 16][4];
 #pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-          FragA xa;
-          FragBT yb;
-          wmma::load_matrix_sync(xa, Ks + c0 * L::LDK + kk * 16, L::LDK);
-          wmma::load_matrix_sync(yb, Qs + n * 16 * L::LDK + kk * 16, L::LDK);
-          wmma::mma_sync(sf, xa, yb, sf); // S^T = K Q^T
-          wmma::load_matrix_sync(xa, Vs + c0 * L::LDK + kk * 16, L::LDK);
-          wmma::load_matrix_sync(yb, dOs + n * 16 * L::LDK + kk * 16, L::LDK);
-          wmma::mma_sync(dpf, xa, yb, dpf); // dP^T = V dO^T
-        }
+  for (int kk = 0; kk < D / 16; kk++) {
+    ldsm_x4(ka[kk], frag_a(Ks, L::LD, c0, kk * 16, lane));
+    ldsm_x4(va[kk], frag_a(Vs, L::LD, c0, kk * 16, lane));
+  }
+  __syncthreads(); // K and V are in registers: stage 1 is free
+  float dkc[D / 8][4], dvc[D / 8][4];
 #pragma unroll
-        for (int i = 0; i < kFragElems; i++) {
-          const int kr = erow[i], qc = n * 16 + ecol[i];
-          const bool vis = visible(i0 + qc, j0 + c0 + kr, s, a.causal);
-          const float p = vis ? exp2f(sf.x[i] * a.s2 - lse2[qc]) : 0.0f;
-          const float ds = p * (dpf.x[i] - di[qc]);
-          PTw[kr * L::LDP + qc] = __float2bfloat16_rn(p);
-          dSTw[kr * L::LDP + qc] = __float2bfloat16_rn(ds);
-        }
-      }
-      __syncwarp();
-#pragma unroll 1
-      for (int kk = 0; kk < L::BR / 16; kk++) {
-        FragA pa, da;
-        wmma::load_matrix_sync(pa, PTw + kk * 16, L::LDP);
-        wmma::load_matrix_sync(da, dSTw + kk * 16, L::LDP);
+  for (int n = 0; n < D / 8; n++) {
 #pragma unroll
-        for (int n = 0; n < D / 16; n++) {
-          FragB yb;
-          wmma::load_matrix_sync(yb, dOs + kk * 16 * L::LDK + n * 16, L::LDK);
-          wmma::mma_sync(dvf[n], pa, yb, dvf[n]); // dV += P^T dO
-          wmma::load_matrix_sync(yb, Qs + kk * 16 * L::LDK + n * 16, L::LDK);
-          wmma::mma_sync(dkf[n], da, yb, dkf[n]); // dK += dS^T Q
-        }
-      }
+    for (int e = 0; e < 4; e++) {
+      dkc[n][e] = dvc[n][e] = 0.0f;
     }
   }
-#pragma unroll
-  for (int n = 0; n < D / 16; n++) {
-#pragma unroll
-    for (int i = 0; i < kFragElems; i++) {
-      dkf[n].x[i] *= a.scale;
+  const int64_t kj0 = j0 + c0 + g; // the lane's keys: kj0 and kj0 + 8
+
+  for (int it = 0; it < items; it++) {
+    if (it + 1 < items) {
+      prefetch(it + 1, (it + 1) & 1);
     }
-  }
-  const int64_t woff = koff + c0 * ldk; // the warp's first key
+    cp_async_commit();
+    cp_async_wait<1>(); // this item has landed
+    __syncthreads();
+    const unsigned char *base = smem + (it & 1) * L::STAGE_BYTES;
+    const bf16 *Qs = reinterpret_cast<const bf16 *>(base + L::Q_AT);
+    const bf16 *dOs = reinterpret_cast<const bf16 *>(base + L::DO_AT);
+    const float *lse_s = reinterpret_cast<const float *>(base + L::LSE_AT);
+    const float *di_s = reinterpret_cast<const float *>(base + L::DI_AT);
+    const int64_t i0 = iq0 + (int64_t)(it % per_head) * L::BR;
+#pragma unroll 1
+    for (int qs = 0; qs < L::BR / 16; qs++) { // 16 queries at a time
+      float st[2][4], dpt[2][4];
 #pragma unroll
-  for (int n = 0; n < D / 16; n++) {
-    store_frag_bf16(dk + woff + n * 16, ldk, dkf[n], scratch, wcols, lane);
-    store_frag_bf16(dv + woff + n * 16, ldk, dvf[n], scratch, wcols, lane);
+      for (int n = 0; n < 2; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          st[n][e] = dpt[n][e] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t b[4];
+        ldsm_x4(b, frag_b(Qs, L::LD, qs * 16, kk * 16, lane));
+        mma_bf16(st[0], ka[kk], b[0], b[1]); // S^T = K Q^T
+        mma_bf16(st[1], ka[kk], b[2], b[3]);
+        ldsm_x4(b, frag_b(dOs, L::LD, qs * 16, kk * 16, lane));
+        mma_bf16(dpt[0], va[kk], b[0], b[1]); // dP^T = V dO^T
+        mma_bf16(dpt[1], va[kk], b[2], b[3]);
+      }
+#pragma unroll
+      for (int n = 0; n < 2; n++) { // element (key g + 8x, query qs 16 + 8n + 2t + e)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int qc = qs * 16 + n * 8 + 2 * t + e;
+          const float lse2 = lse_base2(lse_s[qc]), di = di_s[qc];
+#pragma unroll
+          for (int x = 0; x < 2; x++) {
+            const bool vis = visible(i0 + qc, kj0 + 8 * x, s, a.causal);
+            const float p = vis ? exp2f(st[n][2 * x + e] * a.s2 - lse2) : 0.0f;
+            st[n][2 * x + e] = p;
+            dpt[n][2 * x + e] = p * (dpt[n][2 * x + e] - di);
+          }
+        }
+      }
+      uint32_t pa[4], da[4];
+      acc_to_a(pa, st[0], st[1]);
+      acc_to_a(da, dpt[0], dpt[1]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; dp++) {
+        uint32_t b[4];
+        ldsm_x4_trans(b, frag_bt(dOs, L::LD, qs * 16, dp * 16, lane));
+        mma_bf16(dvc[2 * dp], pa, b[0], b[1]); // dV += P^T dO
+        mma_bf16(dvc[2 * dp + 1], pa, b[2], b[3]);
+        ldsm_x4_trans(b, frag_bt(Qs, L::LD, qs * 16, dp * 16, lane));
+        mma_bf16(dkc[2 * dp], da, b[0], b[1]); // dK += dS^T Q
+        mma_bf16(dkc[2 * dp + 1], da, b[2], b[3]);
+      }
+    }
+    __syncthreads(); // this stage is free for the item after next
   }
+  bf16 *k0p = dk + koff + (int64_t)(c0 + g) * ldk, *v0p = dv + koff + (int64_t)(c0 + g) * ldk;
+  const bool valid0 = c0 + g < cols, valid1 = c0 + g + 8 < cols;
+  store_rows_bf16<D>(k0p, k0p + 8 * ldk, valid0, valid1, dkc, a.scale, a.scale, t);
+  store_rows_bf16<D>(v0p, v0p + 8 * ldk, valid0, valid1, dvc, 1.0f, 1.0f, t);
 }
 
 // Backward dQ: block (query tile, head, sequence), the longest causal tiles first; each warp
-// keeps its 16 rows of Q, dO (fragments) and dQ (accumulators) in registers over the key tiles:
-// P = 2^(s2 Q K^T - lse2), dP = dO V^T, dS = P (dP - Di), dQ += dS K; scaled once at the end.
+// keeps its 16 rows of Q, dO (fragments), lse, Di and dQ (accumulators) in registers over the
+// key tiles (the next loading while this one is used), 16 keys at a time: P = 2^(s2 Q K^T -
+// lse2), dP = dO V^T, dS = P (dP - Di), dQ += dS K; scaled once at the end, where it replaces
+// the rows' Di.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     tc_bwd_dq_kernel(AttnArgs a, bf16 *dq, const bf16 *dout, const bf16 *q, const bf16 *k,
-                     const bf16 *v, const bf16 *out, const float *lse) {
+                     const bf16 *v, const float *lse) {
   typedef TcBwd<D> L;
   extern __shared__ __align__(128) unsigned char smem[];
   const SeqInfo s = seq_info(a);
@@ -877,97 +947,113 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const int rows = (int)min64(L::BR, s.lq - i0);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int r0 = warp * 16;
-  const int wrows = (int)max64(0, min64(16, rows - r0));
-  bf16 *Ks = reinterpret_cast<bf16 *>(smem + L::K_OFF);
-  bf16 *Vs = reinterpret_cast<bf16 *>(smem + L::V_OFF);
-  bf16 *Qs = reinterpret_cast<bf16 *>(smem + L::Q_OFF);
-  bf16 *dOs = reinterpret_cast<bf16 *>(smem + L::DO_OFF);
-  float *lse2 = reinterpret_cast<float *>(smem + L::LSE_OFF);
-  float *di = reinterpret_cast<float *>(smem + L::DI_OFF);
-  float *part = reinterpret_cast<float *>(smem + L::PART_OFF);
-  float *ridx_m = reinterpret_cast<float *>(smem + L::IDX_OFF), *cidx_m = ridx_m + 256;
-  unsigned char *wsm = smem + L::WARP_OFF + warp * L::WARP_BYTES;
-  bf16 *dSw = reinterpret_cast<bf16 *>(wsm);                            // (16, LDP)
-  float *scratch = reinterpret_cast<float *>(wsm + 2 * L::WTILE_BYTES); // (16, 16)
   const int64_t ldq = (int64_t)a.H * D, ldk = (int64_t)a.H_kv * D;
   const int64_t hk = h / (a.H / a.H_kv);
   const int64_t qoff = (s.q0 + i0) * ldq + (int64_t)h * D;
+  const int kend = keys_seen(i0 + rows - 1, s, a.causal); // later key tiles are fully masked
+  const int ntiles = (kend + L::BC - 1) / L::BC;
+  // Key tile jt (K in the Q tile, V in the dO tile) into stage st.
+  auto prefetch = [&](int jt, int st) {
+    const int64_t koff = (s.k0 + (int64_t)jt * L::BC) * ldk + hk * D;
+    const int krows = (int)min64(L::BC, s.lk - (int64_t)jt * L::BC);
+    unsigned char *base = smem + st * L::STAGE_BYTES;
+    stage_async<D>(reinterpret_cast<bf16 *>(base + L::Q_AT), L::LD, k + koff, ldk, krows, L::BC);
+    stage_async<D>(reinterpret_cast<bf16 *>(base + L::DO_AT), L::LD, v + koff, ldk, krows, L::BC);
+  };
 
-  fill_index_matrices(ridx_m, cidx_m);
-  stage_bf16<D>(Qs, L::LDK, q + qoff, ldq, rows, L::BR, threadIdx.x, kThreads);
-  stage_bf16_dot<D>(dOs, L::LDK, part, dout + qoff, out + qoff, ldq, rows, L::BR);
-  for (int r = threadIdx.x; r < L::BR; r += kThreads) {
-    lse2[r] = r < rows ? lse_base2(lse[h * s.total_q + s.q0 + i0 + r]) : INFINITY;
+  const bf16 *Qs = reinterpret_cast<const bf16 *>(smem + L::Q_AT);
+  const bf16 *dOs = reinterpret_cast<const bf16 *>(smem + L::DO_AT);
+  stage_async<D>(const_cast<bf16 *>(Qs), L::LD, q + qoff, ldq, rows, L::BR);
+  stage_async<D>(const_cast<bf16 *>(dOs), L::LD, dout + qoff, ldq, rows, L::BR);
+  cp_async_commit();
+  if (ntiles > 0) {
+    prefetch(0, 1); // key tile jt goes to stage (jt + 1) % 2
   }
+  cp_async_commit();
+  float lse2r[2], dir[2];
+  int64_t qi[2];
+#pragma unroll
+  for (int x = 0; x < 2; x++) { // the lane's rows g and g + 8 of the warp
+    qi[x] = i0 + r0 + g + 8 * x;
+    const bool valid = qi[x] < s.lq;
+    lse2r[x] = valid ? lse_base2(lse[h * s.total_q + s.q0 + qi[x]]) : INFINITY;
+    dir[x] = valid ? *reinterpret_cast<const float *>(dq + di_at(s.q0 + qi[x], ldq, h, D)) : 0.0f;
+  }
+  cp_async_wait<1>(); // Q and dO have landed
   __syncthreads();
-  sum_partials<D>(di, part, L::BR);
-  int erow[kFragElems], ecol[kFragElems];
-  element_places(ridx_m, cidx_m, erow, ecol);
-  FragA qa[D / 16], oa[D / 16];
+  uint32_t qa[D / 16][4], oa[D / 16][4];
 #pragma unroll
   for (int kk = 0; kk < D / 16; kk++) {
-    wmma::load_matrix_sync(qa[kk], Qs + r0 * L::LDK + kk * 16, L::LDK);
-    wmma::load_matrix_sync(oa[kk], dOs + r0 * L::LDK + kk * 16, L::LDK);
+    ldsm_x4(qa[kk], frag_a(Qs, L::LD, r0, kk * 16, lane));
+    ldsm_x4(oa[kk], frag_a(dOs, L::LD, r0, kk * 16, lane));
   }
-  FragC dqf[D / 16];
+  __syncthreads(); // Q and dO are in registers: stage 0 is free
+  float dqc[D / 8][4];
 #pragma unroll
-  for (int n = 0; n < D / 16; n++) {
-    wmma::fill_fragment(dqf[n], 0.0f);
+  for (int n = 0; n < D / 8; n++) {
+    dqc[n][0] = dqc[n][1] = dqc[n][2] = dqc[n][3] = 0.0f;
   }
-  __syncthreads(); // di is written
 
-  const int kend = keys_seen(i0 + rows - 1, s, a.causal); // later key tiles are fully masked
-  for (int j0 = 0; j0 < kend; j0 += L::BC) {
-    const int64_t koff = (s.k0 + j0) * ldk + hk * D;
-    const int krows = (int)min64(L::BC, s.lk - j0);
-    stage_bf16<D>(Ks, L::LDK, k + koff, ldk, krows, L::BC, threadIdx.x, kThreads);
-    stage_bf16<D>(Vs, L::LDK, v + koff, ldk, krows, L::BC, threadIdx.x, kThreads);
+  for (int jt = 0; jt < ntiles; jt++) {
+    const int j0 = jt * L::BC;
+    if (jt + 1 < ntiles) {
+      prefetch(jt + 1, jt & 1);
+    }
+    cp_async_commit();
+    cp_async_wait<1>(); // this tile has landed
     __syncthreads();
+    const unsigned char *base = smem + ((jt + 1) & 1) * L::STAGE_BYTES;
+    const bf16 *Ks = reinterpret_cast<const bf16 *>(base + L::Q_AT);
+    const bf16 *Vs = reinterpret_cast<const bf16 *>(base + L::DO_AT);
 #pragma unroll 1
-    for (int n = 0; n < L::BC / 16; n++) { // 16 keys at a time
-      FragC sf, dpf;
-      wmma::fill_fragment(sf, 0.0f);
-      wmma::fill_fragment(dpf, 0.0f);
+    for (int ks = 0; ks < L::BC / 16; ks++) { // 16 keys at a time
+      float sc[2][4], dpc[2][4];
+#pragma unroll
+      for (int n = 0; n < 2; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          sc[n][e] = dpc[n][e] = 0.0f;
+        }
+      }
 #pragma unroll
       for (int kk = 0; kk < D / 16; kk++) {
-        FragBT yb;
-        wmma::load_matrix_sync(yb, Ks + n * 16 * L::LDK + kk * 16, L::LDK);
-        wmma::mma_sync(sf, qa[kk], yb, sf); // S = Q K^T
-        wmma::load_matrix_sync(yb, Vs + n * 16 * L::LDK + kk * 16, L::LDK);
-        wmma::mma_sync(dpf, oa[kk], yb, dpf); // dP = dO V^T
+        uint32_t b[4];
+        ldsm_x4(b, frag_b(Ks, L::LD, ks * 16, kk * 16, lane));
+        mma_bf16(sc[0], qa[kk], b[0], b[1]); // S = Q K^T
+        mma_bf16(sc[1], qa[kk], b[2], b[3]);
+        ldsm_x4(b, frag_b(Vs, L::LD, ks * 16, kk * 16, lane));
+        mma_bf16(dpc[0], oa[kk], b[0], b[1]); // dP = dO V^T
+        mma_bf16(dpc[1], oa[kk], b[2], b[3]);
       }
 #pragma unroll
-      for (int i = 0; i < kFragElems; i++) {
-        const int rr = erow[i], kc = n * 16 + ecol[i];
-        const bool vis = visible(i0 + r0 + rr, j0 + kc, s, a.causal);
-        const float p = vis ? exp2f(sf.x[i] * a.s2 - lse2[r0 + rr]) : 0.0f;
-        dSw[rr * L::LDP + kc] = __float2bfloat16_rn(p * (dpf.x[i] - di[r0 + rr]));
-      }
-    }
-    __syncwarp();
-#pragma unroll 1
-    for (int kk = 0; kk < L::BC / 16; kk++) { // dQ += dS K
-      FragA da;
-      wmma::load_matrix_sync(da, dSw + kk * 16, L::LDP);
+      for (int n = 0; n < 2; n++) { // element (row g + 8x, key ks 16 + 8n + 2t + e)
 #pragma unroll
-      for (int n = 0; n < D / 16; n++) {
-        FragB kb;
-        wmma::load_matrix_sync(kb, Ks + kk * 16 * L::LDK + n * 16, L::LDK);
-        wmma::mma_sync(dqf[n], da, kb, dqf[n]);
+        for (int x = 0; x < 2; x++) {
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            const int kc = ks * 16 + n * 8 + 2 * t + e;
+            const bool vis = visible(qi[x], j0 + kc, s, a.causal);
+            const float p = vis ? exp2f(sc[n][2 * x + e] * a.s2 - lse2r[x]) : 0.0f;
+            dpc[n][2 * x + e] = p * (dpc[n][2 * x + e] - dir[x]);
+          }
+        }
+      }
+      uint32_t da[4];
+      acc_to_a(da, dpc[0], dpc[1]);
+#pragma unroll
+      for (int dp = 0; dp < D / 16; dp++) { // dQ += dS K
+        uint32_t b[4];
+        ldsm_x4_trans(b, frag_bt(Ks, L::LD, ks * 16, dp * 16, lane));
+        mma_bf16(dqc[2 * dp], da, b[0], b[1]);
+        mma_bf16(dqc[2 * dp + 1], da, b[2], b[3]);
       }
     }
-    __syncthreads(); // the next tile rewrites K, V and dS
+    __syncthreads(); // this stage is free for the tile after next
   }
-#pragma unroll
-  for (int n = 0; n < D / 16; n++) {
-#pragma unroll
-    for (int i = 0; i < kFragElems; i++) {
-      dqf[n].x[i] *= a.scale;
-    }
-    store_frag_bf16(dq + qoff + r0 * ldq + n * 16, ldq, dqf[n], scratch, wrows, lane);
-  }
+  bf16 *q0p = dq + (s.q0 + qi[0]) * ldq + (int64_t)h * D;
+  store_rows_bf16<D>(q0p, q0p + 8 * ldq, qi[0] < s.lq, qi[1] < s.lq, dqc, a.scale, a.scale, t);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1065,14 +1151,18 @@ loom_status_t tc_bwd(const AttnArgs &a, int max_q, int max_k, bf16 *dq, bf16 *dk
                      const float *lse) {
   typedef TcBwd<D> L;
   loom_status_t status = LOOM_OK;
-  if (max_k > 0) {
+  if (max_q > 0) { // Di into dq's storage, read by the two kernels after it
+    status = launch_seqs(tc_bwd_di_kernel<D>, "attention backward Di (bf16)", a,
+                         tiles_of(max_q, 64), a.H, 0, dq, dout, out);
+  }
+  if (status == LOOM_OK && max_k > 0) {
     status = launch_seqs(tc_bwd_dkdv_kernel<D>, "attention backward dK dV (bf16 tensor cores)", a,
                          tiles_of(max_k, L::BC), a.H_kv, (size_t)L::SMEM, dk, dv, dout, q, k, v,
-                         out, lse);
+                         (const bf16 *)dq, lse);
   }
   if (status == LOOM_OK && max_q > 0) {
     status = launch_seqs(tc_bwd_dq_kernel<D>, "attention backward dQ (bf16 tensor cores)", a,
-                         tiles_of(max_q, L::BR), a.H, (size_t)L::SMEM, dq, dout, q, k, v, out, lse);
+                         tiles_of(max_q, L::BR), a.H, (size_t)L::SMEM, dq, dout, q, k, v, lse);
   }
   return status;
 }

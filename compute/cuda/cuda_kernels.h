@@ -119,7 +119,8 @@ loom_status_t loom_cuda_moe_unpermute_backward(int64_t T, int64_t K, int64_t H, 
 // max_k are the longest sequences (grid sizing). Head sizes up to 256 (tensor-core kernels for
 // bf16 at D = 32, 64, 128; tiled FMA kernels otherwise); D > 256 is LOOM_ERR_UNSUPPORTED. The
 // backward is deterministic (no atomics: dK, dV per key tile, dQ per query tile) and sums the query
-// heads of a group in a fixed order.
+// heads of a group in a fixed order; its bf16 tensor-core path keeps Di = rowsum(dO * O) in dq's
+// storage until dq is written, so dq must not overlap an input.
 loom_status_t loom_cuda_attention_fwd(loom_dtype_t dtype, void *out, float *lse, const void *q,
                                       const void *k, const void *v, const int32_t *cu_q,
                                       const int32_t *cu_k, int B, int max_q, int max_k, int H,
