@@ -26,10 +26,11 @@
 //   rounded to bf16 before their products (as FlashAttention does); softmax, sums and lse in f32.
 // - FMA (f32 at any D <= 256, bf16 at the other D <= 256): square tiles of BT rows kept in
 //   shared memory as f32, products by 4x4 register micro-tiles.
-// D > 256 returns LOOM_ERR_UNSUPPORTED. The backward takes no scratch and no atomics: each
-// backward kernel computes Di = rowsum(dO * O) of the query tile it loads (the same function in
-// both kernels, so the same bits); dK and dV of a key tile come from one block that walks the
-// group's query heads in order, dQ of a query tile from one block: deterministic.
+// D > 256 returns LOOM_ERR_UNSUPPORTED. The backward takes no scratch and no atomics: the FMA
+// kernels compute Di = rowsum(dO * O) of the query tile they load (the same function in both
+// kernels, so the same bits), the tensor-core path once, into dq's storage (see tc_bwd); dK and
+// dV of a key tile come from one block that walks the group's query heads in order, dQ of a query
+// tile from one block: deterministic.
 
 namespace {
 
@@ -497,6 +498,34 @@ __device__ __forceinline__ void acc_to_a(uint32_t a[4], const float c0[4], const
   a[3] = pack_bf16x2(c1[2], c1[3]);
 }
 
+// f[kk] (and h[kk] unless h is null) = the A operand of rows r0 .. r0 + 15, columns 16 kk .., of
+// the D-column tile x (of y).
+template <int D>
+__device__ __forceinline__ void load_rows_a(uint32_t f[D / 16][4], const bf16 *x, uint32_t (*h)[4],
+                                            const bf16 *y, int ld, int r0, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) {
+    ldsm_x4(f[kk], frag_a(x, ld, r0, kk * 16, lane));
+    if (h) {
+      ldsm_x4(h[kk], frag_a(y, ld, r0, kk * 16, lane));
+    }
+  }
+}
+
+// N accumulator tiles of c (and of d unless d is null) set to zero.
+template <int N> __device__ __forceinline__ void zero_acc(float c[N][4], float (*d)[4] = nullptr) {
+#pragma unroll
+  for (int n = 0; n < N; n++) {
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      c[n][e] = 0.0f;
+      if (d) {
+        d[n][e] = 0.0f;
+      }
+    }
+  }
+}
+
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
   return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -601,17 +630,11 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_wait<1>(); // Q has landed
   __syncthreads();
   uint32_t qa[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; kk++) {
-    ldsm_x4(qa[kk], frag_a(Qs, L::LD, r0, kk * 16, lane));
-  }
+  load_rows_a<D>(qa, Qs, nullptr, nullptr, L::LD, r0, lane);
   __syncthreads(); // every warp holds its Q: stage 1 is free
 
   float o[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; n++) {
-    o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  }
+  zero_acc<D / 8>(o);
   // The lane's rows g and g + 8 of the warp: running maximum m and sum l (base 2), and the keys
   // each sees.
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
@@ -636,10 +659,7 @@ __global__ void __launch_bounds__(kThreads)
     const bf16 *Ks = tiles + 2 * (jt & 1) * L::TILE, *Vs = Ks + L::TILE;
 
     float sc[L::BC / 8][4]; // S = Q K^T: 8 tiles of 8 keys
-#pragma unroll
-    for (int n = 0; n < L::BC / 8; n++) {
-      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-    }
+    zero_acc<L::BC / 8>(sc);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
 #pragma unroll
@@ -725,11 +745,12 @@ __device__ __forceinline__ int64_t di_at(int64_t row, int64_t ldq, int h, int D)
   return row * ldq + (int64_t)h * D;
 }
 
-// Di of 64 query rows of one head and sequence: D/8 lanes a row, a fixed order of sums.
+// Di of kDiRows query rows of one head and sequence: D/8 lanes a row, a fixed order of sums.
+constexpr int kDiRows = 64;
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     tc_bwd_di_kernel(AttnArgs a, bf16 *dq, const bf16 *dout, const bf16 *out) {
-  constexpr int kChunks = D / 8, kRowsPerWarp = 32 / kChunks, kTileRows = 64;
+  constexpr int kChunks = D / 8, kRowsPerWarp = 32 / kChunks, kTileRows = kDiRows;
   const SeqInfo s = seq_info(a);
   const int h = blockIdx.y;
   const int64_t i0 = (int64_t)blockIdx.x * kTileRows;
@@ -843,20 +864,10 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_wait<1>(); // K and V have landed
   __syncthreads();
   uint32_t ka[D / 16][4], va[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; kk++) {
-    ldsm_x4(ka[kk], frag_a(Ks, L::LD, c0, kk * 16, lane));
-    ldsm_x4(va[kk], frag_a(Vs, L::LD, c0, kk * 16, lane));
-  }
+  load_rows_a<D>(ka, Ks, va, Vs, L::LD, c0, lane);
   __syncthreads(); // K and V are in registers: stage 1 is free
   float dkc[D / 8][4], dvc[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; n++) {
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-      dkc[n][e] = dvc[n][e] = 0.0f;
-    }
-  }
+  zero_acc<D / 8>(dkc, dvc);
   const int64_t kj0 = j0 + c0 + g; // the lane's keys: kj0 and kj0 + 8
 
   for (int it = 0; it < items; it++) {
@@ -875,13 +886,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 1
     for (int qs = 0; qs < L::BR / 16; qs++) { // 16 queries at a time
       float st[2][4], dpt[2][4];
-#pragma unroll
-      for (int n = 0; n < 2; n++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          st[n][e] = dpt[n][e] = 0.0f;
-        }
-      }
+      zero_acc<2>(st, dpt);
 #pragma unroll
       for (int kk = 0; kk < D / 16; kk++) {
         uint32_t b[4];
@@ -987,17 +992,10 @@ __global__ void __launch_bounds__(kThreads)
   cp_async_wait<1>(); // Q and dO have landed
   __syncthreads();
   uint32_t qa[D / 16][4], oa[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; kk++) {
-    ldsm_x4(qa[kk], frag_a(Qs, L::LD, r0, kk * 16, lane));
-    ldsm_x4(oa[kk], frag_a(dOs, L::LD, r0, kk * 16, lane));
-  }
+  load_rows_a<D>(qa, Qs, oa, dOs, L::LD, r0, lane);
   __syncthreads(); // Q and dO are in registers: stage 0 is free
   float dqc[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; n++) {
-    dqc[n][0] = dqc[n][1] = dqc[n][2] = dqc[n][3] = 0.0f;
-  }
+  zero_acc<D / 8>(dqc);
 
   for (int jt = 0; jt < ntiles; jt++) {
     const int j0 = jt * L::BC;
@@ -1014,13 +1012,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int ks = 0; ks < L::BC / kKeyStep; ks++) { // kKeyStep keys at a time
       constexpr int NT = kKeyStep / 8;              // tiles of 8 keys
       float sc[NT][4], dpc[NT][4];
-#pragma unroll
-      for (int n = 0; n < NT; n++) {
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          sc[n][e] = dpc[n][e] = 0.0f;
-        }
-      }
+      zero_acc<NT>(sc, dpc);
 #pragma unroll
       for (int kk = 0; kk < D / 16; kk++) {
 #pragma unroll
@@ -1163,7 +1155,7 @@ loom_status_t tc_bwd(const AttnArgs &a, int max_q, int max_k, bf16 *dq, bf16 *dk
   loom_status_t status = LOOM_OK;
   if (max_q > 0) { // Di into dq's storage, read by the two kernels after it
     status = launch_seqs(tc_bwd_di_kernel<D>, "attention backward Di (bf16)", a,
-                         tiles_of(max_q, 64), a.H, 0, dq, dout, out);
+                         tiles_of(max_q, kDiRows), a.H, 0, dq, dout, out);
   }
   if (status == LOOM_OK && max_k > 0) {
     status = launch_seqs(tc_bwd_dkdv_kernel<D>, "attention backward dK dV (bf16 tensor cores)", a,

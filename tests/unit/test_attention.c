@@ -702,6 +702,16 @@ static void test_bad_args(void) {
              loom_attention_backward(&t.dq, &t.dk, &t.dv, &t.dout, &qbf, &t.k, &t.v, &out_keep,
                                      &lse_keep, &t.cu_q, &t.cu_k, 1, 0),
              LOOM_ERR_INVALID_ARG, Bw, "expected dtype f32", "backward bf16 q");
+  expect_bad(&t,
+             loom_attention_backward(&t.dout, &t.dk, &t.dv, &t.dout, &t.q, &t.k, &t.v, &out_keep,
+                                     &lse_keep, &t.cu_q, &t.cu_k, 1, 0),
+             LOOM_ERR_INVALID_ARG, Bw, "dq (14, 4, 8) f32 on host overlaps dout",
+             "dq in dout's memory");
+  expect_bad(&t,
+             loom_attention_backward(&t.dq, &t.dk, &t.dk, &t.dout, &t.q, &t.k, &t.v, &out_keep,
+                                     &lse_keep, &t.cu_q, &t.cu_k, 1, 0),
+             LOOM_ERR_INVALID_ARG, Bw, "dk (19, 2, 8) f32 on host overlaps dv",
+             "dv in dk's memory");
   cq[1] = 13;
   cq[2] = 12;
   expect_bad(&t,
