@@ -51,6 +51,9 @@ AC_DEFUN([LOOM_CHECK_CUDA], [
     for loom_sm in `echo "$with_cuda_arch" | tr ',' ' '`; do
       AS_CASE(["$loom_sm"], [*[[!0-9]]*|""],
         [AC_MSG_ERROR([--with-cuda-arch=$with_cuda_arch: '$loom_sm' is not an SM number; use e.g. --with-cuda-arch=80,90])])
+      # bf16 tensor-core products (mma.sync, wmma) and cp.async need sm_80 (Ampere) or newer.
+      AS_IF([test "$loom_sm" -lt 80],
+        [AC_MSG_ERROR([--with-cuda-arch=$with_cuda_arch: sm_$loom_sm is older than sm_80, which loom's CUDA kernels need (bf16 tensor cores, cp.async); use 80 or newer, or --without-cuda])])
       NVCC_ARCH_FLAGS="$NVCC_ARCH_FLAGS -gencode arch=compute_$loom_sm,code=sm_$loom_sm"
       loom_last_sm=$loom_sm
     done
