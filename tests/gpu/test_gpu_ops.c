@@ -12,12 +12,10 @@
 #include "gpu_test.h"
 #include "loom.h"
 #ifdef LOOM_HAVE_CUDA
-#include "cuda/cuda_kernels.h" // the bf16 conversions have no public op: called directly
-#ifdef LOOM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
-#include "cuda/cuda_ctx.h" // loom_cuda_set_stream: a scheduler lane's stream, made current
-#endif
+#include "cuda/cuda_ctx.h"     // loom_cuda_set_stream: a scheduler lane's stream, made current
+#include "cuda/cuda_kernels.h" // the bf16 conversions have no public op: called directly
 #endif
 
 // Every case builds random host inputs, uploads copies to device 0, runs the public op on both
