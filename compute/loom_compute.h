@@ -32,6 +32,22 @@ extern "C" {
 LOOM_API loom_status_t loom_gemm(loom_tensor_t *c, const loom_tensor_t *a, int trans_a,
                                  const loom_tensor_t *b, int trans_b, const loom_tensor_t *bias,
                                  float alpha, float beta);
+// On the host, loom_gemm runs a product with an untransposed a on loom's own AVX2 kernel where
+// that was measured faster than the BLAS (OpenBLAS on its AVX2 kernels, one thread; LOOM_GEMM
+// in the README's tunables table), and on the BLAS otherwise. The bits of a product depend on
+// which one ran, never on the run.
+
+// This rank's f32 GEMM rate on device, in FLOP/s: n^3 products (n = 1024 on the host, 4096 on
+// CUDA with TF32 off), the best of 10 after a warm-up. On the host both kernels are timed,
+// alternately, and `best` is the faster: the denominator of MFU in the example trainers. Takes
+// about a second on one core; runs on this rank's BLAS threads.
+typedef struct loom_gemm_rate {
+  double best; // max(blas, loom)
+  double blas; // the BLAS's sgemm (host) or cuBLAS (CUDA)
+  double loom; // loom's own kernel where loom_gemm would use it for this shape, else 0
+} loom_gemm_rate_t;
+LOOM_API loom_status_t loom_gemm_rate(int device, loom_gemm_rate_t *rate);
+
 // dbias (N) += column sums of dout (M, N): the bias gradient of a linear layer.
 LOOM_API loom_status_t loom_bias_backward(loom_tensor_t *dbias, const loom_tensor_t *dout);
 

@@ -174,7 +174,8 @@ static void usage(FILE *out) {
       "  --help              this text\n"
       "Flags take their value as the next argument or after '='. Bad flags exit 2.\n"
       "Tokens/s counts training tokens of all ranks, validation excluded. MFU = achieved\n"
-      "FLOP/s per rank / the sgemm rate of one rank measured at start (same BLAS threads), with\n"
+      "FLOP/s per rank / the sgemm rate of one rank measured at start (same BLAS threads; the\n"
+      "faster of the BLAS's sgemm and loom's own GEMM kernel where loom uses it), with\n"
       "6 FLOPs per token per matmul parameter (12 L C^2 + 256 C; a MoE block counts its\n"
       "router and K experts, 4 C^2 + C E + 2 K C F, instead of the dense MLP's 8 C^2); mfu_attn\n"
       "adds the causal attention pairs actually computed. The rate is measured again at the\n"
@@ -1036,48 +1037,29 @@ static float validate(const opts_t *o, const gpt_model_t *m, gpt_acts_t *a, gpt_
   return f[1] > 0 ? f[0] / f[1] : NAN;
 }
 
-// This rank's f32 GEMM rate on device in FLOP/s (host: one core's sgemm, n = 1024; CUDA: cuBLAS
-// sgemm without TF32, n = 4096), the best of 10 after a warm-up (a host shared with other work
-// gave best-of-3 rates 7-9% apart at the start and the end of one run); 0 when it could not be
-// measured (its buffers, a failed product), with loom_last_error saying why.
-static double sgemm_rate(int device) {
-  const int64_t n = device == LOOM_DEVICE_HOST ? 1024 : 4096, shape[2] = {n, n};
-  loom_tensor_t a = {0}, b = {0}, c = {0};
-  double best = 1e30, sync = 0.0;
-  loom_status_t st = loom_tensor_alloc(&a, LOOM_F32, device, 2, shape, "a");
-  st = st == LOOM_OK ? loom_tensor_alloc(&b, LOOM_F32, device, 2, shape, "b") : st;
-  st = st == LOOM_OK ? loom_tensor_alloc(&c, LOOM_F32, device, 2, shape, "c") : st;
-  st = st == LOOM_OK ? loom_tensor_fill(&a, 0.5) : st;
-  st = st == LOOM_OK ? loom_tensor_fill(&b, 0.25) : st;
-  for (int rep = 0; rep < 11 && st == LOOM_OK; rep++) {
-    double t0 = MPI_Wtime();
-    st = loom_gemm(&c, &a, 0, &b, 0, NULL, 1.0f, 0.0f);
-    if (st == LOOM_OK && device != LOOM_DEVICE_HOST) { // the GEMM is queued: a norm waits for it
-      st = loom_norm2(&c, &sync);
-    }
-    double dt = MPI_Wtime() - t0;
-    best = rep > 0 && dt < best ? dt : best;
-  }
-  loom_tensor_free(&a);
-  loom_tensor_free(&b);
-  loom_tensor_free(&c);
-  return st == LOOM_OK ? 2.0 * (double)n * n * n / best : 0.0;
-}
-
-// The denominator of MFU: sgemm_rate averaged over dp; 0 on every rank when a rank could not
+// The denominator of MFU: loom_gemm_rate's best (this rank's f32 GEMM rate, FLOP/s: on the host
+// the faster of the BLAS's sgemm and loom's own kernel at 1024^3, best of 10 after a warm-up;
+// on CUDA cuBLAS at 4096^3 without TF32) averaged over dp; kernels[0], [1] get the means of the
+// BLAS's and loom's kernel's rates (0: not used here). 0 on every rank when a rank could not
 // measure it (that rank prints why).
-static double measure_sgemm(const loom_group_t *dp, int device) {
-  const double rate = sgemm_rate(device);
-  if (rate <= 0.0) {
+static double measure_sgemm(const loom_group_t *dp, int device, double kernels[2]) {
+  loom_gemm_rate_t rate;
+  if (loom_gemm_rate(device, &rate) != LOOM_OK) {
     fprintf(stderr, "train_gpt: rank %d: cannot measure the sgemm rate: %s\n", loom_group_rank(dp),
             loom_last_error(NULL));
+    rate.best = rate.blas = rate.loom = 0.0;
   }
-  float sum[2] = {(float)rate, rate > 0 ? 0.0f : 1.0f}; // the rates, the ranks that failed
+  // The rates, and the ranks that failed.
+  float sum[4] = {(float)rate.best, (float)rate.blas, (float)rate.loom,
+                  rate.best > 0 ? 0.0f : 1.0f};
   loom_tensor_t t;
-  int64_t two = 2;
-  EX_CHECK(loom_tensor_wrap(&t, sum, LOOM_F32, LOOM_DEVICE_HOST, 1, &two, "sgemm"));
+  int64_t four = 4;
+  EX_CHECK(loom_tensor_wrap(&t, sum, LOOM_F32, LOOM_DEVICE_HOST, 1, &four, "sgemm"));
   EX_CHECK(loom_allreduce(dp, &t, &t, LOOM_SUM));
-  return sum[1] > 0.0f ? 0.0 : (double)sum[0] / loom_group_size(dp);
+  const int np = loom_group_size(dp);
+  kernels[0] = (double)sum[1] / np;
+  kernels[1] = (double)sum[2] / np;
+  return sum[3] > 0.0f ? 0.0 : (double)sum[0] / np;
 }
 
 static float lr_at(const opts_t *o, long step) {
@@ -1400,7 +1382,8 @@ int main(int argc, char **argv) {
   // Per MoE block: the router and the top-k experts' two matrices multiply each token.
   const int64_t moe_active = nmoe * (C * E + 2 * (int64_t)o.moe_topk * C * moe_ffn);
   const int64_t moe_params = nmoe * (C * E + E * (2 * C * moe_ffn + moe_ffn + C));
-  double sgemm = measure_sgemm(dp, m.device);
+  double sgemm_kernels[2];
+  double sgemm = measure_sgemm(dp, m.device, sgemm_kernels);
   if (sgemm <= 0.0) { // the rank that failed said why
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
@@ -1552,8 +1535,14 @@ int main(int argc, char **argv) {
              "(candidates fp16, int8)\n",
              EX_AUTO_PROFILE_STEPS);
     }
-    printf("sgemm (1024^3, %d BLAS thread(s) per rank): %.1f GFLOP/s per rank\n",
-           loom_blas_threads(ctx), sgemm / 1e9);
+    if (sgemm_kernels[1] > 0.0) {
+      printf("sgemm (1024^3, %d BLAS thread(s) per rank): %.1f GFLOP/s per rank, the faster of "
+             "the BLAS's sgemm (%.1f) and loom's kernel (%.1f)\n",
+             loom_blas_threads(ctx), sgemm / 1e9, sgemm_kernels[0] / 1e9, sgemm_kernels[1] / 1e9);
+    } else {
+      printf("sgemm (1024^3, %d BLAS thread(s) per rank): %.1f GFLOP/s per rank\n",
+             loom_blas_threads(ctx), sgemm / 1e9);
+    }
     if (o.doc_skew) {
       printf("doc-lengths: skewed: synthetic lognormal sequence lengths per step and rank (the "
              "corpus tokens, new boundaries)\n");
@@ -1795,7 +1784,9 @@ int main(int argc, char **argv) {
   servers_release(); // the dedicated servers' loop ends with the training
   // The rate again: on a shared host it drifts, and MFU (against the start's rate) with it. A
   // diagnostic: when it cannot be measured (a device filled by the run) the report goes on.
-  const double sgemm_end = o.sync == SYNC_COMM_ONLY ? sgemm : measure_sgemm(dp, m.device);
+  double end_kernels[2];
+  const double sgemm_end =
+      o.sync == SYNC_COMM_ONLY ? sgemm : measure_sgemm(dp, m.device, end_kernels);
   const double run_steps = o.steps > start ? (double)(o.steps - start) : 1.0; // this process's
   double tokens_per_s = run_steps * tokens_per_step / (train_time > 0 ? train_time : 1e-9);
   double mfu = tokens_per_s / np * flops_per_token / sgemm;
@@ -1878,7 +1869,8 @@ int main(int argc, char **argv) {
         "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
         "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %.6f, \"val_loss\": "
         "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
-        "\"sgemm_gflops\": %.2f, \"sgemm_end_gflops\": %.2f, \"blas_threads\": %d, "
+        "\"sgemm_gflops\": %.2f, \"sgemm_blas_gflops\": %.2f, \"sgemm_loom_gflops\": %.2f, "
+        "\"sgemm_end_gflops\": %.2f, \"blas_threads\": %d, "
         "\"train_time_s\": %.3f, "
         "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
         "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s, "
@@ -1891,8 +1883,9 @@ int main(int argc, char **argv) {
         o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
         (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
         1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
-        corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, sgemm_end > 0 ? sgemm_end / 1e9 : -1.0,
-        loom_blas_threads(ctx), train_time, MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
+        corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, sgemm_kernels[0] / 1e9,
+        sgemm_kernels[1] / 1e9, sgemm_end > 0 ? sgemm_end / 1e9 : -1.0, loom_blas_threads(ctx),
+        train_time, MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
         st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
         sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0, nmoe ? o.cfg.moe_every : 0,
         nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0, (long long)moe_params, nmoe ? last_aux : 0.0,

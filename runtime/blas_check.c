@@ -1,5 +1,5 @@
-/* blas_check.c — warn at init when OpenBLAS runs its AVX2 kernels on a CPU with AVX-512, and say
- * how to get the AVX-512 ones (OPENBLAS_CORETYPE=SkylakeX, set before the launch). */
+/* blas_check.c — the BLAS as loom finds it: warn at init when OpenBLAS runs its AVX2 kernels on a
+ * CPU with AVX-512 (and say how to get the AVX-512 ones); hold the LOOM_GEMM mode. */
 #include "config.h"
 #include "blas_check.h"
 
@@ -8,6 +8,25 @@
 #include <strings.h>
 
 #include "log.h"
+#include "params.h"
+
+static int gemm_mode = LOOM_GEMM_MODE_AUTO;
+
+void loom_gemm_mode_set(int mode) {
+  __atomic_store_n(&gemm_mode, mode, __ATOMIC_RELAXED);
+}
+
+int loom_gemm_mode(void) {
+  return __atomic_load_n(&gemm_mode, __ATOMIC_RELAXED);
+}
+
+int loom_blas_threads_now(void) {
+#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
+  return openblas_get_num_threads();
+#else
+  return 1;
+#endif
+}
 
 int loom_blas_core_is_avx2(const char *core) {
   return core && (strcasecmp(core, "Haswell") == 0 || strcasecmp(core, "Zen") == 0);
@@ -36,9 +55,24 @@ int loom_cpu_has_avx512(void) {
 #endif
 }
 
+int loom_cpu_has_avx2_fma(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return 0;
+#endif
+}
+
 void loom_blas_check(const loom_ctx_t *ctx) {
   if (ctx->host_rank != 0) {
     return;
+  }
+  if (ctx->params.gemm == LOOM_GEMM_MODE_LOOM && !loom_cpu_has_avx2_fma()) {
+    LOOM_WARN(LOOM_SUB_INIT,
+              "LOOM_GEMM=loom on %s, whose CPU lacks AVX2 or FMA: the BLAS runs every product. "
+              "Set LOOM_GEMM=auto or blas to silence this",
+              ctx->hostname);
   }
   const char *core = loom_blas_core();
   if (!loom_blas_advise_coretype(core, loom_cpu_has_avx512(), getenv("OPENBLAS_CORETYPE"))) {

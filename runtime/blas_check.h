@@ -1,5 +1,5 @@
-/* blas_check.h — does the BLAS run kernels narrower than the CPU allows? OpenBLAS 0.3.21 takes
- * its AVX2 (Zen, Haswell) kernels on AMD Zen 4/5, whose AVX-512 kernels run sgemm much faster. */
+/* blas_check.h — the BLAS as loom finds it: its core and threads, whether its kernels are narrower
+ * than the CPU allows (OpenBLAS 0.3.21 on Zen 4/5), and the LOOM_GEMM mode set at init. */
 #ifndef LOOM_BLAS_CHECK_H
 #define LOOM_BLAS_CHECK_H
 
@@ -16,9 +16,19 @@ int loom_blas_advise_coretype(const char *core, int cpu_avx512, const char *env)
 // the AVX-512 subset that OpenBLAS's SkylakeX kernels need.
 const char *loom_blas_core(void);
 int loom_cpu_has_avx512(void);
+// 1 when the CPU has AVX2 and FMA (loom's own GEMM kernel needs both).
+int loom_cpu_has_avx2_fma(void);
+
+// The LOOM_GEMM mode of this process (enum loom_gemm_mode): set by loom_init, AUTO before it.
+// The compute layer reads it for every host GEMM (linear_cpu.c).
+void loom_gemm_mode_set(int mode);
+int loom_gemm_mode(void);
+
+// The number of threads the BLAS runs a product on now (1 when it cannot say).
+int loom_blas_threads_now(void);
 
 // At init, on the first rank of each host: the warning with the fix when loom_blas_advise_coretype
-// says so.
+// says so, and when LOOM_GEMM=loom asks for a kernel this CPU cannot run.
 void loom_blas_check(const loom_ctx_t *ctx);
 
 #endif

@@ -51,11 +51,13 @@ static loom_status_t agree(loom_ctx_t *ctx, loom_status_t local) {
   return (loom_status_t)report.status;
 }
 
-// Tunables that shape groups must be identical on every rank.
+// Tunables that shape groups must be identical on every rank, and LOOM_GEMM, which decides the
+// bits of every product (data-parallel replicas must stay identical).
 static loom_status_t check_uniform(loom_ctx_t *ctx) {
-  const int ids[] = {LOOM_P_NODE_SIZE, LOOM_P_EP_SIZE, LOOM_P_ATTN_SERVERS};
-  const int vals[] = {ctx->params.node_size, ctx->params.ep_size, ctx->params.attn_servers};
-  for (int i = 0; i < 3; i++) {
+  const int ids[] = {LOOM_P_NODE_SIZE, LOOM_P_EP_SIZE, LOOM_P_ATTN_SERVERS, LOOM_P_GEMM};
+  const int vals[] = {ctx->params.node_size, ctx->params.ep_size, ctx->params.attn_servers,
+                      ctx->params.gemm};
+  for (int i = 0; i < 4; i++) {
     int lo = vals[i], hi = vals[i];
     MPI_Allreduce(&vals[i], &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     MPI_Allreduce(&vals[i], &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -166,6 +168,7 @@ loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_
   }
   LOOM_CHECK(agree(ctx, status));
   LOOM_CHECK(agree(ctx, check_uniform(ctx)));
+  loom_gemm_mode_set(ctx->params.gemm);
   log_settings(&ctx->params);
   if (ctx->thread_level < MPI_THREAD_MULTIPLE) {
     LOOM_INFO(LOOM_SUB_INIT, "MPI granted thread level %d (MPI_THREAD_MULTIPLE is %d)",

@@ -76,6 +76,7 @@ typedef struct loom_config {
                             // finite (read by training loops through loom_tunable)
   const char *plan_lane;    // LOOM_PLAN_LANE: auto | gpu | cpu: the lane that encodes compressed
                             // gradients on a GPU (read by the example trainers)
+  const char *gemm;         // LOOM_GEMM: auto | blas | loom: the kernel of host GEMMs (see README)
 } loom_config_t;
 
 // The value of a tunable as resolved at loom_init (environment, config or default), by its

@@ -14,6 +14,8 @@ enum loom_plan_lane_mode {
   LOOM_PLAN_LANE_MODE_GPU,
   LOOM_PLAN_LANE_MODE_CPU
 };
+// LOOM_GEMM: which kernel runs host GEMMs whose a is not transposed.
+enum loom_gemm_mode { LOOM_GEMM_MODE_AUTO = 0, LOOM_GEMM_MODE_BLAS, LOOM_GEMM_MODE_LOOM };
 #define LOOM_GPU_AUTO     (-2)
 #define LOOM_GPU_NONE     (-1)
 #define LOOM_ATTN_INPLACE (-1)
@@ -46,6 +48,7 @@ enum loom_param_id {
   LOOM_P_CHECK_CONSISTENCY,
   LOOM_P_NONFINITE,
   LOOM_P_PLAN_LANE,
+  LOOM_P_GEMM,
   LOOM_P_COUNT
 };
 
@@ -77,6 +80,7 @@ struct loom_params {
   int check_consistency;                // 1: ranks compare each collective's arguments first
   int nonfinite;                        // 0 abort, 1 skip a step with a non-finite gradient
   int plan_lane;                        // enum loom_plan_lane_mode: auto, gpu, cpu
+  int gemm;                             // enum loom_gemm_mode: auto, blas, loom
   char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
   int source[LOOM_P_COUNT];                     // enum loom_param_source
 };

@@ -204,6 +204,17 @@ static int parse_plan_lane(const struct loom_param_desc *d, const char *text,
   return 0;
 }
 
+static int parse_gemm(const struct loom_param_desc *d, const char *text, struct loom_params *out,
+                      char *err, size_t errlen) {
+  _Static_assert(LOOM_GEMM_MODE_AUTO == 0 && LOOM_GEMM_MODE_BLAS == 1 && LOOM_GEMM_MODE_LOOM == 2,
+                 "choice order");
+  if (parse_choice(text, d->valid, &out->gemm) != 0) {
+    snprintf(err, errlen, "not auto, blas or loom");
+    return -1;
+  }
+  return 0;
+}
+
 static int parse_check_consistency(const struct loom_param_desc *d, const char *text,
                                    struct loom_params *out, char *err, size_t errlen) {
   if (parse_int_field(d, text, &out->check_consistency, err, errlen) != 0) {
@@ -349,4 +360,9 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                           "gradients on a GPU (example trainers): the lane that encodes the "
                           "compressed ones: per tensor as the compression plan says (auto), the "
                           "CUDA codecs, or the CPU (host codecs on a pinned copy) for every one"},
+    [LOOM_P_GEMM] = {"LOOM_GEMM", "gemm", STR_FIELD(gemm), "auto", "auto|blas|loom", 0, 0,
+                     parse_gemm,
+                     "host GEMMs with an untransposed left operand: loom's AVX2 kernel where "
+                     "OpenBLAS runs its AVX2 kernels on one thread (auto), always the BLAS, or "
+                     "always loom's kernel (a CPU with AVX2 and FMA)"},
 };

@@ -1,11 +1,15 @@
-/* linear_cpu.c — CPU linear-layer kernels: cblas_sgemm with the edge cases BLAS leaves open
- * (empty sizes, K == 0, bias rows) and the bias gradient as column sums in double. */
+/* linear_cpu.c — CPU linear-layer kernels: loom's AVX2 GEMM or cblas_sgemm, with the edge cases
+ * BLAS leaves open (empty sizes, K == 0, bias rows), and the bias gradient as sums in double. */
 #include "config.h"
 #include "linear_cpu.h"
 #include "simd.h"
 
 #include <cblas.h>
 #include <string.h>
+
+#include "blas_check.h"
+#include "gemm_avx2.h"
+#include "params.h"
 
 // ---------------------------------------------------------------------------------------------
 // GEMM.
@@ -40,11 +44,37 @@ static void add_bias_rows(int64_t M, int64_t N, const float *restrict bias, floa
   }
 }
 
+// Does loom's own kernel (gemm_avx2.c) run this product? Under LOOM_GEMM=auto only where it was
+// measured faster than the BLAS: OpenBLAS on its AVX2 kernels (Haswell, Zen) and one thread, a not
+// transposed, and shapes where packing op(b) pays for itself. Any other BLAS, OpenBLAS's AVX-512
+// kernels (twice the FLOPs per cycle) and multi-threaded BLAS keep every product.
+int loom_cpu_gemm_uses_loom(int trans_a, int64_t M, int64_t N, int64_t K) {
+  static int blas_core_avx2 = -1; // the core OpenBLAS picked when it loaded: fixed for the process
+  const int mode = loom_gemm_mode();
+  if (trans_a || mode == LOOM_GEMM_MODE_BLAS || M < 16 || N < 16 || K < 16 ||
+      !loom_cpu_gemm_avx2_ok()) {
+    return 0;
+  }
+  if (mode == LOOM_GEMM_MODE_LOOM) {
+    return 1;
+  }
+  int avx2 = __atomic_load_n(&blas_core_avx2, __ATOMIC_RELAXED);
+  if (avx2 < 0) {
+    avx2 = loom_blas_core_is_avx2(loom_blas_core());
+    __atomic_store_n(&blas_core_avx2, avx2, __ATOMIC_RELAXED);
+  }
+  return avx2 && loom_blas_threads_now() == 1;
+}
+
 void loom_cpu_gemm_strided(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                            const float *a, int64_t lda, const float *b, int64_t ldb,
                            const float *bias, float beta, float *c, int64_t ldc) {
   if (M <= 0 || N <= 0) {
     return;
+  }
+  if (K > 0 && loom_cpu_gemm_uses_loom(trans_a, M, N, K) &&
+      loom_cpu_gemm_avx2(trans_b, M, N, K, alpha, a, lda, b, ldb, bias, beta, c, ldc) == 0) {
+    return; // the bias is added in the kernel's epilogue
   }
   if (bias && beta == 0.0f && K > 0) {
     // c = bias rows, then BLAS adds the product (beta = 1): one pass over c instead of BLAS

@@ -1,5 +1,5 @@
-/* linear_cpu.h — CPU kernels of the linear layer on raw pointers: GEMM (+bias) through CBLAS and
- * the bias gradient; the public ops, attention tiles and MoE expert GEMMs all call these. */
+/* linear_cpu.h — CPU kernels of the linear layer on raw pointers: GEMM (+bias) through CBLAS or
+ * loom's AVX2 kernel, and the bias gradient; the public ops, attention tiles and MoE call these. */
 #ifndef LOOM_LINEAR_CPU_H
 #define LOOM_LINEAR_CPU_H
 
@@ -13,7 +13,8 @@ extern "C" {
 // it is not scaled by alpha). op(x) is x, or x^T when trans_x is non-zero. Row-major, contiguous:
 // a is (M, K), or (K, M) with trans_a; b is (K, N), or (N, K) with trans_b.
 // beta == 0 overwrites c without reading it (NaN in c does not propagate); K == 0 still applies
-// beta; M == 0 or N == 0 does nothing. Runs on the BLAS threads set by the runtime.
+// beta; M == 0 or N == 0 does nothing. Runs on the BLAS threads set by the runtime, or on
+// loom's own single-threaded AVX2 kernel (loom_cpu_gemm_uses_loom says when).
 // Preconditions (checked by loom_gemm, not here): M, N, K in 0..INT_MAX; c overlaps none of a, b,
 // bias.
 void loom_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -32,6 +33,10 @@ void loom_cpu_gemm_strided(int trans_a, int trans_b, int64_t M, int64_t N, int64
                            const float *b, int64_t ldb,        // (K, N) or (N, K), row stride ldb
                            const float *bias,                  // (N) or NULL
                            float beta, float *c, int64_t ldc); // (M, N), row stride ldc
+
+// 1 when loom_cpu_gemm(_strided) runs a product of this shape on loom's own AVX2 kernel
+// (gemm_avx2.h) rather than the BLAS, under the LOOM_GEMM mode set at init (auto before).
+int loom_cpu_gemm_uses_loom(int trans_a, int64_t M, int64_t N, int64_t K);
 
 // dbias[j] += sum_i dout[i, j], summed in double (deterministic: a fixed order per column).
 // dbias must not overlap dout.

@@ -13,12 +13,19 @@
 #include "params.h"
 
 static const char *const bad[LOOM_P_COUNT] = {
-    [LOOM_P_DEBUG] = "LOUD",           [LOOM_P_DEBUG_SUBSYS] = "NOPE",
-    [LOOM_P_DEBUG_FILE] = NULL,        [LOOM_P_BIND] = "socket",
-    [LOOM_P_BLAS_THREADS] = "-4",      [LOOM_P_GPU] = "first",
-    [LOOM_P_NODE_SIZE] = "half",       [LOOM_P_EP_SIZE] = "0",
-    [LOOM_P_ATTN_SERVERS] = "all",     [LOOM_P_TIMEOUT] = "soon",
-    [LOOM_P_CHECK_CONSISTENCY] = "on", [LOOM_P_PLAN_LANE] = "both",
+    [LOOM_P_DEBUG] = "LOUD",
+    [LOOM_P_DEBUG_SUBSYS] = "NOPE",
+    [LOOM_P_DEBUG_FILE] = NULL,
+    [LOOM_P_BIND] = "socket",
+    [LOOM_P_BLAS_THREADS] = "-4",
+    [LOOM_P_GPU] = "first",
+    [LOOM_P_NODE_SIZE] = "half",
+    [LOOM_P_EP_SIZE] = "0",
+    [LOOM_P_ATTN_SERVERS] = "all",
+    [LOOM_P_TIMEOUT] = "soon",
+    [LOOM_P_CHECK_CONSISTENCY] = "on",
+    [LOOM_P_PLAN_LANE] = "both",
+    [LOOM_P_GEMM] = "mkl",
 };
 
 // loom_init must fail with want on every rank and the message must contain both strings.
@@ -63,6 +70,10 @@ int main(int argc, char **argv) {
     setenv("LOOM_NODE_SIZE", rank == 0 ? "1" : "2", 1);
     expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_NODE_SIZE differs between ranks", NULL);
     unsetenv("LOOM_NODE_SIZE");
+    // The GEMM kernel decides the bits of every product: replicas would drift apart.
+    setenv("LOOM_GEMM", rank == 0 ? "blas" : "loom", 1);
+    expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_GEMM differs between ranks", NULL);
+    unsetenv("LOOM_GEMM");
   }
   // An EP size that does not divide the ranks, and too many attention servers.
   char v[16];

@@ -1,5 +1,6 @@
 /* test_ops_linear.c — loom_gemm and loom_bias_backward against double-precision references (odd
- * and prime shapes, all transposes, alpha/beta, bias), linear-layer gradients, bad arguments. */
+ * and prime shapes, all transposes, alpha/beta, bias) on the BLAS and on loom's AVX2 kernel,
+ * linear-layer gradients, bad arguments. */
 #include "config.h"
 #include "loom.h"
 
@@ -10,8 +11,13 @@
 
 #include "../check.h"
 #include "../testutil.h"
+#include "blas_check.h"
+#include "cpu/gemm_avx2.h"
 #include "cpu/linear_cpu.h"
 #include "error.h"
+#include "params.h"
+
+static const char *gemm_kernel = "blas"; // the LOOM_GEMM mode the gemm tests run under
 
 // Tolerances (float kernels against double references, inputs uniform in [-1, 1]):
 // - gemm: |got - want| <= atol + rtol |want| with rtol 1e-5 and
@@ -97,8 +103,8 @@ static void gemm_case(test_rng_t *rng, int64_t M, int64_t N, int64_t K, int ta, 
 
   loom_status_t st = loom_gemm(&c, &a, ta, &b, tb, with_bias ? &bias : NULL, alpha, beta);
   char what[160];
-  snprintf(what, sizeof what, "gemm M=%lld N=%lld K=%lld ta=%d tb=%d alpha=%g beta=%g bias=%d",
-           (long long)M, (long long)N, (long long)K, ta, tb, alpha, beta, with_bias);
+  snprintf(what, sizeof what, "%s gemm M=%lld N=%lld K=%lld ta=%d tb=%d alpha=%g beta=%g bias=%d",
+           gemm_kernel, (long long)M, (long long)N, (long long)K, ta, tb, alpha, beta, with_bias);
   CHECK(st == LOOM_OK, "%s: %s", what, loom_last_error(NULL));
   CHECK(test_compare(what, test_floats(&c), want, M * N, gemm_atol(K, alpha, beta), 1e-5) == 0,
         "%s", what);
@@ -557,13 +563,98 @@ static void test_bias_backward_bad_args(void) {
   loom_tensor_free(&dbias_2d);
 }
 
-int main(void) {
+// loom's kernel where its blocking shows: M past MC (96) with a partial micro-tile, N past the
+// packed width (1024) with a partial panel, K past KC (256) so that c is added to block by
+// block, row strides wider than the rows, and the same bits on a second call.
+static void test_gemm_loom_blocks(void) {
+  test_rng_t rng = test_rng(9);
+  const int64_t M = 101, N = 1041, K = 521, lda = K + 3, ldb_n = N + 5, ldb_t = K + 7, ldc = N + 2;
+  float *a = malloc(sizeof(float) * (size_t)(M * lda));
+  float *b = malloc(sizeof(float) * (size_t)(K * ldb_n > N * ldb_t ? K * ldb_n : N * ldb_t));
+  float *bias = malloc(sizeof(float) * (size_t)N), *c = malloc(sizeof(float) * (size_t)(M * ldc));
+  float *c2 = malloc(sizeof(float) * (size_t)(M * ldc)),
+        *c0 = malloc(sizeof(float) * (size_t)(M * N));
+  double *want = malloc(sizeof(double) * (size_t)(M * N));
+  test_fill_uniform(&rng, a, M * lda, -1, 1);
+  test_fill_uniform(&rng, b, K * ldb_n > N * ldb_t ? K * ldb_n : N * ldb_t, -1, 1);
+  test_fill_uniform(&rng, bias, N, -1, 1);
+  for (int tb = 0; tb < 2; tb++) {
+    const int64_t ldb = tb ? ldb_t : ldb_n;
+    for (int with_beta = 0; with_beta < 2; with_beta++) {
+      const float alpha = with_beta ? 0.5f : 1.0f, beta = with_beta ? -1.25f : 0.0f;
+      test_fill_uniform(&rng, c, M * ldc, -1, 1);
+      for (int64_t i = 0; i < M; i++) {
+        memcpy(c0 + i * N, c + i * ldc, sizeof(float) * (size_t)N);
+      }
+      memcpy(c2, c, sizeof(float) * (size_t)(M * ldc));
+      for (int64_t i = 0; i < M; i++) { // the reference on the strided operands
+        for (int64_t j = 0; j < N; j++) {
+          double sum = 0.0;
+          for (int64_t k = 0; k < K; k++) {
+            sum += (double)a[i * lda + k] * (double)(tb ? b[j * ldb + k] : b[k * ldb + j]);
+          }
+          want[i * N + j] = (double)alpha * sum + (double)beta * c0[i * N + j] + bias[j];
+        }
+      }
+      char what[96];
+      snprintf(what, sizeof what, "loom kernel blocks tb=%d beta=%g", tb, beta);
+      CHECK(loom_cpu_gemm_avx2(tb, M, N, K, alpha, a, lda, b, ldb, bias, beta, c, ldc) == 0,
+            "%s: packing buffer", what);
+      int bad = 0;
+      for (int64_t i = 0; i < M && !bad; i++) {
+        bad = test_compare(what, c + i * ldc, want + i * N, N, gemm_atol(K, alpha, beta), 1e-5);
+        for (int64_t j = N; j < ldc && !bad; j++) { // the gap between rows is not c's
+          bad = memcmp(&c[i * ldc + j], &c2[i * ldc + j], sizeof(float)) != 0;
+        }
+      }
+      CHECK(!bad, "%s: values, or the gap between c's rows was written", what);
+      CHECK(loom_cpu_gemm_avx2(tb, M, N, K, alpha, a, lda, b, ldb, bias, beta, c2, ldc) == 0 &&
+                memcmp(c, c2, sizeof(float) * (size_t)(M * ldc)) == 0,
+            "%s: a second call gave other bits", what);
+    }
+  }
+  free(a), free(b), free(bias), free(c), free(c2), free(c0), free(want);
+}
+
+// Which kernel loom_cpu_gemm picks under each mode (auto depends on the BLAS and the CPU).
+static void test_gemm_dispatch(void) {
+  loom_gemm_mode_set(LOOM_GEMM_MODE_BLAS);
+  CHECK(!loom_cpu_gemm_uses_loom(0, 512, 512, 512), "LOOM_GEMM=blas picked loom's kernel");
+  loom_gemm_mode_set(LOOM_GEMM_MODE_LOOM);
+  CHECK(loom_cpu_gemm_uses_loom(0, 512, 512, 512) == loom_cpu_gemm_avx2_ok(),
+        "LOOM_GEMM=loom: loom's kernel runs exactly where the CPU has AVX2 and FMA");
+  CHECK(!loom_cpu_gemm_uses_loom(1, 512, 512, 512), "a transposed a went to loom's kernel");
+  CHECK(!loom_cpu_gemm_uses_loom(0, 4, 512, 512), "a 4-row product went to loom's kernel");
+  loom_gemm_mode_set(LOOM_GEMM_MODE_AUTO);
+  const int want = loom_cpu_gemm_avx2_ok() && loom_blas_core_is_avx2(loom_blas_core()) &&
+                   loom_blas_threads_now() == 1;
+  CHECK(loom_cpu_gemm_uses_loom(0, 512, 512, 512) == want,
+        "LOOM_GEMM=auto with OpenBLAS core %s on %d thread(s): expected %s", loom_blas_core(),
+        loom_blas_threads_now(), want ? "loom's kernel" : "the BLAS");
+}
+
+// Every gemm test under one LOOM_GEMM mode.
+static void gemm_tests(int mode, const char *name) {
+  loom_gemm_mode_set(mode);
+  gemm_kernel = name;
   test_gemm_reference();
   test_gemm_batched_3d();
   test_gemm_empty();
   test_gemm_strided_tiles();
-  test_bias_backward();
   test_linear_layer_grad();
+  loom_gemm_mode_set(LOOM_GEMM_MODE_AUTO);
+}
+
+int main(void) {
+  gemm_tests(LOOM_GEMM_MODE_BLAS, "blas");
+  if (loom_cpu_gemm_avx2_ok()) {
+    gemm_tests(LOOM_GEMM_MODE_LOOM, "loom");
+    test_gemm_loom_blocks();
+  } else {
+    printf("test_ops_linear: this CPU lacks AVX2 or FMA: loom's kernel not tested\n");
+  }
+  test_gemm_dispatch();
+  test_bias_backward();
   test_gemm_bad_args();
   test_bias_backward_bad_args();
   return check_exit("test_ops_linear");
