@@ -57,38 +57,41 @@ store_row(float *c, __m256 lo, __m256 hi, const epilogue_t *e) {
   _mm256_storeu_ps(c + 8, hi);
 }
 
-// c (6 x 16, row stride ldc) <- the epilogue of a (6 x kc, row stride lda) @ bp (kc x 16,
-// packed). Row r of a starts at rows[r]: the edge tile points missing rows at a real one.
-LOOM_AVX2_FMA static void kernel_6x16(int64_t kc, const float *const rows[MR],
-                                      const float *restrict bp, float *c, int64_t ldc,
-                                      const epilogue_t *e) {
-  const float *a0 = rows[0], *a1 = rows[1], *a2 = rows[2];
-  const float *a3 = rows[3], *a4 = rows[4], *a5 = rows[5];
+// c (6 x 16, row stride ldc) <- the epilogue of a (6 x kc) @ bp (kc x 16, packed), where
+// a[r, k] is at a + r * rs + k * cs: rs = lda, cs = 1 for a as stored, rs = 1, cs = lda for the
+// transpose of a stored (K, M) matrix (six contiguous floats a step).
+LOOM_AVX2_FMA static inline __attribute__((always_inline)) void
+tile_6x16(int64_t kc, const float *a, int64_t rs, int64_t cs, const float *restrict bp, float *c,
+          int64_t ldc, const epilogue_t *e) {
   for (int r = 0; r < MR; r++) { // c's rows arrive while the sums run (16 floats: 1 or 2 lines)
     _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
     _mm_prefetch((const char *)(c + r * ldc + NR - 1), _MM_HINT_T0);
   }
+  const float *a0 = a, *a1 = a + rs, *a2 = a + 2 * rs, *a3 = a + 3 * rs, *a4 = a + 4 * rs;
+  const float *a5 = a + 5 * rs;
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+  // Unrolled 8 times: 4-10% faster than not unrolled on train_gpt's shapes (Zen 5, GCC 12).
+#pragma GCC unroll 8
   for (int64_t k = 0; k < kc; k++) {
     const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
     bp += NR;
-    __m256 x = _mm256_broadcast_ss(a0 + k);
+    __m256 x = _mm256_broadcast_ss(a0 + k * cs);
     c00 = _mm256_fmadd_ps(x, b0, c00);
     c01 = _mm256_fmadd_ps(x, b1, c01);
-    x = _mm256_broadcast_ss(a1 + k);
+    x = _mm256_broadcast_ss(a1 + k * cs);
     c10 = _mm256_fmadd_ps(x, b0, c10);
     c11 = _mm256_fmadd_ps(x, b1, c11);
-    x = _mm256_broadcast_ss(a2 + k);
+    x = _mm256_broadcast_ss(a2 + k * cs);
     c20 = _mm256_fmadd_ps(x, b0, c20);
     c21 = _mm256_fmadd_ps(x, b1, c21);
-    x = _mm256_broadcast_ss(a3 + k);
+    x = _mm256_broadcast_ss(a3 + k * cs);
     c30 = _mm256_fmadd_ps(x, b0, c30);
     c31 = _mm256_fmadd_ps(x, b1, c31);
-    x = _mm256_broadcast_ss(a4 + k);
+    x = _mm256_broadcast_ss(a4 + k * cs);
     c40 = _mm256_fmadd_ps(x, b0, c40);
     c41 = _mm256_fmadd_ps(x, b1, c41);
-    x = _mm256_broadcast_ss(a5 + k);
+    x = _mm256_broadcast_ss(a5 + k * cs);
     c50 = _mm256_fmadd_ps(x, b0, c50);
     c51 = _mm256_fmadd_ps(x, b1, c51);
   }
@@ -100,19 +103,33 @@ LOOM_AVX2_FMA static void kernel_6x16(int64_t kc, const float *const rows[MR],
   store_row(c + 5 * ldc, c50, c51, e);
 }
 
-// A tile at the bottom or right edge: mr <= 6 rows of a, nr <= 16 columns of c (the panel is
-// zero beyond them). The full tile goes to a local buffer; the valid part gets the epilogue with
-// the same operations as store_row.
+// a as stored: row stride lda, contiguous rows.
+LOOM_AVX2_FMA static void kernel_rows(int64_t kc, const float *a, int64_t lda, const float *bp,
+                                      float *c, int64_t ldc, const epilogue_t *e) {
+  tile_6x16(kc, a, lda, 1, bp, c, ldc, e);
+}
+
+// A tile at the bottom or right edge: mr <= 6 rows of a (row stride lda), nr <= 16 columns of c
+// (the panel is zero beyond them). Missing rows read the last real one; the full tile goes to a
+// local buffer, and the valid part gets the epilogue with store_row's operations.
 LOOM_AVX2_FMA static void kernel_edge(int64_t kc, const float *a, int64_t lda, int64_t mr,
                                       const float *bp, int64_t nr, float *c, int64_t ldc,
                                       const epilogue_t *e) {
-  const float *rows[MR];
-  for (int64_t r = 0; r < MR; r++) {
-    rows[r] = a + (r < mr ? r : mr - 1) * lda;
-  }
   float tile[MR * NR];
   const epilogue_t plain = {1.0f, 0.0f, NULL};
-  kernel_6x16(kc, rows, bp, tile, NR, &plain);
+  // Six rows from mr: a tile of rows [r0, r0 + 6) where every row past mr - 1 repeats it.
+  if (mr == MR) {
+    kernel_rows(kc, a, lda, bp, tile, NR, &plain);
+  } else {
+    float rows[MR * KC];
+    for (int64_t r = 0; r < MR; r++) {
+      const float *src = a + (r < mr ? r : mr - 1) * lda;
+      for (int64_t k = 0; k < kc; k++) {
+        rows[r * KC + k] = src[k];
+      }
+    }
+    kernel_rows(kc, rows, KC, bp, tile, NR, &plain);
+  }
   for (int64_t r = 0; r < mr; r++) {
     float *crow = c + r * ldc;
     for (int64_t j = 0; j < nr; j++) {
@@ -228,14 +245,12 @@ LOOM_AVX2_FMA int loom_cpu_gemm_avx2(int trans_b, int64_t M, int64_t N, int64_t 
                                 pc == 0 && bias ? bias + jc + jr : NULL};
           for (int64_t ir = ic; ir < ic + mc; ir += MR) {
             const int64_t mr = ic + mc - ir < MR ? ic + mc - ir : MR;
-            const float *arow = a + ir * lda + pc;
+            const float *atile = a + ir * lda + pc;
             float *ctile = c + ir * ldc + jc + jr;
             if (mr == MR && nr == NR) {
-              const float *rows[MR] = {arow,           arow + lda,     arow + 2 * lda,
-                                       arow + 3 * lda, arow + 4 * lda, arow + 5 * lda};
-              kernel_6x16(kc, rows, panel, ctile, ldc, &e);
+              kernel_rows(kc, atile, lda, panel, ctile, ldc, &e);
             } else {
-              kernel_edge(kc, arow, lda, mr, panel, nr, ctile, ldc, &e);
+              kernel_edge(kc, atile, lda, mr, panel, nr, ctile, ldc, &e);
             }
           }
         }

@@ -72,7 +72,7 @@ static result_t run_shape(const shape_t *s, int iters) {
     fprintf(stderr, "gemm_perf: out of memory\n");
     exit(2);
   }
-  const int ldb = s->trans_b ? K : N;
+  const int lda = K, ldb = s->trans_b ? K : N;
   result_t r = {0};
   for (int it = -2; it < iters; it++) {
     memcpy(c1, c0, (size_t)M * N * sizeof(float));
@@ -85,14 +85,14 @@ static result_t run_shape(const shape_t *s, int iters) {
       memcpy(c1 + (size_t)i * N, bias, (size_t)N * sizeof(float));
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, s->trans_b ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
-                a, K, b, ldb, bias_first ? 1.0f : s->beta, c1, N);
+                a, lda, b, ldb, bias_first ? 1.0f : s->beta, c1, N);
     for (int i = 0; bias && !bias_first && i < M; i++) {
       for (int j = 0; j < N; j++) {
         c1[(size_t)i * N + j] += bias[j];
       }
     }
     double t1 = now_s();
-    if (loom_cpu_gemm_avx2(s->trans_b, M, N, K, 1.0f, a, K, b, ldb, bias, s->beta, c2, N) != 0) {
+    if (loom_cpu_gemm_avx2(s->trans_b, M, N, K, 1.0f, a, lda, b, ldb, bias, s->beta, c2, N) != 0) {
       fprintf(stderr, "gemm_perf: loom_cpu_gemm_avx2 could not allocate its packing buffer\n");
       exit(2);
     }
@@ -160,8 +160,8 @@ int main(int argc, char **argv) {
   printf("# gemm_perf: OpenBLAS core %s, 1 thread, against loom's AVX2 kernel; width %d, %d tokens;"
          " medians of %d\n",
          loom_blas_core(), C, T, iters);
-  printf("%-26s %6s %6s %6s %5s %10s %10s %7s %6s\n", "product", "M", "N", "K", "op(b)",
-         "BLAS GF/s", "loom GF/s", "ratio", "wrong");
+  printf("%-26s %6s %6s %6s %5s %10s %10s %7s %6s\n", "product", "M", "N", "K", "ops", "BLAS GF/s",
+         "loom GF/s", "ratio", "wrong");
   double block_blas = 0, block_loom = 0;
   int wrong = 0;
   FILE *jf = json ? fopen(json, "w") : NULL;
@@ -180,7 +180,7 @@ int main(int argc, char **argv) {
     block_blas += s->count * r.blas_ms;
     block_loom += s->count * r.loom_ms;
     printf("%-26s %6d %6d %6d %5s %10.1f %10.1f %7.3f %6d\n", s->name, s->M, s->N, s->K,
-           s->trans_b ? "b^T" : "b", r.blas_gflops, r.loom_gflops, r.loom_gflops / r.blas_gflops,
+           s->trans_b ? "NT" : "NN", r.blas_gflops, r.loom_gflops, r.loom_gflops / r.blas_gflops,
            r.wrong);
     if (jf) {
       fprintf(jf,
@@ -189,8 +189,8 @@ int main(int argc, char **argv) {
               i ? ", " : "", s->name, s->M, s->N, s->K, r.blas_gflops, r.loom_gflops, r.wrong);
     }
   }
-  printf("# a block's forward and input-gradient products (weight gradients stay on the BLAS): "
-         "BLAS %.2f ms, loom %.2f ms, loom / BLAS time %.3f\n",
+  printf("# a block's forward and input-gradient products (the weight gradients, a^T @ b, stay on "
+         "the BLAS): BLAS %.2f ms, loom %.2f ms, loom / BLAS time %.3f\n",
          block_blas, block_loom, block_loom / block_blas);
   if (jf) {
     fprintf(jf, "], \"block_blas_ms\": %.3f, \"block_loom_ms\": %.3f}\n", block_blas, block_loom);
