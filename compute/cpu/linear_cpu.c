@@ -46,12 +46,15 @@ static void add_bias_rows(int64_t M, int64_t N, const float *restrict bias, floa
 
 // Does loom's own kernel (gemm_avx2.c) run this product? Under LOOM_GEMM=auto only where it was
 // measured faster than the BLAS: OpenBLAS on its AVX2 kernels (Haswell, Zen) and one thread, a not
-// transposed, and shapes where packing op(b) pays for itself. Any other BLAS, OpenBLAS's AVX-512
-// kernels (twice the FLOPs per cycle) and multi-threaded BLAS keep every product.
+// transposed, and N, K >= 16. Any other BLAS, OpenBLAS's AVX-512 kernels (twice the FLOPs per
+// cycle) and multi-threaded BLAS keep every product. M, the rows, never decides: a row's result
+// must not depend on how many rows share its product (a batch split over ranks, or MoE experts'
+// varying loads, would otherwise change its bits).
 int loom_cpu_gemm_uses_loom(int trans_a, int64_t M, int64_t N, int64_t K) {
   static int blas_core_avx2 = -1; // the core OpenBLAS picked when it loaded: fixed for the process
   const int mode = loom_gemm_mode();
-  if (trans_a || mode == LOOM_GEMM_MODE_BLAS || M < 16 || N < 16 || K < 16 ||
+  (void)M;
+  if (trans_a || mode == LOOM_GEMM_MODE_BLAS || N < 16 || K < 16 ||
       !loom_cpu_gemm_avx2_ok()) {
     return 0;
   }

@@ -624,7 +624,8 @@ static void test_gemm_dispatch(void) {
   CHECK(loom_cpu_gemm_uses_loom(0, 512, 512, 512) == loom_cpu_gemm_avx2_ok(),
         "LOOM_GEMM=loom: loom's kernel runs exactly where the CPU has AVX2 and FMA");
   CHECK(!loom_cpu_gemm_uses_loom(1, 512, 512, 512), "a transposed a went to loom's kernel");
-  CHECK(!loom_cpu_gemm_uses_loom(0, 4, 512, 512), "a 4-row product went to loom's kernel");
+  CHECK(loom_cpu_gemm_uses_loom(0, 1, 512, 512), "a 1-row product did not go to loom's kernel");
+  CHECK(!loom_cpu_gemm_uses_loom(0, 512, 8, 512), "an 8-column product went to loom's kernel");
   loom_gemm_mode_set(LOOM_GEMM_MODE_AUTO);
   const int want = loom_cpu_gemm_avx2_ok() && loom_blas_core_is_avx2(loom_blas_core()) &&
                    loom_blas_threads_now() == 1;
