@@ -54,8 +54,7 @@ int loom_cpu_gemm_uses_loom(int trans_a, int64_t M, int64_t N, int64_t K) {
   static int blas_core_avx2 = -1; // the core OpenBLAS picked when it loaded: fixed for the process
   const int mode = loom_gemm_mode();
   (void)M;
-  if (trans_a || mode == LOOM_GEMM_MODE_BLAS || N < 16 || K < 16 ||
-      !loom_cpu_gemm_avx2_ok()) {
+  if (trans_a || mode == LOOM_GEMM_MODE_BLAS || N < 16 || K < 16 || !loom_cpu_gemm_avx2_ok()) {
     return 0;
   }
   if (mode == LOOM_GEMM_MODE_LOOM) {
