@@ -634,6 +634,27 @@ static void test_gemm_dispatch(void) {
         loom_blas_threads_now(), want ? "loom's kernel" : "the BLAS");
 }
 
+// loom_gemm_rate on the host: both kernels timed where loom's runs, best the faster; a NULL
+// result is refused.
+static void test_gemm_rate(void) {
+  for (int mode = LOOM_GEMM_MODE_BLAS; mode <= LOOM_GEMM_MODE_LOOM; mode++) {
+    loom_gemm_mode_set(mode);
+    loom_gemm_rate_t r;
+    loom_status_t st = loom_gemm_rate(LOOM_DEVICE_HOST, &r);
+    CHECK(st == LOOM_OK, "loom_gemm_rate: %s", loom_last_error(NULL));
+    const int loom_runs = loom_cpu_gemm_uses_loom(0, 1024, 1024, 1024);
+    CHECK(r.blas > 1e8 && (loom_runs ? r.loom > 1e8 : r.loom == 0.0),
+          "mode %d: blas %g, loom %g FLOP/s (loom's kernel %s here)", mode, r.blas, r.loom,
+          loom_runs ? "runs" : "does not run");
+    CHECK(r.best == (r.blas > r.loom ? r.blas : r.loom), "best %g is not max(%g, %g)", r.best,
+          r.blas, r.loom);
+  }
+  loom_gemm_mode_set(LOOM_GEMM_MODE_AUTO);
+  CHECK(loom_gemm_rate(LOOM_DEVICE_HOST, NULL) == LOOM_ERR_INVALID_ARG &&
+            strstr(loom_last_error(NULL), "rate is NULL"),
+        "a NULL rate: %s", loom_last_error(NULL));
+}
+
 // Every gemm test under one LOOM_GEMM mode.
 static void gemm_tests(int mode, const char *name) {
   loom_gemm_mode_set(mode);
@@ -655,6 +676,7 @@ int main(void) {
     printf("test_ops_linear: this CPU lacks AVX2 or FMA: loom's kernel not tested\n");
   }
   test_gemm_dispatch();
+  test_gemm_rate();
   test_bias_backward();
   test_gemm_bad_args();
   test_bias_backward_bad_args();
