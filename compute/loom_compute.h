@@ -32,10 +32,10 @@ extern "C" {
 LOOM_API loom_status_t loom_gemm(loom_tensor_t *c, const loom_tensor_t *a, int trans_a,
                                  const loom_tensor_t *b, int trans_b, const loom_tensor_t *bias,
                                  float alpha, float beta);
-// On the host, loom_gemm runs a product with an untransposed a on loom's own AVX2 kernel where
-// that was measured faster than the BLAS (OpenBLAS on its AVX2 kernels, one thread; LOOM_GEMM
-// in the README's tunables table), and on the BLAS otherwise. The bits of a product depend on
-// which one ran, never on the run.
+// On the host, loom_gemm runs a product with an untransposed a (and alpha != 0) on loom's own
+// AVX2 kernel where that was measured faster than the BLAS (OpenBLAS on its AVX2 kernels, one
+// thread on every rank; LOOM_GEMM in the README's tunables table), and on the BLAS otherwise.
+// The bits of a product depend on which one ran, never on the run or on the product's size.
 
 // This rank's f32 GEMM rate on device, in FLOP/s: n^3 products (n = 1024 on the host, 4096 on
 // CUDA with TF32 off), the best of 10 after a warm-up. On the host both kernels are timed,

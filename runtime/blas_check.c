@@ -55,6 +55,33 @@ int loom_cpu_has_avx512(void) {
 #endif
 }
 
+int loom_gemm_auto_picks_loom(int blas_threads) {
+  static int core_avx2 = -1; // the core OpenBLAS picked when it loaded: fixed for the process
+  int avx2 = __atomic_load_n(&core_avx2, __ATOMIC_RELAXED);
+  if (avx2 < 0) {
+    avx2 = loom_cpu_has_avx2_fma() && loom_blas_core_is_avx2(loom_blas_core());
+    __atomic_store_n(&core_avx2, avx2, __ATOMIC_RELAXED);
+  }
+  return avx2 && blas_threads == 1;
+}
+
+void loom_gemm_resolve(const loom_ctx_t *ctx) {
+  static const char *const names[] = {"auto", "blas", "loom"};
+  int mode = ctx->params.gemm;
+  if (mode == LOOM_GEMM_MODE_AUTO) {
+    int mine = loom_gemm_auto_picks_loom(ctx->blas_threads), all = 0;
+    MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    mode = all ? LOOM_GEMM_MODE_LOOM : LOOM_GEMM_MODE_BLAS;
+  }
+  loom_gemm_mode_set(mode);
+  LOOM_INFO(LOOM_SUB_INIT,
+            "GEMM kernel for untransposed products: %s (LOOM_GEMM=%s, BLAS core %s, "
+            "%d BLAS thread(s))",
+            mode == LOOM_GEMM_MODE_LOOM && loom_cpu_has_avx2_fma() ? "loom's AVX2 kernel"
+                                                                   : "the BLAS",
+            names[ctx->params.gemm], loom_blas_core(), ctx->blas_threads);
+}
+
 int loom_cpu_has_avx2_fma(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();

@@ -27,6 +27,15 @@ int loom_gemm_mode(void);
 // The number of threads the BLAS runs a product on now (1 when it cannot say).
 int loom_blas_threads_now(void);
 
+// LOOM_GEMM=auto's rule: 1 when loom's kernel was measured faster than this BLAS, i.e. the CPU
+// has AVX2 and FMA and OpenBLAS runs its AVX2 kernels (Haswell, Zen) on blas_threads == 1.
+int loom_gemm_auto_picks_loom(int blas_threads);
+
+// At init, after the BLAS threads are set: resolve LOOM_GEMM=auto once for the whole job
+// (loom's kernel only when every rank's auto rule picks it, so that a product's bits never
+// depend on which rank computes it) and set the mode. Collective over MPI_COMM_WORLD.
+void loom_gemm_resolve(const loom_ctx_t *ctx);
+
 // At init, on the first rank of each host: the warning with the fix when loom_blas_advise_coretype
 // says so, and when LOOM_GEMM=loom asks for a kernel this CPU cannot run.
 void loom_blas_check(const loom_ctx_t *ctx);

@@ -52,7 +52,8 @@ static loom_status_t agree(loom_ctx_t *ctx, loom_status_t local) {
 }
 
 // Tunables that shape groups must be identical on every rank, and LOOM_GEMM, which decides the
-// bits of every product (data-parallel replicas must stay identical).
+// bits of every product: a product must round the same on whichever rank computes it (MoE
+// experts compute other ranks' tokens; runs at different np are compared bit for bit).
 static loom_status_t check_uniform(loom_ctx_t *ctx) {
   const int ids[] = {LOOM_P_NODE_SIZE, LOOM_P_EP_SIZE, LOOM_P_ATTN_SERVERS, LOOM_P_GEMM};
   const int vals[] = {ctx->params.node_size, ctx->params.ep_size, ctx->params.attn_servers,
@@ -168,7 +169,6 @@ loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_
   }
   LOOM_CHECK(agree(ctx, status));
   LOOM_CHECK(agree(ctx, check_uniform(ctx)));
-  loom_gemm_mode_set(ctx->params.gemm);
   log_settings(&ctx->params);
   if (ctx->thread_level < MPI_THREAD_MULTIPLE) {
     LOOM_INFO(LOOM_SUB_INIT, "MPI granted thread level %d (MPI_THREAD_MULTIPLE is %d)",
@@ -194,6 +194,7 @@ loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_
   }
   LOOM_CHECK(agree(ctx, status));
   LOOM_CHECK(agree(ctx, loom_groups_build(ctx)));
+  loom_gemm_resolve(ctx);
   loom_blas_check(ctx);
 
   char where[256];

@@ -363,6 +363,6 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
     [LOOM_P_GEMM] = {"LOOM_GEMM", "gemm", STR_FIELD(gemm), "auto", "auto|blas|loom", 0, 0,
                      parse_gemm,
                      "host GEMMs with an untransposed left operand: loom's AVX2 kernel where "
-                     "OpenBLAS runs its AVX2 kernels on one thread (auto), always the BLAS, or "
-                     "always loom's kernel (a CPU with AVX2 and FMA)"},
+                     "every rank's OpenBLAS runs its AVX2 kernels on one thread (auto), always "
+                     "the BLAS, or loom's kernel on any CPU with AVX2 and FMA"},
 };

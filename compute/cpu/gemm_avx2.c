@@ -18,7 +18,7 @@
 // Why a is not packed: in train_gpt's products a is the activations, (tokens, features), read
 // once per 16 columns of c, while b is a weight; OpenBLAS copies both, and at width 256 its
 // copies took 6.5% of a step. Reading a in place, six rows at a time, the kernel ran the
-// forward and input-gradient shapes 4-9% faster than OpenBLAS's Haswell sgemm on a Zen 5 core,
+// forward and input-gradient shapes 5-10% faster than OpenBLAS's Haswell sgemm on a Zen 5 core,
 // and 1024^3 at the same rate (README, "loom's own GEMM"). a^T products (weight gradients) stay
 // with the BLAS: a column of a is not contiguous, and there the kernel was no faster.
 //
@@ -57,18 +57,19 @@ store_row(float *c, __m256 lo, __m256 hi, const epilogue_t *e) {
   _mm256_storeu_ps(c + 8, hi);
 }
 
-// c (6 x 16, row stride ldc) <- the epilogue of a (6 x kc) @ bp (kc x 16, packed), where
-// a[r, k] is at a + r * rs + k * cs: rs = lda, cs = 1 for a as stored, rs = 1, cs = lda for the
-// transpose of a stored (K, M) matrix (six contiguous floats a step).
-LOOM_AVX2_FMA static inline __attribute__((always_inline)) void
-tile_6x16(int64_t kc, const float *a, int64_t rs, int64_t cs, const float *restrict bp, float *c,
-          int64_t ldc, const epilogue_t *e) {
+// c (6 x 16, row stride ldc) <- the epilogue of a (6 x kc, row stride lda) @ bp (kc x 16,
+// packed): twelve 8-wide accumulators, two loads of b and six broadcasts of a per k. Written
+// out row by row: with the accumulators in arrays and loops over the rows, GCC 12 kept them on
+// the stack.
+LOOM_AVX2_FMA static void kernel_rows(int64_t kc, const float *a, int64_t lda,
+                                      const float *restrict bp, float *c, int64_t ldc,
+                                      const epilogue_t *e) {
   for (int r = 0; r < MR; r++) { // c's rows arrive while the sums run (16 floats: 1 or 2 lines)
     _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
     _mm_prefetch((const char *)(c + r * ldc + NR - 1), _MM_HINT_T0);
   }
-  const float *a0 = a, *a1 = a + rs, *a2 = a + 2 * rs, *a3 = a + 3 * rs, *a4 = a + 4 * rs;
-  const float *a5 = a + 5 * rs;
+  const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda, *a4 = a + 4 * lda;
+  const float *a5 = a + 5 * lda;
   __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
   __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
   // Unrolled 8 times: 4-10% faster than not unrolled on train_gpt's shapes (Zen 5, GCC 12).
@@ -76,22 +77,22 @@ tile_6x16(int64_t kc, const float *a, int64_t rs, int64_t cs, const float *restr
   for (int64_t k = 0; k < kc; k++) {
     const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
     bp += NR;
-    __m256 x = _mm256_broadcast_ss(a0 + k * cs);
+    __m256 x = _mm256_broadcast_ss(a0 + k);
     c00 = _mm256_fmadd_ps(x, b0, c00);
     c01 = _mm256_fmadd_ps(x, b1, c01);
-    x = _mm256_broadcast_ss(a1 + k * cs);
+    x = _mm256_broadcast_ss(a1 + k);
     c10 = _mm256_fmadd_ps(x, b0, c10);
     c11 = _mm256_fmadd_ps(x, b1, c11);
-    x = _mm256_broadcast_ss(a2 + k * cs);
+    x = _mm256_broadcast_ss(a2 + k);
     c20 = _mm256_fmadd_ps(x, b0, c20);
     c21 = _mm256_fmadd_ps(x, b1, c21);
-    x = _mm256_broadcast_ss(a3 + k * cs);
+    x = _mm256_broadcast_ss(a3 + k);
     c30 = _mm256_fmadd_ps(x, b0, c30);
     c31 = _mm256_fmadd_ps(x, b1, c31);
-    x = _mm256_broadcast_ss(a4 + k * cs);
+    x = _mm256_broadcast_ss(a4 + k);
     c40 = _mm256_fmadd_ps(x, b0, c40);
     c41 = _mm256_fmadd_ps(x, b1, c41);
-    x = _mm256_broadcast_ss(a5 + k * cs);
+    x = _mm256_broadcast_ss(a5 + k);
     c50 = _mm256_fmadd_ps(x, b0, c50);
     c51 = _mm256_fmadd_ps(x, b1, c51);
   }
@@ -101,12 +102,6 @@ tile_6x16(int64_t kc, const float *a, int64_t rs, int64_t cs, const float *restr
   store_row(c + 3 * ldc, c30, c31, e);
   store_row(c + 4 * ldc, c40, c41, e);
   store_row(c + 5 * ldc, c50, c51, e);
-}
-
-// a as stored: row stride lda, contiguous rows.
-LOOM_AVX2_FMA static void kernel_rows(int64_t kc, const float *a, int64_t lda, const float *bp,
-                                      float *c, int64_t ldc, const epilogue_t *e) {
-  tile_6x16(kc, a, lda, 1, bp, c, ldc, e);
 }
 
 // A tile at the bottom or right edge: mr <= 6 rows of a (row stride lda), nr <= 16 columns of c

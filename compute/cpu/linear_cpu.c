@@ -9,6 +9,7 @@
 
 #include "blas_check.h"
 #include "gemm_avx2.h"
+#include "log.h"
 #include "params.h"
 
 // ---------------------------------------------------------------------------------------------
@@ -44,28 +45,25 @@ static void add_bias_rows(int64_t M, int64_t N, const float *restrict bias, floa
   }
 }
 
-// Does loom's own kernel (gemm_avx2.c) run this product? Under LOOM_GEMM=auto only where it was
-// measured faster than the BLAS: OpenBLAS on its AVX2 kernels (Haswell, Zen) and one thread, a not
-// transposed, and N, K >= 16. Any other BLAS, OpenBLAS's AVX-512 kernels (twice the FLOPs per
-// cycle) and multi-threaded BLAS keep every product. M, the rows, never decides: a row's result
-// must not depend on how many rows share its product (a batch split over ranks, or MoE experts'
-// varying loads, would otherwise change its bits).
-int loom_cpu_gemm_uses_loom(int trans_a, int64_t M, int64_t N, int64_t K) {
-  static int blas_core_avx2 = -1; // the core OpenBLAS picked when it loaded: fixed for the process
+// Does loom's own kernel (gemm_avx2.c) run this product? loom_init resolves LOOM_GEMM=auto to
+// loom or blas once for the job (loom_gemm_resolve); before it (unit tests, benchmarks) auto
+// applies its rule here, per call: OpenBLAS on its AVX2 kernels (Haswell, Zen) and one thread.
+// Only the layout decides, never a size: a row's (or a column's) result must not depend on how
+// many others share its product (a batch split over ranks, MoE experts' varying loads, column
+// slices). a^T products (weight gradients) and alpha == 0 (BLAS skips the product, so Inf or
+// NaN in a or b do not reach c) stay on the BLAS.
+int loom_cpu_gemm_uses_loom(int trans_a, float alpha) {
+  static int cpu_ok = -1; // AVX2 and FMA: fixed for the process
+  int ok = __atomic_load_n(&cpu_ok, __ATOMIC_RELAXED);
+  if (ok < 0) {
+    ok = loom_cpu_gemm_avx2_ok();
+    __atomic_store_n(&cpu_ok, ok, __ATOMIC_RELAXED);
+  }
   const int mode = loom_gemm_mode();
-  (void)M;
-  if (trans_a || mode == LOOM_GEMM_MODE_BLAS || N < 16 || K < 16 || !loom_cpu_gemm_avx2_ok()) {
+  if (trans_a || alpha == 0.0f || !ok || mode == LOOM_GEMM_MODE_BLAS) {
     return 0;
   }
-  if (mode == LOOM_GEMM_MODE_LOOM) {
-    return 1;
-  }
-  int avx2 = __atomic_load_n(&blas_core_avx2, __ATOMIC_RELAXED);
-  if (avx2 < 0) {
-    avx2 = loom_blas_core_is_avx2(loom_blas_core());
-    __atomic_store_n(&blas_core_avx2, avx2, __ATOMIC_RELAXED);
-  }
-  return avx2 && loom_blas_threads_now() == 1;
+  return mode == LOOM_GEMM_MODE_LOOM || loom_gemm_auto_picks_loom(loom_blas_threads_now());
 }
 
 void loom_cpu_gemm_strided(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -74,9 +72,17 @@ void loom_cpu_gemm_strided(int trans_a, int trans_b, int64_t M, int64_t N, int64
   if (M <= 0 || N <= 0) {
     return;
   }
-  if (K > 0 && loom_cpu_gemm_uses_loom(trans_a, M, N, K) &&
-      loom_cpu_gemm_avx2(trans_b, M, N, K, alpha, a, lda, b, ldb, bias, beta, c, ldc) == 0) {
-    return; // the bias is added in the kernel's epilogue
+  if (K > 0 && loom_cpu_gemm_uses_loom(trans_a, alpha)) {
+    if (loom_cpu_gemm_avx2(trans_b, M, N, K, alpha, a, lda, b, ldb, bias, beta, c, ldc) == 0) {
+      return; // the bias is added in the kernel's epilogue
+    }
+    static int warned;
+    if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED)) {
+      LOOM_WARN(LOOM_SUB_COMPUTE, "loom's GEMM kernel could not allocate its 1 MiB packing buffer: "
+                                  "this product (and any later one that fails alike) runs on the "
+                                  "BLAS, whose results differ in the last bits; free memory or "
+                                  "set LOOM_GEMM=blas");
+    }
   }
   if (bias && beta == 0.0f && K > 0) {
     // c = bias rows, then BLAS adds the product (beta = 1): one pass over c instead of BLAS

@@ -70,7 +70,7 @@ int main(int argc, char **argv) {
     setenv("LOOM_NODE_SIZE", rank == 0 ? "1" : "2", 1);
     expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_NODE_SIZE differs between ranks", NULL);
     unsetenv("LOOM_NODE_SIZE");
-    // The GEMM kernel decides the bits of every product: replicas would drift apart.
+    // The GEMM kernel decides the bits of every product: it must not depend on the rank.
     setenv("LOOM_GEMM", rank == 0 ? "blas" : "loom", 1);
     expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_GEMM differs between ranks", NULL);
     unsetenv("LOOM_GEMM");

@@ -570,16 +570,19 @@ static void test_gemm_loom_blocks(void) {
   test_rng_t rng = test_rng(9);
   const int64_t M = 101, N = 1041, K = 521, lda = K + 3, ldb_n = N + 5, ldb_t = K + 7, ldc = N + 2;
   float *a = malloc(sizeof(float) * (size_t)(M * lda));
-  float *b = malloc(sizeof(float) * (size_t)(K * ldb_n > N * ldb_t ? K * ldb_n : N * ldb_t));
+  float *b_n = malloc(sizeof(float) * (size_t)(K * ldb_n)); // (K, N), exactly: ASan sees overruns
+  float *b_t = malloc(sizeof(float) * (size_t)(N * ldb_t)); // (N, K)
   float *bias = malloc(sizeof(float) * (size_t)N), *c = malloc(sizeof(float) * (size_t)(M * ldc));
   float *c2 = malloc(sizeof(float) * (size_t)(M * ldc)),
         *c0 = malloc(sizeof(float) * (size_t)(M * N));
   double *want = malloc(sizeof(double) * (size_t)(M * N));
   test_fill_uniform(&rng, a, M * lda, -1, 1);
-  test_fill_uniform(&rng, b, K * ldb_n > N * ldb_t ? K * ldb_n : N * ldb_t, -1, 1);
+  test_fill_uniform(&rng, b_n, K * ldb_n, -1, 1);
+  test_fill_uniform(&rng, b_t, N * ldb_t, -1, 1);
   test_fill_uniform(&rng, bias, N, -1, 1);
   for (int tb = 0; tb < 2; tb++) {
     const int64_t ldb = tb ? ldb_t : ldb_n;
+    const float *b = tb ? b_t : b_n;
     for (int with_beta = 0; with_beta < 2; with_beta++) {
       const float alpha = with_beta ? 0.5f : 1.0f, beta = with_beta ? -1.25f : 0.0f;
       test_fill_uniform(&rng, c, M * ldc, -1, 1);
@@ -613,25 +616,67 @@ static void test_gemm_loom_blocks(void) {
             "%s: a second call gave other bits", what);
     }
   }
-  free(a), free(b), free(bias), free(c), free(c2), free(c0), free(want);
+  free(a), free(b_n), free(b_t), free(bias), free(c), free(c2), free(c0), free(want);
 }
 
-// Which kernel loom_cpu_gemm picks under each mode (auto depends on the BLAS and the CPU).
+// Which kernel loom_cpu_gemm picks under each mode (auto, before loom_init, by its rule).
 static void test_gemm_dispatch(void) {
+  const int ok = loom_cpu_gemm_avx2_ok();
   loom_gemm_mode_set(LOOM_GEMM_MODE_BLAS);
-  CHECK(!loom_cpu_gemm_uses_loom(0, 512, 512, 512), "LOOM_GEMM=blas picked loom's kernel");
+  CHECK(!loom_cpu_gemm_uses_loom(0, 1.0f), "LOOM_GEMM=blas picked loom's kernel");
   loom_gemm_mode_set(LOOM_GEMM_MODE_LOOM);
-  CHECK(loom_cpu_gemm_uses_loom(0, 512, 512, 512) == loom_cpu_gemm_avx2_ok(),
+  CHECK(loom_cpu_gemm_uses_loom(0, 1.0f) == ok,
         "LOOM_GEMM=loom: loom's kernel runs exactly where the CPU has AVX2 and FMA");
-  CHECK(!loom_cpu_gemm_uses_loom(1, 512, 512, 512), "a transposed a went to loom's kernel");
-  CHECK(loom_cpu_gemm_uses_loom(0, 1, 512, 512), "a 1-row product did not go to loom's kernel");
-  CHECK(!loom_cpu_gemm_uses_loom(0, 512, 8, 512), "an 8-column product went to loom's kernel");
+  CHECK(!loom_cpu_gemm_uses_loom(1, 1.0f), "a transposed a went to loom's kernel");
+  CHECK(!loom_cpu_gemm_uses_loom(0, 0.0f), "alpha == 0 went to loom's kernel");
   loom_gemm_mode_set(LOOM_GEMM_MODE_AUTO);
-  const int want = loom_cpu_gemm_avx2_ok() && loom_blas_core_is_avx2(loom_blas_core()) &&
-                   loom_blas_threads_now() == 1;
-  CHECK(loom_cpu_gemm_uses_loom(0, 512, 512, 512) == want,
+  const int want = ok && loom_blas_core_is_avx2(loom_blas_core()) && loom_blas_threads_now() == 1;
+  CHECK(loom_gemm_auto_picks_loom(loom_blas_threads_now()) == want &&
+            loom_cpu_gemm_uses_loom(0, 1.0f) == want,
         "LOOM_GEMM=auto with OpenBLAS core %s on %d thread(s): expected %s", loom_blas_core(),
         loom_blas_threads_now(), want ? "loom's kernel" : "the BLAS");
+  CHECK(!loom_gemm_auto_picks_loom(2), "auto picked loom's kernel for a 2-thread BLAS");
+}
+
+// loom's kernel: a row's bits do not depend on the other rows of its product, nor a column's on
+// the other columns (edge tiles round as full ones); alpha == 0 leaves Inf and NaN in a out.
+static void test_gemm_loom_independent(void) {
+  test_rng_t rng = test_rng(10);
+  const int64_t M = 13, N = 40, K = 300;
+  float *a = malloc(sizeof(float) * (size_t)(M * K)), *b = malloc(sizeof(float) * (size_t)(N * K));
+  float *bias = malloc(sizeof(float) * (size_t)N), *c = malloc(sizeof(float) * (size_t)(M * N));
+  float *part = malloc(sizeof(float) * (size_t)(M * N));
+  test_fill_uniform(&rng, a, M * K, -1, 1);
+  test_fill_uniform(&rng, b, N * K, -1, 1);
+  test_fill_uniform(&rng, bias, N, -1, 1);
+  CHECK(loom_cpu_gemm_avx2(1, M, N, K, 1.0f, a, K, b, K, bias, 0.0f, c, N) == 0, "full product");
+  int rows_same = 1, cols_same = 1;
+  for (int64_t i = 0; i < M; i++) { // row i alone: an edge tile of one row
+    CHECK(loom_cpu_gemm_avx2(1, 1, N, K, 1.0f, a + i * K, K, b, K, bias, 0.0f, part + i * N, N) ==
+              0,
+          "row %lld", (long long)i);
+  }
+  rows_same = memcmp(c, part, sizeof(float) * (size_t)(M * N)) == 0;
+  // Columns [0, 7) and [7, 40): partial panels against the full product's panels.
+  CHECK(loom_cpu_gemm_avx2(1, M, 7, K, 1.0f, a, K, b, K, bias, 0.0f, part, N) == 0 &&
+            loom_cpu_gemm_avx2(1, M, N - 7, K, 1.0f, a, K, b + 7 * K, K, bias + 7, 0.0f, part + 7,
+                               N) == 0,
+        "column slices");
+  cols_same = memcmp(c, part, sizeof(float) * (size_t)(M * N)) == 0;
+  CHECK(rows_same, "a row computed alone differs in bits from the same row in a 13-row product");
+  CHECK(cols_same, "columns computed in two slices differ in bits from the whole product");
+  // alpha == 0 through the dispatch: c = beta * c + bias, the Inf in a never multiplied.
+  loom_gemm_mode_set(LOOM_GEMM_MODE_LOOM);
+  a[3] = INFINITY;
+  test_fill_value(c, M * N, 2.0f);
+  loom_cpu_gemm_strided(0, 1, M, N, K, 0.0f, a, K, b, K, bias, 0.5f, c, N);
+  int finite = 1;
+  for (int64_t i = 0; i < M * N; i++) {
+    finite &= c[i] == 1.0f + bias[i % N];
+  }
+  CHECK(finite, "alpha == 0 with an Inf in a: c should be 0.5 * c + bias");
+  loom_gemm_mode_set(LOOM_GEMM_MODE_AUTO);
+  free(a), free(b), free(bias), free(c), free(part);
 }
 
 // loom_gemm_rate on the host: both kernels timed where loom's runs, best the faster; a NULL
@@ -642,7 +687,7 @@ static void test_gemm_rate(void) {
     loom_gemm_rate_t r;
     loom_status_t st = loom_gemm_rate(LOOM_DEVICE_HOST, &r);
     CHECK(st == LOOM_OK, "loom_gemm_rate: %s", loom_last_error(NULL));
-    const int loom_runs = loom_cpu_gemm_uses_loom(0, 1024, 1024, 1024);
+    const int loom_runs = loom_cpu_gemm_uses_loom(0, 1.0f);
     CHECK(r.blas > 1e8 && (loom_runs ? r.loom > 1e8 : r.loom == 0.0),
           "mode %d: blas %g, loom %g FLOP/s (loom's kernel %s here)", mode, r.blas, r.loom,
           loom_runs ? "runs" : "does not run");
@@ -672,6 +717,7 @@ int main(void) {
   if (loom_cpu_gemm_avx2_ok()) {
     gemm_tests(LOOM_GEMM_MODE_LOOM, "loom");
     test_gemm_loom_blocks();
+    test_gemm_loom_independent();
   } else {
     printf("test_ops_linear: this CPU lacks AVX2 or FMA: loom's kernel not tested\n");
   }
