@@ -21,7 +21,7 @@ static double now_s(void) {
 // The host: cblas_sgemm and, where loom_gemm would use it for this shape, loom's kernel, one after
 // the other so that both see the same state of a shared host.
 static loom_status_t host_rate(int64_t n, float *a, float *b, float *c, loom_gemm_rate_t *rate) {
-  const int use_loom = loom_cpu_gemm_uses_loom(0, 1.0f);
+  const int use_loom = loom_cpu_gemm_uses_loom(0, n, 1.0f);
   double best_blas = 1e30, best_loom = 1e30;
   for (int rep = 0; rep <= RATE_REPS; rep++) {
     double t0 = now_s();

@@ -34,8 +34,8 @@ LOOM_API loom_status_t loom_gemm(loom_tensor_t *c, const loom_tensor_t *a, int t
                                  float alpha, float beta);
 // On the host, loom_gemm runs a product with an untransposed a (and alpha != 0) on loom's own
 // AVX2 kernel where that was measured faster than the BLAS (OpenBLAS on its AVX2 kernels, one
-// thread on every rank; LOOM_GEMM in the README's tunables table), and on the BLAS otherwise.
-// The bits of a product depend on which one ran, never on the run or on the product's size.
+// thread on every rank, 512 rows or more; LOOM_GEMM in the README's tunables table), and on the
+// BLAS otherwise. The bits of a product depend on which one ran, never on the run.
 
 // This rank's f32 GEMM rate on device, in FLOP/s: n^3 products (n = 1024 on the host, 4096 on
 // CUDA with TF32 off), the best of 10 after a warm-up. On the host both kernels are timed,

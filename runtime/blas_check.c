@@ -71,14 +71,16 @@ void loom_gemm_resolve(const loom_ctx_t *ctx) {
   if (mode == LOOM_GEMM_MODE_AUTO) {
     int mine = loom_gemm_auto_picks_loom(ctx->blas_threads), all = 0;
     MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    mode = all ? LOOM_GEMM_MODE_LOOM : LOOM_GEMM_MODE_BLAS;
+    mode = all ? LOOM_GEMM_MODE_AUTO : LOOM_GEMM_MODE_BLAS; // auto: by rows from here on
   }
   loom_gemm_mode_set(mode);
+  const int cpu = loom_cpu_has_avx2_fma();
   LOOM_INFO(LOOM_SUB_INIT,
-            "GEMM kernel for untransposed products: %s (LOOM_GEMM=%s, BLAS core %s, "
-            "%d BLAS thread(s))",
-            mode == LOOM_GEMM_MODE_LOOM && loom_cpu_has_avx2_fma() ? "loom's AVX2 kernel"
-                                                                   : "the BLAS",
+            "GEMM kernel for untransposed products: %s (LOOM_GEMM=%s, BLAS core %s, %d BLAS "
+            "thread(s))",
+            mode == LOOM_GEMM_MODE_BLAS || !cpu ? "the BLAS"
+            : mode == LOOM_GEMM_MODE_LOOM       ? "loom's AVX2 kernel"
+                                          : "loom's AVX2 kernel from 512 rows, the BLAS below",
             names[ctx->params.gemm], loom_blas_core(), ctx->blas_threads);
 }
 

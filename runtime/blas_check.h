@@ -31,9 +31,10 @@ int loom_blas_threads_now(void);
 // has AVX2 and FMA and OpenBLAS runs its AVX2 kernels (Haswell, Zen) on blas_threads == 1.
 int loom_gemm_auto_picks_loom(int blas_threads);
 
-// At init, after the BLAS threads are set: resolve LOOM_GEMM=auto once for the whole job
-// (loom's kernel only when every rank's auto rule picks it, so that a product's bits never
-// depend on which rank computes it) and set the mode. Collective over MPI_COMM_WORLD.
+// At init, after the BLAS threads are set: resolve LOOM_GEMM=auto once for the whole job (it
+// stays auto, loom's kernel for products of 512 rows or more, only when every rank's rule picks
+// it, else becomes blas: a product's bits must not depend on which rank computes it) and set
+// the mode. Collective over MPI_COMM_WORLD.
 void loom_gemm_resolve(const loom_ctx_t *ctx);
 
 // At init, on the first rank of each host: the warning with the fix when loom_blas_advise_coretype

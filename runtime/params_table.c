@@ -362,7 +362,8 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                           "CUDA codecs, or the CPU (host codecs on a pinned copy) for every one"},
     [LOOM_P_GEMM] = {"LOOM_GEMM", "gemm", STR_FIELD(gemm), "auto", "auto|blas|loom", 0, 0,
                      parse_gemm,
-                     "host GEMMs with an untransposed left operand: loom's AVX2 kernel where "
-                     "every rank's OpenBLAS runs its AVX2 kernels on one thread (auto), always "
-                     "the BLAS, or loom's kernel on any CPU with AVX2 and FMA"},
+                     "host GEMMs with an untransposed left operand: loom's AVX2 kernel for "
+                     "products of 512 rows or more where every rank's OpenBLAS runs its AVX2 "
+                     "kernels on one thread (auto), always the BLAS, or loom's kernel for every "
+                     "one on a CPU with AVX2 and FMA"},
 };

@@ -45,14 +45,17 @@ static void add_bias_rows(int64_t M, int64_t N, const float *restrict bias, floa
   }
 }
 
-// Does loom's own kernel (gemm_avx2.c) run this product? loom_init resolves LOOM_GEMM=auto to
-// loom or blas once for the job (loom_gemm_resolve); before it (unit tests, benchmarks) auto
-// applies its rule here, per call: OpenBLAS on its AVX2 kernels (Haswell, Zen) and one thread.
-// Only the layout decides, never a size: a row's (or a column's) result must not depend on how
-// many others share its product (a batch split over ranks, MoE experts' varying loads, column
-// slices). a^T products (weight gradients) and alpha == 0 (BLAS skips the product, so Inf or
+// Does loom's own kernel (gemm_avx2.c) run this product? LOOM_GEMM=loom: every product with an
+// untransposed a; blas: none. auto: where the kernel was measured faster than the BLAS, i.e.
+// OpenBLAS on its AVX2 kernels (Haswell, Zen) and one thread (loom_init keeps auto only if that
+// holds on every rank, else sets blas) and at least LOOM_GEMM_AUTO_MIN_ROWS rows: the kernel
+// packs the whole op(b) for every product, and with fewer rows to share that copy it lost to
+// OpenBLAS (tests/bench/gemm_perf --tokens 128..1024: loom / BLAS time 1.06 at 128 rows, 0.99
+// at 512, 0.97 at 1024, 0.93 at 2048). So under auto a row's bits can depend on how many rows
+// share its product, as with BLAS libraries that pick kernels by size; under loom or blas they
+// never do. a^T products (weight gradients) and alpha == 0 (BLAS skips the product, so Inf or
 // NaN in a or b do not reach c) stay on the BLAS.
-int loom_cpu_gemm_uses_loom(int trans_a, float alpha) {
+int loom_cpu_gemm_uses_loom(int trans_a, int64_t M, float alpha) {
   static int cpu_ok = -1; // AVX2 and FMA: fixed for the process
   int ok = __atomic_load_n(&cpu_ok, __ATOMIC_RELAXED);
   if (ok < 0) {
@@ -63,7 +66,8 @@ int loom_cpu_gemm_uses_loom(int trans_a, float alpha) {
   if (trans_a || alpha == 0.0f || !ok || mode == LOOM_GEMM_MODE_BLAS) {
     return 0;
   }
-  return mode == LOOM_GEMM_MODE_LOOM || loom_gemm_auto_picks_loom(loom_blas_threads_now());
+  return mode == LOOM_GEMM_MODE_LOOM ||
+         (M >= LOOM_GEMM_AUTO_MIN_ROWS && loom_gemm_auto_picks_loom(loom_blas_threads_now()));
 }
 
 void loom_cpu_gemm_strided(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -72,7 +76,7 @@ void loom_cpu_gemm_strided(int trans_a, int trans_b, int64_t M, int64_t N, int64
   if (M <= 0 || N <= 0) {
     return;
   }
-  if (K > 0 && loom_cpu_gemm_uses_loom(trans_a, alpha)) {
+  if (K > 0 && loom_cpu_gemm_uses_loom(trans_a, M, alpha)) {
     if (loom_cpu_gemm_avx2(trans_b, M, N, K, alpha, a, lda, b, ldb, bias, beta, c, ldc) == 0) {
       return; // the bias is added in the kernel's epilogue
     }

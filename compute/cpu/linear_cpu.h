@@ -34,10 +34,13 @@ void loom_cpu_gemm_strided(int trans_a, int trans_b, int64_t M, int64_t N, int64
                            const float *bias,                  // (N) or NULL
                            float beta, float *c, int64_t ldc); // (M, N), row stride ldc
 
-// 1 when loom_cpu_gemm(_strided) runs a product with this trans_a and alpha on loom's own AVX2
-// kernel (gemm_avx2.h) rather than the BLAS, under the LOOM_GEMM mode resolved at init (auto's
-// per-call rule before it). Sizes never decide.
-int loom_cpu_gemm_uses_loom(int trans_a, float alpha);
+// LOOM_GEMM=auto gives loom's kernel products of at least this many rows (linear_cpu.c says why).
+#define LOOM_GEMM_AUTO_MIN_ROWS 512
+
+// 1 when loom_cpu_gemm(_strided) runs a product with this trans_a, M (rows of c) and alpha on
+// loom's own AVX2 kernel (gemm_avx2.h) rather than the BLAS, under the LOOM_GEMM mode resolved
+// at init (auto's per-call rule before it).
+int loom_cpu_gemm_uses_loom(int trans_a, int64_t M, float alpha);
 
 // dbias[j] += sum_i dout[i, j], summed in double (deterministic: a fixed order per column).
 // dbias must not overlap dout.

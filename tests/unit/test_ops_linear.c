@@ -623,19 +623,25 @@ static void test_gemm_loom_blocks(void) {
 static void test_gemm_dispatch(void) {
   const int ok = loom_cpu_gemm_avx2_ok();
   loom_gemm_mode_set(LOOM_GEMM_MODE_BLAS);
-  CHECK(!loom_cpu_gemm_uses_loom(0, 1.0f), "LOOM_GEMM=blas picked loom's kernel");
+  CHECK(!loom_cpu_gemm_uses_loom(0, 4096, 1.0f), "LOOM_GEMM=blas picked loom's kernel");
   loom_gemm_mode_set(LOOM_GEMM_MODE_LOOM);
-  CHECK(loom_cpu_gemm_uses_loom(0, 1.0f) == ok,
+  CHECK(loom_cpu_gemm_uses_loom(0, 4096, 1.0f) == ok,
         "LOOM_GEMM=loom: loom's kernel runs exactly where the CPU has AVX2 and FMA");
-  CHECK(!loom_cpu_gemm_uses_loom(1, 1.0f), "a transposed a went to loom's kernel");
-  CHECK(!loom_cpu_gemm_uses_loom(0, 0.0f), "alpha == 0 went to loom's kernel");
+  CHECK(!loom_cpu_gemm_uses_loom(1, 4096, 1.0f), "a transposed a went to loom's kernel");
+  CHECK(!loom_cpu_gemm_uses_loom(0, 4096, 0.0f), "alpha == 0 went to loom's kernel");
   loom_gemm_mode_set(LOOM_GEMM_MODE_AUTO);
   const int want = ok && loom_blas_core_is_avx2(loom_blas_core()) && loom_blas_threads_now() == 1;
   CHECK(loom_gemm_auto_picks_loom(loom_blas_threads_now()) == want &&
-            loom_cpu_gemm_uses_loom(0, 1.0f) == want,
+            loom_cpu_gemm_uses_loom(0, 4096, 1.0f) == want,
         "LOOM_GEMM=auto with OpenBLAS core %s on %d thread(s): expected %s", loom_blas_core(),
         loom_blas_threads_now(), want ? "loom's kernel" : "the BLAS");
   CHECK(!loom_gemm_auto_picks_loom(2), "auto picked loom's kernel for a 2-thread BLAS");
+  CHECK(!loom_cpu_gemm_uses_loom(0, LOOM_GEMM_AUTO_MIN_ROWS - 1, 1.0f) &&
+            loom_cpu_gemm_uses_loom(0, LOOM_GEMM_AUTO_MIN_ROWS, 1.0f) == want,
+        "LOOM_GEMM=auto: loom's kernel from %d rows only", LOOM_GEMM_AUTO_MIN_ROWS);
+  loom_gemm_mode_set(LOOM_GEMM_MODE_LOOM);
+  CHECK(loom_cpu_gemm_uses_loom(0, 1, 1.0f) == ok, "LOOM_GEMM=loom: a 1-row product on the BLAS");
+  loom_gemm_mode_set(LOOM_GEMM_MODE_AUTO);
 }
 
 // loom's kernel: a row's bits do not depend on the other rows of its product, nor a column's on
@@ -687,7 +693,7 @@ static void test_gemm_rate(void) {
     loom_gemm_rate_t r;
     loom_status_t st = loom_gemm_rate(LOOM_DEVICE_HOST, &r);
     CHECK(st == LOOM_OK, "loom_gemm_rate: %s", loom_last_error(NULL));
-    const int loom_runs = loom_cpu_gemm_uses_loom(0, 1.0f);
+    const int loom_runs = loom_cpu_gemm_uses_loom(0, 1024, 1.0f);
     CHECK(r.blas > 1e8 && (loom_runs ? r.loom > 1e8 : r.loom == 0.0),
           "mode %d: blas %g, loom %g FLOP/s (loom's kernel %s here)", mode, r.blas, r.loom,
           loom_runs ? "runs" : "does not run");
