@@ -10,12 +10,6 @@ exe=$b/examples/train_gpt
 corpus=$src/tests/mpi/gpt_corpus.txt
 [ -r "$corpus" ] || { echo "FAIL: $corpus (the test corpus) is missing"; exit 99; }
 
-# One BLAS thread per rank in every run: LOOM_GEMM=auto picks loom's kernel or the BLAS by the
-# BLAS's thread count (np 1 would get two threads here, np 2 one each), and the runs compared
-# must compute with the same kernel: the two round differently, and a few steps of training
-# grow the difference past the 1e-5 bound on small elements.
-export LOOM_BLAS_THREADS=1
-
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # A fixed corpus (paragraphs of an early README, separated by % lines): the equivalence bounds
