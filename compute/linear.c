@@ -1,5 +1,6 @@
-/* linear.c — loom_gemm and loom_bias_backward: check every argument (dtype, device, shapes, the
- * BLAS int range, aliasing) and then run the backend's kernel; a bad call writes nothing. */
+/* linear.c — loom_gemm, loom_gemm_residual and loom_bias_backward: check every argument (dtype,
+ * device, shapes, the BLAS int range, aliasing), then run the backend's kernel; a bad call writes
+ * nothing. */
 #include "config.h"
 #include "loom_compute.h"
 
@@ -11,15 +12,24 @@
 #include "error.h"
 #ifdef LOOM_HAVE_CUDA
 #include "cuda/cuda_kernels.h"
+#include "memory.h"
 #endif
 
 // ---------------------------------------------------------------------------------------------
 // GEMM.
 
-loom_status_t loom_gemm(loom_tensor_t *c, const loom_tensor_t *a, int trans_a,
-                        const loom_tensor_t *b, int trans_b, const loom_tensor_t *bias, float alpha,
-                        float beta) {
-  static const char op[] = "loom_gemm";
+// The sizes of a checked product: op(a) (M, K) @ op(b) (K, N) on device dev, in dtype dt; a and
+// b have a_cols and b_cols columns as stored (their row strides).
+typedef struct {
+  int dev;
+  loom_dtype_t dt;
+  int64_t M, N, K, a_cols, b_cols;
+} gemm_dims_t;
+
+// Every check of loom_gemm's arguments (and loom_gemm_residual's, but the residual), as `op`.
+static loom_status_t check_gemm(const char *op, const loom_tensor_t *c, const loom_tensor_t *a,
+                                int trans_a, const loom_tensor_t *b, int trans_b,
+                                const loom_tensor_t *bias, gemm_dims_t *d) {
   char cs[LOOM_SHAPE_STR_MAX], as[LOOM_SHAPE_STR_MAX], bs[LOOM_SHAPE_STR_MAX];
   loom_status_t status = loom_arg_backend(op, "c", c);
   if (status != LOOM_OK) {
@@ -89,15 +99,74 @@ loom_status_t loom_gemm(loom_tensor_t *c, const loom_tensor_t *a, int trans_a,
       (status = loom_arg_disjoint(op, "c", c, "bias", bias, 0)) != LOOM_OK) {
     return status;
   }
+  *d = (gemm_dims_t){dev, dt, M, N, K, a_cols, b_cols};
+  return LOOM_OK;
+}
+
+loom_status_t loom_gemm(loom_tensor_t *c, const loom_tensor_t *a, int trans_a,
+                        const loom_tensor_t *b, int trans_b, const loom_tensor_t *bias, float alpha,
+                        float beta) {
+  gemm_dims_t d;
+  loom_status_t status = check_gemm("loom_gemm", c, a, trans_a, b, trans_b, bias, &d);
+  if (status != LOOM_OK) {
+    return status;
+  }
 #ifdef LOOM_HAVE_CUDA
-  if (dev != LOOM_DEVICE_HOST) {
+  if (d.dev != LOOM_DEVICE_HOST) {
     // Row strides of the matrices as stored: a is (M, K), or (K, M) with trans_a.
-    return loom_cuda_gemm(dt, trans_a, trans_b, M, N, K, alpha, a->data, a_cols, b->data, b_cols,
-                          bias ? (const float *)bias->data : NULL, beta, c->data, N);
+    return loom_cuda_gemm(d.dt, trans_a, trans_b, d.M, d.N, d.K, alpha, a->data, d.a_cols, b->data,
+                          d.b_cols, bias ? (const float *)bias->data : NULL, beta, c->data, d.N);
   }
 #endif
-  loom_cpu_gemm(trans_a, trans_b, M, N, K, alpha, (const float *)a->data, (const float *)b->data,
-                bias ? (const float *)bias->data : NULL, beta, (float *)c->data);
+  loom_cpu_gemm(trans_a, trans_b, d.M, d.N, d.K, alpha, (const float *)a->data,
+                (const float *)b->data, bias ? (const float *)bias->data : NULL, beta,
+                (float *)c->data);
+  return LOOM_OK;
+}
+
+loom_status_t loom_gemm_residual(loom_tensor_t *c, const loom_tensor_t *a, int trans_a,
+                                 const loom_tensor_t *b, int trans_b, const loom_tensor_t *bias,
+                                 const loom_tensor_t *residual) {
+  static const char op[] = "loom_gemm_residual";
+  gemm_dims_t d;
+  loom_status_t status = check_gemm(op, c, a, trans_a, b, trans_b, bias, &d);
+  if (status != LOOM_OK) {
+    return status;
+  }
+  if (!residual) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: residual is NULL: pass the (M, N) tensor to add, or call loom_gemm", op);
+  }
+  int64_t rows, cols;
+  if ((status = loom_arg_matrix(op, "residual", residual, d.dt, d.dev, &rows, &cols)) != LOOM_OK) {
+    return status;
+  }
+  if (rows != d.M || cols != d.N) {
+    char cs[LOOM_SHAPE_STR_MAX], rs[LOOM_SHAPE_STR_MAX];
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: residual %s does not match c %s: expected residual (%lld, %lld), the "
+                      "shape of c",
+                      op, loom_shape_str(residual, rs), loom_shape_str(c, cs), (long long)d.M,
+                      (long long)d.N);
+  }
+  // In place (residual is c) or apart: a partial overlap would read sums already written.
+  if ((status = loom_arg_disjoint(op, "c", c, "residual", residual, 1)) != LOOM_OK) {
+    return status;
+  }
+#ifdef LOOM_HAVE_CUDA
+  if (d.dev != LOOM_DEVICE_HOST) { // the copy, then cuBLAS adds the product (beta = 1)
+    if (residual->data != c->data &&
+        (status = loom_memcpy_any(c->data, d.dev, residual->data, d.dev,
+                                  (size_t)(d.M * d.N) * loom_dtype_size(d.dt))) != LOOM_OK) {
+      return status;
+    }
+    return loom_cuda_gemm(d.dt, trans_a, trans_b, d.M, d.N, d.K, 1.0f, a->data, d.a_cols, b->data,
+                          d.b_cols, bias ? (const float *)bias->data : NULL, 1.0f, c->data, d.N);
+  }
+#endif
+  loom_cpu_gemm_residual(trans_a, trans_b, d.M, d.N, d.K, (const float *)a->data,
+                         (const float *)b->data, bias ? (const float *)bias->data : NULL,
+                         (const float *)residual->data, (float *)c->data);
   return LOOM_OK;
 }
 

@@ -37,6 +37,16 @@ LOOM_API loom_status_t loom_gemm(loom_tensor_t *c, const loom_tensor_t *a, int t
 // thread on every rank, 512 rows or more; LOOM_GEMM in the README's tunables table), and on the
 // BLAS otherwise. The bits of a product depend on which one ran, never on the run.
 
+// c = op(a) @ op(b) + residual (+ bias on every row): the residual add of a transformer block
+// (x + proj(y)) in one call. The bits are those of copying residual into c and then loom_gemm
+// with alpha 1 and beta 1; where loom's kernel runs the product (above) the residual is read in
+// its epilogue, one pass over c instead of a copy and a pass. residual: (M, N), c's shape; it
+// may be c itself (then this is loom_gemm with alpha 1, beta 1) or overlap a or b, but not
+// overlap c in part. Shapes and the rest as loom_gemm.
+LOOM_API loom_status_t loom_gemm_residual(loom_tensor_t *c, const loom_tensor_t *a, int trans_a,
+                                          const loom_tensor_t *b, int trans_b,
+                                          const loom_tensor_t *bias, const loom_tensor_t *residual);
+
 // This rank's f32 GEMM rate on device, in FLOP/s: n^3 products (n = 1024 on the host, 4096 on
 // CUDA with TF32 off), the best of 10 after a warm-up. On the host both kernels are timed,
 // alternately, and `best` is the faster: the denominator of MFU in the example trainers. Takes

@@ -441,8 +441,7 @@ static loom_status_t block_forward(const gpt_model_t *m, gpt_acts_t *a, int l) {
     TRY(loom_attention_forward(&att3, &lse, &q3, &k3, &v3, &a->cu, &a->cu, 1, 0.0f));
     m->timers->attn_s += now_s() - t0;
   }
-  TRY(loom_tensor_copy(&xmid, &x));
-  TRY(loom_gemm(&xmid, &att, 0, &p[GPT_WO], 1, &p[GPT_BO], 1.0f, 1.0f));
+  TRY(loom_gemm_residual(&xmid, &att, 0, &p[GPT_WO], 1, &p[GPT_BO], &x)); // x + proj(att)
   // MLP: out = xmid + fc2(gelu(fc1(ln2(xmid)))), or out = xmid + moe(ln2(xmid))
   TRY(loom_layernorm_forward(&ln2, &mean2, &rstd2, &xmid, &p[GPT_LN2_W], &p[GPT_LN2_B], 1e-5f));
   if (m->moe[l]) {
@@ -462,8 +461,7 @@ static loom_status_t block_forward(const gpt_model_t *m, gpt_acts_t *a, int l) {
   loom_tensor_t fc = rows(&y->fc, n, 0), h = rows(&y->h, n, 0);
   TRY(loom_gemm(&fc, &ln2, 0, &p[GPT_FC1_W], 1, &p[GPT_FC1_B], 1.0f, 0.0f)); // (n, 4C)
   TRY(loom_gelu_forward_deriv(&h, &fc, &fc)); // fc now holds gelu'(fc1) for the backward
-  TRY(loom_tensor_copy(&out, &xmid));
-  TRY(loom_gemm(&out, &h, 0, &p[GPT_FC2_W], 1, &p[GPT_FC2_B], 1.0f, 1.0f));
+  TRY(loom_gemm_residual(&out, &h, 0, &p[GPT_FC2_W], 1, &p[GPT_FC2_B], &xmid)); // xmid + fc2(h)
   return LOOM_OK;
 }
 

@@ -30,16 +30,19 @@ enum { MR = 6, NR = 16, KC = 256, MC = 96, NC = 1024 };
 
 #define LOOM_AVX2_FMA __attribute__((target("avx2,fma")))
 
-// How a micro-tile's sums land in c: c = alpha * sum + beta * c (+ bias), where beta == 0 does
-// not read c. The first KC block of a product applies beta and the bias; later ones add.
+// How a micro-tile's sums land in c: c = alpha * sum + beta * cin (+ bias), where beta == 0 does
+// not read cin. The first KC block of a product applies beta and the bias, with cin the caller's
+// (c itself, or a residual to add); later ones add to c (cin = c, beta = 1).
 typedef struct {
   float alpha, beta;
   const float *bias; // bias of the tile's first column, or NULL
+  const float *cin;  // the tile's first element of cin, read when beta != 0
+  int64_t ldcin;     // cin's row stride
 } epilogue_t;
 
-// One row of a full tile: c[0..16) from its two accumulators.
+// One row of a full tile: c[0..16) from its two accumulators and cin[0..16).
 LOOM_AVX2_FMA static inline __attribute__((always_inline)) void
-store_row(float *c, __m256 lo, __m256 hi, const epilogue_t *e) {
+store_row(float *c, const float *cin, __m256 lo, __m256 hi, const epilogue_t *e) {
   if (e->alpha != 1.0f) {
     const __m256 alpha = _mm256_set1_ps(e->alpha);
     lo = _mm256_mul_ps(lo, alpha);
@@ -47,8 +50,8 @@ store_row(float *c, __m256 lo, __m256 hi, const epilogue_t *e) {
   }
   if (e->beta != 0.0f) {
     const __m256 beta = _mm256_set1_ps(e->beta);
-    lo = _mm256_fmadd_ps(beta, _mm256_loadu_ps(c), lo);
-    hi = _mm256_fmadd_ps(beta, _mm256_loadu_ps(c + 8), hi);
+    lo = _mm256_fmadd_ps(beta, _mm256_loadu_ps(cin), lo);
+    hi = _mm256_fmadd_ps(beta, _mm256_loadu_ps(cin + 8), hi);
   }
   if (e->bias) {
     lo = _mm256_add_ps(lo, _mm256_loadu_ps(e->bias));
@@ -68,6 +71,12 @@ LOOM_AVX2_FMA static void kernel_rows(int64_t kc, const float *a, int64_t lda,
   for (int r = 0; r < MR; r++) { // c's rows arrive while the sums run (16 floats: 1 or 2 lines)
     _mm_prefetch((const char *)(c + r * ldc), _MM_HINT_T0);
     _mm_prefetch((const char *)(c + r * ldc + NR - 1), _MM_HINT_T0);
+  }
+  if (e->beta != 0.0f && e->cin != c) { // and a residual's
+    for (int r = 0; r < MR; r++) {
+      _mm_prefetch((const char *)(e->cin + r * e->ldcin), _MM_HINT_T0);
+      _mm_prefetch((const char *)(e->cin + r * e->ldcin + NR - 1), _MM_HINT_T0);
+    }
   }
   const float *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda, *a4 = a + 4 * lda;
   const float *a5 = a + 5 * lda;
@@ -97,12 +106,14 @@ LOOM_AVX2_FMA static void kernel_rows(int64_t kc, const float *a, int64_t lda,
     c50 = _mm256_fmadd_ps(x, b0, c50);
     c51 = _mm256_fmadd_ps(x, b1, c51);
   }
-  store_row(c, c00, c01, e);
-  store_row(c + ldc, c10, c11, e);
-  store_row(c + 2 * ldc, c20, c21, e);
-  store_row(c + 3 * ldc, c30, c31, e);
-  store_row(c + 4 * ldc, c40, c41, e);
-  store_row(c + 5 * ldc, c50, c51, e);
+  const float *cin = e->cin;
+  const int64_t ldi = e->ldcin;
+  store_row(c, cin, c00, c01, e);
+  store_row(c + ldc, cin + ldi, c10, c11, e);
+  store_row(c + 2 * ldc, cin + 2 * ldi, c20, c21, e);
+  store_row(c + 3 * ldc, cin + 3 * ldi, c30, c31, e);
+  store_row(c + 4 * ldc, cin + 4 * ldi, c40, c41, e);
+  store_row(c + 5 * ldc, cin + 5 * ldi, c50, c51, e);
 }
 
 // A tile at the bottom or right edge: mr <= 6 rows of a (row stride lda), nr <= 16 columns of c
@@ -112,7 +123,7 @@ LOOM_AVX2_FMA static void kernel_edge(int64_t kc, const float *a, int64_t lda, i
                                       const float *bp, int64_t nr, float *c, int64_t ldc,
                                       const epilogue_t *e) {
   float tile[MR * NR];
-  const epilogue_t plain = {1.0f, 0.0f, NULL};
+  const epilogue_t plain = {1.0f, 0.0f, NULL, NULL, 0};
   // Six rows from mr: a tile of rows [r0, r0 + 6) where every row past mr - 1 repeats it.
   if (mr == MR) {
     kernel_rows(kc, a, lda, bp, tile, NR, &plain);
@@ -128,9 +139,10 @@ LOOM_AVX2_FMA static void kernel_edge(int64_t kc, const float *a, int64_t lda, i
   }
   for (int64_t r = 0; r < mr; r++) {
     float *crow = c + r * ldc;
+    const float *cinrow = e->cin + r * e->ldcin;
     for (int64_t j = 0; j < nr; j++) {
       float x = e->alpha != 1.0f ? tile[r * NR + j] * e->alpha : tile[r * NR + j];
-      x = e->beta != 0.0f ? fmaf(e->beta, crow[j], x) : x;
+      x = e->beta != 0.0f ? fmaf(e->beta, cinrow[j], x) : x;
       crow[j] = e->bias ? x + e->bias[j] : x;
     }
   }
@@ -220,9 +232,10 @@ int loom_cpu_gemm_avx2_ok(void) {
   return loom_cpu_has_avx2_fma();
 }
 
-LOOM_AVX2_FMA int loom_cpu_gemm_avx2(int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                                     const float *a, int64_t lda, const float *b, int64_t ldb,
-                                     const float *bias, float beta, float *c, int64_t ldc) {
+LOOM_AVX2_FMA int loom_cpu_gemm_avx2_into(int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                                          const float *a, int64_t lda, const float *b, int64_t ldb,
+                                          const float *bias, float beta, const float *cin,
+                                          int64_t ldcin, float *c, int64_t ldc) {
   float *bp = pack_buffer();
   if (!bp) {
     return -1;
@@ -237,12 +250,13 @@ LOOM_AVX2_FMA int loom_cpu_gemm_avx2(int trans_b, int64_t M, int64_t N, int64_t 
         for (int64_t jr = 0; jr < nc; jr += NR) {
           const int64_t nr = nc - jr < NR ? nc - jr : NR;
           const float *panel = bp + jr * kc;
-          const epilogue_t e = {alpha, pc == 0 ? beta : 1.0f,
-                                pc == 0 && bias ? bias + jc + jr : NULL};
+          epilogue_t e = {alpha, pc == 0 ? beta : 1.0f, pc == 0 && bias ? bias + jc + jr : NULL,
+                          NULL, pc == 0 ? ldcin : ldc};
           for (int64_t ir = ic; ir < ic + mc; ir += MR) {
             const int64_t mr = ic + mc - ir < MR ? ic + mc - ir : MR;
             const float *atile = a + ir * lda + pc;
             float *ctile = c + ir * ldc + jc + jr;
+            e.cin = pc == 0 ? cin + ir * ldcin + jc + jr : ctile;
             if (mr == MR && nr == NR) {
               kernel_rows(kc, atile, lda, panel, ctile, ldc, &e);
             } else {
@@ -262,12 +276,20 @@ int loom_cpu_gemm_avx2_ok(void) {
   return 0;
 }
 
-int loom_cpu_gemm_avx2(int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *a,
-                       int64_t lda, const float *b, int64_t ldb, const float *bias, float beta,
-                       float *c, int64_t ldc) {
+int loom_cpu_gemm_avx2_into(int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                            const float *a, int64_t lda, const float *b, int64_t ldb,
+                            const float *bias, float beta, const float *cin, int64_t ldcin,
+                            float *c, int64_t ldc) {
   (void)trans_b, (void)M, (void)N, (void)K, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb;
-  (void)bias, (void)beta, (void)c, (void)ldc;
+  (void)bias, (void)beta, (void)cin, (void)ldcin, (void)c, (void)ldc;
   return -1;
 }
 
 #endif
+
+int loom_cpu_gemm_avx2(int trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float *a,
+                       int64_t lda, const float *b, int64_t ldb, const float *bias, float beta,
+                       float *c, int64_t ldc) {
+  return loom_cpu_gemm_avx2_into(trans_b, M, N, K, alpha, a, lda, b, ldb, bias, beta, c, ldc, c,
+                                 ldc);
+}

@@ -25,6 +25,17 @@ int loom_cpu_gemm_avx2(int trans_b, int64_t M, int64_t N, int64_t K, float alpha
                        const float *bias,                  // (N) or NULL
                        float beta, float *c, int64_t ldc); // (M, N), row stride ldc
 
+// As loom_cpu_gemm_avx2, with beta scaling cin (row stride ldcin) instead of c: c = alpha * a @
+// op(b) + beta * cin (+ bias), in one pass over c (a residual add fused into the product). cin
+// may be c itself (ldcin == ldc: loom_cpu_gemm_avx2), else it must not overlap c; read only when
+// beta != 0. The bits are those of copying cin into c and then loom_cpu_gemm_avx2.
+int loom_cpu_gemm_avx2_into(int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                            const float *a, int64_t lda, // (M, K), row stride lda
+                            const float *b, int64_t ldb, // (K, N), or (N, K) with trans_b
+                            const float *bias,           // (N) or NULL
+                            float beta, const float *cin, int64_t ldcin, // (M, N)
+                            float *c, int64_t ldc);                      // (M, N)
+
 #ifdef __cplusplus
 }
 #endif

@@ -112,6 +112,26 @@ void loom_cpu_gemm_strided(int trans_a, int trans_b, int64_t M, int64_t N, int64
   }
 }
 
+void loom_cpu_gemm_residual(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                            const float *a, const float *b, const float *bias,
+                            const float *residual, float *c) {
+  if (M <= 0 || N <= 0) {
+    return;
+  }
+  const int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;
+  if (residual != c && K > 0 && loom_cpu_gemm_uses_loom(trans_a, M, 1.0f) &&
+      loom_cpu_gemm_avx2_into(trans_b, M, N, K, 1.0f, a, lda, b, ldb, bias, 1.0f, residual, N, c,
+                              N) == 0) {
+    return; // one pass over c: the residual is read in the kernel's epilogue
+  }
+  // The BLAS (or a failed packing buffer, which leaves c untouched): the copy, then the product
+  // added to it; loom_cpu_gemm_avx2_into gives these bits.
+  if (residual != c) {
+    memcpy(c, residual, (size_t)M * (size_t)N * sizeof(float));
+  }
+  loom_cpu_gemm(trans_a, trans_b, M, N, K, 1.0f, a, b, bias, 1.0f, c);
+}
+
 void loom_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                    const float *a, const float *b, const float *bias, float beta, float *c) {
   int64_t lda = trans_a ? M : K, ldb = trans_b ? K : N;

@@ -24,6 +24,16 @@ void loom_cpu_gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, fl
                    float beta,
                    float *c); // (M, N)
 
+// c = op(a) @ op(b) + residual (+ bias): loom_cpu_gemm with alpha 1 and beta 1 after copying
+// residual (M, N) into c, with those bits, in one pass over c where loom's kernel runs the
+// product. residual may be c; otherwise it must not overlap c (it may overlap a or b).
+void loom_cpu_gemm_residual(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K,
+                            const float *a,        // (M, K), or (K, M) with trans_a
+                            const float *b,        // (K, N), or (N, K) with trans_b
+                            const float *bias,     // (N) or NULL
+                            const float *residual, // (M, N)
+                            float *c);             // (M, N)
+
 // As loom_cpu_gemm on strided row-major matrices: row r of a starts at a + r * lda (a row of the
 // matrix as stored, i.e. of the (K, M) matrix when trans_a), likewise b with ldb and c with ldc.
 // For tiles of a packed tensor, e.g. one head of a (T, H, D) tensor: ld = H * D. Each ld must be

@@ -1,5 +1,6 @@
-/* test_gpu_gemm.c — loom_gemm (f32 and bf16) and loom_bias_backward on device 0 against the CPU
- * backend: all transposes, alpha/beta, bias, sizes 0, 1, odd and ~1e6 outputs; strided GEMMs. */
+/* test_gpu_gemm.c — loom_gemm (f32 and bf16), loom_gemm_residual and loom_bias_backward on
+ * device 0 against the CPU backend: all transposes, alpha/beta, bias, sizes 0, 1, odd and ~1e6
+ * outputs; strided GEMMs. */
 #include "config.h"
 #include "loom.h"
 
@@ -139,6 +140,47 @@ static void test_gemm(void) {
   }
 }
 
+// loom_gemm_residual on device (the copy, then cuBLAS with beta 1) against the host's, with
+// the residual apart from c and as c itself.
+static void residual_case(test_rng_t *rng, loom_dtype_t dt, int64_t M, int64_t N, int64_t K) {
+  const int bf16 = dt == LOOM_BF16;
+  loom_tensor_t a = host2(LOOM_F32, M, K, "a"), b = host2(LOOM_F32, N, K, "b");
+  loom_tensor_t r = host2(LOOM_F32, M, N, "res"), c = host2(LOOM_F32, M, N, "c");
+  loom_tensor_t bias = host1(N, "bias");
+  fill_inputs(rng, &a, bf16);
+  fill_inputs(rng, &b, bf16);
+  fill_inputs(rng, &r, bf16);
+  fill_inputs(rng, &bias, 0);
+  loom_tensor_t da = upload_as(&a, dt), db = upload_as(&b, dt), dr = upload_as(&r, dt);
+  loom_tensor_t dc = upload_as(&r, dt), dbias = gpu_upload(&bias); // dc: overwritten
+  char what[160];
+  snprintf(what, sizeof what, "%s gemm_residual M=%lld N=%lld K=%lld", bf16 ? "bf16" : "f32",
+           (long long)M, (long long)N, (long long)K);
+  loom_status_t st = loom_gemm_residual(&c, &a, 0, &b, 1, &bias, &r);
+  CHECK(st == LOOM_OK, "%s: host: %s", what, loom_last_error(NULL));
+  const double rtol = bf16 ? BF16_RTOL : 1e-5, atol = bf16 ? BF16_ATOL : 2e-6 * (double)(K + 2);
+  for (int in_place = 0; in_place < 2; in_place++) {
+    st = loom_gemm_residual(&dc, &da, 0, &db, 1, &dbias, in_place ? &dc : &dr);
+    CHECK(st == LOOM_OK, "%s: device (in place %d): %s", what, in_place, loom_last_error(NULL));
+    if (st == LOOM_OK) {
+      compare_any(what, &dc, &c, rtol, atol);
+    }
+    if (!in_place) { // dc = the residual again, for the in-place call
+      TEST_FREE(&dc);
+      dc = upload_as(&r, dt);
+    }
+  }
+  compare_any(what, &dr, &r, 0.0, 0.0); // the residual is read, never written
+  TEST_FREE(&a, &b, &r, &c, &bias, &da, &db, &dr, &dc, &dbias);
+}
+
+static void test_residual(void) {
+  test_rng_t rng = test_rng(14);
+  residual_case(&rng, LOOM_F32, 129, 257, 100);
+  residual_case(&rng, LOOM_F32, 7, 5, 0);
+  residual_case(&rng, LOOM_BF16, 129, 257, 100);
+}
+
 // ---------------------------------------------------------------------------------------------
 // loom_cuda_gemm on strided sub-matrices (tiles of wider buffers, as attention and MoE call it)
 // against loom_cpu_gemm_strided: the row strides reach cuBLAS as leading dimensions.
@@ -213,6 +255,7 @@ int main(void) {
   gpu_require_device(kTest);
   test_gemm();
   test_strided();
+  test_residual();
   test_bias_backward();
   return check_exit(kTest);
 }

@@ -1,5 +1,5 @@
-/* test_ops_linear.c — loom_gemm and loom_bias_backward against double-precision references (odd
- * and prime shapes, all transposes, alpha/beta, bias) on the BLAS and on loom's AVX2 kernel,
+/* test_ops_linear.c — loom_gemm, loom_gemm_residual and loom_bias_backward against references
+ * (odd and prime shapes, all transposes, alpha/beta, bias) on the BLAS and on loom's AVX2 kernel,
  * linear-layer gradients, bad arguments. */
 #include "config.h"
 #include "loom.h"
@@ -685,6 +685,92 @@ static void test_gemm_loom_independent(void) {
   free(a), free(b), free(bias), free(c), free(part);
 }
 
+// loom_gemm_residual: the bits of copying the residual into c and loom_gemm(alpha 1, beta 1),
+// with the residual apart from c (left unchanged) and as c itself, across the kernel's blocking
+// edges (N past 1024, K past 256) and every transpose; K == 0 gives residual + bias exactly.
+static void residual_case(test_rng_t *rng, int64_t M, int64_t N, int64_t K, int ta, int tb,
+                          int with_bias) {
+  loom_tensor_t a = ta ? tensor2(K, M, "a") : tensor2(M, K, "a");
+  loom_tensor_t b = tb ? tensor2(N, K, "b") : tensor2(K, N, "b");
+  loom_tensor_t res = tensor2(M, N, "res"), c = tensor2(M, N, "c"), c2 = tensor2(M, N, "c2");
+  loom_tensor_t bias = tensor1(N, "bias");
+  test_fill_uniform(rng, test_floats(&a), M * K, -1, 1);
+  test_fill_uniform(rng, test_floats(&b), K * N, -1, 1);
+  test_fill_uniform(rng, test_floats(&bias), N, -1, 1);
+  test_fill_uniform(rng, test_floats(&res), M * N, -1, 1);
+  test_fill_value(test_floats(&c), M * N, NAN); // overwritten: never read
+  const size_t bytes = sizeof(float) * (size_t)(M * N);
+  float *res0 = malloc(bytes + 1);
+  memcpy(res0, test_floats(&res), bytes);
+  char what[160];
+  snprintf(what, sizeof what, "%s gemm_residual M=%lld N=%lld K=%lld ta=%d tb=%d bias=%d",
+           gemm_kernel, (long long)M, (long long)N, (long long)K, ta, tb, with_bias);
+  const loom_tensor_t *bp = with_bias ? &bias : NULL;
+  loom_status_t st = loom_gemm_residual(&c, &a, ta, &b, tb, bp, &res);
+  CHECK(st == LOOM_OK, "%s: %s", what, loom_last_error(NULL));
+  memcpy(test_floats(&c2), res0, bytes); // the unfused pair
+  CHECK(loom_gemm(&c2, &a, ta, &b, tb, bp, 1.0f, 1.0f) == LOOM_OK, "%s: loom_gemm", what);
+  CHECK(memcmp(test_floats(&c), test_floats(&c2), bytes) == 0,
+        "%s: bits differ from the copy and loom_gemm(beta 1)", what);
+  CHECK(memcmp(test_floats(&res), res0, bytes) == 0, "%s: the residual was written", what);
+  if (K == 0) {
+    int exact = 1;
+    for (int64_t i = 0; i < M * N; i++) {
+      exact &= test_floats(&c)[i] == res0[i] + (with_bias ? test_floats(&bias)[i % N] : 0.0f);
+    }
+    CHECK(exact, "%s: K == 0 should give residual + bias exactly", what);
+  }
+  memcpy(test_floats(&c), res0, bytes); // in place: the residual is c
+  st = loom_gemm_residual(&c, &a, ta, &b, tb, bp, &c);
+  CHECK(st == LOOM_OK && memcmp(test_floats(&c), test_floats(&c2), bytes) == 0,
+        "%s: in place (residual is c) differs: %s", what, loom_last_error(NULL));
+  free(res0);
+  loom_tensor_free(&a), loom_tensor_free(&b), loom_tensor_free(&res), loom_tensor_free(&c);
+  loom_tensor_free(&c2), loom_tensor_free(&bias);
+}
+
+static void test_gemm_residual(void) {
+  test_rng_t rng = test_rng(11);
+  for (int ta = 0; ta < 2; ta++) {
+    for (int tb = 0; tb < 2; tb++) {
+      residual_case(&rng, 13, 40, 300, ta, tb, 1);
+      residual_case(&rng, 7, 5, 0, ta, tb, tb);
+    }
+  }
+  residual_case(&rng, 101, 1041, 521, 0, 1, 1); // two N blocks, three K blocks
+  residual_case(&rng, 101, 1041, 521, 0, 0, 0);
+  residual_case(&rng, 600, 64, 256, 0, 1, 1); // 600 rows: auto's loom kernel where it runs
+}
+
+// loom_gemm_residual's own refusals (loom_gemm's checks are shared): a NULL, misshapen or
+// partly overlapping residual; c is left as it was.
+static void test_gemm_residual_bad_args(void) {
+  static const char op[] = "loom_gemm_residual";
+  const int64_t M = 4, N = 5, K = 3;
+  loom_tensor_t a = tensor2(M, K, "a"), b = tensor2(K, N, "b");
+  loom_tensor_t big = tensor2(M + 1, N, "big"), r45 = tensor2(N, M, "r54");
+  loom_tensor_fill(&a, 1.0);
+  loom_tensor_fill(&b, 1.0);
+  loom_tensor_fill(&big, 7.0);
+  loom_tensor_fill(&r45, 1.0);
+  int64_t shape[2] = {M, N};
+  loom_tensor_t c, shifted; // c is big's first M rows; shifted starts one row further
+  CHECK(loom_tensor_wrap(&c, big.data, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "c") == LOOM_OK &&
+            loom_tensor_wrap(&shifted, test_floats(&big) + N, LOOM_F32, LOOM_DEVICE_HOST, 2, shape,
+                             "shifted") == LOOM_OK,
+        "wrap");
+  EXPECT_FAIL(loom_gemm_residual(&c, &a, 0, &b, 0, NULL, NULL), op, "residual is NULL");
+  EXPECT_FAIL(loom_gemm_residual(&c, &a, 0, &b, 0, NULL, &r45), op, "expected residual (4, 5)");
+  EXPECT_FAIL(loom_gemm_residual(&c, &a, 0, &b, 0, NULL, &shifted), op, "overlap");
+  EXPECT_FAIL(loom_gemm_residual(&c, &a, 0, &b, 1, NULL, &c), op, "transposed"); // loom_gemm's
+  int untouched = 1;
+  for (int64_t i = 0; i < (M + 1) * N; i++) {
+    untouched &= test_floats(&big)[i] == 7.0f;
+  }
+  CHECK(untouched, "%s: a refused call wrote c", op);
+  loom_tensor_free(&a), loom_tensor_free(&b), loom_tensor_free(&big), loom_tensor_free(&r45);
+}
+
 // loom_gemm_rate on the host: both kernels timed where loom's runs, best the faster; a NULL
 // result is refused.
 static void test_gemm_rate(void) {
@@ -715,6 +801,7 @@ static void gemm_tests(int mode, const char *name) {
   test_gemm_empty();
   test_gemm_strided_tiles();
   test_linear_layer_grad();
+  test_gemm_residual();
   loom_gemm_mode_set(LOOM_GEMM_MODE_AUTO);
 }
 
@@ -731,6 +818,7 @@ int main(void) {
   test_gemm_rate();
   test_bias_backward();
   test_gemm_bad_args();
+  test_gemm_residual_bad_args();
   test_bias_backward_bad_args();
   return check_exit("test_ops_linear");
 }
