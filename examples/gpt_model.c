@@ -452,8 +452,7 @@ static loom_status_t block_forward(const gpt_model_t *m, gpt_acts_t *a, int l) {
     loom_moe_stats(m->moe[l], &ms);
     m->timers->moe_compute_s += 1e-3 * ms.compute_ms;
     a->aux += aux;
-    TRY(loom_tensor_copy(&out, &xmid));
-    return loom_axpy(&out, 1.0f, &tmp);
+    return loom_residual_forward(&out, &xmid, &tmp); // xmid + moe(ln2): one pass
   }
   if (gpt_block_is_moe(&m->cfg, l)) {
     return LOOM_ERR_INVALID_ARG; // no layer attached (gpt_model_set_moe)
