@@ -739,7 +739,7 @@ static void test_gemm_residual(void) {
   }
   residual_case(&rng, 101, 1041, 521, 0, 1, 1); // two N blocks, three K blocks
   residual_case(&rng, 101, 1041, 521, 0, 0, 0);
-  residual_case(&rng, 600, 64, 256, 0, 1, 1); // 600 rows: auto's loom kernel where it runs
+  residual_case(&rng, 600, 64, 256, 0, 1, 1); // 600 rows (train_gpt-like: many MC blocks)
 }
 
 // loom_gemm_residual's own refusals (loom_gemm's checks are shared): a NULL, misshapen or
