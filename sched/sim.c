@@ -14,7 +14,12 @@
 
 #define SIM_TRIALS            8  // steps drawn to estimate the attention imbalance
 #define SIM_BALANCE_MAX_RANKS 64 // the balancer runs on at most this many ranks (see below)
-#define SIM_COARSE_CHUNKS     4  // the coarse MoE overlap's pipeline depth (loom_moe.h default)
+// Documents a step may draw. The balancer keeps ~120 bytes per document (its tasks, the plan):
+// 1.7M one-token documents on 64 ranks took 198 MB and 4.9 s for the eight trials here. The
+// straggler estimate only counts them: 512 ranks x 26K documents, eight trials, took 0.31 s.
+#define SIM_MAX_BALANCED_DOCS ((int64_t)1 << 21)
+#define SIM_MAX_DRAWN_DOCS    ((int64_t)1 << 24)
+#define SIM_COARSE_CHUNKS     4 // the coarse MoE overlap's pipeline depth (loom_moe.h default)
 
 static uint64_t mix(uint64_t *s) { // splitmix64
   uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
@@ -62,13 +67,52 @@ static double draw_rank(const loom_sim_profile_t *p, uint64_t *s, int owner, loo
   return pairs;
 }
 
+// At most how many documents draw_rank gives one rank: the largest batch; without batches
+// tokens / m + 1, m the shortest a document can be before the rank's last one is cut to fit
+// (the shortest sampled document, or ctx).
+static int64_t docs_per_rank(const loom_sim_profile_t *p) {
+  int64_t most = 0;
+  if (p->nbatches > 0) {
+    for (int k = 0; k < p->nbatches; k++) {
+      const int64_t nk = p->batch_end[k] - (k ? p->batch_end[k - 1] : 0);
+      most = nk > most ? nk : most;
+    }
+    return most;
+  }
+  int64_t m = p->ctx;
+  for (int i = 0; i < p->ndocs; i++) {
+    m = p->docs[i] < m ? p->docs[i] : m;
+  }
+  return p->tokens / (m > 0 ? m : 1) + 1;
+}
+
+// LOOM_ERR_INVALID_ARG when ranks of the profile's steps hold more than `limit` documents.
+static loom_status_t check_docs(const loom_sim_profile_t *p, int ranks, int64_t limit,
+                                const char *what) {
+  const int64_t per_rank = docs_per_rank(p);
+  if (per_rank > limit / ranks) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_sim: up to %lld documents per rank x %d ranks is too many to %s (at "
+                      "most %lld; the profile's %lld tokens per rank, cut at ctx %lld or at its "
+                      "shortest document): record the profile with whole batches (train_gpt "
+                      "--profile) or simulate fewer ranks",
+                      (long long)per_rank, ranks, what, (long long)limit, (long long)p->tokens,
+                      (long long)p->ctx);
+  }
+  return LOOM_OK;
+}
+
 // The attention imbalance without servers, averaged over SIM_TRIALS drawn steps: the busiest
 // core's attention over per_core ranks' share of the mean. Ranks bound to one core (rank i of a
 // node on core i % cores) take turns, so a core's load is the sum of its ranks': with one rank
 // per core this is max / mean over the ranks, with more the draws of a core average out.
-// Returns LOOM_ERR_NOMEM only.
+// LOOM_ERR_INVALID_ARG when a step would draw more than SIM_MAX_DRAWN_DOCS documents.
 static loom_status_t imbalance(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks,
                                int per_core, uint64_t seed, double *ratio) {
+  loom_status_t st = check_docs(p, ranks, SIM_MAX_DRAWN_DOCS, "draw");
+  if (st != LOOM_OK) {
+    return st;
+  }
   const int rpn = c->ranks_per_node, cores = c->cores_per_node < rpn ? c->cores_per_node : rpn;
   double *load = malloc((size_t)ranks * sizeof *load);
   if (!load) {
@@ -104,21 +148,11 @@ static loom_status_t imbalance(const loom_sim_profile_t *p, const loom_sim_clust
 static loom_status_t balanced(const loom_sim_profile_t *p, int ranks, uint64_t seed, double *ratio,
                               double *bytes_per_rank) {
   const int R = ranks < SIM_BALANCE_MAX_RANKS ? ranks : SIM_BALANCE_MAX_RANKS;
-  int64_t per_rank = p->tokens; // documents of at least one token each
-  if (p->nbatches > 0) {
-    per_rank = 0;
-    for (int k = 0; k < p->nbatches; k++) {
-      int64_t nk = p->batch_end[k] - (k ? p->batch_end[k - 1] : 0);
-      per_rank = nk > per_rank ? nk : per_rank;
-    }
+  loom_status_t st = check_docs(p, R, SIM_MAX_BALANCED_DOCS, "balance");
+  if (st != LOOM_OK) {
+    return st;
   }
-  if (per_rank * R > (int64_t)1 << 26) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "loom_sim: %lld documents per rank x %d ranks is too many to balance (at "
-                      "most 2^26): record the profile with whole batches (train_gpt --profile)",
-                      (long long)per_rank, R);
-  }
-  const int cap = (int)(per_rank * R);
+  const int cap = (int)(docs_per_rank(p) * R);
   loom_attn_doc_t *docs = malloc((size_t)(cap > 0 ? cap : 1) * sizeof *docs);
   if (!docs) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "loom_sim: out of memory for %d documents", cap);
@@ -131,7 +165,6 @@ static loom_status_t balanced(const loom_sim_profile_t *p, int ranks, uint64_t s
   // train_gpt's shard floor: min(64, ctx / 4) rows
   o.min_shard = p->ctx / 4 < 64 ? (p->ctx / 4 > 0 ? p->ctx / 4 : 1) : 64;
   double rsum = 0.0, bsum = 0.0;
-  loom_status_t st = LOOM_OK;
   for (int t = 0; t < SIM_TRIALS && st == LOOM_OK; t++) {
     uint64_t s = seed ^ (0x5157ull * (uint64_t)(t + 1));
     int nd = 0;

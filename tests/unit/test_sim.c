@@ -355,6 +355,47 @@ static void test_model(void) {
   quiet_end();
 }
 
+// Profiles whose steps hold too many documents get a clear error instead of gigabytes: a fuzzed
+// profile (ctx 2, 5.1M tokens a rank) had the balancer allocate 2.2 GB. The sample's shortest
+// document is 8 tokens, so a rank holds at most tokens / 8 + 1 documents.
+static void test_doc_limits(void) {
+  loom_sim_profile_t p;
+  loom_plan_tensor_t t[4];
+  loom_codec_cost_t cd[2];
+  int64_t docs[200];
+  make_profile(&p, t, cd, docs, 0);
+  loom_sim_cluster_t c = cluster(64, 8, 8, 100, 0);
+  loom_sim_result_t r;
+  // The balancer takes at most 2^21 documents: 64 ranks x 32768.
+  p.tokens = 8 * 32767;
+  step(&p, &c, 64, LOOM_SIM_GRAD_NONE, 0, 1, &r);
+  CHECK(r.attn_imbalance >= 1.0 && r.attn_imbalance <= 1.15, "64 ranks at the limit: %.3f",
+        r.attn_imbalance);
+  loom_sim_strategy_t s = {.grad = LOOM_SIM_GRAD_NONE, .attn_servers = 1};
+  quiet_begin();
+  p.tokens = 8 * 32768;
+  loom_status_t st = loom_sim_predict(&p, &c, 64, &s, 1, &r);
+  const char *msg = loom_last_error(NULL);
+  CHECK(st == LOOM_ERR_INVALID_ARG && strstr(msg, "32769 documents per rank x 64 ranks") &&
+            strstr(msg, "whole batches"),
+        "one document a rank past the limit: %d (%s)", (int)st, msg);
+  // Beyond 64 ranks the balancer still runs on 64: the same limit.
+  CHECK(loom_sim_predict(&p, &c, 512, &s, 1, &r) == LOOM_ERR_INVALID_ARG, "512 ranks balanced");
+  // Without servers only the counts are drawn: 2^24 documents, 512 ranks x 32768.
+  s.attn_servers = 0;
+  p.tokens = 8 * 32767;
+  CHECK(loom_sim_predict(&p, &c, 512, &s, 1, &r) == LOOM_OK, "512 ranks drawn: %s",
+        loom_last_error(NULL));
+  p.tokens = 8 * 32768;
+  CHECK(loom_sim_predict(&p, &c, 512, &s, 1, &r) == LOOM_ERR_INVALID_ARG, "past the draw limit");
+  // The fuzzed profile: documents cut at ctx 2.
+  p.ctx = 2;
+  p.tokens = 5120526;
+  s.attn_servers = 1;
+  CHECK(loom_sim_predict(&p, &c, 8, &s, 1, &r) == LOOM_ERR_INVALID_ARG, "ctx 2 balanced");
+  quiet_end();
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/test_sim.XXXXXX");
   if (!mkdtemp(dir)) {
@@ -364,6 +405,7 @@ int main(void) {
   test_roundtrip_and_damage();
   test_cluster_file();
   test_model();
+  test_doc_limits();
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) {
