@@ -106,7 +106,8 @@ static loom_status_t check_docs(const loom_sim_profile_t *p, int ranks, int64_t 
 // core's attention over per_core ranks' share of the mean. Ranks bound to one core (rank i of a
 // node on core i % cores) take turns, so a core's load is the sum of its ranks': with one rank
 // per core this is max / mean over the ranks, with more the draws of a core average out.
-// LOOM_ERR_INVALID_ARG when a step would draw more than SIM_MAX_DRAWN_DOCS documents.
+// LOOM_ERR_NOMEM, or LOOM_ERR_INVALID_ARG when a step would draw more than SIM_MAX_DRAWN_DOCS
+// documents.
 static loom_status_t imbalance(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks,
                                int per_core, uint64_t seed, double *ratio) {
   loom_status_t st = check_docs(p, ranks, SIM_MAX_DRAWN_DOCS, "draw");
