@@ -10,7 +10,7 @@
 #include "cpu/linear_cpu.h"
 #include "error.h"
 
-enum { RATE_REPS = 10 }; // timed products per kernel, after one untimed
+enum { RATE_MAX_REPS = 1000 }; // timed products per kernel, after one untimed
 
 static double now_s(void) {
   struct timespec ts;
@@ -20,10 +20,11 @@ static double now_s(void) {
 
 // The host: cblas_sgemm and, where loom_gemm would use it for this shape, loom's kernel, one after
 // the other so that both see the same state of a shared host.
-static loom_status_t host_rate(int64_t n, float *a, float *b, float *c, loom_gemm_rate_t *rate) {
+static loom_status_t host_rate(int64_t n, int reps, float *a, float *b, float *c,
+                               loom_gemm_rate_t *rate) {
   const int use_loom = loom_cpu_gemm_uses_loom(0, n, 1.0f);
   double best_blas = 1e30, best_loom = 1e30;
-  for (int rep = 0; rep <= RATE_REPS; rep++) {
+  for (int rep = 0; rep <= reps; rep++) {
     double t0 = now_s();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)n, (int)n, (int)n, 1.0f, a, (int)n,
                 b, (int)n, 0.0f, c, (int)n);
@@ -46,12 +47,12 @@ static loom_status_t host_rate(int64_t n, float *a, float *b, float *c, loom_gem
 }
 
 // A device: loom_gemm (cuBLAS) timed with a norm of c that waits for it.
-static loom_status_t device_rate(loom_tensor_t *a, loom_tensor_t *b, loom_tensor_t *c,
+static loom_status_t device_rate(int reps, loom_tensor_t *a, loom_tensor_t *b, loom_tensor_t *c,
                                  loom_gemm_rate_t *rate) {
   const double n = (double)a->shape[0];
   double best = 1e30, sync = 0.0;
   loom_status_t st = LOOM_OK;
-  for (int rep = 0; rep <= RATE_REPS && st == LOOM_OK; rep++) {
+  for (int rep = 0; rep <= reps && st == LOOM_OK; rep++) {
     double t0 = now_s();
     st = loom_gemm(c, a, 0, b, 0, NULL, 1.0f, 0.0f);
     st = st == LOOM_OK ? loom_norm2(c, &sync) : st; // the product is queued: the norm waits
@@ -63,10 +64,16 @@ static loom_status_t device_rate(loom_tensor_t *a, loom_tensor_t *b, loom_tensor
   return st;
 }
 
-loom_status_t loom_gemm_rate(int device, loom_gemm_rate_t *rate) {
+loom_status_t loom_gemm_rate(int device, int reps, loom_gemm_rate_t *rate) {
   if (!rate) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "loom_gemm_rate: rate is NULL: pass a loom_gemm_rate_t to fill");
+  }
+  if (reps < 1 || reps > RATE_MAX_REPS) {
+    rate->best = rate->blas = rate->loom = 0.0;
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_gemm_rate: reps is %d: time 1 to %d products (10 is steady to ~1%%)",
+                      reps, RATE_MAX_REPS);
   }
   rate->best = rate->blas = rate->loom = 0.0;
   const int64_t n = device == LOOM_DEVICE_HOST ? 1024 : 4096, shape[2] = {n, n};
@@ -77,8 +84,8 @@ loom_status_t loom_gemm_rate(int device, loom_gemm_rate_t *rate) {
   st = st == LOOM_OK ? loom_tensor_fill(&a, 0.5) : st;
   st = st == LOOM_OK ? loom_tensor_fill(&b, 0.25) : st;
   if (st == LOOM_OK) {
-    st = device == LOOM_DEVICE_HOST ? host_rate(n, a.data, b.data, c.data, rate)
-                                    : device_rate(&a, &b, &c, rate);
+    st = device == LOOM_DEVICE_HOST ? host_rate(n, reps, a.data, b.data, c.data, rate)
+                                    : device_rate(reps, &a, &b, &c, rate);
   }
   loom_tensor_free(&a);
   loom_tensor_free(&b);

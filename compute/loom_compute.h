@@ -48,15 +48,16 @@ LOOM_API loom_status_t loom_gemm_residual(loom_tensor_t *c, const loom_tensor_t 
                                           const loom_tensor_t *bias, const loom_tensor_t *residual);
 
 // This rank's f32 GEMM rate on device, in FLOP/s: n^3 products (n = 1024 on the host, 4096 on
-// CUDA with TF32 off), the best of 10 after a warm-up. On the host both kernels are timed,
-// alternately, and `best` is the faster: the denominator of MFU in the example trainers. Takes
-// about a second on one core; runs on this rank's BLAS threads.
+// CUDA with TF32 off), the best of reps (1..1000; 10 is steady to ~1% on a quiet host) after one
+// untimed warm-up. On the host both kernels are timed, alternately, and `best` is the faster: the
+// denominator of MFU in the example trainers. At reps 10 it takes about a second on one core;
+// runs on this rank's BLAS threads.
 typedef struct loom_gemm_rate {
   double best; // max(blas, loom)
   double blas; // the BLAS's sgemm (host) or cuBLAS (CUDA)
   double loom; // loom's own kernel where loom_gemm would use it for this shape, else 0
 } loom_gemm_rate_t;
-LOOM_API loom_status_t loom_gemm_rate(int device, loom_gemm_rate_t *rate);
+LOOM_API loom_status_t loom_gemm_rate(int device, int reps, loom_gemm_rate_t *rate);
 
 // dbias (N) += column sums of dout (M, N): the bias gradient of a linear layer.
 LOOM_API loom_status_t loom_bias_backward(loom_tensor_t *dbias, const loom_tensor_t *dout);

@@ -43,6 +43,7 @@ typedef struct opts {
   int val_rows;
   long log_every;
   int sample;         // bytes generated at the end (0: none)
+  int sgemm_reps;     // products timed per kernel for MFU's rate (0: not measured, no MFU)
   double temperature; // of the sample
   const char *json, *dump;
   const char *profile; // --profile FILE: a loom_sim profile of this run (rank 0)
@@ -109,6 +110,9 @@ static void usage(FILE *out) {
       "  --log-every N       a progress line every N steps (default 10)\n"
       "  --sample N          bytes of text generated at the end by rank 0, 0 = none (default 200)\n"
       "  --temperature X     sampling temperature (default 0.8)\n"
+      "  --sgemm-reps N      products timed per GEMM kernel for MFU's sgemm rate, at the start\n"
+      "                      and the end (best of N after a warm-up; ~0.1 s each on one core);\n"
+      "                      0 = no measurement and no MFU, for quick runs (default 10)\n"
       "  --json FILE         final numbers as JSON (rank 0; -1 where a number was not measured)\n"
       "  --profile FILE      write a profile for loom_sim (rank 0): per-step compute, gradient\n"
       "                      sizes and ready times, attention and MoE time, document lengths\n"
@@ -198,6 +202,7 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
                 .warmup = 30,
                 .seed = 42,
                 .val_frac = 0.05,
+                .sgemm_reps = 10,
                 .val_every = 100,
                 .val_rows = 32,
                 .log_every = 10,
@@ -274,6 +279,8 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       rc = ex_parse_long(flag, v, 0, 1L << 40, &o->val_every, err, errlen);
     } else if (!strcmp(flag, "--val-rows")) {
       rc = ex_parse_int(flag, v, 1, 1 << 20, &o->val_rows, err, errlen);
+    } else if (!strcmp(flag, "--sgemm-reps")) {
+      rc = ex_parse_int(flag, v, 0, 1000, &o->sgemm_reps, err, errlen);
     } else if (!strcmp(flag, "--log-every")) {
       rc = ex_parse_long(flag, v, 1, 1L << 40, &o->log_every, err, errlen);
     } else if (!strcmp(flag, "--sample")) {
@@ -1038,13 +1045,17 @@ static float validate(const opts_t *o, const gpt_model_t *m, gpt_acts_t *a, gpt_
 }
 
 // The denominator of MFU: loom_gemm_rate's best (this rank's f32 GEMM rate, FLOP/s: on the host
-// the faster of the BLAS's sgemm and loom's own kernel at 1024^3, best of 10 after a warm-up;
+// the faster of the BLAS's sgemm and loom's own kernel at 1024^3, best of reps after a warm-up;
 // on CUDA cuBLAS at 4096^3 without TF32) averaged over dp; kernels[0], [1] get the means of the
 // BLAS's and loom's kernel's rates (0: not used here). 0 on every rank when a rank could not
-// measure it (that rank prints why).
-static double measure_sgemm(const loom_group_t *dp, int device, double kernels[2]) {
+// measure it (that rank prints why). reps 0 (--sgemm-reps 0): not measured, -1 everywhere.
+static double measure_sgemm(const loom_group_t *dp, int device, int reps, double kernels[2]) {
+  if (reps == 0) {
+    kernels[0] = kernels[1] = -1.0;
+    return -1.0;
+  }
   loom_gemm_rate_t rate;
-  if (loom_gemm_rate(device, &rate) != LOOM_OK) {
+  if (loom_gemm_rate(device, reps, &rate) != LOOM_OK) {
     fprintf(stderr, "train_gpt: rank %d: cannot measure the sgemm rate: %s\n", loom_group_rank(dp),
             loom_last_error(NULL));
     rate.best = rate.blas = rate.loom = 0.0;
@@ -1383,8 +1394,9 @@ int main(int argc, char **argv) {
   const int64_t moe_active = nmoe * (C * E + 2 * (int64_t)o.moe_topk * C * moe_ffn);
   const int64_t moe_params = nmoe * (C * E + E * (2 * C * moe_ffn + moe_ffn + C));
   double sgemm_kernels[2];
-  double sgemm = measure_sgemm(dp, m.device, sgemm_kernels);
-  if (sgemm <= 0.0) { // the rank that failed said why
+  double sgemm = measure_sgemm(dp, m.device, o.sgemm_reps, sgemm_kernels);
+  const int have_mfu = sgemm > 0.0; // --sgemm-reps 0: no rate, so no MFU
+  if (sgemm == 0.0) {               // the rank that failed said why
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   const double tokens_per_step = (double)o.batch * o.cfg.ctx * np;
@@ -1535,7 +1547,9 @@ int main(int argc, char **argv) {
              "(candidates fp16, int8)\n",
              EX_AUTO_PROFILE_STEPS);
     }
-    if (sgemm_kernels[1] > 0.0) {
+    if (!have_mfu) {
+      printf("sgemm: not measured (--sgemm-reps 0): no MFU\n");
+    } else if (sgemm_kernels[1] > 0.0) {
       printf("sgemm (1024^3, %d BLAS thread(s) per rank): %.1f GFLOP/s per rank, the faster of "
              "the BLAS's sgemm (%.1f) and loom's kernel (%.1f)\n",
              loom_blas_threads(ctx), sgemm / 1e9, sgemm_kernels[0] / 1e9, sgemm_kernels[1] / 1e9);
@@ -1744,10 +1758,14 @@ int main(int argc, char **argv) {
                step + 1, o.steps, tps, 1e3 * dt / (double)n, (double)rss);
         fflush(stdout);
       } else if (rank == 0) {
-        printf("step %5ld/%ld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  %.1f ms/step  "
-               "mfu %.3f  rss %.1f MiB%s%s\n",
+        char mfu_text[32] = "";
+        if (have_mfu) {
+          snprintf(mfu_text, sizeof mfu_text, "  mfu %.3f", tps / np * flops_per_token / sgemm);
+        }
+        printf("step %5ld/%ld  loss %.4f  lr %.2e  grad_norm %.3f  %.0f tokens/s  %.1f ms/step%s  "
+               "rss %.1f MiB%s%s\n",
                step + 1, o.steps, last_train_loss, st.hp.lr, st.norm, tps, 1e3 * dt / (double)n,
-               tps / np * flops_per_token / sgemm, (double)rss, moe_text, attn_text);
+               mfu_text, (double)rss, moe_text, attn_text);
         fflush(stdout);
       }
       log_loss = log_aux = 0.0;
@@ -1785,8 +1803,9 @@ int main(int argc, char **argv) {
   // The rate again: on a shared host it drifts, and MFU (against the start's rate) with it. A
   // diagnostic: when it cannot be measured (a device filled by the run) the report goes on.
   double end_kernels[2];
-  const double sgemm_end =
-      o.sync == SYNC_COMM_ONLY ? sgemm : measure_sgemm(dp, m.device, end_kernels);
+  const double sgemm_end = o.sync == SYNC_COMM_ONLY || !have_mfu
+                               ? sgemm
+                               : measure_sgemm(dp, m.device, o.sgemm_reps, end_kernels);
   const double run_steps = o.steps > start ? (double)(o.steps - start) : 1.0; // this process's
   double tokens_per_s = run_steps * tokens_per_step / (train_time > 0 ? train_time : 1e-9);
   double mfu = tokens_per_s / np * flops_per_token / sgemm;
@@ -1794,7 +1813,7 @@ int main(int argc, char **argv) {
   double attn_flops = 12.0 * o.cfg.width * o.cfg.layers * pairs_sum / run_steps;
   double mfu_attn =
       (tokens_per_s / np * flops_per_token + attn_flops * tokens_per_s / tokens_per_step) / sgemm;
-  if (o.sync == SYNC_COMM_ONLY) { // nothing was computed: -1 in the JSON, as val_loss
+  if (o.sync == SYNC_COMM_ONLY || !have_mfu) { // nothing computed, or no rate: -1 in the JSON
     mfu = mfu_attn = -1.0;
   }
   double n_steps = run_steps;
@@ -1811,12 +1830,18 @@ int main(int argc, char **argv) {
     printf("done: %ld steps in %.1f s: %.0f tokens/s, %.1f ms/step (communication only: no loss "
            "or MFU)\n",
            o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps);
+  } else if (rank == 0 && !have_mfu) {
+    printf("done: %ld steps in %.1f s of training: %.0f tokens/s, %.1f ms/step, mfu not measured "
+           "(--sgemm-reps 0), val_loss %.4f\n",
+           o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps, val_loss);
   } else if (rank == 0) {
     printf("done: %ld steps in %.1f s of training: %.0f tokens/s, %.1f ms/step, mfu %.3f "
            "(with attention %.3f), val_loss %.4f\n",
            o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps, mfu, mfu_attn, val_loss);
   }
-  if (rank == 0 && o.sync != SYNC_COMM_ONLY && sgemm_end > 0.0) {
+  if (!have_mfu) {
+    // --sgemm-reps 0: neither rate was measured, and the lines above say so
+  } else if (rank == 0 && o.sync != SYNC_COMM_ONLY && sgemm_end > 0.0) {
     printf("sgemm at the end: %.1f GFLOP/s per rank (%+.1f%% against the start; MFU uses the "
            "start's rate)\n",
            sgemm_end / 1e9, 100.0 * (sgemm_end - sgemm) / sgemm);
@@ -1883,9 +1908,10 @@ int main(int argc, char **argv) {
         o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
         (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
         1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
-        corpus.unigram_entropy, mfu, mfu_attn, sgemm / 1e9, sgemm_kernels[0] / 1e9,
-        sgemm_kernels[1] / 1e9, sgemm_end > 0 ? sgemm_end / 1e9 : -1.0, loom_blas_threads(ctx),
-        train_time, MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
+        corpus.unigram_entropy, mfu, mfu_attn, have_mfu ? sgemm / 1e9 : -1.0,
+        have_mfu ? sgemm_kernels[0] / 1e9 : -1.0, have_mfu ? sgemm_kernels[1] / 1e9 : -1.0,
+        have_mfu && sgemm_end > 0 ? sgemm_end / 1e9 : -1.0, loom_blas_threads(ctx), train_time,
+        MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
         st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
         sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0, nmoe ? o.cfg.moe_every : 0,
         nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0, (long long)moe_params, nmoe ? last_aux : 0.0,

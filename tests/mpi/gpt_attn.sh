@@ -12,7 +12,7 @@ export LOOM_COMPRESS=none
 # that the balancer (min_shard ctx / 4 = 16) can cut sequences.
 common="--layers 2 --width 32 --heads 2 --ctx 64 --batch 2 --steps 5 --seed 3 --lr 0.003"
 common="$common --warmup 0 --min-lr-frac 1 --clip 0.5 --adam-eps 1e-5 --sample 0 --val-every 0"
-common="$common --val-rows 4 --log-every 1 --data $tmp/corpus"
+common="$common --val-rows 4 --log-every 1 --data $tmp/corpus --sgemm-reps 0"
 
 for np in 2 3; do
   for d in corpus skewed; do

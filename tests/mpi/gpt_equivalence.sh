@@ -13,7 +13,7 @@ export LOOM_COMPRESS=none
 # elements from being amplified while every real gradient still goes through Adam's scaling.
 common="--layers 2 --width 32 --heads 2 --ctx 32 --steps 5 --seed 3 --lr 0.003 --warmup 0"
 common="$common --min-lr-frac 1 --clip 0.5 --adam-eps 1e-5 --sample 0 --val-every 0"
-common="$common --val-rows 4 --data $tmp/corpus"
+common="$common --val-rows 4 --data $tmp/corpus --sgemm-reps 0"
 
 run np1_b4 1 --batch 4 --dump-params "$tmp/np1_b4.bin"
 run np1_b6 1 --batch 6 --dump-params "$tmp/np1_b6.bin"

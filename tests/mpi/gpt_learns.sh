@@ -27,7 +27,16 @@ SPEC
 val=$(sed -n 's/.*"val_loss": \([0-9.e+-]*\).*/\1/p' "$tmp/out.json")
 uni=$(sed -n 's/.*"unigram_entropy": \([0-9.e+-]*\).*/\1/p' "$tmp/out.json")
 tps=$(sed -n 's/.*"tokens_per_s": \([0-9.e+-]*\).*/\1/p' "$tmp/out.json")
-echo "val_loss $val, unigram entropy $uni, tokens/s $tps"
+mfu=$(sed -n 's/.*"mfu": \([0-9.e+-]*\).*/\1/p' "$tmp/out.json")
+sgemm=$(sed -n 's/.*"sgemm_gflops": \([0-9.e+-]*\).*/\1/p' "$tmp/out.json")
+echo "val_loss $val, unigram entropy $uni, tokens/s $tps, mfu $mfu, sgemm $sgemm GFLOP/s"
+# The default --sgemm-reps 10: the rate measured, MFU a fraction (small at this width).
+if awk -v m="$mfu" -v g="$sgemm" 'BEGIN { exit !(m > 0 && m < 1.5 && g > 0.1) }'; then
+  echo "ok: mfu $mfu against a measured sgemm rate of $sgemm GFLOP/s"
+else
+  echo "FAIL: mfu '$mfu' or sgemm_gflops '$sgemm' is not a measured value"
+  exit 1
+fi
 # "Well below": at least 0.4 nats under the unigram entropy (a model that learned nothing but
 # byte frequencies sits at it).
 if awk -v v="$val" -v u="$uni" -v t="$tps" 'BEGIN { exit !(v > 0 && v < u - 0.4 && t > 0) }'; then

@@ -13,6 +13,7 @@ export LOOM_COMPRESS=none
 common="--layers 2 --width 32 --heads 2 --ctx 32 --steps 6 --seed 3 --lr 0.003 --warmup 0"
 common="$common --min-lr-frac 1 --clip 0.5 --adam-eps 1e-5 --sample 0 --val-every 0"
 common="$common --val-rows 3 --log-every 3 --data $tmp/corpus --moe-experts 4 --moe-every 1"
+common="$common --sgemm-reps 0" # no MFU: its sgemm timing would be most of each run
 
 # The dumps hold the dense parameters, then every MoE layer's router and all its experts
 # (gathered over the expert-parallel group), so they compare across LOOM_EP_SIZE.
@@ -59,7 +60,8 @@ close "np 1 --batch 4 equals np 4 --batch 1, LOOM_EP_SIZE 2 (aux 0)" "$tmp/np1_a
 # (d) the progress line shows the aux loss and the tokens per expert (and the drops with a
 # capacity); generation with the experts over 2 ranks.
 run_env np2_show 2 "LOOM_EP_SIZE=2" --batch 2 --moe-capacity 1 --sample 24 --json "$tmp/show.json"
-for want in ' aux [0-9]' ' experts \[[0-9]' ' dropped [0-9]' '^sample (' '^moe: 2 MoE block'; do
+for want in ' aux [0-9]' ' experts \[[0-9]' ' dropped [0-9]' '^sample (' '^moe: 2 MoE block' \
+  '^sgemm: not measured (--sgemm-reps 0): no MFU' 'ms/step, mfu not measured (--sgemm-reps 0)'; do
   if grep -q "$want" "$tmp/np2_show.log"; then
     echo "ok: the output shows '$want'"
   else
@@ -68,6 +70,13 @@ for want in ' aux [0-9]' ' experts \[[0-9]' ' dropped [0-9]' '^sample (' '^moe: 
     fail=1
   fi
 done
+if grep -q '"mfu": -1.0000, "mfu_attn": -1.0000, "sgemm_gflops": -1.00,' "$tmp/show.json"; then
+  echo "ok: --sgemm-reps 0: MFU and the sgemm rate are -1 in the JSON"
+else
+  cat "$tmp/show.json"
+  echo "FAIL: --sgemm-reps 0: the JSON does not give MFU and the sgemm rate as -1"
+  fail=1
+fi
 if grep -q '"moe_experts": 4, .*"moe_topk": 2, .*"moe_aux": [0-9]' "$tmp/show.json"; then
   echo "ok: the JSON has moe_experts, moe_topk and moe_aux"
 else

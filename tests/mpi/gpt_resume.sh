@@ -7,7 +7,7 @@ export LOOM_COMPRESS=none
 . "${srcdir:-.}/tests/mpi/gpt_lib.sh" # $b, $exe, $tmp/corpus, run, run_env, same
 common="--layers 2 --width 32 --heads 2 --ctx 32 --batch 2 --steps 8 --seed 5 --lr 0.003"
 common="$common --warmup 2 --sample 0 --val-every 0 --val-rows 4 --data $tmp/corpus"
-common="$common --compress int8"
+common="$common --compress int8 --sgemm-reps 0"
 ck=$tmp/ckpt
 
 run straight 2 --dump-params "$tmp/straight.bin"

@@ -772,12 +772,12 @@ static void test_gemm_residual_bad_args(void) {
 }
 
 // loom_gemm_rate on the host: both kernels timed where loom's runs, best the faster; a NULL
-// result is refused.
+// result and a count of products outside 1..1000 are refused.
 static void test_gemm_rate(void) {
   for (int mode = LOOM_GEMM_MODE_BLAS; mode <= LOOM_GEMM_MODE_LOOM; mode++) {
     loom_gemm_mode_set(mode);
     loom_gemm_rate_t r;
-    loom_status_t st = loom_gemm_rate(LOOM_DEVICE_HOST, &r);
+    loom_status_t st = loom_gemm_rate(LOOM_DEVICE_HOST, 2, &r);
     CHECK(st == LOOM_OK, "loom_gemm_rate: %s", loom_last_error(NULL));
     const int loom_runs = loom_cpu_gemm_uses_loom(0, 1024, 1.0f);
     CHECK(r.blas > 1e8 && (loom_runs ? r.loom > 1e8 : r.loom == 0.0),
@@ -787,9 +787,17 @@ static void test_gemm_rate(void) {
           r.blas, r.loom);
   }
   loom_gemm_mode_set(LOOM_GEMM_MODE_AUTO);
-  CHECK(loom_gemm_rate(LOOM_DEVICE_HOST, NULL) == LOOM_ERR_INVALID_ARG &&
+  CHECK(loom_gemm_rate(LOOM_DEVICE_HOST, 10, NULL) == LOOM_ERR_INVALID_ARG &&
             strstr(loom_last_error(NULL), "rate is NULL"),
         "a NULL rate: %s", loom_last_error(NULL));
+  const int bad_reps[2] = {0, 1001};
+  for (int i = 0; i < 2; i++) {
+    loom_gemm_rate_t r = {1.0, 1.0, 1.0};
+    loom_status_t st = loom_gemm_rate(LOOM_DEVICE_HOST, bad_reps[i], &r);
+    CHECK(st == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), "time 1 to 1000 products") &&
+              r.best == 0.0 && r.blas == 0.0 && r.loom == 0.0,
+          "reps %d: status %d, '%s', best %g", bad_reps[i], (int)st, loom_last_error(NULL), r.best);
+  }
 }
 
 // Every gemm test under one LOOM_GEMM mode.
