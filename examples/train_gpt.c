@@ -110,9 +110,9 @@ static void usage(FILE *out) {
       "  --log-every N       a progress line every N steps (default 10)\n"
       "  --sample N          bytes of text generated at the end by rank 0, 0 = none (default 200)\n"
       "  --temperature X     sampling temperature (default 0.8)\n"
-      "  --sgemm-reps N      products timed per GEMM kernel for MFU's sgemm rate, at the start\n"
-      "                      and the end (best of N after a warm-up; ~0.1 s each on one core);\n"
-      "                      0 = no measurement and no MFU, for quick runs (default 10)\n"
+      "  --sgemm-reps N      1024^3 products timed per GEMM kernel for MFU's sgemm rate, at the\n"
+      "                      start and the end (the best of N after a warm-up; at 10 about a\n"
+      "                      second a rank on one core); 0 = no rate and no MFU (default 10)\n"
       "  --json FILE         final numbers as JSON (rank 0; -1 where a number was not measured)\n"
       "  --profile FILE      write a profile for loom_sim (rank 0): per-step compute, gradient\n"
       "                      sizes and ready times, attention and MoE time, document lengths\n"
@@ -1839,14 +1839,14 @@ int main(int argc, char **argv) {
            "(with attention %.3f), val_loss %.4f\n",
            o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps, mfu, mfu_attn, val_loss);
   }
-  if (!have_mfu) {
-    // --sgemm-reps 0: neither rate was measured, and the lines above say so
-  } else if (rank == 0 && o.sync != SYNC_COMM_ONLY && sgemm_end > 0.0) {
-    printf("sgemm at the end: %.1f GFLOP/s per rank (%+.1f%% against the start; MFU uses the "
-           "start's rate)\n",
-           sgemm_end / 1e9, 100.0 * (sgemm_end - sgemm) / sgemm);
-  } else if (rank == 0 && o.sync != SYNC_COMM_ONLY) {
-    printf("sgemm at the end: not measured (a rank could not, see its message)\n");
+  if (rank == 0 && o.sync != SYNC_COMM_ONLY && have_mfu) { // (--sgemm-reps 0 said so above)
+    if (sgemm_end > 0.0) {
+      printf("sgemm at the end: %.1f GFLOP/s per rank (%+.1f%% against the start; MFU uses the "
+             "start's rate)\n",
+             sgemm_end / 1e9, 100.0 * (sgemm_end - sgemm) / sgemm);
+    } else {
+      printf("sgemm at the end: not measured (a rank could not, see its message)\n");
+    }
   }
   if (rank == 0 && (st.codec || use_auto)) {
     printf("compression: %s (%s): %.0f bytes sent per rank per step by the compressed "
