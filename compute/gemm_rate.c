@@ -69,13 +69,12 @@ loom_status_t loom_gemm_rate(int device, int reps, loom_gemm_rate_t *rate) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "loom_gemm_rate: rate is NULL: pass a loom_gemm_rate_t to fill");
   }
+  rate->best = rate->blas = rate->loom = 0.0;
   if (reps < 1 || reps > RATE_MAX_REPS) {
-    rate->best = rate->blas = rate->loom = 0.0;
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "loom_gemm_rate: reps is %d: time 1 to %d products (10 is steady to ~1%%)",
                       reps, RATE_MAX_REPS);
   }
-  rate->best = rate->blas = rate->loom = 0.0;
   const int64_t n = device == LOOM_DEVICE_HOST ? 1024 : 4096, shape[2] = {n, n};
   loom_tensor_t a = {0}, b = {0}, c = {0};
   loom_status_t st = loom_tensor_alloc(&a, LOOM_F32, device, 2, shape, "gemm_rate_a");

@@ -86,10 +86,12 @@ static int64_t docs_per_rank(const loom_sim_profile_t *p) {
   return p->tokens / (m > 0 ? m : 1) + 1;
 }
 
-// LOOM_ERR_INVALID_ARG when ranks of the profile's steps hold more than `limit` documents.
+// LOOM_ERR_INVALID_ARG when ranks of the profile's steps hold more than `limit` documents; else
+// *per_rank is docs_per_rank.
 static loom_status_t check_docs(const loom_sim_profile_t *p, int ranks, int64_t limit,
-                                const char *what) {
+                                const char *what, int64_t *per_rank_out) {
   const int64_t per_rank = docs_per_rank(p);
+  *per_rank_out = per_rank;
   if (per_rank > limit / ranks) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "loom_sim: up to %lld documents per rank x %d ranks is too many to %s (at "
@@ -110,7 +112,8 @@ static loom_status_t check_docs(const loom_sim_profile_t *p, int ranks, int64_t 
 // documents.
 static loom_status_t imbalance(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks,
                                int per_core, uint64_t seed, double *ratio) {
-  loom_status_t st = check_docs(p, ranks, SIM_MAX_DRAWN_DOCS, "draw");
+  int64_t per_rank;
+  loom_status_t st = check_docs(p, ranks, SIM_MAX_DRAWN_DOCS, "draw", &per_rank);
   if (st != LOOM_OK) {
     return st;
   }
@@ -149,11 +152,12 @@ static loom_status_t imbalance(const loom_sim_profile_t *p, const loom_sim_clust
 static loom_status_t balanced(const loom_sim_profile_t *p, int ranks, uint64_t seed, double *ratio,
                               double *bytes_per_rank) {
   const int R = ranks < SIM_BALANCE_MAX_RANKS ? ranks : SIM_BALANCE_MAX_RANKS;
-  loom_status_t st = check_docs(p, R, SIM_MAX_BALANCED_DOCS, "balance");
+  int64_t per_rank;
+  loom_status_t st = check_docs(p, R, SIM_MAX_BALANCED_DOCS, "balance", &per_rank);
   if (st != LOOM_OK) {
     return st;
   }
-  const int cap = (int)(docs_per_rank(p) * R);
+  const int cap = (int)(per_rank * R);
   loom_attn_doc_t *docs = malloc((size_t)(cap > 0 ? cap : 1) * sizeof *docs);
   if (!docs) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "loom_sim: out of memory for %d documents", cap);
