@@ -12,6 +12,7 @@
 #include "gpt_data.h"
 #include "gpt_model.h"
 #include "gpt_profile.h"
+#include "mfu_meter.h"
 #include "loom.h"
 
 #define MAX_DATA 64
@@ -44,6 +45,7 @@ typedef struct opts {
   long log_every;
   int sample;         // bytes generated at the end (0: none)
   int sgemm_reps;     // products timed per kernel for MFU's rate (0: not measured, no MFU)
+  long sgemm_every;   // steps between samples of the rate during the run (0: start and end only)
   double temperature; // of the sample
   const char *json, *dump;
   const char *profile; // --profile FILE: a loom_sim profile of this run (rank 0)
@@ -113,6 +115,9 @@ static void usage(FILE *out) {
       "  --sgemm-reps N      1024^3 products timed per GEMM kernel for MFU's sgemm rate, at the\n"
       "                      start and the end (the best of N after a warm-up; at 10 about a\n"
       "                      second a rank on one core); 0 = no rate and no MFU (default 10)\n"
+      "  --sgemm-every N     sample the rate again every N steps (the best of min(3, reps),\n"
+      "                      ~0.2 s, not training time) for the MFU against the rates sampled\n"
+      "                      through the run; 0 = the start and the end only (default 20)\n"
       "  --json FILE         final numbers as JSON (rank 0; -1 where a number was not measured)\n"
       "  --profile FILE      write a profile for loom_sim (rank 0): per-step compute, gradient\n"
       "                      sizes and ready times, attention and MoE time, document lengths\n"
@@ -184,7 +189,9 @@ static void usage(FILE *out) {
       "router and K experts, 4 C^2 + C E + 2 K C F, instead of the dense MLP's 8 C^2); mfu_attn\n"
       "adds the causal attention pairs actually computed. The rate is measured again at the\n"
       "end (printed, and sgemm_end_gflops in the JSON, -1 if it could not be) to show how far\n"
-      "the host drifted.\n",
+      "the host drifted. The sampled MFU (mfu_sampled) weighs each stretch of training between\n"
+      "two samples by the mean of their rates: on a host whose speed drifts during the run it\n"
+      "compares the steps with what the sgemm did at the same time.\n",
       GPT_DEFAULT_DATA);
 }
 
@@ -203,6 +210,7 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
                 .seed = 42,
                 .val_frac = 0.05,
                 .sgemm_reps = 10,
+                .sgemm_every = 20,
                 .val_every = 100,
                 .val_rows = 32,
                 .log_every = 10,
@@ -281,6 +289,8 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       rc = ex_parse_int(flag, v, 1, 1 << 20, &o->val_rows, err, errlen);
     } else if (!strcmp(flag, "--sgemm-reps")) {
       rc = ex_parse_int(flag, v, 0, 1000, &o->sgemm_reps, err, errlen);
+    } else if (!strcmp(flag, "--sgemm-every")) {
+      rc = ex_parse_long(flag, v, 0, 1L << 40, &o->sgemm_every, err, errlen);
     } else if (!strcmp(flag, "--log-every")) {
       rc = ex_parse_long(flag, v, 1, 1L << 40, &o->log_every, err, errlen);
     } else if (!strcmp(flag, "--sample")) {
@@ -1401,6 +1411,12 @@ int main(int argc, char **argv) {
   }
   const double tokens_per_step = (double)o.batch * o.cfg.ctx * np;
   const double flops_per_token = 6.0 * (double)(m.matmul_params + moe_active);
+  ex_mfu_meter_t *meter = calloc(1, sizeof *meter); // the rate sampled through the run
+  if (!meter) {
+    fprintf(stderr, "train_gpt: out of memory\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  ex_mfu_meter_start(meter, sgemm);
 
   step_t st = {.o = &o,
                .m = &m,
@@ -1703,6 +1719,7 @@ int main(int argc, char **argv) {
       step_times[nstep_times++] = t1 - t0 - plan_time;
     }
     train_time += t1 - t0 - plan_time;
+    ex_mfu_meter_train(meter, t1 - t0 - plan_time);
     plan_time = 0.0;
     sent_sum += (double)st.sent;
     pairs_sum += (double)batch.attn_pairs;
@@ -1798,6 +1815,13 @@ int main(int argc, char **argv) {
       }
       tlog += MPI_Wtime() - c0;
     }
+    if (have_mfu && o.sync != SYNC_COMM_ONLY && o.sgemm_every > 0 && !last &&
+        (step + 1) % o.sgemm_every == 0) { // a sample of the rate (not training time)
+      double s0 = MPI_Wtime(), unused[2];
+      ex_mfu_meter_sample(meter,
+                          measure_sgemm(dp, m.device, o.sgemm_reps < 3 ? o.sgemm_reps : 3, unused));
+      tlog += MPI_Wtime() - s0;
+    }
   }
   servers_release(); // the dedicated servers' loop ends with the training
   // The rate again: on a shared host it drifts, and MFU (against the start's rate) with it. A
@@ -1813,8 +1837,15 @@ int main(int argc, char **argv) {
   double attn_flops = 12.0 * o.cfg.width * o.cfg.layers * pairs_sum / run_steps;
   double mfu_attn =
       (tokens_per_s / np * flops_per_token + attn_flops * tokens_per_s / tokens_per_step) / sgemm;
+  // Against the rates sampled through the run (the end's closes the last stretch).
+  ex_mfu_meter_sample(meter, sgemm_end);
+  const double ref_flops = ex_mfu_meter_ref_flops(meter);
+  double mfu_sampled = run_steps * tokens_per_step / np * flops_per_token / ref_flops;
+  double mfu_attn_sampled =
+      run_steps * (tokens_per_step / np * flops_per_token + attn_flops) / ref_flops;
+  const double sgemm_median = ex_mfu_meter_median(meter);
   if (o.sync == SYNC_COMM_ONLY || !have_mfu) { // nothing computed, or no rate: -1 in the JSON
-    mfu = mfu_attn = -1.0;
+    mfu = mfu_attn = mfu_sampled = mfu_attn_sampled = -1.0;
   }
   double n_steps = run_steps;
   char sched_json[320] = "null";
@@ -1847,6 +1878,14 @@ int main(int argc, char **argv) {
     } else {
       printf("sgemm at the end: not measured (a rank could not, see its message)\n");
     }
+    char when[48] = "start and end";
+    if (o.sgemm_every > 0) {
+      snprintf(when, sizeof when, "start, every %ld steps, end", o.sgemm_every);
+    }
+    printf("sgemm sampled %d times (%s): median %.1f GFLOP/s per rank, %.1f to %.1f; against "
+           "them mfu %.3f (with attention %.3f)\n",
+           meter->samples, when, sgemm_median / 1e9, meter->min / 1e9, meter->max / 1e9,
+           mfu_sampled, mfu_attn_sampled);
   }
   if (rank == 0 && (st.codec || use_auto)) {
     printf("compression: %s (%s): %.0f bytes sent per rank per step by the compressed "
@@ -1888,42 +1927,47 @@ int main(int argc, char **argv) {
   }
   if (o.json && rank == 0) {
     char text[3072];
-    snprintf(
-        text, sizeof text,
-        "{\"steps\": %ld, \"np\": %d, \"batch\": %d, \"ctx\": %d, \"layers\": %d, "
-        "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
-        "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %.6f, \"val_loss\": "
-        "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
-        "\"sgemm_gflops\": %.2f, \"sgemm_blas_gflops\": %.2f, \"sgemm_loom_gflops\": %.2f, "
-        "\"sgemm_end_gflops\": %.2f, \"blas_threads\": %d, "
-        "\"train_time_s\": %.3f, "
-        "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
-        "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s, "
-        "\"moe_experts\": %d, \"moe_every\": %d, \"moe_topk\": %d, \"moe_ffn\": %d, "
-        "\"moe_params\": %lld, \"moe_aux\": %.6f, \"attn_servers\": \"%s\", "
-        "\"doc_lengths\": \"%s\", \"attn_max_over_mean_before\": %.4f, "
-        "\"attn_max_over_mean\": %.4f, \"device\": \"%s\", \"nonfinite_steps\": %ld, "
-        "\"rss_mib\": %.1f, \"step_ms_median\": %.3f, \"attn_wait_ms_median\": %.3f, "
-        "\"attn_kernel_ms_median\": %.3f, \"attn_busy_ms_median\": %.3f}\n",
-        o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
-        (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
-        1e3 * train_time / n_steps, last_train_loss, isfinite(val_loss) ? val_loss : -1.0,
-        corpus.unigram_entropy, mfu, mfu_attn, have_mfu ? sgemm / 1e9 : -1.0,
-        have_mfu ? sgemm_kernels[0] / 1e9 : -1.0, have_mfu ? sgemm_kernels[1] / 1e9 : -1.0,
-        have_mfu && sgemm_end > 0 ? sgemm_end / 1e9 : -1.0, loom_blas_threads(ctx), train_time,
-        MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
-        st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
-        sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0, nmoe ? o.cfg.moe_every : 0,
-        nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0, (long long)moe_params, nmoe ? last_aux : 0.0,
-        o.attn_servers == 1   ? "inplace"
-        : o.attn_servers == 2 ? o.attn_spec_eff
-                              : "off",
-        o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0], st.attn_ratio[1],
-        o.cuda ? "cuda" : "host", nonfinite_steps, last_rss,
-        1e3 * ex_median(step_times, nstep_times), ex_median(attn_waits, nstep_times),
-        ex_median(attn_kernels, nstep_times), ex_median(attn_busy, nstep_times));
+    snprintf(text, sizeof text,
+             "{\"steps\": %ld, \"np\": %d, \"batch\": %d, \"ctx\": %d, \"layers\": %d, "
+             "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
+             "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %.6f, \"val_loss\": "
+             "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
+             "\"mfu_sampled\": %.4f, \"mfu_attn_sampled\": %.4f, \"sgemm_samples\": %d, "
+             "\"sgemm_median_gflops\": %.2f, "
+             "\"sgemm_gflops\": %.2f, \"sgemm_blas_gflops\": %.2f, \"sgemm_loom_gflops\": %.2f, "
+             "\"sgemm_end_gflops\": %.2f, \"blas_threads\": %d, "
+             "\"train_time_s\": %.3f, "
+             "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
+             "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s, "
+             "\"moe_experts\": %d, \"moe_every\": %d, \"moe_topk\": %d, \"moe_ffn\": %d, "
+             "\"moe_params\": %lld, \"moe_aux\": %.6f, \"attn_servers\": \"%s\", "
+             "\"doc_lengths\": \"%s\", \"attn_max_over_mean_before\": %.4f, "
+             "\"attn_max_over_mean\": %.4f, \"device\": \"%s\", \"nonfinite_steps\": %ld, "
+             "\"rss_mib\": %.1f, \"step_ms_median\": %.3f, \"attn_wait_ms_median\": %.3f, "
+             "\"attn_kernel_ms_median\": %.3f, \"attn_busy_ms_median\": %.3f}\n",
+             o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
+             (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active),
+             tokens_per_s, 1e3 * train_time / n_steps, last_train_loss,
+             isfinite(val_loss) ? val_loss : -1.0, corpus.unigram_entropy, mfu, mfu_attn,
+             mfu_sampled, mfu_attn_sampled, have_mfu ? meter->samples : 0,
+             have_mfu ? sgemm_median / 1e9 : -1.0, have_mfu ? sgemm / 1e9 : -1.0,
+             have_mfu ? sgemm_kernels[0] / 1e9 : -1.0, have_mfu ? sgemm_kernels[1] / 1e9 : -1.0,
+             have_mfu && sgemm_end > 0 ? sgemm_end / 1e9 : -1.0, loom_blas_threads(ctx), train_time,
+             MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
+             st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
+             sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0,
+             nmoe ? o.cfg.moe_every : 0, nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0,
+             (long long)moe_params, nmoe ? last_aux : 0.0,
+             o.attn_servers == 1   ? "inplace"
+             : o.attn_servers == 2 ? o.attn_spec_eff
+                                   : "off",
+             o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0], st.attn_ratio[1],
+             o.cuda ? "cuda" : "host", nonfinite_steps, last_rss,
+             1e3 * ex_median(step_times, nstep_times), ex_median(attn_waits, nstep_times),
+             ex_median(attn_kernels, nstep_times), ex_median(attn_busy, nstep_times));
     rc |= ex_write_text(o.json, text) != 0;
   }
+  free(meter);
   free(step_times);
   free(attn_waits);
   free(attn_kernels);

@@ -70,7 +70,7 @@ for want in ' aux [0-9]' ' experts \[[0-9]' ' dropped [0-9]' '^sample (' '^moe: 
     fail=1
   fi
 done
-if grep -q '"mfu": -1.0000, "mfu_attn": -1.0000, "sgemm_gflops": -1.00,' "$tmp/show.json"; then
+if grep -q '"mfu": -1.0000, "mfu_attn": -1.0000, "mfu_sampled": -1.0000, "mfu_attn_sampled": -1.0000, "sgemm_samples": 0, "sgemm_median_gflops": -1.00, "sgemm_gflops": -1.00,' "$tmp/show.json"; then
   echo "ok: --sgemm-reps 0: MFU and the sgemm rate are -1 in the JSON"
 else
   cat "$tmp/show.json"

@@ -12,6 +12,7 @@
 #include "../../examples/example_util.h"
 #include "../../examples/gpt_data.h"
 #include "../../examples/gpt_model.h"
+#include "../../examples/mfu_meter.h"
 #include "../check.h"
 #include "loom.h"
 
@@ -340,6 +341,41 @@ static void test_moe_layout(void) {
   gpt_model_free(&d);
 }
 
+// ---- MFU against sampled rates ------------------------------------------------------------------
+
+static void test_mfu_meter(void) {
+  static ex_mfu_meter_t m; // (32 KiB of kept rates)
+  ex_mfu_meter_start(&m, 100.0);
+  ex_mfu_meter_train(&m, 1.0);
+  ex_mfu_meter_train(&m, 1.0);
+  CHECK(fabs(ex_mfu_meter_ref_flops(&m) - 200.0) < 1e-9, "open stretch at the start's rate: %g",
+        ex_mfu_meter_ref_flops(&m));
+  ex_mfu_meter_sample(&m, 50.0); // 2 s at the mean of 100 and 50
+  CHECK(fabs(ex_mfu_meter_ref_flops(&m) - 150.0) < 1e-9, "closed stretch: %g",
+        ex_mfu_meter_ref_flops(&m));
+  ex_mfu_meter_train(&m, 4.0);
+  ex_mfu_meter_sample(&m, 0.0); // a failed sample: closed at 50, not counted
+  CHECK(fabs(ex_mfu_meter_ref_flops(&m) - 350.0) < 1e-9, "failed sample: %g",
+        ex_mfu_meter_ref_flops(&m));
+  CHECK(m.samples == 2 && m.min == 50.0 && m.max == 100.0, "samples %d min %g max %g", m.samples,
+        m.min, m.max);
+  ex_mfu_meter_sample(&m, 70.0); // nothing trained since: the sums stay
+  CHECK(fabs(ex_mfu_meter_ref_flops(&m) - 350.0) < 1e-9, "empty stretch: %g",
+        ex_mfu_meter_ref_flops(&m));
+  CHECK(ex_mfu_meter_median(&m) == 70.0, "median of 100, 50, 70: %g", ex_mfu_meter_median(&m));
+  // More samples than are kept: the sums and the extremes take all of them.
+  ex_mfu_meter_start(&m, 1.0);
+  for (int i = 0; i < EX_MFU_MAX_SAMPLES + 10; i++) {
+    ex_mfu_meter_train(&m, 1.0);
+    ex_mfu_meter_sample(&m, i == EX_MFU_MAX_SAMPLES + 5 ? 9.0 : 1.0);
+  }
+  CHECK(m.samples == EX_MFU_MAX_SAMPLES + 11 && m.max == 9.0, "samples %d max %g", m.samples,
+        m.max);
+  CHECK(fabs(ex_mfu_meter_ref_flops(&m) - (EX_MFU_MAX_SAMPLES + 10 + 8.0)) < 1e-6, "sum %g",
+        ex_mfu_meter_ref_flops(&m));
+  CHECK(ex_mfu_meter_median(&m) == 1.0, "median %g", ex_mfu_meter_median(&m));
+}
+
 int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/test_gpt.XXXXXX");
   if (!mkdtemp(tmpdir)) {
@@ -351,6 +387,7 @@ int main(void) {
   test_batches();
   test_gradients();
   test_moe_layout();
+  test_mfu_meter();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
   if (system(cmd) != 0) {
