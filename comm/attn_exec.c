@@ -2,6 +2,7 @@
  * prefixes to the planned server, run its tasks as one varlen batch, return outputs and grads. */
 #include "config.h"
 
+#include <math.h>
 #include <mpi.h>
 #include <sched.h>
 #include <stdio.h>
@@ -368,6 +369,9 @@ loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t
              kv_heads);
   } else if (head_dim < 1) {
     snprintf(why, sizeof why, "head_dim = %d: need head_dim >= 1", head_dim);
+  } else if (!isfinite(scale)) { // else every rank's first forward would fail mid-exchange
+    snprintf(why, sizeof why, "scale is %g: pass a finite value (<= 0 means 1/sqrt(D))",
+             (double)scale);
   }
   if (why[0]) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_attn_exec_create: %s", why);

@@ -377,13 +377,32 @@ static loom_status_t table_set(const char *op, loom_ef_t *ef, ef_table_t *t, con
   if (status != LOOM_OK) {
     return status;
   }
-  ef_entry_t *e = NULL;
-  int fresh = 0;
-  if ((status = entry_sized(t, name, n, &e, &fresh)) != LOOM_OK) {
+  if (!t) { // (check_name refused a NULL ef already)
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: ef is NULL", op);
+  }
+  // data may be the entry's own buffer (from loom_ef_entry): a new length fills the new buffer
+  // before the old one is freed, and the same length moves the values in place.
+  ef_entry_t *e = find(t, name);
+  if (e && e->n != n) {
+    float *d = calloc((size_t)(n > 0 ? n : 1), sizeof(float));
+    if (!d) {
+      return loom_error(NULL, LOOM_ERR_NOMEM,
+                        "%s: cannot allocate %lld floats for '%s': the entry is unchanged", op,
+                        (long long)n, name);
+    }
+    if (n > 0) {
+      memcpy(d, data, (size_t)n * sizeof(float));
+    }
+    free(e->data);
+    e->data = d;
+    e->n = n;
+    return LOOM_OK;
+  }
+  if (!e && (status = add(t, name, n, &e)) != LOOM_OK) {
     return status;
   }
   if (n > 0) {
-    memcpy(e->data, data, (size_t)n * sizeof(float));
+    memmove(e->data, data, (size_t)n * sizeof(float));
   }
   return LOOM_OK;
 }

@@ -664,6 +664,7 @@ loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tenso
   const double t0 = MPI_Wtime();
   m->comm_ms = m->compute_ms = 0.0;
   m->t = T;
+  m->fwd_pending = 0; // until this forward succeeds
   LOOM_CHECK(reserve_routing(m, op, T));
   if (m->device != LOOM_DEVICE_HOST) { // (only with NCCL: loom_moe_create refuses it else)
 #ifdef LOOM_HAVE_NCCL
@@ -673,6 +674,7 @@ loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tenso
       *aux = m->aux;
     }
     m->wall_ms = 1e3 * (MPI_Wtime() - t0);
+    m->fwd_pending = 1;
     return LOOM_OK;
   }
   LOOM_CHECK(loom_moe_reserve(&m->x, (size_t)(T * H), "the input"));
@@ -727,6 +729,7 @@ loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tenso
     *aux = m->aux;
   }
   m->wall_ms = 1e3 * (MPI_Wtime() - t0);
+  m->fwd_pending = 1;
 fail:
   return status;
 }
@@ -742,12 +745,19 @@ loom_status_t loom_moe_backward(loom_moe_t *m, const loom_tensor_t *dy, loom_ten
   const int K = m->cfg.top_k;
   LOOM_CHECK(check_rows(m, op, "dy", dy, H, &T));
   LOOM_CHECK(check_rows(m, op, "dx", dx, H, &Tx));
+  if (!m->fwd_pending) { // its gradients would be added a second time, or to nothing
+    return loom_error(NULL, LOOM_ERR_STATE,
+                      "%s: no forward to take back (none ran, the last one failed, or its "
+                      "backward already ran): call loom_moe_forward before each backward",
+                      op);
+  }
   if (T != m->t || Tx != m->t) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "%s: dy holds %lld rows and dx %lld, the last forward %lld: call the "
                       "backward of the last forward",
                       op, (long long)T, (long long)Tx, (long long)m->t);
   }
+  m->fwd_pending = 0;
   enter(m, LOOM_OPK_MOE_BACKWARD, dy);
   const double t0 = MPI_Wtime();
   m->comm_ms = m->compute_ms = 0.0;

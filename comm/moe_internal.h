@@ -39,6 +39,7 @@ struct loom_moe {
   // ---- the last forward (source side; on a device only weight, idx, pos and the counts are
   // kept here, on the host, and the rows live in dev) ----
   int64_t t;                // tokens
+  int fwd_pending;          // 1 from a forward's success until its backward starts
   moe_buf_t x, logits;      // (T, H) copy of the input, (T, E)
   moe_buf_t probs, weight;  // (T, E), (T, K)
   moe_buf_t dprobs_aux;     // (T, E) gradient of the aux loss on probs

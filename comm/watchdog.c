@@ -75,7 +75,7 @@ void loom_op_desc_set(struct loom_op_desc *d, enum loom_op_kind kind, const char
   d->group_kind = -1;
   d->extra = extra;
   name = name ? name : "";
-  size_t n = strnlen(name, 4096);
+  size_t n = strnlen(name, LOOM_NAME_MAX); // (a tensor name: the field's size at most)
   d->name_hash = loom_watch_hash(0, name, n);
   memcpy(d->name, name, n < sizeof d->name ? n : sizeof d->name - 1); // zero-padded by memset
 }

@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "error.h"
 #ifdef LOOM_HAVE_CUDA
@@ -61,6 +62,12 @@ loom_status_t loom_arg_tensor(const char *op, const char *name, const loom_tenso
   char s[LOOM_SHAPE_STR_MAX];
   if (!t) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: %s is NULL", op, name);
+  }
+  if (!memchr(t->name, '\0', sizeof t->name)) { // (read as a string by the watchdog and the logs)
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: %s's name '%.32s...' is not NUL-terminated within its %d bytes: end it "
+                      "(names have at most %d characters; loom_tensor_alloc and wrap end them)",
+                      op, name, t->name, LOOM_NAME_MAX, LOOM_NAME_MAX - 1);
   }
   if (t->ndim < 0 || t->ndim > LOOM_MAX_DIMS) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: %s has ndim %d, outside 0..%d", op, name,

@@ -60,10 +60,11 @@ LOOM_API void loom_tensor_free(loom_tensor_t *t);
 // it, before those queued after it. It may still be running on return: work on another stream
 // must wait for this one (an event) first.
 LOOM_API loom_status_t loom_tensor_fill(loom_tensor_t *t, double value);
-// Copy src into dst (same dtype and element count) across host and devices. A device side is
-// read or written in the current CUDA stream's order (as loom_tensor_fill). A copy to or from
-// the host is complete on return; a copy between device buffers may still be in flight (kernels
-// queued afterwards on the same stream see dst).
+// Copy src into dst (same dtype and element count) across host and devices; host views of one
+// buffer may overlap (copied as by memmove). A device side is read or written in the current
+// CUDA stream's order (as loom_tensor_fill). A copy to or from the host is complete on return;
+// a copy between device buffers may still be in flight (kernels queued afterwards on the same
+// stream see dst).
 LOOM_API loom_status_t loom_tensor_copy(loom_tensor_t *dst, const loom_tensor_t *src);
 
 // Number of CUDA devices this process sees (0 without the CUDA backend or without a GPU).

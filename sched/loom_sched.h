@@ -53,7 +53,8 @@ typedef struct loom_task_desc {
   // Compute and worker lanes: runs the task to completion.
   loom_status_t (*run)(void *arg);
   // Comm lane: starts the operation and sets *req (loom_iallreduce and friends). A NULL *req
-  // on success means the operation already completed.
+  // on success means the operation already completed. On failure leave *req NULL, as loom's
+  // own i* calls do: a request left set is waited for before the failure ends the step.
   loom_status_t (*start)(void *arg, loom_request_t **req);
   void *arg;
   size_t bytes; // payload size shown in the timeline (0 if meaningless)

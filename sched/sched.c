@@ -513,6 +513,9 @@ static void launch_comm(loom_sched_t *s) {
     if (st != LOOM_OK || !t->req) { // failed, or completed at once
       char msg[LOOM_SCHED_ERR_MAX];
       snprintf(msg, sizeof msg, "%s", st != LOOM_OK ? loom_last_error(NULL) : "");
+      if (t->req) { // a start that failed yet left a request: completed here, not leaked
+        (void)loom_wait(&t->req);
+      }
       t->req = NULL;
       complete(s, id, st, msg, t->t_start, loom_sched_now_ns(), LOOM_TL_TID_COMM + slot);
       continue;

@@ -526,6 +526,12 @@ static void t_comm(loom_ctx_t *ctx) {
   BAD(loom_allreduce(g, a, h, LOOM_SUM), "expected dtype f32");
   BAD(loom_allreduce(g, a, s, LOOM_SUM), "recv");
   BAD(loom_allreduce(g, i32, i32, LOOM_AVG), "LOOM_AVG");
+  { // a name that fills its field with no NUL (a tensor built by hand): refused, not read past
+    loom_tensor_t unended = *a;
+    memset(unended.name, 'A', sizeof unended.name);
+    BAD(loom_allreduce(g, &unended, b, LOOM_SUM), "is not NUL-terminated");
+    BAD(loom_gemm(&unended, a, 0, b, 0, NULL, 1, 0), "is not NUL-terminated");
+  }
   for (int k = 0; k < 3; k++) {
     BAD(loom_allreduce(g, a, b, bad_ops[k]), "op is");
   }
@@ -1016,13 +1022,15 @@ static void t_moe(loom_ctx_t *ctx) {
   BAD(loom_moe_backward(NULL, y, x), "moe is NULL");
   BAD(loom_moe_backward(m, NULL, x), "dy must be");
   BAD(loom_moe_backward(m, y, NULL), "dx must be");
-  BAD(loom_moe_backward(m, y, x), "last forward"); // no forward yet
+  BADS(loom_moe_backward(m, y, x), LOOM_ERR_STATE, "no forward to take back"); // none yet
   GOOD(loom_moe_forward(m, x, y, &aux));
   BAD(loom_moe_backward(m, y2, x), "last forward");
   BAD(loom_moe_backward(m, y, w5), "dx must be");
   v = neg_extent(y);
   BAD(loom_moe_backward(m, &v, x), "dy ");
   GOOD(loom_moe_backward(m, y, x));
+  // A second backward of the same forward would add its gradients twice: refused.
+  BADS(loom_moe_backward(m, y, x), LOOM_ERR_STATE, "call loom_moe_forward before each backward");
   loom_moe_stats_t st;
   memset(&st, 0x5A, sizeof st);
   SURVIVES(loom_moe_stats(NULL, &st));
@@ -1062,6 +1070,8 @@ static void t_attn(loom_ctx_t *ctx) {
   BAD(CREATE(g, docs, np, tasks, np, 3, 2, D, &x), "multiple");
   BAD(CREATE(g, docs, np, tasks, np, H, HKV, 0, &x), "head_dim");
   BAD(CREATE(g, docs, np, tasks, np, H, HKV, INT_MIN, &x), "head_dim");
+  BAD(loom_attn_exec_create(g, docs, np, tasks, np, H, HKV, D, 1, NAN, &x), "scale is nan");
+  BAD(loom_attn_exec_create(g, docs, np, tasks, np, H, HKV, D, 1, -INFINITY, &x), "scale is -inf");
   if (loom_group_rank(out) < 0) {
     BAD(CREATE(out, docs, np, tasks, np, H, HKV, D, &x), "not a member");
   }

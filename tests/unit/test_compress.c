@@ -1675,6 +1675,14 @@ static void test_ef_table(void) {
   CHECK(loom_ef_residual(ef, "b", 4, &res) == LOOM_ERR_INVALID_ARG, "residual b with n 4");
   CHECK(loom_ef_residual(ef, "d", -1, &res) != LOOM_OK, "residual with n = -1 succeeded");
   CHECK(loom_ef_count(ef) == 3, "count %d after failed calls, want 3", loom_ef_count(ef));
+  // An entry set from its own buffer (as loom_ef_entry hands it out): in place, and shortened
+  // (the new buffer is filled before the old one goes; ASan and valgrind watch this read).
+  CHECK(loom_ef_entry(ef, 1, &name, &data, &n) == LOOM_OK && n == 5, "entry b");
+  CHECK(loom_ef_set(ef, "b", data, 5) == LOOM_OK, "set b from itself");
+  check_entry(ef, 1, "b", bvals, 5);
+  CHECK(loom_ef_entry(ef, 1, &name, &data, &n) == LOOM_OK, "entry b again");
+  CHECK(loom_ef_set(ef, "b", data + 1, 3) == LOOM_OK, "set b from its own last values");
+  check_entry(ef, 1, "b", bvals + 1, 3);
   // Codec state (PowerSGD's Q): its own table, the same rules, the residuals untouched.
   CHECK(loom_ef_state_count(ef) == 0, "state count %d, want 0", loom_ef_state_count(ef));
   const float qvals[4] = {0.5f, -0.25f, 2.0f, 1.0f};

@@ -361,6 +361,16 @@ static void test_copy(void) {
   CHECK(loom_tensor_copy(&b, &a) == LOOM_OK); // same count, different shape: allowed
   CHECK(memcmp(a.data, b.data, 6 * sizeof(int32_t)) == 0);
   CHECK(loom_tensor_copy(&a, &a) == LOOM_OK);
+  { // Overlapping views of one host buffer (a shift by one element): copied as by memmove.
+    loom_tensor_t lo, hi;
+    int64_t s5[1] = {5};
+    CHECK(loom_tensor_wrap(&lo, a.data, LOOM_I32, LOOM_DEVICE_HOST, 1, s5, "lo") == LOOM_OK);
+    CHECK(loom_tensor_wrap(&hi, (int32_t *)a.data + 1, LOOM_I32, LOOM_DEVICE_HOST, 1, s5, "hi") ==
+          LOOM_OK);
+    CHECK(loom_tensor_copy(&hi, &lo) == LOOM_OK);
+    const int32_t *v = a.data;
+    CHECK(v[0] == -7 && v[1] == -7 && v[2] == 4 && v[3] == 15 && v[4] == 26 && v[5] == 37);
+  }
 
   CHECK(loom_tensor_alloc(&c, LOOM_F32, LOOM_DEVICE_HOST, 2, s23, "c") == LOOM_OK);
   expect_status(loom_tensor_copy(&c, &a), LOOM_ERR_INVALID_ARG, "copy i32 into f32");
