@@ -18,7 +18,7 @@ typedef struct ex_ckpt_opts {
   { .die_at = -1 }
 #define EX_CKPT_HELP                                                                               \
   "checkpoints\n"                                                                                  \
-  "  --ckpt DIR          checkpoint directory: DIR/step-N/rank-R.ckpt per rank, DIR/latest\n"      \
+  "  --ckpt DIR          checkpoint directory: DIR/step-NNNNNNNN/rank-RRRRR.ckpt, DIR/latest\n"    \
   "  --save-every N      a checkpoint after every N steps, 0 = none (default 0): parameters,\n"    \
   "                      optimizer state, error-feedback residuals and the --compress auto\n"      \
   "                      plan, CRC-checked and written atomically; the two newest are kept\n"      \

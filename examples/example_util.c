@@ -107,6 +107,23 @@ int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_s
   return 0;
 }
 
+int ex_check_compress_env(const char *flag, const loom_ctx_t *ctx, char *err, size_t errlen) {
+  const char *spec = loom_tunable(ctx, "LOOM_COMPRESS");
+  if (flag || !spec || !strcmp(spec, "none") || !strcmp(spec, "auto")) {
+    return 0;
+  }
+  loom_compressor_t *c = NULL;
+  if (loom_compressor_create(spec, &c) != LOOM_OK) {
+    snprintf(err, errlen,
+             "LOOM_COMPRESS=%s: %s (set it to none, auto or a compressor spec, or "
+             "pass --compress)",
+             spec, loom_last_error(NULL));
+    return -1;
+  }
+  loom_compressor_destroy(c);
+  return 0;
+}
+
 const char *ex_compress_spec(const char *prog, const char *flag, const loom_ctx_t *ctx, int dp_size,
                              int overlap_ok, int rank) {
   const char *spec = flag ? flag : loom_tunable(ctx, "LOOM_COMPRESS");

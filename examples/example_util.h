@@ -43,6 +43,9 @@ int ex_parse_double(const char *flag, const char *v, double lo, double hi, doubl
 // else 0.
 int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_scheme_t *scheme,
                       char *err, size_t errlen);
+// LOOM_COMPRESS checked at start, when no --compress (flag) overrides it: 0 when it is none,
+// auto or a spec loom_compressor_create takes; else -1 with err naming the variable and the fix.
+int ex_check_compress_env(const char *flag, const loom_ctx_t *ctx, char *err, size_t errlen);
 // The compression a trainer applies: flag (--compress) when given, else LOOM_COMPRESS (default
 // auto). auto becomes none when there is nothing to plan for: one data-parallel rank, or a step
 // without the overlapped gradient sync (overlap_ok 0); rank 0 says so when auto was asked for

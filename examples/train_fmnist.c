@@ -764,6 +764,9 @@ int main(int argc, char **argv) {
   }
   const loom_group_t *dp = loom_group(ctx, LOOM_GROUP_DP);
   int rank = loom_group_rank(dp), np = loom_group_size(dp);
+  if (!bad_args && ex_check_compress_env(o.compress, ctx, err, sizeof err) != 0) {
+    bad_args = 1; // before any data is read
+  }
   if (bad_args) {
     if (loom_rank(ctx) == 0) {
       fprintf(stderr, "train_fmnist: %s\n", err);
@@ -776,7 +779,7 @@ int main(int argc, char **argv) {
   }
 
   // ---- data
-  fmnist_split_t train, test;
+  fmnist_split_t train = {0}, test = {0}; // (a failed load frees both)
   if (load_data(&o, dp, &train, &test) != 0) {
     loom_finalize(ctx);
     return 1;

@@ -1282,6 +1282,9 @@ int main(int argc, char **argv) {
   }
   const loom_group_t *dp = loom_group(ctx, LOOM_GROUP_DP);
   int rank = loom_group_rank(dp), np = loom_group_size(dp);
+  if (!bad_args && ex_check_compress_env(o.compress, ctx, err, sizeof err) != 0) {
+    bad_args = 1; // before any data is read
+  }
   if (bad_args) {
     if (loom_rank(ctx) == 0) {
       fprintf(stderr, "train_gpt: %s\n", err);

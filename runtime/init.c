@@ -63,10 +63,18 @@ static loom_status_t check_uniform(loom_ctx_t *ctx) {
     MPI_Allreduce(&vals[i], &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     MPI_Allreduce(&vals[i], &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
     if (lo != hi) {
+      static const char *const gemm_names[] = {"auto", "blas", "loom"}; // enum loom_gemm_mode
+      char a[24], b[24];
+      snprintf(a, sizeof a, "%d", lo);
+      snprintf(b, sizeof b, "%d", hi);
+      if (ids[i] == LOOM_P_GEMM && lo >= 0 && hi <= LOOM_GEMM_MODE_LOOM) {
+        snprintf(a, sizeof a, "%s", gemm_names[lo]);
+        snprintf(b, sizeof b, "%s", gemm_names[hi]);
+      }
       return loom_error(ctx, LOOM_ERR_INVALID_ARG,
-                        "%s differs between ranks (values from %d to %d): set it identically on "
-                        "every rank, e.g. mpirun -x %s",
-                        loom_param_table[ids[i]].env, lo, hi, loom_param_table[ids[i]].env);
+                        "%s differs between ranks (one has %s, another %s): set it identically "
+                        "on every rank, e.g. mpirun -x %s",
+                        loom_param_table[ids[i]].env, a, b, loom_param_table[ids[i]].env);
     }
   }
   return LOOM_OK;

@@ -72,7 +72,8 @@ int main(int argc, char **argv) {
     unsetenv("LOOM_NODE_SIZE");
     // The GEMM kernel decides the bits of every product: it must not depend on the rank.
     setenv("LOOM_GEMM", rank == 0 ? "blas" : "loom", 1);
-    expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_GEMM differs between ranks", NULL);
+    expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_GEMM differs between ranks",
+                "one has blas, another loom");
     unsetenv("LOOM_GEMM");
   }
   // An EP size that does not divide the ranks, and too many attention servers.
