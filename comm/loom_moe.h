@@ -106,7 +106,8 @@ LOOM_API loom_status_t loom_moe_forward(loom_moe_t *moe, const loom_tensor_t *x,
                                         float *aux);
 // Backward of the last forward: dy (T, H) -> dx (T, H) (overwritten, on the layer's device as
 // in the forward); the parameter gradients accumulate, the aux loss's gradient (with weight 1)
-// included. Collective over ep.
+// included. Collective over ep. Once per forward: a second backward of the same forward, or
+// one with no successful forward before it, is LOOM_ERR_STATE (it would add the gradients twice).
 LOOM_API loom_status_t loom_moe_backward(loom_moe_t *moe, const loom_tensor_t *dy,
                                          loom_tensor_t *dx);
 
