@@ -134,12 +134,18 @@ long ex_ckpt_latest(const char *dir, const loom_group_t *g) {
     snprintf(path, sizeof path, "%s/latest", dir);
     FILE *f = fopen(path, "r");
     if (f) {
-      long v = -1;
-      step = fscanf(f, "%ld", &v) == 1 && v >= 0 ? v : -2;
+      // Only digits and one newline (as write_latest puts it): anything else is damage.
+      char text[32] = "";
+      size_t got = fread(text, 1, sizeof text - 1, f);
+      text[got] = '\0';
+      size_t digits = strspn(text, "0123456789");
+      const int whole = digits >= 1 && digits <= 18 &&
+                        (got == digits || (got == digits + 1 && text[digits] == '\n'));
+      step = whole ? (int64_t)strtoll(text, NULL, 10) : -2;
       if (step == -2) {
         fprintf(stderr,
-                "checkpoint: %s does not hold a step number: remove it or point --ckpt "
-                "elsewhere\n",
+                "checkpoint: %s does not hold a step number (digits and a newline): remove it "
+                "or point --ckpt elsewhere\n",
                 path);
       }
       fclose(f);
@@ -268,6 +274,16 @@ static int load_extra(const char *prog, const char *path, int rank, const loom_t
     return -1;
   }
   const int32_t *x = v->data;
+  for (int k = 0; k < n && is_scheme; k++) {
+    if (x[k] < 0 || x[k] >= LOOM_SCHEME_COUNT) {
+      fprintf(stderr,
+              "%s: --resume: rank %d: %s holds scheme %d for part %d of its --compress auto "
+              "plan, not one of 0..%d: the file is damaged; resume from an earlier step or "
+              "start afresh\n",
+              prog, rank, path, (int)x[k], k, LOOM_SCHEME_COUNT - 1);
+      return -1;
+    }
+  }
   for (int k = 0; k < n; k++) {
     if (is_codec) {
       codec[k] = x[k] >= 0 && x[k] < ncand ? x[k] : -1;

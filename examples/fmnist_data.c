@@ -155,8 +155,12 @@ static loom_status_t load_images(const char *path, fmnist_split_t *s, char *err,
     goto fail;
   }
   s->n = dims[0];
-  size_t total = (size_t)s->n * FMNIST_PIXELS;
-  s->images = malloc(total * sizeof(float));
+  // The header's count is a claim: memory grows with the pixels that arrive (from the size of
+  // the real training split), so a short file claiming a million images is "truncated", not a
+  // 3 GB allocation.
+  size_t total = (size_t)s->n * FMNIST_PIXELS, cap = (size_t)70000 * FMNIST_PIXELS;
+  cap = cap < total ? cap : total;
+  s->images = malloc((cap ? cap : 1) * sizeof(float));
   chunk = malloc(1 << 16);
   if (!s->images || !chunk) {
     set_err(err, errlen, "fmnist: %s: out of memory for %u images", path, dims[0]);
@@ -169,6 +173,18 @@ static loom_status_t load_images(const char *path, fmnist_split_t *s, char *err,
     st = idx_read(f, path, chunk, want, &got, err, errlen);
     if (st != LOOM_OK) {
       goto fail;
+    }
+    if (done + got > cap) { // double, up to the declared total
+      size_t grown = 2 * cap > total ? total : 2 * cap;
+      float *more = realloc(s->images, grown * sizeof(float));
+      if (!more) {
+        set_err(err, errlen, "fmnist: %s: out of memory at %zu of %u images", path,
+                done / FMNIST_PIXELS, dims[0]);
+        st = LOOM_ERR_NOMEM;
+        goto fail;
+      }
+      s->images = more;
+      cap = grown;
     }
     for (size_t i = 0; i < got; i++) {
       s->images[done + i] = (float)chunk[i] / 255.0f;

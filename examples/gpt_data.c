@@ -90,15 +90,28 @@ static int split_documents(docs_t *d, const uint8_t *buf, int64_t n) {
 }
 
 static int read_file(docs_t *d, const char *path, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
+  struct stat st; // before opening: opening a FIFO would wait for a writer
+  if (stat(path, &st) != 0) {
     snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
     return -1;
   }
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > GPT_MAX_FILE) {
-    snprintf(err, errlen, "%s is not a regular file of at most %ld bytes", path, GPT_MAX_FILE);
-    fclose(f);
+  if (!S_ISREG(st.st_mode)) {
+    snprintf(err, errlen,
+             "%s is not a regular file (a FIFO, device or socket): give text files "
+             "or directories of them",
+             path);
+    return -1;
+  }
+  if (st.st_size > GPT_MAX_FILE) {
+    snprintf(err, errlen,
+             "%s holds %lld bytes, over the limit of %ld a file: split it into "
+             "smaller files (a directory of them is read whole)",
+             path, (long long)st.st_size, GPT_MAX_FILE);
+    return -1;
+  }
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
     return -1;
   }
   uint8_t *buf = malloc((size_t)st.st_size + 1);
@@ -107,6 +120,15 @@ static int read_file(docs_t *d, const char *path, char *err, size_t errlen) {
   fclose(f);
   if (bad) {
     snprintf(err, errlen, "reading %s failed%s", path, buf ? "" : ": out of memory");
+    free(buf);
+    return -1;
+  }
+  const uint8_t *nul = memchr(buf, 0, got); // byte 0 is the model's document start
+  if (nul) {
+    snprintf(err, errlen,
+             "%s holds a NUL byte at offset %lld: it looks like a binary file, and "
+             "byte 0 marks where documents start; give text files",
+             path, (long long)(nul - buf));
     free(buf);
     return -1;
   }

@@ -147,9 +147,11 @@ static double median_us(const loom_compressor_t *c, int decode, const float *x, 
 static loom_status_t measure_codec(const char *spec, loom_codec_cost_t *out);
 
 // ---------------------------------------------------------------------------------------------
-// Cache: one file per host and build, a line per compressor ("spec enc_us enc_ns dec_us dec_ns
-// bytes_per_value fixed_bytes"). The file is untrusted: a line that does not parse into finite,
-// non-negative numbers is ignored (and the compressor measured again).
+// Cache: one file per host and build, a line per measurement ("spec enc_us enc_ns dec_us dec_ns
+// bytes_per_value fixed_bytes"), appended: the last complete line of a spec is its latest
+// measurement (LOOM_CODEC_REMEASURE appends a new one). The file is untrusted: a line that is
+// cut short (no newline) or does not parse into finite, non-negative numbers is ignored, and
+// the payload sizes are recomputed from the codec rather than read (they are not timings).
 
 static int cache_read(const char *spec, loom_codec_cost_t *out) {
   char path[1024], line[512], name[128];
@@ -161,12 +163,14 @@ static int cache_read(const char *spec, loom_codec_cost_t *out) {
     return 0;
   }
   int found = 0;
-  while (!found && fgets(line, sizeof line, f)) {
+  while (fgets(line, sizeof line, f)) {
     double v[6];
-    if (sscanf(line, "%127s %lf %lf %lf %lf %lf %lf", name, &v[0], &v[1], &v[2], &v[3], &v[4],
+    const size_t len = strlen(line);
+    if (len == 0 || line[len - 1] != '\n' ||
+        sscanf(line, "%127s %lf %lf %lf %lf %lf %lf", name, &v[0], &v[1], &v[2], &v[3], &v[4],
                &v[5]) != 7 ||
         strcmp(name, spec) != 0) {
-      continue;
+      continue; // (a line longer than the buffer arrives in pieces: none ends a valid line)
     }
     int ok = 1;
     for (int i = 0; i < 6; i++) {
@@ -198,6 +202,15 @@ static void fit_line(const double t[2], int64_t small, int64_t big, double *fixe
   *fixed = t[0] - p * (double)small > 0 ? t[0] - p * (double)small : 0.0;
 }
 
+// The payload's bytes per value and fixed bytes, from the codec's sizes at small and big values.
+static void payload_line(const loom_compressor_t *c, int64_t small, int64_t big,
+                         loom_codec_cost_t *out) {
+  double pb = (double)loom_compressor_max_bytes(c, big),
+         ps = (double)loom_compressor_max_bytes(c, small);
+  out->bytes_per_value = (pb - ps) / (double)(big - small);
+  out->fixed_bytes = ps - out->bytes_per_value * (double)small;
+}
+
 // A codec's cost line from its encode (e) and decode (d) times in us at small and big values:
 // per-value ns and fixed us (the slope and intercept), and the payload's bytes likewise.
 static void fit_cost(const char *spec, const loom_compressor_t *c, const double e[2],
@@ -208,10 +221,7 @@ static void fit_cost(const char *spec, const loom_compressor_t *c, const double 
   out->compressor = spec;
   out->enc_ns = per_e * 1000.0;
   out->dec_ns = per_d * 1000.0;
-  double pb = (double)loom_compressor_max_bytes(c, big),
-         ps = (double)loom_compressor_max_bytes(c, small);
-  out->bytes_per_value = (pb - ps) / (double)(big - small);
-  out->fixed_bytes = ps - out->bytes_per_value * (double)small;
+  payload_line(c, small, big, out);
 }
 
 loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost_t *out) {
@@ -219,7 +229,13 @@ loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost_t *out) 
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_plan_measure_codec: spec or out is NULL");
   }
   if (!getenv("LOOM_CODEC_REMEASURE") && cache_read(spec, out)) {
-    return LOOM_OK;
+    enum { SMALL = 1 << 14, BIG = 1 << 20 };
+    loom_compressor_t *c = NULL;
+    if (loom_compressor_create(spec, &c) == LOOM_OK) { // (else measure_codec says why)
+      payload_line(c, SMALL, BIG, out);
+      loom_compressor_destroy(c);
+      return LOOM_OK;
+    }
   }
   loom_status_t status = measure_codec(spec, out);
   if (status == LOOM_OK) {

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #define MAX_DEPTH 64
 
@@ -404,20 +406,26 @@ static int read_file(struct input *in) {
     }
     in->buf = nb;
   }
-  int bad = ferror(f);
+  int bad = ferror(f), err = errno;
   fclose(f);
   if (!in->buf || bad) {
     fprintf(stderr, "loom_timeline_merge: cannot read %s: %s\n", in->path,
-            in->buf ? "read error" : "out of memory");
+            in->buf ? strerror(err) : "out of memory");
     return -1;
   }
   return 0;
 }
 
+// Written to PATH.tmp.PID and renamed over PATH at the end: a failed write leaves PATH as it was.
 static int write_merged(const char *path, struct input *in, int n) {
-  FILE *f = fopen(path, "w");
+  char tmp[4200];
+  if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
+    fprintf(stderr, "loom_timeline_merge: the output path %.64s... is too long\n", path);
+    return -1;
+  }
+  FILE *f = fopen(tmp, "w");
   if (!f) {
-    fprintf(stderr, "loom_timeline_merge: cannot create %s: %s\n", path, strerror(errno));
+    fprintf(stderr, "loom_timeline_merge: cannot create %s: %s\n", tmp, strerror(errno));
     return -1;
   }
   fputs("{\"traceEvents\":[", f);
@@ -431,10 +439,28 @@ static int write_merged(const char *path, struct input *in, int n) {
   }
   fputs("\n]}\n", f);
   int bad = ferror(f);
-  if (fclose(f) != 0 || bad) {
+  if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
     fprintf(stderr, "loom_timeline_merge: writing %s failed: %s\n", path, strerror(errno));
-    remove(path);
+    remove(tmp);
     return -1;
+  }
+  return 0;
+}
+
+// 1 (and says so) when OUT is one of the inputs: the merge would overwrite a rank's trace.
+static int out_is_input(const char *out, char **inputs, int n) {
+  struct stat so, si;
+  if (stat(out, &so) != 0) {
+    return 0; // a new file
+  }
+  for (int i = 0; i < n; i++) {
+    if (stat(inputs[i], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
+      fprintf(stderr,
+              "loom_timeline_merge: the output %s is also input %d (%s): the merge would "
+              "overwrite that trace; give a new output name first (OUT.json IN0.json ...)\n",
+              out, i, inputs[i]);
+      return 1;
+    }
   }
   return 0;
 }
@@ -450,6 +476,9 @@ int main(int argc, char **argv) {
   }
   int n = argc - 2, rc = 1;
   long total = 0;
+  if (out_is_input(argv[1], argv + 2, n)) {
+    return 2;
+  }
   struct input *in = calloc((size_t)n, sizeof *in);
   if (!in) {
     fprintf(stderr, "loom_timeline_merge: out of memory\n");

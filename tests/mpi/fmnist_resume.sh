@@ -35,4 +35,14 @@ for c in int8 powersgd:2; do
     echo "FAIL: $c: the resumed parameters differ from the straight run's"; fail=1
   fi
 done
+# A damaged latest (not only digits and a newline): refused, naming the file, nothing trained.
+for bad in 10abc 1.5 0x6 99999999999999999999; do
+  printf '%s\n' "$bad" >"$tmp/ck/latest"
+  spec "latest_$bad" "--hidden 32 --batch 2500 --steps 16 --ckpt $tmp/ck --resume" fail
+  if grep -q "latest does not hold a step number" "$tmp/latest_$bad.log"; then
+    echo "ok: latest '$bad' is refused"
+  else
+    cat "$tmp/latest_$bad.log"; echo "FAIL: latest '$bad' was not refused clearly"; fail=1
+  fi
+done
 exit $fail

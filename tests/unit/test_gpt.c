@@ -96,6 +96,20 @@ static void test_load_dir_and_errors(void) {
   const char *single[1] = {one};
   CHECK(gpt_corpus_load(single, 1, 0.1, 1, &c, err, sizeof err) != 0, "one document loaded");
   CHECK(strstr(err, "at least 2") != NULL, "unclear error: %s", err);
+  // A binary file (byte 0 is the document start token): refused, naming the offset.
+  write_file("bin", "text\n%\nmore\0text", 16);
+  char bin[512];
+  snprintf(bin, sizeof bin, "%s/bin", tmpdir);
+  const char *binary[1] = {bin};
+  CHECK(gpt_corpus_load(binary, 1, 0.1, 1, &c, err, sizeof err) != 0, "a NUL byte loaded");
+  CHECK(strstr(err, bin) && strstr(err, "NUL byte at offset 11"), "unclear error: %s", err);
+  // A FIFO: refused at once (opening it would wait for a writer forever).
+  char fifo[512];
+  snprintf(fifo, sizeof fifo, "%s/fifo", tmpdir);
+  CHECK(mkfifo(fifo, 0600) == 0, "mkfifo %s", fifo);
+  const char *pipe_path[1] = {fifo};
+  CHECK(gpt_corpus_load(pipe_path, 1, 0.1, 1, &c, err, sizeof err) != 0, "a FIFO loaded");
+  CHECK(strstr(err, "not a regular file"), "unclear error: %s", err);
 }
 
 // ---- batches ------------------------------------------------------------------------------------

@@ -864,6 +864,19 @@ static void test_codec_cache(void) {
   CHECK(loom_plan_measure_codec("fp16", &c) == LOOM_OK && isfinite(c.enc_ns) && c.enc_ns >= 0 &&
             c.enc_us >= 0 && c.bytes_per_value == 2.0,
         "fp16 after a damaged cache: enc %g us + %g ns", c.enc_us, c.enc_ns);
+  // Later lines win (a remeasure appends); a last line cut short is ignored; payload sizes are
+  // the codec's, whatever the file says.
+  snprintf(cmd, sizeof cmd,
+           "for f in %s/*; do printf 'fp16 1 2 3 4 0 0\nfp16 5 6 7 8 9 9\nfp16 90 90 90 90 2 1' "
+           ">> \"$f\"; done",
+           dir);
+  CHECK(system(cmd) == 0, "could not append to the cache");
+  CHECK(loom_plan_measure_codec("fp16", &c) == LOOM_OK && c.enc_us == 5 && c.enc_ns == 6 &&
+            c.dec_us == 7 && c.dec_ns == 8 && c.bytes_per_value == 2.0 &&
+            c.fixed_bytes == a.fixed_bytes,
+        "fp16 from the last complete line, sizes recomputed: enc %g us + %g ns, %g bytes/value, "
+        "fixed %g",
+        c.enc_us, c.enc_ns, c.bytes_per_value, c.fixed_bytes);
   quiet_begin();
   loom_status_t st = loom_plan_measure_codec("powersgd:2", &c);
   loom_status_t bad = loom_plan_measure_codec("fp32", &c);

@@ -648,6 +648,16 @@ static void test_timeline(void) {
     }
     snprintf(cmd, sizeof cmd, "'%s' '%s' >'%s' 2>&1", tool, merged, log);
     CHECK(run_cmd(cmd) == 2, "usage error without inputs");
+    // The output named as one of the inputs (as a glob over the traces does): refused, the
+    // trace kept.
+    char *before = slurp(f1);
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' '%s' >'%s' 2>&1", tool, f1, f0, f1, log);
+    CHECK(run_cmd(cmd) == 2, "merging into an input is refused");
+    char *after = slurp(f1), *out = slurp(log);
+    CHECK(before && after && !strcmp(before, after), "the input named as output is unchanged");
+    CHECK(out && strstr(out, "is also input 1"), "the error names the input: %s",
+          out ? out : "(no output)");
+    free(before), free(after), free(out);
   }
 
   // A timeline path that cannot be created fails at create, naming the path.
