@@ -939,7 +939,11 @@ int main(int argc, char **argv) {
       step = latest;
     }
     if (rank == 0) {
-      if (latest >= 0) {
+      if (latest >= total) {
+        printf("resume: step %ld from %s is at or past the last step (%ld): nothing left to "
+               "train (raise --epochs or --steps to go on)\n",
+               latest, o.ck.dir, total);
+      } else if (latest >= 0) {
         printf("resume: step %ld from %s\n", latest, o.ck.dir);
       } else {
         printf("resume: no checkpoint in %s yet: a fresh start\n", o.ck.dir);
@@ -1065,7 +1069,8 @@ int main(int argc, char **argv) {
            100.0 * (planned_wall / (double)planned_steps - plan_auto.predicted_ms) /
                plan_auto.predicted_ms);
   }
-  if ((st.codec || use_auto) && rank == 0 && step > 0) {
+  const long run_steps = step - first_step; // this process's steps (after a resume, fewer)
+  if ((st.codec || use_auto) && rank == 0 && run_steps > 0) {
     double full = 0.0;
     for (int l = 0; l < NPARAM / 2; l++) {
       full += (double)loom_tensor_bytes(&m.gbuf[l]);
@@ -1073,16 +1078,16 @@ int main(int argc, char **argv) {
     printf("compression: %s (%s): %.0f bytes sent per rank per step (uncompressed ring "
            "allreduce: %.0f)\n",
            st.codec ? loom_compressor_name(st.codec) : "auto",
-           st.codec ? loom_scheme_name(o.scheme) : "per layer", sent_sum / (double)step,
+           st.codec ? loom_scheme_name(o.scheme) : "per layer", sent_sum / (double)run_steps,
            np > 1 ? 2.0 * (np - 1) / np * full : 0.0);
   }
   char sched_json[256] = "null";
-  if (sched && step > 0) {
-    double n = (double)step;
+  if (sched && run_steps > 0) {
+    double n = (double)run_steps;
     if (rank == 0) {
       printf("sched: mean per step over %ld steps: wall %.3f ms  compute %.3f ms  comm in flight "
              "%.3f ms  exposed comm %.3f ms  idle %.3f ms\n",
-             step, sum_stats.wall_ms / n, sum_stats.compute_ms / n, sum_stats.comm_ms / n,
+             run_steps, sum_stats.wall_ms / n, sum_stats.compute_ms / n, sum_stats.comm_ms / n,
              sum_stats.exposed_comm_ms / n, sum_stats.idle_ms / n);
       fflush(stdout);
     }
@@ -1110,7 +1115,7 @@ int main(int argc, char **argv) {
                 epoch, step, epoch_loss, test_loss, acc, samples_per_s, train_time, np, o.batch,
                 o.batch * np, o.hidden, o.lr, o.seed, o.no_overlap ? "false" : "true",
                 st.codec ? loom_compressor_name(st.codec) : "none",
-                step > 0 ? sent_sum / (double)step : 0.0, sched_json) < 0) {
+                run_steps > 0 ? sent_sum / (double)run_steps : 0.0, sched_json) < 0) {
       perror(o.json);
       rc = 1;
     }

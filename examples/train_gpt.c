@@ -1626,7 +1626,11 @@ int main(int argc, char **argv) {
       start = latest;
     }
     if (rank == 0) {
-      if (latest >= 0) {
+      if (latest >= o.steps) {
+        printf("resume: step %ld from %s is at or past the last step (%ld): nothing left to "
+               "train (raise --steps to go on)\n",
+               latest, o.ck.dir, o.steps);
+      } else if (latest >= 0) {
         printf("resume: step %ld from %s\n", latest, o.ck.dir);
       } else {
         printf("resume: no checkpoint in %s yet: a fresh start\n", o.ck.dir);

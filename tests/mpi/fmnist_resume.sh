@@ -35,6 +35,14 @@ for c in int8 powersgd:2; do
     echo "FAIL: $c: the resumed parameters differ from the straight run's"; fail=1
   fi
 done
+# A checkpoint at or past the last step: said so, nothing trained, a clean exit.
+spec past "--hidden 32 --batch 2500 --steps 8 --ckpt $tmp/ck --resume --compress powersgd:2" pass
+if grep -q "resume: step 10 .* past the last step (8): nothing left to train" "$tmp/past.log" &&
+  ! grep -q "^epoch" "$tmp/past.log"; then
+  echo "ok: resuming past the end says so and trains nothing"
+else
+  cat "$tmp/past.log"; echo "FAIL: resuming past the end"; fail=1
+fi
 # A damaged latest (not only digits and a newline): refused, naming the file, nothing trained.
 for bad in 10abc 1.5 0x6 99999999999999999999; do
   printf '%s\n' "$bad" >"$tmp/ck/latest"
