@@ -35,6 +35,26 @@ int ex_check_ckpt(const ex_ckpt_opts_t *o, char *err, size_t errlen) {
     snprintf(err, errlen, "--save-every and --resume need --ckpt DIR (where checkpoints live)");
     return -1;
   }
+  if (o->dir && !o->save_every && !o->resume) {
+    snprintf(err, errlen, "--ckpt %s without --save-every N or --resume does nothing: add one",
+             o->dir);
+    return -1;
+  }
+  if (o->save_every > 0) { // made and probed now, not at the first save
+    char probe[4200];
+    snprintf(probe, sizeof probe, "%s/probe", o->dir);
+    struct stat st;
+    if (mkdir(o->dir, 0755) != 0 && errno != EEXIST) {
+      snprintf(err, errlen, "--ckpt %s: cannot create it: %s: give a writable directory", o->dir,
+               strerror(errno));
+      return -1;
+    }
+    if (stat(o->dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+      snprintf(err, errlen, "--ckpt %s is not a directory: give a directory", o->dir);
+      return -1;
+    }
+    return ex_check_output("--ckpt", probe, err, errlen);
+  }
   return 0;
 }
 

@@ -2,9 +2,12 @@
  * comparison for the example trainers (see example_util.h). */
 #include "example_util.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 const char *ex_prog = "loom example";
@@ -103,6 +106,40 @@ int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_s
       return -1;
     }
     return 1;
+  }
+  return 0;
+}
+
+int ex_check_output(const char *flag, const char *path, char *err, size_t errlen) {
+  if (!path) {
+    return 0;
+  }
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    snprintf(err, errlen, "%s %s is a directory: give a file path", flag, path);
+    return -1;
+  }
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  if (!slash) {
+    snprintf(dir, sizeof dir, ".");
+  } else {
+    snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+  }
+  // A probe file, not access(): root passes access() on folders it still cannot write in.
+  char probe[4200];
+  snprintf(probe, sizeof probe, "%s/.loom-probe-%ld", dir, (long)getpid());
+  int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 && errno != EEXIST) {
+    snprintf(err, errlen,
+             "%s %s: cannot write in %s: %s: give a path in an existing, writable directory (it "
+             "is checked now so that the run's results are not lost at the end)",
+             flag, path, dir, strerror(errno));
+    return -1;
+  }
+  if (fd >= 0) {
+    close(fd);
+    unlink(probe);
   }
   return 0;
 }

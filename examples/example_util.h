@@ -43,6 +43,10 @@ int ex_parse_double(const char *flag, const char *v, double lo, double hi, doubl
 // else 0.
 int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_scheme_t *scheme,
                       char *err, size_t errlen);
+// An output file given by flag (NULL: none): 0 when path is not a directory and its folder
+// exists and is writable; else -1 with err naming the flag, the path and the fix. Run before
+// the work, so that results are not lost to a bad path at the end.
+int ex_check_output(const char *flag, const char *path, char *err, size_t errlen);
 // LOOM_COMPRESS checked at start, when no --compress (flag) overrides it: 0 when it is none,
 // auto or a spec loom_compressor_create takes; else -1 with err naming the variable and the fix.
 int ex_check_compress_env(const char *flag, const loom_ctx_t *ctx, char *err, size_t errlen);

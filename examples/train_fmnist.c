@@ -198,6 +198,12 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
   if (ex_check_ckpt(&o->ck, err, errlen) != 0) {
     return -1;
   }
+  if (ex_check_output("--json", o->json, err, errlen) != 0) {
+    return -1;
+  }
+  if (ex_check_output("--dump-params", o->dump, err, errlen) != 0) {
+    return -1;
+  }
   return 0;
 }
 

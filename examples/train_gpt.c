@@ -392,6 +392,15 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
   if (ex_check_ckpt(&o->ck, err, errlen) != 0) {
     return -1;
   }
+  if (ex_check_output("--json", o->json, err, errlen) != 0) {
+    return -1;
+  }
+  if (ex_check_output("--dump-params", o->dump, err, errlen) != 0) {
+    return -1;
+  }
+  if (ex_check_output("--profile", o->profile, err, errlen) != 0) {
+    return -1;
+  }
   if (o->attn_servers == 2 && o->sync == SYNC_COMM_ONLY) {
     snprintf(err, errlen,
              "--attn-servers N with --sync comm-only: the step runs no attention for the servers "

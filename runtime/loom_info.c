@@ -1,5 +1,7 @@
 /* loom_info.c — the loom_info program: version, build features, topology and tunables; under
  * mpirun it also prints every rank's placement and groups, once, in rank order. */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,8 +50,20 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--tunables-markdown")) {
       loom_print_tunables_markdown(stdout);
       return 0;
-    } else if (!strcmp(argv[i], "--layout") && i + 1 < argc) {
-      return loom_print_layout(stdout, atoi(argv[i + 1])) == LOOM_OK ? 0 : 1;
+    } else if (!strcmp(argv[i], "--layout")) {
+      char *end = NULL;
+      errno = 0;
+      long np = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+      if (i + 2 < argc) {
+        fprintf(stderr, "loom_info: unexpected '%s' after --layout %s\n", argv[i + 2], argv[i + 1]);
+        return 2;
+      }
+      if (i + 1 >= argc || end == argv[i + 1] || *end || errno || np < 1 || np > INT_MAX) {
+        fprintf(stderr, "loom_info: --layout wants a whole number of ranks >= 1, got '%s'\n",
+                i + 1 < argc ? argv[i + 1] : "(nothing)");
+        return 2;
+      }
+      return loom_print_layout(stdout, (int)np) == LOOM_OK ? 0 : 1;
     } else {
       fprintf(stderr, "loom_info: unknown option '%s'\n", argv[i]);
       usage(stderr);

@@ -466,17 +466,33 @@ static int out_is_input(const char *out, char **inputs, int n) {
 }
 
 int main(int argc, char **argv) {
+  const int force = argc > 1 && (!strcmp(argv[1], "-f") || !strcmp(argv[1], "--force"));
+  argc -= force;
+  argv += force;
   if (argc < 3 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-    fprintf(
-        argc < 3 ? stderr : stdout,
-        "usage: loom_timeline_merge OUT.json IN0.json [IN1.json ...]\n"
-        "Merges the per-rank Chrome traces written under LOOM_TIMELINE (one per rank, %%r in\n"
-        "the path) into OUT.json for Perfetto or chrome://tracing; each rank is one process.\n");
+    fprintf(argc < 3 ? stderr : stdout,
+            "usage: loom_timeline_merge [-f] OUT.json IN0.json [IN1.json ...]\n"
+            "Merges the per-rank Chrome traces written under LOOM_TIMELINE (one per rank, %%r in\n"
+            "the path) into OUT.json for Perfetto or chrome://tracing; each rank is one process.\n"
+            "OUT.json must not exist (-f replaces it) and is never one of the inputs.\n");
     return argc < 3 ? 2 : 0;
   }
   int n = argc - 2, rc = 1;
   long total = 0;
+  if (argv[1][0] == '-') {
+    fprintf(stderr,
+            "loom_timeline_merge: unknown option %s (the only one is -f, before OUT.json)\n",
+            argv[1]);
+    return 2;
+  }
   if (out_is_input(argv[1], argv + 2, n)) {
+    return 2;
+  }
+  if (!force && access(argv[1], F_OK) == 0) { // e.g. trace.*.json, whose first trace is OUT
+    fprintf(stderr,
+            "loom_timeline_merge: %s exists: name a new output first (OUT.json IN0.json ...), "
+            "or pass -f to replace it\n",
+            argv[1]);
     return 2;
   }
   struct input *in = calloc((size_t)n, sizeof *in);

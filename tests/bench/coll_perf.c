@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,10 +61,15 @@ static loom_ef_t *compress_ef; // error feedback for powersgd (it needs one)
 
 // ---- options ------------------------------------------------------------------------------------
 
-static size_t parse_size(const char *s) {
+// A size in bytes with an optional K, M or G suffix (powers of 1024); -1 for anything else
+// (no digits, trailing characters, not finite, below 1 byte or above 2^40).
+static int parse_size(const char *s, size_t *out) {
   char *end = NULL;
   double v = strtod(s, &end);
-  switch (end && *end ? *end : ' ') {
+  if (end == s || (*end && end[1])) {
+    return -1;
+  }
+  switch (*end ? *end : ' ') {
   case 'G':
   case 'g':
     v *= 1024.0;
@@ -76,10 +82,29 @@ static size_t parse_size(const char *s) {
   case 'k':
     v *= 1024.0;
     break;
-  default:
+  case ' ':
     break;
+  default:
+    return -1;
   }
-  return v < 0 ? 0 : (size_t)v;
+  if (!(v >= 1.0 && v <= 0x1p40)) {
+    return -1;
+  }
+  *out = (size_t)v;
+  return 0;
+}
+
+// An integer flag in lo..hi with nothing after it; -1 (said) otherwise.
+static int parse_count(char flag, const char *s, long lo, long hi, int *out) {
+  char *end = NULL;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end || errno || v < lo || v > hi) {
+    fprintf(stderr, "coll_perf: -%c %s: expected a whole number in %ld..%ld\n", flag, s, lo, hi);
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
 }
 
 static int parse_dtype(const char *s) {
@@ -146,22 +171,35 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
   while ((c = getopt_long(argc, argv, "b:e:f:n:w:c:d:o:h", longs, NULL)) != -1) {
     switch (c) {
     case 'b':
-      o->min_bytes = parse_size(optarg);
-      break;
     case 'e':
-      o->max_bytes = parse_size(optarg);
+      if (parse_size(optarg, c == 'b' ? &o->min_bytes : &o->max_bytes) != 0) {
+        fprintf(stderr, "coll_perf: -%c %s: expected a size of 1 byte to 1T, e.g. 8, 64K, 16M\n", c,
+                optarg);
+        return 2;
+      }
       break;
-    case 'f':
-      o->factor = atof(optarg);
+    case 'f': {
+      char *end = NULL;
+      o->factor = strtod(optarg, &end);
+      if (end == optarg || *end) {
+        o->factor = 0.0; // refused below, with the other ranges
+      }
       break;
+    }
     case 'n':
-      o->iters = atoi(optarg);
+      if (parse_count('n', optarg, 1, 1000000, &o->iters) != 0) {
+        return 2;
+      }
       break;
     case 'w':
-      o->warmup = atoi(optarg);
+      if (parse_count('w', optarg, 0, 1000000, &o->warmup) != 0) {
+        return 2;
+      }
       break;
     case 'c':
-      o->check = atoi(optarg);
+      if (parse_count('c', optarg, 0, 1, &o->check) != 0) {
+        return 2;
+      }
       break;
     case 'd':
       if ((o->dtype = parse_dtype(optarg)) == -2) {
@@ -215,9 +253,18 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       return 2;
     }
   }
-  if (o->factor < 2.0 || o->iters < 1 || o->warmup < 0 || o->min_bytes > o->max_bytes) {
-    fprintf(stderr, "coll_perf: need -f >= 2, -n >= 1, -w >= 0 and -b <= -e\n");
+  if (!(o->factor >= 2.0 && o->factor <= 1e6) || o->min_bytes > o->max_bytes) {
+    fprintf(stderr, "coll_perf: need -f a number in 2..1e6 and -b <= -e\n");
     return 2;
+  }
+  if (o->json) { // checked now, not after the sweep
+    FILE *f = fopen(o->json, "a");
+    if (!f) {
+      fprintf(stderr, "coll_perf: --json %s: %s: give a writable file path\n", o->json,
+              strerror(errno));
+      return 2;
+    }
+    fclose(f);
   }
   if (o->compress) {
     if (loom_compressor_create(o->compress, &o->codec) != LOOM_OK) {
@@ -552,12 +599,13 @@ static int fusion_test(const struct opts *o, loom_ctx_t *ctx, const loom_group_t
 
 // ---- output -------------------------------------------------------------------------------------
 
-static void write_json(const struct opts *o, const loom_group_t *g, const struct row *rows,
-                       int nrows, double avg) {
+// 0, or -1 when the file could not be written (said).
+static int write_json(const struct opts *o, const loom_group_t *g, const struct row *rows,
+                      int nrows, double avg) {
   FILE *f = fopen(o->json, "w");
   if (!f) {
-    perror(o->json);
-    return;
+    fprintf(stderr, "coll_perf: cannot write %s: %s\n", o->json, strerror(errno));
+    return -1;
   }
   fprintf(f, "{\"ranks\": %d, \"group\": \"%s\", \"backend\": \"%s\", \"iters\": %d, ",
           loom_group_size(g), loom_group_kind_name(o->group), o->raw ? "mpi" : "loom", o->iters);
@@ -572,7 +620,11 @@ static void write_json(const struct opts *o, const loom_group_t *g, const struct
             r->algbw, r->busbw, r->wrong);
   }
   fprintf(f, "\n]}\n");
-  fclose(f);
+  if (ferror(f) | fclose(f)) {
+    fprintf(stderr, "coll_perf: writing %s failed\n", o->json);
+    return -1;
+  }
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -672,7 +724,7 @@ int main(int argc, char **argv) {
     failed |= fusion_test(&o, ctx, g);
   }
   if (rank0 && o.json) {
-    write_json(&o, g, rows, nrows, avg);
+    failed |= write_json(&o, g, rows, nrows, avg) != 0;
   }
   loom_host_free(send);
   loom_host_free(recv);

@@ -639,7 +639,7 @@ static void test_timeline(void) {
         fputs(cases[i].text, f);
         fclose(f);
       }
-      snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' '%s' >'%s' 2>&1", tool, merged, f0, bad, log);
+      snprintf(cmd, sizeof cmd, "'%s' -f '%s' '%s' '%s' >'%s' 2>&1", tool, merged, f0, bad, log);
       CHECK(run_cmd(cmd) == 1, "merging malformed input %zu fails", i);
       char *out = slurp(log);
       CHECK(out && strstr(out, bad) && strstr(out, cases[i].offset),
@@ -648,6 +648,18 @@ static void test_timeline(void) {
     }
     snprintf(cmd, sizeof cmd, "'%s' '%s' >'%s' 2>&1", tool, merged, log);
     CHECK(run_cmd(cmd) == 2, "usage error without inputs");
+    // An existing output (a glob over the traces makes the first one the output): refused
+    // without -f, and an option where the output goes is not taken for a file name.
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' '%s' >'%s' 2>&1", tool, f0, f1, merged, log);
+    CHECK(run_cmd(cmd) == 2, "merging over an existing trace without -f is refused");
+    char *msg = slurp(log);
+    CHECK(msg && strstr(msg, "exists") && strstr(msg, "-f"), "the error says why: %s",
+          msg ? msg : "(no output)");
+    free(msg);
+    snprintf(cmd, sizeof cmd, "'%s' --bogus '%s' >'%s' 2>&1", tool, f0, log);
+    CHECK(run_cmd(cmd) == 2, "an unknown option is refused");
+    snprintf(cmd, sizeof cmd, "'%s' -f '%s' '%s' '%s' >'%s' 2>&1", tool, merged, f0, f1, log);
+    CHECK(run_cmd(cmd) == 0, "-f replaces an earlier merge");
     // The output named as one of the inputs (as a glob over the traces does): refused, the
     // trace kept.
     char *before = slurp(f1);
