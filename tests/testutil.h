@@ -3,6 +3,7 @@
 #ifndef LOOM_TESTS_TESTUTIL_H
 #define LOOM_TESTS_TESTUTIL_H
 
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -215,6 +216,21 @@ static inline void test_put(loom_dtype_t dt, void *p, int64_t i, double v) {
     ((int64_t *)p)[i] = (int64_t)v;
     break;
   }
+}
+
+// A benchmark's output file, checked before its runs so that their results are not lost at the
+// end: opened for appending (and created when missing). 0, or -1 after saying why.
+static inline int test_output_writable(const char *prog, const char *flag, const char *path) {
+  FILE *f = path ? fopen(path, "a") : NULL;
+  if (path && !f) {
+    fprintf(stderr, "%s: %s %s: %s: give a writable file path\n", prog, flag, path,
+            strerror(errno));
+    return -1;
+  }
+  if (f) {
+    fclose(f);
+  }
+  return 0;
 }
 
 #endif

@@ -5,6 +5,7 @@
 #include <getopt.h>
 #include <math.h>
 #include <stdint.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -354,6 +355,9 @@ static int parse(int argc, char **argv, opts_t *o) {
                     "0..np-1, --tolerance >= 0\n");
     return 2;
   }
+  if (test_output_writable("attn_perf", "--json", o->json) != 0) { // now, not after the runs
+    return 2;
+  }
   return 0;
 }
 
@@ -433,9 +437,12 @@ int main(int argc, char **argv) {
                 "\"pingpong_ms\": %.3f, \"pingpong_wait_ms\": %.3f, \"sched_ms\": %.3f, "
                 "\"sched_wait_ms\": %.3f}}\n",
                 pp[0], pp[1], pp[2], pp[3], pp[4], pp[5]);
-        fclose(f);
+        rc = ferror(f) | fclose(f) ? 1 : 0;
       } else {
-        perror(o.json);
+        rc = 1;
+      }
+      if (rc) {
+        fprintf(stderr, "attn_perf: cannot write %s: %s\n", o.json, strerror(errno));
       }
     }
   }

@@ -257,14 +257,8 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     fprintf(stderr, "coll_perf: need -f a number in 2..1e6 and -b <= -e\n");
     return 2;
   }
-  if (o->json) { // checked now, not after the sweep
-    FILE *f = fopen(o->json, "a");
-    if (!f) {
-      fprintf(stderr, "coll_perf: --json %s: %s: give a writable file path\n", o->json,
-              strerror(errno));
-      return 2;
-    }
-    fclose(f);
+  if (test_output_writable("coll_perf", "--json", o->json) != 0) { // now, not after the sweep
+    return 2;
   }
   if (o->compress) {
     if (loom_compressor_create(o->compress, &o->codec) != LOOM_OK) {

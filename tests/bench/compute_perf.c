@@ -12,6 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../testutil.h"
+
 // Usage: compute_perf [-n ITERS] [-w WARMUP] [-t GEMM_THREADS] [--quick] [--json FILE]
 // Times are medians over ITERS timed runs after WARMUP untimed ones. Attention always runs on one
 // BLAS thread (the benchmark sets it); the GEMM table runs on GEMM_THREADS (default 1). The exit
@@ -465,6 +467,9 @@ int main(int argc, char **argv) {
       usage(stderr);
       return 2;
     }
+  }
+  if (test_output_writable("compute_perf", "--json", o.json) != 0) { // now, not minutes later
+    return 2;
   }
   if (o.iters < 0) {
     o.iters = o.quick ? 2 : 5;

@@ -18,11 +18,12 @@ while [ $# -gt 0 ]; do
     *) echo "mfu_series: unknown flag '$1'" >&2; usage ;;
   esac
 done
-case $runs$steps in *[!0-9]*) echo "mfu_series: --runs and --steps take whole numbers" >&2; exit 2 ;; esac
-if [ "$runs" -lt 1 ] || [ "$steps" -lt 1 ]; then
-  echo "mfu_series: --runs and --steps must be >= 1" >&2
-  exit 2
-fi
+for v in "$runs" "$steps"; do # each a whole number of 1 to 6 digits, >= 1
+  case $v in
+    '' | *[!0-9]* | ???????*) echo "mfu_series: --runs and --steps take whole numbers 1..999999, got '$v'" >&2; exit 2 ;;
+  esac
+  [ "$v" -ge 1 ] || { echo "mfu_series: --runs and --steps must be >= 1, got '$v'" >&2; exit 2; }
+done
 awk -v d="$max_drift" 'BEGIN { exit !(d + 0 == d && d >= 0) }' ||
   { echo "mfu_series: --max-drift takes a percentage >= 0, got '$max_drift'" >&2; exit 2; }
 b=${LOOM_BUILDDIR:-.}

@@ -145,6 +145,9 @@ static int parse(int argc, char **argv, opts_t *o) {
       return 2;
     }
   }
+  if (test_output_writable("moe_perf", "--json", o->json) != 0) { // now, not after the runs
+    return 2;
+  }
   if (o->tokens < 0 || o->hidden < 1 || o->ffn < 1 || o->iters < 1 || o->warmup < 0) {
     fprintf(stderr, "moe_perf: --tokens >= 0, --hidden, --ffn, --iters >= 1, --warmup >= 0\n");
     return 2;
