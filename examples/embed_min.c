@@ -2,6 +2,7 @@
  * fits y = 3x + 2 on its own points, and loom averages the gradients so all ranks keep one model.
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "loom.h"
 
@@ -15,6 +16,11 @@
   } while (0)
 
 int main(int argc, char **argv) {
+  if (argc > 1) { // it takes no arguments: settings come from LOOM_* variables
+    fprintf(argc == 2 && !strcmp(argv[1], "--help") ? stdout : stderr,
+            "usage: mpirun -np N embed_min (no arguments; loom reads LOOM_* variables)\n");
+    return argc == 2 && !strcmp(argv[1], "--help") ? 0 : 2;
+  }
   loom_ctx_t *ctx = NULL;
   // Initialises MPI (or adopts yours), binds this rank to its cores, and builds the groups.
   if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {

@@ -47,7 +47,7 @@ int ex_next_flag(int argc, char **argv, int *i, const char *const *switches, cha
   } else if (*i + 1 < argc) {
     *value = argv[++*i];
   } else {
-    snprintf(err, errlen, "%s wants a value (see --help)", flag);
+    snprintf(err, errlen, "%s wants a value, or is not a flag of this program (see --help)", flag);
     return -1;
   }
   return 0;
