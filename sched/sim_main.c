@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include "loom_moe.h"
 #include "loom_sim.h"
@@ -203,10 +204,11 @@ static int plot(const char *png, const char *csv, char labels[][96], int nstrat)
   }
   fprintf(g, "unset multiplot\n");
   int rc = pclose(g);
-  if (rc != 0) {
-    fprintf(stderr,
-            "loom_sim: gnuplot failed (status %d; install the Debian package gnuplot-nox): no %s\n",
-            rc, png);
+  if (rc != 0) { // the shell's 127: no gnuplot; anything else: gnuplot said why above
+    fprintf(stderr, "loom_sim: gnuplot failed (status %d%s): no %s\n", rc,
+            WIFEXITED(rc) && WEXITSTATUS(rc) == 127 ? ": install the Debian package gnuplot-nox"
+                                                    : "",
+            png);
     return -1;
   }
   return 0;
@@ -249,6 +251,24 @@ int main(int argc, char **argv) {
     o.attn[o.nattn++] = 0;
     if (p.ndocs > 0 && p.attn_ms > 0) {
       o.attn[o.nattn++] = 1;
+    }
+  }
+  if (rc == 0 && o.png) { // checked before the run: gnuplot quotes the paths, and writes the
+    // picture to stdout when it cannot open the output
+    FILE *f = NULL;
+    if (!o.csv) {
+      fprintf(stderr, "loom_sim: --png plots the CSV: pass --csv FILE too\n");
+      rc = 2;
+    } else if (strpbrk(o.png, "'\n") || strpbrk(o.csv, "'\n")) {
+      fprintf(stderr, "loom_sim: --png and --csv paths cannot hold a quote or a newline (gnuplot "
+                      "reads them quoted): rename the path\n");
+      rc = 2;
+    } else if (!(f = fopen(o.png, "a"))) {
+      fprintf(stderr, "loom_sim: cannot write %s: %s\n", o.png, strerror(errno));
+      rc = 1;
+    }
+    if (f) {
+      fclose(f);
     }
   }
   FILE *csv = NULL;
@@ -319,7 +339,7 @@ int main(int argc, char **argv) {
     rc = 1;
   }
   if (rc == 0 && o.png) {
-    if (!o.csv) {
+    if (!o.csv) { // (refused before the run)
       fprintf(stderr, "loom_sim: --png plots the CSV: pass --csv FILE too\n");
       rc = 2;
     } else if (plot(o.png, o.csv, labels, sid) != 0) {
