@@ -233,4 +233,18 @@ static inline int test_output_writable(const char *prog, const char *flag, const
   return 0;
 }
 
+// A whole-number command-line value: digits only (a sign allowed), no overflow; the caller
+// checks its range. 0, or -1 after naming the flag and the value.
+static inline int test_int_arg(const char *prog, const char *flag, const char *s, int *out) {
+  char *end = NULL;
+  errno = 0;
+  long v = s ? strtol(s, &end, 10) : 0;
+  if (!s || end == s || *end || errno || v < -2147483647L || v > 2147483647L) {
+    fprintf(stderr, "%s: %s %s: expected a whole number\n", prog, flag, s ? s : "(missing)");
+    return -1;
+  }
+  *out = (int)v;
+  return 0;
+}
+
 #endif

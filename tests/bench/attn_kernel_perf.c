@@ -11,6 +11,7 @@
 
 #include "cpu/attention_cpu.h"
 #include "cpu/attention_short_cpu.h"
+#include "../testutil.h"
 
 // Usage: attn_kernel_perf [--profile FILE] [--iters N] [--heads H] [--head-dim D] [--width W]
 // Workloads of 2048 tokens, causal, H heads of D (default 4 x 64, train_gpt's default model):
@@ -280,18 +281,22 @@ int main(int argc, char **argv) {
       fprintf(stderr, "attn_kernel_perf: %s needs a value (see --help)\n", a);
       return 2;
     }
+    int bad = 0; // a number flag's value that is not a whole number (said)
     if (strcmp(a, "--profile") == 0) {
       profile = val;
     } else if (strcmp(a, "--iters") == 0) {
-      iters = atoi(val);
+      bad = test_int_arg("attn_kernel_perf", a, val, &iters);
     } else if (strcmp(a, "--heads") == 0) {
-      H = atoi(val);
+      bad = test_int_arg("attn_kernel_perf", a, val, &H);
     } else if (strcmp(a, "--head-dim") == 0) {
-      D = atoi(val);
+      bad = test_int_arg("attn_kernel_perf", a, val, &D);
     } else if (strcmp(a, "--width") == 0) {
-      width = atoi(val);
+      bad = test_int_arg("attn_kernel_perf", a, val, &width);
     } else {
       fprintf(stderr, "attn_kernel_perf: unknown flag %s (see --help)\n", a);
+      return 2;
+    }
+    if (bad) {
       return 2;
     }
     i++;

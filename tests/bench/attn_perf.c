@@ -309,7 +309,9 @@ static int parse(int argc, char **argv, opts_t *o) {
       }
       break;
     case 'n':
-      o->docs = atoi(optarg);
+      if (test_int_arg("attn_perf", "--docs", optarg, &o->docs) != 0) {
+        return 2;
+      }
       break;
     case 'm':
       o->mean_len = atoll(optarg);
@@ -318,19 +320,27 @@ static int parse(int argc, char **argv, opts_t *o) {
       o->long_len = atoll(optarg);
       break;
     case 'H':
-      o->heads = atoi(optarg);
+      if (test_int_arg("attn_perf", "--heads", optarg, &o->heads) != 0) {
+        return 2;
+      }
       break;
     case 'D':
-      o->head_dim = atoi(optarg);
+      if (test_int_arg("attn_perf", "--head-dim", optarg, &o->head_dim) != 0) {
+        return 2;
+      }
       break;
     case 'i':
-      o->iters = atoi(optarg);
+      if (test_int_arg("attn_perf", "--iters", optarg, &o->iters) != 0) {
+        return 2;
+      }
       break;
     case 't':
       o->tolerance = atof(optarg);
       break;
     case 's':
-      o->servers = atoi(optarg);
+      if (test_int_arg("attn_perf", "--servers", optarg, &o->servers) != 0) {
+        return 2;
+      }
       break;
     case 'J':
       o->json = optarg;

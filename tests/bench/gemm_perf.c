@@ -11,6 +11,7 @@
 
 #include "blas_check.h"
 #include "cpu/gemm_avx2.h"
+#include "../testutil.h"
 
 // Usage: gemm_perf [-n ITERS] [--width C] [--tokens T] [--json FILE]
 // Each shape runs the BLAS and loom's kernel alternately, ITERS samples of each after two
@@ -118,12 +119,15 @@ int main(int argc, char **argv) {
   int iters = 15, C = 256, T = 2048;
   const char *json = NULL;
   for (int i = 1; i < argc; i++) {
-    if (!strcmp(argv[i], "-n") && i + 1 < argc) {
-      iters = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--width") && i + 1 < argc) {
-      C = atoi(argv[++i]);
-    } else if (!strcmp(argv[i], "--tokens") && i + 1 < argc) {
-      T = atoi(argv[++i]);
+    int *num = !strcmp(argv[i], "-n")         ? &iters
+               : !strcmp(argv[i], "--width")  ? &C
+               : !strcmp(argv[i], "--tokens") ? &T
+                                              : NULL;
+    if (num && i + 1 < argc) {
+      if (test_int_arg("gemm_perf", argv[i], argv[i + 1], num) != 0) {
+        return 2;
+      }
+      i++;
     } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
       json = argv[++i];
     } else {

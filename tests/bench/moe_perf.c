@@ -105,22 +105,34 @@ static int parse(int argc, char **argv, opts_t *o) {
       o->ffn = atoll(optarg);
       break;
     case 'E':
-      o->experts = atoi(optarg);
+      if (test_int_arg("moe_perf", "--experts", optarg, &o->experts) != 0) {
+        return 2;
+      }
       break;
     case 'K':
-      o->topk = atoi(optarg);
+      if (test_int_arg("moe_perf", "--topk", optarg, &o->topk) != 0) {
+        return 2;
+      }
       break;
     case 'n':
-      o->iters = atoi(optarg);
+      if (test_int_arg("moe_perf", "--iters", optarg, &o->iters) != 0) {
+        return 2;
+      }
       break;
     case 'w':
-      o->warmup = atoi(optarg);
+      if (test_int_arg("moe_perf", "--warmup", optarg, &o->warmup) != 0) {
+        return 2;
+      }
       break;
     case 'c':
-      o->chunks = atoi(optarg);
+      if (test_int_arg("moe_perf", "--chunks", optarg, &o->chunks) != 0) {
+        return 2;
+      }
       break;
     case 's':
-      o->slices = atoi(optarg);
+      if (test_int_arg("moe_perf", "--slices", optarg, &o->slices) != 0) {
+        return 2;
+      }
       break;
     case 'P':
       o->no_poll = 1;

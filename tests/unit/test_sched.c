@@ -551,6 +551,16 @@ static int run_cmd(const char *cmd) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+// Runs the merge tool's command (its output goes to log): the exit status is want and the
+// output names a and b.
+static void merge_says(const char *cmd, const char *log, int want, const char *a, const char *b) {
+  CHECK(run_cmd(cmd) == want, "exit status %d wanted: %s", want, cmd);
+  char *out = slurp(log);
+  CHECK(out && strstr(out, a) && strstr(out, b), "the message names '%s' and '%s': %s", a, b,
+        out ? out : "(no output)");
+  free(out);
+}
+
 static void test_timeline(void) {
   char dir[] = "/tmp/loom_test_sched_XXXXXX";
   if (!mkdtemp(dir)) {
@@ -640,22 +650,14 @@ static void test_timeline(void) {
         fclose(f);
       }
       snprintf(cmd, sizeof cmd, "'%s' -f '%s' '%s' '%s' >'%s' 2>&1", tool, merged, f0, bad, log);
-      CHECK(run_cmd(cmd) == 1, "merging malformed input %zu fails", i);
-      char *out = slurp(log);
-      CHECK(out && strstr(out, bad) && strstr(out, cases[i].offset),
-            "the error names %s and '%s': %s", bad, cases[i].offset, out ? out : "(no output)");
-      free(out);
+      merge_says(cmd, log, 1, bad, cases[i].offset);
     }
     snprintf(cmd, sizeof cmd, "'%s' '%s' >'%s' 2>&1", tool, merged, log);
     CHECK(run_cmd(cmd) == 2, "usage error without inputs");
     // An existing output (a glob over the traces makes the first one the output): refused
     // without -f, and an option where the output goes is not taken for a file name.
     snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' '%s' >'%s' 2>&1", tool, f0, f1, merged, log);
-    CHECK(run_cmd(cmd) == 2, "merging over an existing trace without -f is refused");
-    char *msg = slurp(log);
-    CHECK(msg && strstr(msg, "exists") && strstr(msg, "-f"), "the error says why: %s",
-          msg ? msg : "(no output)");
-    free(msg);
+    merge_says(cmd, log, 2, "exists", "-f");
     snprintf(cmd, sizeof cmd, "'%s' --bogus '%s' >'%s' 2>&1", tool, f0, log);
     CHECK(run_cmd(cmd) == 2, "an unknown option is refused");
     snprintf(cmd, sizeof cmd, "'%s' -f '%s' '%s' '%s' >'%s' 2>&1", tool, merged, f0, f1, log);
@@ -664,12 +666,10 @@ static void test_timeline(void) {
     // trace kept.
     char *before = slurp(f1);
     snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' '%s' >'%s' 2>&1", tool, f1, f0, f1, log);
-    CHECK(run_cmd(cmd) == 2, "merging into an input is refused");
-    char *after = slurp(f1), *out = slurp(log);
+    merge_says(cmd, log, 2, "is also input 1", f1);
+    char *after = slurp(f1);
     CHECK(before && after && !strcmp(before, after), "the input named as output is unchanged");
-    CHECK(out && strstr(out, "is also input 1"), "the error names the input: %s",
-          out ? out : "(no output)");
-    free(before), free(after), free(out);
+    free(before), free(after);
   }
 
   // A timeline path that cannot be created fails at create, naming the path.
