@@ -72,8 +72,14 @@ static loom_status_t idx_read(gzFile f, const char *path, void *buf, size_t len,
     if (r < 0) {
       int zerr = 0;
       const char *msg = gzerror(f, &zerr);
-      set_err(err, errlen, "fmnist: %s: read error after %zu bytes: %s", path, done,
-              zerr == Z_ERRNO ? strerror(errno) : msg);
+      if (!strncmp(msg, "<fd:", 4) &&
+          strstr(msg, ": ")) { // zlib names the descriptor, not the file
+        msg = strstr(msg, ": ") + 2;
+      }
+      set_err(err, errlen,
+              "fmnist: %s: read error after %zu bytes: %s (a damaged file: apt-get install "
+              "--reinstall dataset-fashion-mnist, or fetch it again)",
+              path, done, zerr == Z_ERRNO ? strerror(errno) : msg);
       return LOOM_ERR_CORRUPT;
     }
     if (r == 0) {
