@@ -44,7 +44,7 @@ else
   cat "$tmp/past.log"; echo "FAIL: resuming past the end"; fail=1
 fi
 # A damaged latest (not only digits and a newline): refused, naming the file, nothing trained.
-for bad in 10abc 1.5 0x6 99999999999999999999; do
+for bad in 10abc 99999999999999999999; do # (each run loads the dataset: two cases, not more)
   printf '%s\n' "$bad" >"$tmp/ck/latest"
   spec "latest_$bad" "--hidden 32 --batch 2500 --steps 16 --ckpt $tmp/ck --resume" fail
   if grep -q "latest does not hold a step number" "$tmp/latest_$bad.log"; then
