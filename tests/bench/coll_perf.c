@@ -95,15 +95,17 @@ static int parse_size(const char *s, size_t *out) {
 }
 
 // An integer flag in lo..hi with nothing after it; -1 (said) otherwise.
-static int parse_count(char flag, const char *s, long lo, long hi, int *out) {
-  char *end = NULL;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (end == s || *end || errno || v < lo || v > hi) {
-    fprintf(stderr, "coll_perf: -%c %s: expected a whole number in %ld..%ld\n", flag, s, lo, hi);
+static int parse_count(char flag, const char *s, int lo, int hi, int *out) {
+  const char name[3] = {'-', flag, '\0'};
+  int v = 0;
+  if (test_int_arg("coll_perf", name, s, &v) != 0) {
     return -1;
   }
-  *out = (int)v;
+  if (v < lo || v > hi) {
+    fprintf(stderr, "coll_perf: %s %s: expected %d..%d\n", name, s, lo, hi);
+    return -1;
+  }
+  *out = v;
   return 0;
 }
 
