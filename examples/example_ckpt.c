@@ -317,6 +317,38 @@ static int load_extra(const char *prog, const char *path, int rank, const loom_t
   return 0;
 }
 
+// A --compress auto plan is the same on every rank (each rank encodes what the others decode):
+// files from different runs would make the first step's exchange fail as a corrupt payload, far
+// from the cause. FNV-1a over the plan, its lowest and highest value over the group compared.
+static int plans_agree(const char *prog, const char *path, const loom_group_t *g, const int *codec,
+                       const loom_scheme_t *scheme, const int *lane, int n, int planned) {
+  uint64_t h = 1469598103934665603ULL;
+  for (int k = 0; planned && k < n; k++) {
+    const int64_t part[3] = {codec[k], (int64_t)scheme[k], lane ? lane[k] : 0};
+    for (int j = 0; j < 3; j++) {
+      h = (h ^ (uint64_t)part[j]) * 1099511628211ULL;
+    }
+  }
+  int64_t v[2] = {(int64_t)(h >> 1), -(int64_t)(h >> 1)}, two = 2; // max of h, max of -h
+  loom_tensor_t t;
+  if (loom_tensor_wrap(&t, v, LOOM_I64, LOOM_DEVICE_HOST, 1, &two, "plan.hash") != LOOM_OK ||
+      loom_allreduce(g, &t, &t, LOOM_MAX) != LOOM_OK) {
+    fprintf(stderr, "checkpoint: agreeing over the group failed: %s\n", loom_last_error(NULL));
+    return 0;
+  }
+  if (v[0] == -v[1]) {
+    return 1;
+  }
+  if (loom_group_rank(g) == 0) {
+    fprintf(stderr,
+            "%s: --resume: the ranks' checkpoints hold different --compress auto plans (rank 0 "
+            "read %s): they come from different runs; resume every rank from one run's folder, "
+            "or start afresh\n",
+            prog, path);
+  }
+  return 0;
+}
+
 int ex_ckpt_load(const char *prog, const char *dir, const loom_group_t *g, long step,
                  const ex_ckpt_set_t *fixed, loom_ef_t *ef, int *codec, loom_scheme_t *scheme,
                  int *lane, int n, int ncand, int *planned) {
@@ -338,5 +370,8 @@ int ex_ckpt_load(const char *prog, const char *dir, const loom_group_t *g, long 
           load_extra(prog, path, rank, &v, ef, codec, scheme, lane, n, ncand, planned) != 0;
   }
   loom_checkpoint_close(ck);
-  return ex_any(g, bad) ? -1 : 0;
+  if (ex_any(g, bad)) {
+    return -1;
+  }
+  return plans_agree(prog, path, g, codec, scheme, lane, n, *planned) ? 0 : -1;
 }

@@ -251,7 +251,7 @@ int ex_dump_params(const char *path, int rank, const loom_tensor_t *const *tenso
   }
   FILE *f = fopen(file, "wb");
   if (!f) {
-    perror(file);
+    fprintf(stderr, "%s: --dump-params: cannot write %s: %s\n", ex_prog, file, strerror(errno));
     return -1;
   }
   int ok = 1;
@@ -269,7 +269,8 @@ int ex_dump_params(const char *path, int rank, const loom_tensor_t *const *tenso
 static float *read_floats(const char *path, size_t *n) {
   FILE *f = fopen(path, "rb");
   if (!f) {
-    perror(path);
+    fprintf(stderr, "%s: --compare: cannot read %s: %s (a file written by --dump-params)\n",
+            ex_prog, path, strerror(errno));
     return NULL;
   }
   size_t cap = 1 << 20, len = 0;
@@ -344,7 +345,7 @@ done:
 int ex_write_text(const char *path, const char *text) {
   FILE *f = fopen(path, "w");
   if (!f) {
-    perror(path);
+    fprintf(stderr, "%s: cannot write %s: %s\n", ex_prog, path, strerror(errno));
     return -1;
   }
   int ok = fputs(text, f) >= 0;

@@ -1,5 +1,6 @@
 /* train_fmnist.c — data-parallel MLP classifier on Fashion-MNIST: every rank holds the model,
  * trains on its slice of each global batch, and averages gradients over the DP group with loom. */
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1122,11 +1123,11 @@ int main(int argc, char **argv) {
                 o.batch * np, o.hidden, o.lr, o.seed, o.no_overlap ? "false" : "true",
                 st.codec ? loom_compressor_name(st.codec) : "none",
                 run_steps > 0 ? sent_sum / (double)run_steps : 0.0, sched_json) < 0) {
-      perror(o.json);
+      fprintf(stderr, "train_fmnist: --json: writing %s failed: %s\n", o.json, strerror(errno));
       rc = 1;
     }
     if (f && fclose(f) != 0) {
-      perror(o.json);
+      fprintf(stderr, "train_fmnist: --json: writing %s failed: %s\n", o.json, strerror(errno));
       rc = 1;
     }
   }

@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +67,11 @@ static int parse_list_int(const char *s, int *out, int cap, int *n) {
     }
     out[(*n)++] = (int)v;
   }
-  return *n > 0 ? 0 : -1;
+  if (*n == 0) {
+    fprintf(stderr, "loom_sim: --ranks: give a comma list of rank counts, such as 1,2,4,8\n");
+    return -1;
+  }
+  return 0;
 }
 
 // Names in list (comma-separated) mapped through names[] to their index; -1 on an unknown one.
@@ -76,15 +81,39 @@ static int parse_names(const char *flag, const char *s, const char *const *names
   snprintf(buf, sizeof buf, "%s", s);
   *n = 0;
   for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-    int k = 0;
+    int k = 0, seen = 0;
     while (k < count && strcmp(names[k], tok) != 0) {
       k++;
     }
-    if (k == count || *n >= count) {
+    for (int j = 0; j < *n; j++) {
+      seen |= out[j] == k;
+    }
+    if (k == count || seen) {
       fprintf(stderr, "loom_sim: %s: unknown or repeated '%s'\n", flag, tok);
       return -1;
     }
     out[(*n)++] = k;
+  }
+  if (*n == 0) {
+    fprintf(stderr, "loom_sim: %s: give at least one of", flag);
+    for (int k = 0; k < count; k++) {
+      fprintf(stderr, "%s %s", k ? "," : "", names[k]);
+    }
+    fprintf(stderr, "\n");
+    return -1;
+  }
+  return 0;
+}
+
+// A whole number in lo..hi, digits only; -1 after naming the flag and the range.
+static int parse_whole(const char *flag, const char *v, unsigned long long lo,
+                       unsigned long long hi, unsigned long long *out) {
+  char *end = NULL;
+  errno = 0;
+  *out = v[0] >= '0' && v[0] <= '9' ? strtoull(v, &end, 10) : 0;
+  if (!end || *end || errno || *out < lo || *out > hi) {
+    fprintf(stderr, "loom_sim: %s '%s': expected a whole number in %llu..%llu\n", flag, v, lo, hi);
+    return -1;
   }
   return 0;
 }
@@ -122,20 +151,16 @@ static int parse(int argc, char **argv, opts_t *o) {
     } else if (!strcmp(f, "--attn")) {
       rc = parse_names(f, v, attn_names, 2, o->attn, &o->nattn);
     } else if (!strcmp(f, "--ep")) {
-      char *end;
-      long ep = strtol(v, &end, 10);
-      rc = *end || ep < 0 || ep > (1L << 24) ? -1 : 0;
+      unsigned long long ep = 0;
+      rc = parse_whole(f, v, 0, 1ULL << 24, &ep);
       o->ep = (int)ep;
     } else if (!strcmp(f, "--seed")) {
-      char *end;
-      o->seed = strtoull(v, &end, 10);
-      rc = *end ? -1 : 0;
+      rc = parse_whole(f, v, 0, ULLONG_MAX, &o->seed);
     } else {
       fprintf(stderr, "loom_sim: unknown flag '%s' (see --help)\n", f);
       return -1;
     }
-    if (rc) {
-      fprintf(stderr, "loom_sim: bad value '%s' for %s\n", v, f);
+    if (rc) { // the parser named the flag and the problem
       return -1;
     }
   }
@@ -221,12 +246,12 @@ int main(int argc, char **argv) {
   }
   loom_sim_profile_t p;
   loom_sim_cluster_t c;
+  // The library's errors are already logged (a WARN line with the message and its fix): not
+  // printed a second time here.
   if (loom_sim_profile_load(o.profile, &p) != LOOM_OK) {
-    fprintf(stderr, "loom_sim: %s\n", loom_last_error(NULL));
     return 1;
   }
   if (loom_sim_cluster_load(o.cluster, &c) != LOOM_OK) {
-    fprintf(stderr, "loom_sim: %s\n", loom_last_error(NULL));
     loom_sim_profile_free(&p);
     return 1;
   }
@@ -305,7 +330,6 @@ int main(int argc, char **argv) {
                                  .ep_size = o.ep};
         loom_sim_result_t one;
         if (loom_sim_predict(&p, &c, 1, &s, o.seed, &one) != LOOM_OK) {
-          fprintf(stderr, "loom_sim: %s\n", loom_last_error(NULL));
           rc = 1;
           break;
         }
@@ -316,7 +340,6 @@ int main(int argc, char **argv) {
         for (int k = 0; k < o.nranks; k++) {
           loom_sim_result_t r;
           if (loom_sim_predict(&p, &c, o.ranks[k], &s, o.seed, &r) != LOOM_OK) {
-            fprintf(stderr, "loom_sim: %s\n", loom_last_error(NULL));
             rc = 1;
             break;
           }

@@ -247,4 +247,30 @@ static inline int test_int_arg(const char *prog, const char *flag, const char *s
   return 0;
 }
 
+// The same for a 64-bit count (tokens, lengths, widths).
+static inline int test_int64_arg(const char *prog, const char *flag, const char *s, int64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  long long v = s ? strtoll(s, &end, 10) : 0;
+  if (!s || end == s || *end || errno) {
+    fprintf(stderr, "%s: %s %s: expected a whole number\n", prog, flag, s ? s : "(missing)");
+    return -1;
+  }
+  *out = (int64_t)v;
+  return 0;
+}
+
+// A finite real command-line value (no trailing text); the caller checks its range.
+static inline int test_real_arg(const char *prog, const char *flag, const char *s, double *out) {
+  char *end = NULL;
+  errno = 0;
+  double v = s ? strtod(s, &end) : 0.0;
+  if (!s || end == s || *end || errno || !isfinite(v)) {
+    fprintf(stderr, "%s: %s %s: expected a number\n", prog, flag, s ? s : "(missing)");
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
 #endif

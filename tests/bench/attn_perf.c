@@ -314,10 +314,14 @@ static int parse(int argc, char **argv, opts_t *o) {
       }
       break;
     case 'm':
-      o->mean_len = atoll(optarg);
+      if (test_int64_arg("attn_perf", "--mean-len", optarg, &o->mean_len) != 0) {
+        return 2;
+      }
       break;
     case 'L':
-      o->long_len = atoll(optarg);
+      if (test_int64_arg("attn_perf", "--long", optarg, &o->long_len) != 0) {
+        return 2;
+      }
       break;
     case 'H':
       if (test_int_arg("attn_perf", "--heads", optarg, &o->heads) != 0) {
@@ -335,7 +339,9 @@ static int parse(int argc, char **argv, opts_t *o) {
       }
       break;
     case 't':
-      o->tolerance = atof(optarg);
+      if (test_real_arg("attn_perf", "--tolerance", optarg, &o->tolerance) != 0) {
+        return 2;
+      }
       break;
     case 's':
       if (test_int_arg("attn_perf", "--servers", optarg, &o->servers) != 0) {
@@ -346,8 +352,12 @@ static int parse(int argc, char **argv, opts_t *o) {
       o->json = optarg;
       break;
     case 'r':
-      o->row_cost = strcmp(optarg, "auto") ? atof(optarg) : -1.0;
-      if (strcmp(optarg, "auto") && !(o->row_cost >= 0)) {
+      o->row_cost = -1.0; // auto
+      if (strcmp(optarg, "auto") &&
+          test_real_arg("attn_perf", "--row-cost", optarg, &o->row_cost) != 0) {
+        return 2;
+      }
+      if (strcmp(optarg, "auto") && o->row_cost < 0) {
         fprintf(stderr, "attn_perf: --row-cost auto or a number >= 0, got '%s'\n", optarg);
         return 2;
       }
@@ -359,10 +369,12 @@ static int parse(int argc, char **argv, opts_t *o) {
       return c == 'h' ? 1 : 2;
     }
   }
-  if (o->docs < 1 || o->mean_len < 16 || o->heads < 1 || o->head_dim < 1 || o->iters < 1 ||
-      o->servers < 0 || o->servers >= np || o->tolerance < 0) {
-    fprintf(stderr, "attn_perf: --docs >= 1, --mean-len >= 16, --iters >= 1, --servers in "
-                    "0..np-1, --tolerance >= 0\n");
+  const int64_t max_len = (int64_t)1 << 22; // 4M tokens: far past a benchmark, short of overflow
+  if (o->docs < 1 || o->mean_len < 16 || o->mean_len > max_len || o->long_len < 1 ||
+      o->long_len > max_len || o->heads < 1 || o->head_dim < 1 || o->iters < 1 || o->servers < 0 ||
+      o->servers >= np || o->tolerance < 0) {
+    fprintf(stderr, "attn_perf: --docs >= 1, --mean-len in 16..4194304, --long in 1..4194304, "
+                    "--heads, --head-dim, --iters >= 1, --servers in 0..np-1, --tolerance >= 0\n");
     return 2;
   }
   if (test_output_writable("attn_perf", "--json", o->json) != 0) { // now, not after the runs

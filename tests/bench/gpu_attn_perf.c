@@ -9,6 +9,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../testutil.h"
+
 #ifdef LOOM_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -337,9 +339,21 @@ int main(int argc, char **argv) {
   opts_t o = {10, 3, NULL};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-n") && i + 1 < argc) {
-      o.iters = atoi(argv[++i]);
+      if (test_int_arg("gpu_attn_perf", "-n", argv[++i], &o.iters) != 0) {
+        return 2;
+      }
+      if (o.iters < 1) {
+        fprintf(stderr, "gpu_attn_perf: -n wants a whole number >= 1\n");
+        return 2;
+      }
     } else if (!strcmp(argv[i], "-w") && i + 1 < argc) {
-      o.warmup = atoi(argv[++i]);
+      if (test_int_arg("gpu_attn_perf", "-w", argv[++i], &o.warmup) != 0) {
+        return 2;
+      }
+      if (o.warmup < 0) {
+        fprintf(stderr, "gpu_attn_perf: -w wants a whole number >= 0\n");
+        return 2;
+      }
     } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
       o.json = argv[++i];
     } else {

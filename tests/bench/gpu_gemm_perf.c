@@ -9,6 +9,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "../testutil.h"
+
 #include <cuda_runtime_api.h>
 
 // Usage: gpu_gemm_perf [-n ITERS] [-w WARMUP] [--json FILE]
@@ -175,9 +177,8 @@ static void usage(FILE *f) {
 }
 
 static int parse_int(const char *s, int lo, const char *flag) {
-  char *end = NULL;
-  long v = s ? strtol(s, &end, 10) : 0;
-  if (!s || *end != '\0' || v < lo || v > 1000000) {
+  int v = 0;
+  if (test_int_arg("gpu_gemm_perf", flag, s, &v) != 0 || v < lo || v > 1000000) {
     fprintf(stderr, "gpu_gemm_perf: %s needs an integer >= %d\n", flag, lo);
     usage(stderr);
     exit(2);

@@ -96,13 +96,19 @@ static int parse(int argc, char **argv, opts_t *o) {
   while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
     switch (c) {
     case 't':
-      o->tokens = atoll(optarg);
+      if (test_int64_arg("moe_perf", "--tokens", optarg, &o->tokens) != 0) {
+        return 2;
+      }
       break;
     case 'H':
-      o->hidden = atoll(optarg);
+      if (test_int64_arg("moe_perf", "--hidden", optarg, &o->hidden) != 0) {
+        return 2;
+      }
       break;
     case 'F':
-      o->ffn = atoll(optarg);
+      if (test_int64_arg("moe_perf", "--ffn", optarg, &o->ffn) != 0) {
+        return 2;
+      }
       break;
     case 'E':
       if (test_int_arg("moe_perf", "--experts", optarg, &o->experts) != 0) {

@@ -53,7 +53,7 @@ static int parse(int argc, char **argv, opts_t *o) {
     }
     char *end = NULL;
     long v = dst && i + 1 < argc ? strtol(argv[i + 1], &end, 10) : -1;
-    if (!dst || !end || *end || v < (dst == &o->core ? 0 : 1) || v > 100000) {
+    if (!dst || !end || end == argv[i + 1] || *end || v < (dst == &o->core ? 0 : 1) || v > 100000) {
       fprintf(stderr, "timeshare_perf: bad argument '%s'%s%s (see --help)\n", argv[i],
               dst && i + 1 < argc ? " " : "", dst && i + 1 < argc ? argv[i + 1] : "");
       return -1;

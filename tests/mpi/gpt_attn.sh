@@ -88,6 +88,27 @@ else
   echo "FAIL: np 2 --profile with servers: no exchange time in the attn line, or loom_sim"
   fail=1
 fi
+# loom_sim's flags: a value it cannot use is refused with one message that names the flag (an
+# empty --ep was read as 0, a negative --seed wrapped, --attn off,off ran the strategy twice).
+sim_bad() { # EXPECTED-TEXT FLAGS...
+  local want=$1 msg
+  shift
+  if msg=$("$b/loom_sim" --profile "$tmp/prof2.txt" --cluster \
+    "${srcdir:-.}/tests/scaling/clusters/here-shm.cluster" "$@" 2>&1); then
+    echo "FAIL: loom_sim $*: accepted"
+    fail=1
+  elif [ "$(printf '%s\n' "$msg" | grep -c .)" -ne 1 ] || ! grep -q -- "$want" <<<"$msg"; then
+    echo "FAIL: loom_sim $*: wanted one line with '$want', got: $msg"
+    fail=1
+  else
+    echo "ok: loom_sim $*: $msg"
+  fi
+}
+sim_bad "--ep '': expected a whole number" --ep ''
+sim_bad "--seed '-1': expected a whole number" --seed -1
+sim_bad "--attn: unknown or repeated 'off'" --attn off,off
+sim_bad "--ranks: '2x' is not a rank count" --ranks 1,2x
+sim_bad "--moe: give at least one of" --moe ,
 # Dedicated servers: np 3 with one server and np 4 with two train the 2 remaining ranks exactly
 # like np 2 without servers (the same rows), and the servers end when the training does.
 run ded_3 3 --doc-lengths skewed --attn-servers 1 --dump-params "$tmp/ded3_%r.bin"

@@ -1,7 +1,8 @@
 #!/bin/sh
 # gpt_resume.sh — checkpoint and resume are bit-exact: 2N steps straight equal N steps, a SIGKILL
 # of every rank in the middle of step N+k, and a --resume to 2N (np 2, int8 compression with
-# error feedback, so the residuals must survive); a damaged checkpoint is refused, not loaded.
+# error feedback, so the residuals must survive); a damaged checkpoint, another world size and
+# files whose --compress auto plans differ are refused, not loaded.
 set -u
 export LOOM_COMPRESS=none
 . "${srcdir:-.}/tests/mpi/gpt_lib.sh" # $b, $exe, $tmp/corpus, run, run_env, same
@@ -61,5 +62,24 @@ if "$sh" "$b/tests/mpirun.sh" "$tmp/np3.mpi" >"$tmp/np3.log" 2>&1; then
   echo "ok: a checkpoint of 2 ranks is refused at np 3"
 else
   cat "$tmp/np3.log"; echo "FAIL: np 3 resumed a 2-rank checkpoint"; fail=1
+fi
+# Ranks whose checkpoints hold different --compress auto plans (rank 1's file from another run)
+# are refused at the resume, naming the cause, not at the first exchange as a corrupt payload.
+# The link speed set by hand makes the plans differ: compressed on a slow link, not on a fast one.
+run_env auto_slow 2 "LOOM_NET_GBPS=0.001" --compress auto --ckpt "$tmp/ck_slow" --save-every 8
+run_env auto_fast 2 "LOOM_NET_GBPS=10000" --compress auto --ckpt "$tmp/ck_fast" --save-every 8
+cp "$tmp/ck_fast/step-00000008/rank-00001.ckpt" "$tmp/ck_slow/step-00000008/rank-00001.ckpt"
+cat >"$tmp/mixed.mpi" <<SPEC
+np=2
+prog=examples/train_gpt
+args='$common --compress auto --steps 10 --ckpt $tmp/ck_slow --resume'
+expect=fail
+grep='hold different --compress auto plans'
+SPEC
+if "$sh" "$b/tests/mpirun.sh" "$tmp/mixed.mpi" >"$tmp/mixed.log" 2>&1; then
+  echo "ok: checkpoints with different --compress auto plans are refused at the resume"
+else
+  cat "$tmp/mixed.log"; echo "FAIL: mixed --compress auto plans were not refused as expected"
+  fail=1
 fi
 exit $fail
