@@ -2,7 +2,9 @@
  * binding, groups; every failure is agreed on by all ranks so none is left hanging. */
 #include "config.h"
 
+#include <ctype.h>
 #include <limits.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -51,33 +53,70 @@ static loom_status_t agree(loom_ctx_t *ctx, loom_status_t local) {
   return (loom_status_t)report.status;
 }
 
-// Tunables that shape groups must be identical on every rank, and LOOM_GEMM, which decides the
-// bits of every product: a product must round the same on whichever rank computes it (MoE
-// experts compute other ranks' tokens; runs at different np are compared bit for bit).
-static loom_status_t check_uniform(loom_ctx_t *ctx) {
-  const int ids[] = {LOOM_P_NODE_SIZE, LOOM_P_EP_SIZE, LOOM_P_ATTN_SERVERS, LOOM_P_GEMM};
-  const int vals[] = {ctx->params.node_size, ctx->params.ep_size, ctx->params.attn_servers,
-                      ctx->params.gemm};
-  for (int i = 0; i < 4; i++) {
-    int lo = vals[i], hi = vals[i];
-    MPI_Allreduce(&vals[i], &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(&vals[i], &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-    if (lo != hi) {
-      static const char *const gemm_names[] = {"auto", "blas", "loom"}; // enum loom_gemm_mode
-      char a[24], b[24];
-      snprintf(a, sizeof a, "%d", lo);
-      snprintf(b, sizeof b, "%d", hi);
-      if (ids[i] == LOOM_P_GEMM && lo >= 0 && hi <= LOOM_GEMM_MODE_LOOM) {
-        snprintf(a, sizeof a, "%s", gemm_names[lo]);
-        snprintf(b, sizeof b, "%s", gemm_names[hi]);
-      }
-      return loom_error(ctx, LOOM_ERR_INVALID_ARG,
-                        "%s differs between ranks (one has %s, another %s): set it identically "
-                        "on every rank, e.g. mpirun -x %s",
-                        loom_param_table[ids[i]].env, a, b, loom_param_table[ids[i]].env);
-    }
+// Tunables every rank must share: they shape the groups (NODE_SIZE, EP_SIZE, ATTN_SERVERS),
+// the sequence and sizes of messages (FUSION_THRESHOLD, COMPRESS and the planner's link figures,
+// COMPRESS_CHUNK, MOE_OVERLAP, PLAN_LANE, CHECK_CONSISTENCY's extra allgather, TIMEOUT's
+// window), what a non-finite step does on every rank (NONFINITE), or the bits of every product
+// (GEMM: a product must round the same on whichever rank computes it). A rank with another
+// value would post other messages than its peers: MPI collectives with mismatched counts are
+// undefined (memory corruption) and mismatched calls hang, so the values are compared here.
+// Logging, binding, BLAS threads, the GPU index, the timeline path and the scheduler's polling
+// may differ per rank.
+static const int uniform_ids[] = {
+    LOOM_P_NODE_SIZE,   LOOM_P_EP_SIZE,      LOOM_P_ATTN_SERVERS,      LOOM_P_FUSION_THRESHOLD,
+    LOOM_P_COMPRESS,    LOOM_P_NET_ALPHA_US, LOOM_P_NET_GBPS,          LOOM_P_COMPRESS_CHUNK,
+    LOOM_P_MOE_OVERLAP, LOOM_P_TIMEOUT,      LOOM_P_CHECK_CONSISTENCY, LOOM_P_NONFINITE,
+    LOOM_P_PLAN_LANE,   LOOM_P_GEMM};
+#define LOOM_UNIFORM_COUNT ((int)(sizeof uniform_ids / sizeof uniform_ids[0]))
+
+// FNV-1a of a tunable's text, case-folded (choices match case-insensitively).
+static uint64_t text_hash(const char *t) {
+  uint64_t h = 1469598103934665603ULL;
+  for (; *t; t++) {
+    h = (h ^ (uint64_t)(unsigned char)tolower((unsigned char)*t)) * 1099511628211ULL;
   }
-  return LOOM_OK;
+  return h;
+}
+
+static loom_status_t check_uniform(loom_ctx_t *ctx) {
+  uint64_t h[LOOM_UNIFORM_COUNT], lo[LOOM_UNIFORM_COUNT], hi[LOOM_UNIFORM_COUNT];
+  for (int i = 0; i < LOOM_UNIFORM_COUNT; i++) {
+    h[i] = text_hash(ctx->params.text[uniform_ids[i]]);
+  }
+  MPI_Allreduce(h, lo, LOOM_UNIFORM_COUNT, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(h, hi, LOOM_UNIFORM_COUNT, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  int i = 0;
+  while (i < LOOM_UNIFORM_COUNT && lo[i] == hi[i]) {
+    i++;
+  }
+  if (i == LOOM_UNIFORM_COUNT) {
+    return LOOM_OK;
+  }
+  // The first that differs: every rank's text of it, to name rank 0's value and another's.
+  const int id = uniform_ids[i];
+  char *all = malloc((size_t)ctx->size * LOOM_PARAM_TEXT_MAX);
+  if (!all) {
+    return loom_error(ctx, LOOM_ERR_INVALID_ARG,
+                      "%s differs between ranks: set it identically on every rank, e.g. "
+                      "mpirun -x %s",
+                      loom_param_table[id].env, loom_param_table[id].env);
+  }
+  MPI_Allgather(ctx->params.text[id], LOOM_PARAM_TEXT_MAX, MPI_CHAR, all, LOOM_PARAM_TEXT_MAX,
+                MPI_CHAR, MPI_COMM_WORLD);
+  int other = 1;
+  while (other < ctx->size - 1 &&
+         text_hash(all + (size_t)other * LOOM_PARAM_TEXT_MAX) == text_hash(all)) {
+    other++;
+  }
+  all[LOOM_PARAM_TEXT_MAX - 1] = all[(size_t)(other + 1) * LOOM_PARAM_TEXT_MAX - 1] = '\0';
+  loom_status_t st = loom_error(
+      ctx, LOOM_ERR_INVALID_ARG,
+      "%s differs between ranks (rank 0 has '%.64s', rank %d has '%.64s'): set it identically "
+      "on every rank, e.g. mpirun -x %s",
+      loom_param_table[id].env, all, other, all + (size_t)other * LOOM_PARAM_TEXT_MAX,
+      loom_param_table[id].env);
+  free(all);
+  return st;
 }
 
 // ---- placement ----------------------------------------------------------------------------------

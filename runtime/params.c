@@ -96,6 +96,35 @@ void loom_config_init(loom_config_t *cfg) {
   }
 }
 
+// The text a valid value is kept as, so that spellings the parsers accept alike read alike
+// (loom_tunable, loom_info, the comparison between ranks): a choice as the table spells it
+// ("inplace", "INFO"), a whole number printed back ("+5", " 05 " -> "5"). Paths, lists and
+// compressor specs stay as given.
+static void canonical_text(const struct loom_param_desc *d, const char *text, char *out,
+                           size_t size) {
+  snprintf(out, size, "%s", text);
+  if (!strncmp(d->valid, "a path", 6)) {
+    return;
+  }
+  for (const char *p = d->valid; *p;) { // the valid values' words, between '|'
+    const char *bar = strchr(p, '|');
+    size_t n = bar ? (size_t)(bar - p) : strlen(p);
+    int word = n > 0;
+    for (size_t k = 0; k < n; k++) {
+      word &= isalpha((unsigned char)p[k]) != 0;
+    }
+    if (word && strlen(text) == n && !strncasecmp(text, p, n)) {
+      snprintf(out, size, "%.*s", (int)n, p);
+      return;
+    }
+    p += n + (bar ? 1 : 0);
+  }
+  long v = 0;
+  if (loom_parse_int_range(text, -2147483647L - 1, 2147483647L, &v) == 0) {
+    snprintf(out, size, "%ld", v);
+  }
+}
+
 loom_status_t loom_params_resolve(const loom_config_t *cfg, struct loom_params *out) {
   memset(out, 0, sizeof *out);
   for (int i = 0; i < LOOM_P_COUNT; i++) {
@@ -124,7 +153,7 @@ loom_status_t loom_params_resolve(const loom_config_t *cfg, struct loom_params *
                         "(default '%s').",
                         who, text, why[0] ? why : "too long", d->valid, d->def);
     }
-    snprintf(out->text[i], sizeof out->text[i], "%s", text);
+    canonical_text(d, text, out->text[i], sizeof out->text[i]);
     out->source[i] = source;
   }
   return LOOM_OK;

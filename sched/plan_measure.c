@@ -14,6 +14,7 @@
 
 #include "ctx.h"
 #include "error.h"
+#include "log.h"
 #include "sched_internal.h"
 #ifdef LOOM_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -228,7 +229,14 @@ loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost_t *out) 
   if (!spec || !out) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_plan_measure_codec: spec or out is NULL");
   }
-  if (!getenv("LOOM_CODEC_REMEASURE") && cache_read(spec, out)) {
+  const char *again = getenv("LOOM_CODEC_REMEASURE"); // 1: measure, not the cache
+  if (again && strcmp(again, "0") != 0 && strcmp(again, "1") != 0) {
+    LOOM_WARN(LOOM_SUB_COMPRESS,
+              "LOOM_CODEC_REMEASURE=%.32s is neither 0 nor 1: read as 0 (the "
+              "cached codec costs are used; set 1 to measure them again)",
+              again);
+  }
+  if (!(again && !strcmp(again, "1")) && cache_read(spec, out)) {
     enum { SMALL = 1 << 14, BIG = 1 << 20 };
     loom_compressor_t *c = NULL;
     if (loom_compressor_create(spec, &c) == LOOM_OK) { // (else measure_codec says why)

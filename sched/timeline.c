@@ -4,6 +4,7 @@
 
 #include "timeline.h"
 
+#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -188,6 +189,26 @@ loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank,
   tl->ctx = ctx;
   tl->rank = rank;
   tl->origin_ns = origin_ns;
+  // Ranks must not share one file (the last to close would keep only its events, as invalid
+  // JSON): without %r, with more than one process, each writes NAME.RANK.EXT.
+  int np = 1, mpi_up = 0;
+  MPI_Initialized(&mpi_up);
+  if (mpi_up) {
+    MPI_Comm_size(MPI_COMM_WORLD, &np);
+  }
+  char per_rank[1100];
+  if (np > 1 && !strstr(pattern, "%r") && strlen(pattern) < 1000) {
+    const char *slash = strrchr(pattern, '/'), *dot = strrchr(pattern, '.');
+    int at = dot && dot > (slash ? slash : pattern) ? (int)(dot - pattern) : (int)strlen(pattern);
+    snprintf(per_rank, sizeof per_rank, "%.*s.%%r%s", at, pattern, pattern + at);
+    if (rank == 0) {
+      LOOM_WARN(LOOM_SUB_SCHED,
+                "LOOM_TIMELINE=%s has no %%r: with %d ranks each writes its own file, %s with "
+                "%%r the rank (merge them with loom_timeline_merge)",
+                pattern, np, per_rank);
+    }
+    pattern = per_rank;
+  }
   if (loom_timeline_path(pattern, rank, tl->path, sizeof tl->path) != 0) {
     status = loom_error(ctx, LOOM_ERR_INVALID_ARG, "LOOM_TIMELINE path '%.200s...' is too long",
                         pattern);

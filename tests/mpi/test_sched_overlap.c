@@ -297,9 +297,17 @@ int main(int argc, char **argv) {
     snprintf(pattern, sizeof pattern, "%s/loom_sched_overlap_%ld_%%r.json", tmp ? tmp : "/tmp",
              tag);
   }
-  const char *r = strstr(pattern, "%r");
-  snprintf(path, sizeof path, "%.*s%d%s", r ? (int)(r - pattern) : (int)strlen(pattern), pattern,
-           m->rank, r ? r + 2 : "");
+  const char *r = strstr(pattern, "%r"), *dot = strrchr(pattern, '.');
+  int np = 1;
+  MPI_Comm_size(world, &np);
+  if (r) {
+    snprintf(path, sizeof path, "%.*s%d%s", (int)(r - pattern), pattern, m->rank, r + 2);
+  } else if (np > 1) { // no %r: loom writes NAME.RANK.EXT, one file per rank
+    const int at = dot ? (int)(dot - pattern) : (int)strlen(pattern);
+    snprintf(path, sizeof path, "%.*s.%d%s", at, pattern, m->rank, pattern + at);
+  } else {
+    snprintf(path, sizeof path, "%s", pattern);
+  }
 
   // The graph: backward runs from the last layer down; bucket k's allreduce waits for layer
   // k's backward; a worker task sums bucket 0 once reduced; the optimizer waits for all.

@@ -73,8 +73,28 @@ int main(int argc, char **argv) {
     // The GEMM kernel decides the bits of every product: it must not depend on the rank.
     setenv("LOOM_GEMM", rank == 0 ? "blas" : "loom", 1);
     expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_GEMM differs between ranks",
-                "one has blas, another loom");
+                "rank 0 has 'blas', rank 1 has 'loom'");
     unsetenv("LOOM_GEMM");
+    // Values that decide which messages a rank posts: a timeout of 0 on one rank once skipped
+    // the watchdog's collective window creation there and hung loom_init; another fusion
+    // threshold or compression plan makes other buckets (a count mismatch corrupts memory).
+    // The case of a choice does not matter; the last rank alone differing is named.
+    setenv("LOOM_TIMEOUT", rank == 0 ? "0" : "10", 1);
+    expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_TIMEOUT differs between ranks",
+                "rank 0 has '0', rank 1 has '10'");
+    unsetenv("LOOM_TIMEOUT");
+    setenv("LOOM_FUSION_THRESHOLD", rank == size - 1 ? "0" : "1024", 1);
+    snprintf(who, sizeof who, "rank %d has '0'", size - 1);
+    expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_FUSION_THRESHOLD differs between ranks", who);
+    unsetenv("LOOM_FUSION_THRESHOLD");
+    setenv("LOOM_MOE_OVERLAP", rank == 0 ? "FINE" : "fine", 1);
+    loom_ctx_t *same = NULL;
+    CHECK(loom_init(NULL, NULL, NULL, &same) == LOOM_OK, "LOOM_MOE_OVERLAP FINE / fine: %s",
+          loom_last_error(NULL));
+    if (same) {
+      loom_finalize(same);
+    }
+    unsetenv("LOOM_MOE_OVERLAP");
   }
   // An EP size that does not divide the ranks, and too many attention servers.
   char v[16];

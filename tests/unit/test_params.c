@@ -152,6 +152,26 @@ int main(void) {
   CHECK(w.extended == 1 && w.deadline_ns > loom_watch_now_ns() + 2000000000ll,
         "first late test: deadline extended by min(timeout, 10 s)");
 
+  // One spelling per value: choices as the table writes them, whole numbers as digits; paths
+  // untouched (ranks compare this text, and programs read it through loom_tunable).
+  unset_all();
+  setenv("LOOM_ATTN_SERVERS", "INPLACE", 1);
+  setenv("LOOM_DEBUG", "info", 1);
+  setenv("LOOM_TIMEOUT", " +05 ", 1);
+  setenv("LOOM_NONFINITE", "Skip", 1);
+  setenv("LOOM_TIMELINE", "/tmp/Trace.0%r.json", 1);
+  setenv("LOOM_GPU", "+0", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK, "mixed spellings resolve: %s",
+        loom_last_error(NULL));
+  CHECK(!strcmp(p.text[LOOM_P_ATTN_SERVERS], "inplace") && !strcmp(p.text[LOOM_P_DEBUG], "INFO") &&
+            !strcmp(p.text[LOOM_P_TIMEOUT], "5") && !strcmp(p.text[LOOM_P_NONFINITE], "skip") &&
+            !strcmp(p.text[LOOM_P_TIMELINE], "/tmp/Trace.0%r.json") &&
+            !strcmp(p.text[LOOM_P_GPU], "0"),
+        "canonical text: '%s' '%s' '%s' '%s' '%s' '%s'", p.text[LOOM_P_ATTN_SERVERS],
+        p.text[LOOM_P_DEBUG], p.text[LOOM_P_TIMEOUT], p.text[LOOM_P_NONFINITE],
+        p.text[LOOM_P_TIMELINE], p.text[LOOM_P_GPU]);
+  unset_all();
+
   // Parsers directly.
   long v;
   CHECK(loom_parse_int_range(" 12 ", 0, 20, &v) == 0 && v == 12, "spaces ok");
