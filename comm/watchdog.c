@@ -331,13 +331,22 @@ void loom_watch_expired(struct loom_watch *w) {
   if (w->seq > 0 && slots && got && g->watch_win != MPI_WIN_NULL) {
     slots[me].seq = w->seq > slots[me].seq ? w->seq : slots[me].seq; // this rank is here
     got[me] = 1;
-    int n_in = 0, n_out = 0, n_unknown = 0;
-    char in[1024] = "", out[2048] = "", unknown[512] = "";
+    int n_in = 0, n_out = 0, n_unknown = 0, n_other = 0;
+    char in[1024] = "", out[2048] = "", unknown[512] = "", other[2048] = "";
     for (int r = 0; r < np; r++) {
       if (!got[r]) {
         append_rank(unknown, sizeof unknown, g, r, n_unknown++ == 0);
       } else if (slots[r].seq >= w->seq) {
         append_rank(in, sizeof in, g, r, n_in++ == 0);
+        slots[r].op[sizeof slots[r].op - 1] = '\0';
+        slots[r].name[sizeof slots[r].name - 1] = '\0';
+        if (slots[r].seq == w->seq &&
+            (strcmp(slots[r].op, op_name(w->d.kind)) != 0 ||
+             strncmp(slots[r].name, w->d.name, sizeof slots[r].name - 1))) {
+          // The same operation number, another call: the ranks took different paths.
+          append_rank(other, sizeof other, g, r, n_other++ == 0);
+          append(other, sizeof other, " in %s('%s')", slots[r].op, slots[r].name);
+        }
       } else {
         append_rank(out, sizeof out, g, r, n_out++ == 0);
         slots[r].op[sizeof slots[r].op - 1] = '\0';
@@ -359,7 +368,15 @@ void loom_watch_expired(struct loom_watch *w) {
     if (n_unknown > 0) {
       append(msg, sizeof msg, "; not readable: rank%s %s", n_unknown == 1 ? "" : "s", unknown);
     }
-    advice = n_out == 0 && n_unknown == 0
+    if (n_other > 0) {
+      append(msg, sizeof msg, "; as their operation #%llu, rank%s %s", (unsigned long long)w->seq,
+             n_other == 1 ? "" : "s", other);
+    }
+    advice = n_other > 0
+                 ? " The ranks made different calls at the same point: one took another branch "
+                   "(a different step count, save interval or flag; an error one rank handled "
+                   "alone); every rank must make the same collective calls in the same order."
+             : n_out == 0 && n_unknown == 0
                  ? " Every rank arrived: they called it with different arguments, a peer failed, "
                    "or messages stopped moving (LOOM_CHECK_CONSISTENCY=1 compares the calls)."
                  : " Find why the missing ranks skip this call or have not reached it (a branch, "

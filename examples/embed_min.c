@@ -7,11 +7,13 @@
 #include "loom.h"
 
 // Every loom call returns a status; on failure loom_last_error says what happened and what to do.
+// An error this rank alone meets ends the whole job (loom_abort): the other ranks may be waiting
+// for this one in a collective, and returning would leave them there.
 #define TRY(call)                                                                                  \
   do {                                                                                             \
     if ((call) != LOOM_OK) {                                                                       \
-      fprintf(stderr, "embed_min: %s failed: %s\n", #call, loom_last_error(NULL));                 \
-      goto fail;                                                                                   \
+      fprintf(stderr, "embed_min: %s failed\n", #call);                                            \
+      loom_abort(ctx, 1, NULL);                                                                    \
     }                                                                                              \
   } while (0)
 
@@ -58,8 +60,4 @@ int main(int argc, char **argv) {
     }
   }
   return loom_finalize(ctx) == LOOM_OK ? 0 : 1; // finalizes MPI if loom_init started it
-
-fail:
-  loom_finalize(ctx);
-  return 1;
 }

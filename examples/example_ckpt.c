@@ -357,10 +357,19 @@ int ex_ckpt_load(const char *prog, const char *dir, const loom_group_t *g, long 
   loom_ckpt_info_t me = {.world_size = loom_group_size(g), .rank = rank};
   int bad = ex_ckpt_path(path, sizeof path, dir, step, rank) != 0;
   loom_checkpoint_t *ck = NULL;
-  if (!bad && (loom_checkpoint_load(path, &me, (loom_tensor_t *const *)fixed->p, fixed->n, NULL) !=
-                   LOOM_OK ||
+  int64_t saved = -1;
+  if (!bad && (loom_checkpoint_load(path, &me, (loom_tensor_t *const *)fixed->p, fixed->n,
+                                    &saved) != LOOM_OK ||
                loom_checkpoint_open(path, &ck) != LOOM_OK)) {
     fprintf(stderr, "%s: --resume: rank %d: %s\n", prog, rank, loom_last_error(NULL));
+    bad = 1;
+  }
+  if (!bad && saved != step) { // a file copied in from another save: the replicas would differ
+    fprintf(stderr,
+            "%s: --resume: rank %d: %s holds step %lld, not %ld as its folder and %s/latest "
+            "say: it was copied from another save; restore that folder from one save, or "
+            "resume from an earlier step\n",
+            prog, rank, path, (long long)saved, step, dir);
     bad = 1;
   }
   *planned = 0;

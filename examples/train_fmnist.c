@@ -774,10 +774,7 @@ int main(int argc, char **argv) {
   if (!bad_args && ex_check_compress_env(o.compress, ctx, err, sizeof err) != 0) {
     bad_args = 1; // before any data is read
   }
-  if (bad_args) {
-    if (loom_rank(ctx) == 0) {
-      fprintf(stderr, "train_fmnist: %s\n", err);
-    }
+  if (ex_agree_start("train_fmnist", bad_args, err, argc, argv) != 0) { // every rank, or none
     loom_finalize(ctx);
     return 2;
   }
@@ -1069,12 +1066,17 @@ int main(int argc, char **argv) {
   }
   double samples_per_s = (double)(step - first_step) * o.batch * np / train_time;
   if (use_auto && rank == 0 && planned_steps > 0) {
-    printf("compression plan: predicted %.2f ms/step (uncompressed %.2f), measured %.2f ms/step "
-           "over the %ld steps after planning (%+.1f%%)\n",
-           plan_auto.predicted_ms, plan_auto.none_ms, planned_wall / (double)planned_steps,
-           planned_steps,
-           100.0 * (planned_wall / (double)planned_steps - plan_auto.predicted_ms) /
-               plan_auto.predicted_ms);
+    if (plan_auto.predicted_ms > 0) {
+      printf("compression plan: predicted %.2f ms/step (uncompressed %.2f), measured %.2f ms/step "
+             "over the %ld steps after planning (%+.1f%%)\n",
+             plan_auto.predicted_ms, plan_auto.none_ms, planned_wall / (double)planned_steps,
+             planned_steps,
+             100.0 * (planned_wall / (double)planned_steps - plan_auto.predicted_ms) /
+                 plan_auto.predicted_ms);
+    } else { // the plan came with the checkpoint: nothing was predicted in this run
+      printf("compression plan: from the checkpoint, measured %.2f ms/step over %ld steps\n",
+             planned_wall / (double)planned_steps, planned_steps);
+    }
   }
   const long run_steps = step - first_step; // this process's steps (after a resume, fewer)
   if ((st.codec || use_auto) && rank == 0 && run_steps > 0) {

@@ -1295,10 +1295,7 @@ int main(int argc, char **argv) {
   if (!bad_args && ex_check_compress_env(o.compress, ctx, err, sizeof err) != 0) {
     bad_args = 1; // before any data is read
   }
-  if (bad_args) {
-    if (loom_rank(ctx) == 0) {
-      fprintf(stderr, "train_gpt: %s\n", err);
-    }
+  if (ex_agree_start("train_gpt", bad_args, err, argc, argv) != 0) { // every rank, or none
     loom_finalize(ctx);
     return 2;
   }
@@ -1912,12 +1909,17 @@ int main(int argc, char **argv) {
            np > 1 ? 2.0 * (np - 1) / np * 4.0 * (double)m.total : 0.0);
   }
   if (rank == 0 && use_auto && planned_steps > 0) {
-    printf("compression plan: predicted %.1f ms/step (uncompressed %.1f), measured %.1f ms/step "
-           "over the %ld steps after planning (%+.1f%%)\n",
-           plan_auto.predicted_ms, plan_auto.none_ms, planned_wall / (double)planned_steps,
-           planned_steps,
-           100.0 * (planned_wall / (double)planned_steps - plan_auto.predicted_ms) /
-               plan_auto.predicted_ms);
+    if (plan_auto.predicted_ms > 0) {
+      printf("compression plan: predicted %.1f ms/step (uncompressed %.1f), measured %.1f ms/step "
+             "over the %ld steps after planning (%+.1f%%)\n",
+             plan_auto.predicted_ms, plan_auto.none_ms, planned_wall / (double)planned_steps,
+             planned_steps,
+             100.0 * (planned_wall / (double)planned_steps - plan_auto.predicted_ms) /
+                 plan_auto.predicted_ms);
+    } else { // the plan came with the checkpoint: nothing was predicted in this run
+      printf("compression plan: from the checkpoint, measured %.1f ms/step over %ld steps\n",
+             planned_wall / (double)planned_steps, planned_steps);
+    }
   }
   if (rank == 0) {
     if (sched) {

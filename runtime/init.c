@@ -5,6 +5,7 @@
 #include <ctype.h>
 #include <limits.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -278,6 +279,22 @@ loom_status_t loom_finalize(loom_ctx_t *ctx) {
     }
   }
   return LOOM_OK;
+}
+
+void loom_abort(const loom_ctx_t *ctx, int code, const char *why) {
+  int up = 0, rank = ctx ? ctx->rank : -1;
+  MPI_Initialized(&up);
+  if (up && rank < 0) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  }
+  const char *msg = why ? why : loom_last_error(NULL);
+  fprintf(stderr, "loom: rank %d aborts the job: %s\n", rank, msg && msg[0] ? msg : "(no reason)");
+  fflush(NULL);
+  code = code >= 1 && code <= 255 ? code : 1;
+  if (up) {
+    MPI_Abort(MPI_COMM_WORLD, code);
+  }
+  exit(code);
 }
 
 // ---- accessors ----------------------------------------------------------------------------------

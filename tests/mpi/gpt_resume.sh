@@ -36,6 +36,23 @@ same "8 steps straight equal 4 + SIGKILL mid-step 6 + resume to 8, bitwise" \
 [ -f "$ck/step-00000008/rank-00000.ckpt" ] && [ "$(cat "$ck/latest")" = 8 ] &&
   echo "ok: the resumed run saved step 8" || { echo "FAIL: no checkpoint of step 8"; fail=1; }
 
+# A file copied in from another save (rank 1's of step 4 in the folder of step 8) is refused,
+# naming the step it holds: loaded, the replicas would train apart without a word.
+mkdir -p "$tmp/stale" && cp -r "$ck/step-00000004" "$ck/step-00000008" "$ck/latest" "$tmp/stale/" &&
+  cp "$tmp/stale/step-00000004/rank-00001.ckpt" "$tmp/stale/step-00000008/rank-00001.ckpt"
+cat >"$tmp/stale.mpi" <<SPEC
+np=2
+prog=examples/train_gpt
+args='$common --steps 12 --ckpt $tmp/stale --resume'
+expect=fail
+grep='rank-00001.ckpt holds step 4, not 8'
+SPEC
+if "$sh" "$b/tests/mpirun.sh" "$tmp/stale.mpi" >"$tmp/stale.log" 2>&1; then
+  echo "ok: a file of another save is refused, naming its step"
+else
+  cat "$tmp/stale.log"; echo "FAIL: a stale checkpoint file was not refused as expected"; fail=1
+fi
+
 # A damaged file is refused on every rank with a message, and nothing trains.
 printf 'X' | dd of="$ck/step-00000008/rank-00001.ckpt" bs=1 seek=200 conv=notrunc 2>/dev/null
 cat >"$tmp/damaged.mpi" <<SPEC

@@ -23,6 +23,11 @@
 //   skip-moe R              an MoE forward on the ep group that rank R skips.
 //   skip-attn R             an attention-server forward on world that rank R skips.
 //   lost-recv               rank 0 receives a message rank 1 never sends.
+//   diverge                 after one common allreduce, rank 0 allreduces 'grad.x' and rank 1
+//                           starts one of 'grad.y' and sleeps: both entered operation #2, in
+//                           different calls, and the report must say which call rank 1 made.
+//   abort                   the last rank calls loom_abort while the others wait in an
+//                           allreduce (no LOOM_TIMEOUT needed): the job ends with its reason.
 //   slow S                  the last rank enters the allreduce S seconds late; every rank must
 //                           complete (LOOM_TIMEOUT=0, or a timeout above S).
 //   consistency             consistent calls of every collective pass; mismatched ones (name,
@@ -153,6 +158,32 @@ static int lost_recv(loom_ctx_t *ctx) {
   OK(loom_recv(w, &a, 1, 7));
   fprintf(stderr, "rank %d: the lost message arrived\n", rank);
   return 1;
+}
+
+static int diverge(loom_ctx_t *ctx) {
+  const loom_group_t *w = loom_group(ctx, LOOM_GROUP_WORLD);
+  loom_tensor_t a = mk(LOOM_F32, 256, "grad.a"), x = mk(LOOM_F32, 256, "grad.x"),
+                y = mk(LOOM_F32, 256, "grad.y");
+  OK(loom_allreduce(w, &a, &a, LOOM_SUM));
+  if (rank != 0) { // another call at the same point, never progressed: rank 0 cannot finish
+    loom_request_t *req = NULL;
+    OK(loom_iallreduce(w, &y, &y, LOOM_SUM, &req));
+    sleep(60);
+    return 0;
+  }
+  OK(loom_allreduce(w, &x, &x, LOOM_SUM));
+  fprintf(stderr, "rank %d: the diverged allreduce completed\n", rank);
+  return 1;
+}
+
+static void abort_one(loom_ctx_t *ctx) {
+  const loom_group_t *w = loom_group(ctx, LOOM_GROUP_WORLD);
+  loom_tensor_t a = mk(LOOM_F32, 256, "grad.a");
+  if (rank == size - 1) {
+    loom_abort(ctx, 3, "the test's reason");
+  }
+  OK(loom_allreduce(w, &a, &a, LOOM_SUM));
+  fprintf(stderr, "rank %d: the allreduce completed without the aborting rank\n", rank);
 }
 
 static void slow(loom_ctx_t *ctx, int delay) {
@@ -311,6 +342,12 @@ int main(int argc, char **argv) {
     if (!lost_recv(ctx)) {
       return 0;
     }
+  } else if (!strcmp(mode, "diverge")) {
+    if (!diverge(ctx)) {
+      return 0;
+    }
+  } else if (!strcmp(mode, "abort")) {
+    abort_one(ctx);
   } else if (!strcmp(mode, "slow")) {
     slow(ctx, arg);
   } else {
