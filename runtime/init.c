@@ -137,6 +137,18 @@ static loom_status_t place(loom_ctx_t *ctx) {
   ctx->blas_threads = loom_set_blas_threads(p->blas_threads > 0 ? p->blas_threads
                                             : share > 0         ? share
                                                                 : 1);
+  if (p->blas_threads > 0 && (ctx->blas_threads != p->blas_threads ||
+                              (share > 0 && p->blas_threads > share))) {
+    // Threads beyond the rank's cores take turns on them (each GEMM then runs slower than on
+    // fewer threads); a count the BLAS does not grant is what it runs with.
+    LOOM_WARN(LOOM_SUB_INIT,
+              "LOOM_BLAS_THREADS=%d: the BLAS runs %d thread(s) on the %d core(s) this rank is "
+              "bound to%s",
+              p->blas_threads, ctx->blas_threads, share,
+              ctx->blas_threads > share ? "; more threads than cores slow every GEMM: use at most "
+                                          "the rank's cores (0 picks them)"
+                                        : "");
+  }
   int gpus = ctx->topo.pub.gpus;
   ctx->gpu = -1;
   if (p->gpu >= 0) {

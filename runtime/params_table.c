@@ -121,7 +121,7 @@ static int parse_compress(const struct loom_param_desc *d, const char *text,
   (void)d;
   // The compressor registry lives in comm/, above runtime/: only the form is checked here
   // (the trainers create the compressor and report an unknown name with the valid ones).
-  if (!*text || strlen(text) >= sizeof out->compress || strchr(text, ' ')) {
+  if (!*text || strlen(text) >= sizeof out->compress || strpbrk(text, " \t\n\r\v\f")) {
     snprintf(err, errlen, "not none, auto or a compressor spec such as fp16 or topk:0.01");
     return -1;
   }
@@ -132,7 +132,7 @@ static int parse_compress(const struct loom_param_desc *d, const char *text,
 static int parse_nonneg(const char *text, double hi, double *out, char *err, size_t errlen) {
   char *end = NULL;
   double x = strtod(text, &end);
-  if (!*text || *end || !(x >= 0.0) || x > hi) {
+  if (!*text || *end || strpbrk(text, "xX") || !(x >= 0.0) || x > hi) { // decimal only, no hex
     snprintf(err, errlen, "not a number in 0..%g", hi);
     return -1;
   }

@@ -172,6 +172,17 @@ int main(void) {
         p.text[LOOM_P_TIMELINE], p.text[LOOM_P_GPU]);
   unset_all();
 
+  // Decimal only for the planner's link figures: hex once read 0x10 as 16.
+  setenv("LOOM_NET_GBPS", "0x10", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_ERR_INVALID_ARG, "LOOM_NET_GBPS=0x10 refused");
+  unset_all();
+  setenv("LOOM_NET_GBPS", "1e2", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK && p.net_gbps == 100.0, "LOOM_NET_GBPS=1e2");
+  unset_all();
+  setenv("LOOM_COMPRESS", "int8\t", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_ERR_INVALID_ARG, "LOOM_COMPRESS with a tab refused");
+  unset_all();
+
   // Parsers directly.
   long v;
   CHECK(loom_parse_int_range(" 12 ", 0, 20, &v) == 0 && v == 12, "spaces ok");
