@@ -137,8 +137,8 @@ static loom_status_t place(loom_ctx_t *ctx) {
   ctx->blas_threads = loom_set_blas_threads(p->blas_threads > 0 ? p->blas_threads
                                             : share > 0         ? share
                                                                 : 1);
-  if (p->blas_threads > 0 && (ctx->blas_threads != p->blas_threads ||
-                              (share > 0 && p->blas_threads > share))) {
+  if (p->blas_threads > 0 &&
+      (ctx->blas_threads != p->blas_threads || (share > 0 && p->blas_threads > share))) {
     // Threads beyond the rank's cores take turns on them (each GEMM then runs slower than on
     // fewer threads); a count the BLAS does not grant is what it runs with.
     LOOM_WARN(LOOM_SUB_INIT,
