@@ -340,10 +340,14 @@ void loom_watch_expired(struct loom_watch *w) {
         append_rank(in, sizeof in, g, r, n_in++ == 0);
         slots[r].op[sizeof slots[r].op - 1] = '\0';
         slots[r].name[sizeof slots[r].name - 1] = '\0';
+        // The same operation number, another call: the ranks took different paths. Collectives
+        // name the same tensor on every rank; MoE and attention phases need not (trainers and
+        // dedicated servers pass their own names), so there only the operation counts.
+        const int named =
+            w->d.kind >= LOOM_OPK_ALLREDUCE && w->d.kind <= LOOM_OPK_COMPRESSED_ALLREDUCE;
         if (slots[r].seq == w->seq &&
             (strcmp(slots[r].op, op_name(w->d.kind)) != 0 ||
-             strncmp(slots[r].name, w->d.name, sizeof slots[r].name - 1))) {
-          // The same operation number, another call: the ranks took different paths.
+             (named && strncmp(slots[r].name, w->d.name, sizeof slots[r].name - 1) != 0))) {
           append_rank(other, sizeof other, g, r, n_other++ == 0);
           append(other, sizeof other, " in %s('%s')", slots[r].op, slots[r].name);
         }
@@ -372,7 +376,7 @@ void loom_watch_expired(struct loom_watch *w) {
       append(msg, sizeof msg, "; as their operation #%llu, rank%s %s", (unsigned long long)w->seq,
              n_other == 1 ? "" : "s", other);
     }
-    advice = n_other > 0
+    advice = n_other > 0 && n_out == 0 && n_unknown == 0
                  ? " The ranks made different calls at the same point: one took another branch "
                    "(a different step count, save interval or flag; an error one rank handled "
                    "alone); every rank must make the same collective calls in the same order."

@@ -191,3 +191,16 @@ int ex_lane_mode(const loom_ctx_t *ctx) {
          : v && !strcasecmp(v, "gpu") ? EX_LANE_GPU
                                       : EX_LANE_AUTO;
 }
+
+void ex_auto_report(const ex_auto_t *a, double planned_wall_ms, long planned_steps, int digits) {
+  const double measured = planned_wall_ms / (double)planned_steps;
+  if (a->predicted_ms > 0) {
+    printf("compression plan: predicted %.*f ms/step (uncompressed %.*f), measured %.*f ms/step "
+           "over the %ld steps after planning (%+.1f%%)\n",
+           digits, a->predicted_ms, digits, a->none_ms, digits, measured, planned_steps,
+           100.0 * (measured - a->predicted_ms) / a->predicted_ms);
+  } else { // the plan came with the checkpoint: nothing was predicted in this run
+    printf("compression plan: from the checkpoint, measured %.*f ms/step over %ld steps\n", digits,
+           measured, planned_steps);
+  }
+}

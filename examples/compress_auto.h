@@ -37,6 +37,10 @@ void ex_auto_free(ex_auto_t *a);
 void ex_auto_record(ex_auto_t *a, long step, const double *ready, double compute_ms);
 // Measure (collective over dp), plan on rank 0, broadcast; rank 0 prints the plan.
 loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group_t *dp);
+// The line that closes a run with a plan: predicted against measured ms a step over the steps
+// after planning, or, for a plan that came with a checkpoint, the measured time only. digits:
+// decimals of the times.
+void ex_auto_report(const ex_auto_t *a, double planned_wall_ms, long planned_steps, int digits);
 // 1 when the plan encodes tensor i on the CPU of a device run (compressed, LOOM_LANE_WORKER).
 int ex_auto_cpu(const ex_auto_t *a, int i);
 // LOOM_PLAN_LANE as set (auto, gpu or cpu; case-insensitive): EX_LANE_AUTO, _GPU or _CPU.

@@ -1066,17 +1066,7 @@ int main(int argc, char **argv) {
   }
   double samples_per_s = (double)(step - first_step) * o.batch * np / train_time;
   if (use_auto && rank == 0 && planned_steps > 0) {
-    if (plan_auto.predicted_ms > 0) {
-      printf("compression plan: predicted %.2f ms/step (uncompressed %.2f), measured %.2f ms/step "
-             "over the %ld steps after planning (%+.1f%%)\n",
-             plan_auto.predicted_ms, plan_auto.none_ms, planned_wall / (double)planned_steps,
-             planned_steps,
-             100.0 * (planned_wall / (double)planned_steps - plan_auto.predicted_ms) /
-                 plan_auto.predicted_ms);
-    } else { // the plan came with the checkpoint: nothing was predicted in this run
-      printf("compression plan: from the checkpoint, measured %.2f ms/step over %ld steps\n",
-             planned_wall / (double)planned_steps, planned_steps);
-    }
+    ex_auto_report(&plan_auto, planned_wall, planned_steps, 2);
   }
   const long run_steps = step - first_step; // this process's steps (after a resume, fewer)
   if ((st.codec || use_auto) && rank == 0 && run_steps > 0) {

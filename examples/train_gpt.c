@@ -1283,7 +1283,8 @@ int main(int argc, char **argv) {
   loom_ctx_t *ctx = NULL;
   loom_config_t lc;
   loom_config_init(&lc);
-  if (!bad_args && o.attn_servers > 0) { // the layout of the groups depends on it
+  if (o.attn_servers > 0) { // the layout of the groups depends on it (set even with another bad
+    // flag on this rank: ex_agree_start names that one; a difference here would hide it)
     lc.attn_servers = o.attn_spec;
   }
   if (loom_init(&argc, &argv, &lc, &ctx) != LOOM_OK) {
@@ -1909,17 +1910,7 @@ int main(int argc, char **argv) {
            np > 1 ? 2.0 * (np - 1) / np * 4.0 * (double)m.total : 0.0);
   }
   if (rank == 0 && use_auto && planned_steps > 0) {
-    if (plan_auto.predicted_ms > 0) {
-      printf("compression plan: predicted %.1f ms/step (uncompressed %.1f), measured %.1f ms/step "
-             "over the %ld steps after planning (%+.1f%%)\n",
-             plan_auto.predicted_ms, plan_auto.none_ms, planned_wall / (double)planned_steps,
-             planned_steps,
-             100.0 * (planned_wall / (double)planned_steps - plan_auto.predicted_ms) /
-                 plan_auto.predicted_ms);
-    } else { // the plan came with the checkpoint: nothing was predicted in this run
-      printf("compression plan: from the checkpoint, measured %.1f ms/step over %ld steps\n",
-             planned_wall / (double)planned_steps, planned_steps);
-    }
+    ex_auto_report(&plan_auto, planned_wall, planned_steps, 1);
   }
   if (rank == 0) {
     if (sched) {

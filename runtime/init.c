@@ -70,11 +70,12 @@ static const int uniform_ids[] = {
     LOOM_P_PLAN_LANE,   LOOM_P_GEMM};
 #define LOOM_UNIFORM_COUNT ((int)(sizeof uniform_ids / sizeof uniform_ids[0]))
 
-// FNV-1a of a tunable's text, case-folded (choices match case-insensitively).
+// FNV-1a of a tunable's text (kept in one spelling by loom_params_resolve, so equal values hash
+// alike: "INPLACE" and "inplace", "1e2" and "100").
 static uint64_t text_hash(const char *t) {
   uint64_t h = 1469598103934665603ULL;
   for (; *t; t++) {
-    h = (h ^ (uint64_t)(unsigned char)tolower((unsigned char)*t)) * 1099511628211ULL;
+    h = (h ^ (uint64_t)(unsigned char)*t) * 1099511628211ULL;
   }
   return h;
 }
@@ -93,31 +94,25 @@ static loom_status_t check_uniform(loom_ctx_t *ctx) {
   if (i == LOOM_UNIFORM_COUNT) {
     return LOOM_OK;
   }
-  // The first that differs: every rank's text of it, to name rank 0's value and another's.
+  // The first that differs (every rank found the same one): rank 0's text, the lowest rank
+  // whose text differs from it, and that rank's text. No allocation: every rank reaches every
+  // collective here.
   const int id = uniform_ids[i];
-  char *all = malloc((size_t)ctx->size * LOOM_PARAM_TEXT_MAX);
-  if (!all) {
-    return loom_error(ctx, LOOM_ERR_INVALID_ARG,
-                      "%s differs between ranks: set it identically on every rank, e.g. "
-                      "mpirun -x %s",
-                      loom_param_table[id].env, loom_param_table[id].env);
-  }
-  MPI_Allgather(ctx->params.text[id], LOOM_PARAM_TEXT_MAX, MPI_CHAR, all, LOOM_PARAM_TEXT_MAX,
-                MPI_CHAR, MPI_COMM_WORLD);
-  int other = 1;
-  while (other < ctx->size - 1 &&
-         text_hash(all + (size_t)other * LOOM_PARAM_TEXT_MAX) == text_hash(all)) {
-    other++;
-  }
-  all[LOOM_PARAM_TEXT_MAX - 1] = all[(size_t)(other + 1) * LOOM_PARAM_TEXT_MAX - 1] = '\0';
-  loom_status_t st = loom_error(
+  char text0[LOOM_PARAM_TEXT_MAX], other_text[LOOM_PARAM_TEXT_MAX];
+  memcpy(text0, ctx->params.text[id], sizeof text0);
+  MPI_Bcast(text0, (int)sizeof text0, MPI_CHAR, 0, MPI_COMM_WORLD);
+  text0[sizeof text0 - 1] = '\0';
+  int mine = strcmp(text0, ctx->params.text[id]) ? ctx->rank : ctx->size, other = ctx->size;
+  MPI_Allreduce(&mine, &other, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  other = other < ctx->size ? other : ctx->size - 1; // (always found: the hashes differ)
+  memcpy(other_text, ctx->params.text[id], sizeof other_text);
+  MPI_Bcast(other_text, (int)sizeof other_text, MPI_CHAR, other, MPI_COMM_WORLD);
+  other_text[sizeof other_text - 1] = '\0';
+  return loom_error(
       ctx, LOOM_ERR_INVALID_ARG,
       "%s differs between ranks (rank 0 has '%.64s', rank %d has '%.64s'): set it identically "
       "on every rank, e.g. mpirun -x %s",
-      loom_param_table[id].env, all, other, all + (size_t)other * LOOM_PARAM_TEXT_MAX,
-      loom_param_table[id].env);
-  free(all);
-  return st;
+      loom_param_table[id].env, text0, other, other_text, loom_param_table[id].env);
 }
 
 // ---- placement ----------------------------------------------------------------------------------
@@ -137,18 +132,23 @@ static loom_status_t place(loom_ctx_t *ctx) {
   ctx->blas_threads = loom_set_blas_threads(p->blas_threads > 0 ? p->blas_threads
                                             : share > 0         ? share
                                                                 : 1);
-  if (p->blas_threads > 0 &&
+#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
+  if (p->blas_threads > 0 && ctx->host_rank == 0 &&
       (ctx->blas_threads != p->blas_threads || (share > 0 && p->blas_threads > share))) {
     // Threads beyond the rank's cores take turns on them (each GEMM then runs slower than on
-    // fewer threads); a count the BLAS does not grant is what it runs with.
-    LOOM_WARN(LOOM_SUB_INIT,
-              "LOOM_BLAS_THREADS=%d: the BLAS runs %d thread(s) on the %d core(s) this rank is "
-              "bound to%s",
-              p->blas_threads, ctx->blas_threads, share,
-              ctx->blas_threads > share ? "; more threads than cores slow every GEMM: use at most "
-                                          "the rank's cores (0 picks them)"
-                                        : "");
+    // fewer threads); a count the BLAS does not grant is what it runs with. Once per host.
+    char cores[64] = "";
+    if (share > 0) {
+      snprintf(cores, sizeof cores, " on the %d core(s) each rank is bound to", share);
+    }
+    LOOM_WARN(LOOM_SUB_INIT, "LOOM_BLAS_THREADS=%d: the BLAS runs %d thread(s)%s%s",
+              p->blas_threads, ctx->blas_threads, cores,
+              share > 0 && ctx->blas_threads > share
+                  ? "; more threads than cores slow every GEMM: use at most the rank's cores "
+                    "(0 picks them)"
+                  : "");
   }
+#endif
   int gpus = ctx->topo.pub.gpus;
   ctx->gpu = -1;
   if (p->gpu >= 0) {
@@ -294,8 +294,10 @@ loom_status_t loom_finalize(loom_ctx_t *ctx) {
 }
 
 void loom_abort(const loom_ctx_t *ctx, int code, const char *why) {
-  int up = 0, rank = ctx ? ctx->rank : -1;
+  int up = 0, down = 0, rank = ctx ? ctx->rank : -1;
   MPI_Initialized(&up);
+  MPI_Finalized(&down);
+  up = up && !down; // after MPI_Finalize there is no job to abort: this process exits
   if (up && rank < 0) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   }

@@ -100,7 +100,8 @@ LOOM_API loom_status_t loom_finalize(loom_ctx_t *ctx);
 // Ends every process of the job with exit code `code` (1..255; anything else is 1), after
 // logging why (NULL: loom_last_error) with this rank: for an error one rank meets while its
 // peers may be waiting for it in a collective. Does not return. ctx may be NULL.
-LOOM_API void loom_abort(const loom_ctx_t *ctx, int code, const char *why);
+LOOM_API void loom_abort(const loom_ctx_t *ctx, int code, const char *why)
+    __attribute__((noreturn));
 
 LOOM_API int loom_rank(const loom_ctx_t *ctx);             // rank in MPI_COMM_WORLD
 LOOM_API int loom_size(const loom_ctx_t *ctx);             // ranks in MPI_COMM_WORLD

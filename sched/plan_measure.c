@@ -230,7 +230,8 @@ loom_status_t loom_plan_measure_codec(const char *spec, loom_codec_cost_t *out) 
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_plan_measure_codec: spec or out is NULL");
   }
   const char *again = getenv("LOOM_CODEC_REMEASURE"); // 1: measure, not the cache
-  if (again && strcmp(again, "0") != 0 && strcmp(again, "1") != 0) {
+  static int warned = 0;                              // once per process
+  if (again && strcmp(again, "0") != 0 && strcmp(again, "1") != 0 && !warned++) {
     LOOM_WARN(LOOM_SUB_COMPRESS,
               "LOOM_CODEC_REMEASURE=%.32s is neither 0 nor 1: read as 0 (the "
               "cached codec costs are used; set 1 to measure them again)",

@@ -150,11 +150,13 @@ loom_status_t loom_sched_create(loom_ctx_t *ctx, const loom_sched_opts_t *opts,
 
   // The environment overrides the program, as for every tunable; then opts, then the config.
   const char *path = o.timeline;
+  int tunable = 0; // LOOM_TIMELINE (environment or config): %r-less paths get the rank
   if (ctx && (ctx->params.source[LOOM_P_TIMELINE] == LOOM_SRC_ENV || !path)) {
     path = ctx->params.timeline;
+    tunable = 1;
   }
   if (path && path[0]) {
-    LOOM_CHECK(loom_timeline_open(ctx, path, s->rank, s->origin_ns, &s->tl));
+    LOOM_CHECK(loom_timeline_open(ctx, path, s->rank, s->origin_ns, tunable, &s->tl));
   }
   *out = s;
   return LOOM_OK;

@@ -180,7 +180,7 @@ fail:
 }
 
 loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank, int64_t origin_ns,
-                                 struct loom_timeline **out) {
+                                 int per_rank_default, struct loom_timeline **out) {
   loom_status_t status = LOOM_OK;
   struct loom_timeline *tl = NULL;
   *out = NULL;
@@ -197,7 +197,12 @@ loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank,
     MPI_Comm_size(MPI_COMM_WORLD, &np);
   }
   char per_rank[1100];
-  if (np > 1 && !strstr(pattern, "%r") && strlen(pattern) < 1000) {
+  if (per_rank_default && np > 1 && !strstr(pattern, "%r")) {
+    if (strlen(pattern) >= 1000) {
+      status = loom_error(ctx, LOOM_ERR_INVALID_ARG, "LOOM_TIMELINE path '%.200s...' is too long",
+                          pattern);
+      goto fail;
+    }
     const char *slash = strrchr(pattern, '/'), *dot = strrchr(pattern, '.');
     int at = dot && dot > (slash ? slash : pattern) ? (int)(dot - pattern) : (int)strlen(pattern);
     snprintf(per_rank, sizeof per_rank, "%.*s.%%r%s", at, pattern, pattern + at);

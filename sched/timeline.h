@@ -25,9 +25,11 @@ struct loom_timeline;
 int loom_timeline_path(const char *pattern, int rank, char *out, size_t len);
 
 // Create the file for pattern (%r = rank) and write the process name. Times passed later are
-// monotonic nanoseconds; origin_ns becomes ts 0. ctx (may be NULL) receives errors.
+// monotonic nanoseconds; origin_ns becomes ts 0. ctx (may be NULL) receives errors. per_rank:
+// the pattern is LOOM_TIMELINE's, and without %r in a job of several processes the rank goes
+// before its extension (a program's own path is taken as it is).
 loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank, int64_t origin_ns,
-                                 struct loom_timeline **tl);
+                                 int per_rank, struct loom_timeline **tl);
 // Record one complete event. name must stay valid until the next flush (the scheduler's task
 // names live as long as the timeline). cat is "compute", "comm" or "worker". Writes the buffer
 // out when it is full; a write failure is logged once and turns the timeline off.

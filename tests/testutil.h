@@ -233,21 +233,8 @@ static inline int test_output_writable(const char *prog, const char *flag, const
   return 0;
 }
 
-// A whole-number command-line value: digits only (a sign allowed), no overflow; the caller
-// checks its range. 0, or -1 after naming the flag and the value.
-static inline int test_int_arg(const char *prog, const char *flag, const char *s, int *out) {
-  char *end = NULL;
-  errno = 0;
-  long v = s ? strtol(s, &end, 10) : 0;
-  if (!s || end == s || *end || errno || v < -2147483647L || v > 2147483647L) {
-    fprintf(stderr, "%s: %s %s: expected a whole number\n", prog, flag, s ? s : "(missing)");
-    return -1;
-  }
-  *out = (int)v;
-  return 0;
-}
-
-// The same for a 64-bit count (tokens, lengths, widths).
+// A whole-number command-line value: digits only (a sign allowed), no overflow of 64 bits;
+// the caller checks its range. 0, or -1 after naming the flag and the value.
 static inline int test_int64_arg(const char *prog, const char *flag, const char *s, int64_t *out) {
   char *end = NULL;
   errno = 0;
@@ -257,6 +244,20 @@ static inline int test_int64_arg(const char *prog, const char *flag, const char 
     return -1;
   }
   *out = (int64_t)v;
+  return 0;
+}
+
+// The same for an int.
+static inline int test_int_arg(const char *prog, const char *flag, const char *s, int *out) {
+  int64_t v = 0;
+  if (test_int64_arg(prog, flag, s, &v) != 0) {
+    return -1;
+  }
+  if (v < -2147483647L || v > 2147483647L) {
+    fprintf(stderr, "%s: %s %s: expected a whole number\n", prog, flag, s);
+    return -1;
+  }
+  *out = (int)v;
   return 0;
 }
 

@@ -178,7 +178,10 @@ static void usage(FILE *f) {
 
 static int parse_int(const char *s, int lo, const char *flag) {
   int v = 0;
-  if (test_int_arg("gpu_gemm_perf", flag, s, &v) != 0 || v < lo || v > 1000000) {
+  if (test_int_arg("gpu_gemm_perf", flag, s, &v) != 0) {
+    exit(2);
+  }
+  if (v < lo || v > 1000000) {
     fprintf(stderr, "gpu_gemm_perf: %s needs an integer >= %d\n", flag, lo);
     usage(stderr);
     exit(2);

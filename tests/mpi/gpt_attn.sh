@@ -97,7 +97,7 @@ sim_bad() { # EXPECTED-TEXT FLAGS...
     "${srcdir:-.}/tests/scaling/clusters/here-shm.cluster" "$@" 2>&1); then
     echo "FAIL: loom_sim $*: accepted"
     fail=1
-  elif [ "$(printf '%s\n' "$msg" | grep -c .)" -ne 1 ] || ! grep -q -- "$want" <<<"$msg"; then
+  elif [ "$(printf '%s\n' "$msg" | grep -c .)" -ne 1 ] || ! printf '%s\n' "$msg" | grep -q -- "$want"; then
     echo "FAIL: loom_sim $*: wanted one line with '$want', got: $msg"
     fail=1
   else

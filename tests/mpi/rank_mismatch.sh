@@ -15,7 +15,8 @@ mpmd() { # NAME EXPECTED-TEXT RANK-1-PREFIX RANK-1-ARGS: rank 0 runs $common
   # shellcheck disable=SC2086 # the argument lists split on purpose
   env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 120 "${mpirun_exe:-mpirun}" \
-    --oversubscribe -np 1 "$exe" $common : -np 1 $pre "$exe" $args1 >"$tmp/$name.log" 2>&1
+    --oversubscribe ${LOOM_MPIRUN_FLAGS:-} -np 1 "$exe" $common : -np 1 $pre "$exe" $args1 \
+    >"$tmp/$name.log" 2>&1
   rc=$?
   if [ "$rc" -eq 124 ]; then
     echo "FAIL: $name: the job hung (killed after 120 s)"
@@ -32,9 +33,18 @@ mpmd() { # NAME EXPECTED-TEXT RANK-1-PREFIX RANK-1-ARGS: rank 0 runs $common
   fi
 }
 
+# Where the arguments sit in $common: the message gives their position (1 = the first).
+# shellcheck disable=SC2086
+set -- $common
+nargs=$#
+at=1
+for a in "$@"; do
+  [ "$a" = --width ] && break
+  at=$((at + 1))
+done
 wide=$(echo "$common" | sed 's/--width 32/--width 64/')
-mpmd width "rank 1 was started with other arguments than rank 0: argument 4 is '64' here and '32' on rank 0" "" "$wide"
-mpmd extra_flag "argument 23 is '--seed' here and '(none)' on rank 0" "" "$common --seed 7"
+mpmd width "rank 1 was started with other arguments than rank 0: argument $((at + 1)) is '64' here and '32' on rank 0" "" "$wide"
+mpmd extra_flag "argument $((nargs + 1)) is '--seed' here and '(none)' on rank 0" "" "$common --seed 7"
 badb=$(echo "$common" | sed 's/--batch 2/--batch 0/')
 mpmd bad_flag_rank1 "train_gpt: rank 1: --batch" "" "$badb"
 mpmd bad_json_rank1 "train_gpt: rank 1: --json" "" "$common --json /nonexistent-loom-dir/x.json"

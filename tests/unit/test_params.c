@@ -177,7 +177,9 @@ int main(void) {
   CHECK(loom_params_resolve(NULL, &p) == LOOM_ERR_INVALID_ARG, "LOOM_NET_GBPS=0x10 refused");
   unset_all();
   setenv("LOOM_NET_GBPS", "1e2", 1);
-  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK && p.net_gbps == 100.0, "LOOM_NET_GBPS=1e2");
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK && p.net_gbps == 100.0 &&
+            !strcmp(p.text[LOOM_P_NET_GBPS], "100"),
+        "LOOM_NET_GBPS=1e2 is 100, and reads '100' as 100.0 does: '%s'", p.text[LOOM_P_NET_GBPS]);
   unset_all();
   setenv("LOOM_COMPRESS", "int8\t", 1);
   CHECK(loom_params_resolve(NULL, &p) == LOOM_ERR_INVALID_ARG, "LOOM_COMPRESS with a tab refused");
