@@ -2,12 +2,14 @@
  * and build under $LOOM_CACHE_DIR, else $XDG_CACHE_HOME/loom, else ~/.cache/loom. */
 #include "config.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "loom_version.h"
 #include "sched_internal.h"
 
@@ -18,6 +20,16 @@ int loom_cache_file(char *path, size_t cap, const char *kind) {
              *home = getenv("HOME");
   char base[512], host[128] = "host";
   if (dir && *dir) {
+    if (strlen(dir) >= sizeof base - 16) { // cut short, it would name another folder
+      static int warned = 0;
+      if (!warned++) {
+        LOOM_WARN(LOOM_SUB_COMPRESS,
+                  "LOOM_CACHE_DIR is longer than %zu characters: measurements are not cached "
+                  "(each run measures again); give a shorter path",
+                  sizeof base - 17);
+      }
+      return -1;
+    }
     snprintf(base, sizeof base, "%s", dir);
   } else if (xdg && *xdg) {
     snprintf(base, sizeof base, "%s/loom", xdg);
@@ -56,8 +68,13 @@ void loom_cache_append(const char *kind, const char *line) {
   mkdir(path, 0755);
   *slash = '/';
   FILE *f = fopen(path, "a");
-  if (f) {
-    fputs(line, f);
-    fclose(f);
+  int ok = f && fputs(line, f) >= 0;
+  ok = (f ? fclose(f) == 0 : 0) && ok;
+  static int warned = 0; // once per process: the next runs measure again, nothing else is lost
+  if (!ok && !warned++) {
+    LOOM_WARN(LOOM_SUB_COMPRESS,
+              "cannot write the measurement cache %s (%s): the next runs measure again; set "
+              "LOOM_CACHE_DIR to a writable folder to keep the measurements",
+              path, strerror(errno));
   }
 }
