@@ -505,14 +505,29 @@ static loom_status_t hierarchical(const loom_group_t *g, const loom_compressor_t
     LOOM_CHECK(loom_allreduce(&h->node, t, t, LOOM_SUM));
     *sent += (size_t)n * sizeof(float) * 2 * (size_t)(h->node.size - 1) / (size_t)h->node.size;
   }
+  loom_status_t leader = LOOM_OK;
   if (h->node.rank == 0) {
     struct loom_watch lw; // the leaders' part, watched on their sub-group
     loom_watch_enter(&lw, &h->leaders, &w->d, 1);
-    LOOM_CHECK(flat(&h->leaders, c, res, t->data, n, seed, 0, 0, sent, &lw));
+    leader = flat(&h->leaders, c, res, t->data, n, seed, 0, 0, sent, &lw);
   }
   if (h->node.size > 1) {
-    LOOM_CHECK(loom_broadcast(&h->node, t, 0));
+    // The leader's outcome first: after a failure there is no result to broadcast, and the
+    // node's other ranks must not wait for one (they return the same status).
+    int code = (int)leader;
+    LOOM_CHECK_MPI(NULL, MPI_Bcast(&code, 1, MPI_INT, 0, h->node.comm));
+    if (code != LOOM_OK && h->node.rank != 0) {
+      status = loom_error(NULL, (loom_status_t)code,
+                          "compressed allreduce (hierarchical): this node's leader failed in the "
+                          "exchange between nodes (its rank printed why); t holds the node's "
+                          "sum, not the result");
+      goto fail;
+    }
+    if (code == LOOM_OK) {
+      LOOM_CHECK(loom_broadcast(&h->node, t, 0));
+    }
   }
+  status = leader;
 fail:
   return status;
 }

@@ -18,7 +18,10 @@ extern "C" {
 //
 // A compressor is named by a spec string with its parameters in the name:
 //   none            f32 as is (the reference: a payload is the raw values)
-//   fp16, bf16      round to nearest even, 2 bytes a value
+//   fp16, bf16      round to nearest even, 2 bytes a value; as a cast does, fp16 turns a value
+//                   beyond +-65504 (and so a sum of the ranks' values beyond it) into +-Inf,
+//                   which the trainers' non-finite guard (LOOM_NONFINITE) then catches: use
+//                   bf16 (the f32 range) for gradients that large
 //   int8[:sr]       one f32 scale (max |x| / 127) and one signed byte a value; ":sr" rounds
 //                   stochastically (unbiased; the random stream comes from the seed)
 //   topk:RATIO      the k = ceil(RATIO * n) values of largest magnitude, with their indices

@@ -19,8 +19,8 @@ loom_status_t loom_layout_check(const struct loom_layout_in *in, char *err, size
   }
   if (in->attn_servers > 0 && in->attn_servers >= in->world_size) {
     snprintf(err, errlen,
-             "LOOM_ATTN_SERVERS=%d leaves no training rank at np %d: use at most %d dedicated "
-             "servers, or 'inplace'",
+             "LOOM_ATTN_SERVERS=%d (dedicated attention servers; a trainer's --attn-servers sets "
+             "it) leaves no training rank at np %d: use at most %d dedicated servers, or 'inplace'",
              in->attn_servers, in->world_size, in->world_size - 1);
     return LOOM_ERR_INVALID_ARG;
   }

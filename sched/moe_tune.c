@@ -14,7 +14,8 @@
 #include "sched_internal.h"
 
 static const int grid[] = {1, 2, 4, 8};
-#define NGRID ((int)(sizeof grid / sizeof grid[0]))
+#define MOE_TUNE_MAX 8 // the largest tile count of the grid: a cache line beyond it is ignored
+#define NGRID        ((int)(sizeof grid / sizeof grid[0]))
 
 static int by_value(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -150,7 +151,8 @@ static int cache_lookup(const loom_ctx_t *ctx, loom_moe_config_t *cfg, int np, i
     if (sscanf(line, "%d %d %lld %lld %d %d %lld %d %d %lf", &e, &k, &h, &ff, &n, &ov, &t, &ch, &sl,
                &ms) != 10 ||
         e != cfg->num_experts || k != cfg->top_k || h != cfg->hidden || ff != cfg->ffn || n != np ||
-        ov != overlap || t < 0 || ch < 1 || ch > 64 || sl < 1 || sl > 64) {
+        ov != overlap || t < 0 || ch < 1 || ch > MOE_TUNE_MAX || sl < 1 || sl > MOE_TUNE_MAX) {
+      // (tiles beyond the tuner's grid: a hand-edited or damaged line, up to 65x slower steps)
       continue;
     }
     double dist = fabs(log((double)t + 1.0) - log((double)tokens + 1.0));

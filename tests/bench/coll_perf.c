@@ -409,7 +409,11 @@ static loom_status_t run_once(const struct opts *o, const loom_group_t *g, enum 
   int64_t scount = c == ALLGATHER ? block : count, rcount = c == REDUCE_SCATTER ? block : count;
   if (o->codec) { // in place on recv: the average keeps the values in range call after call
     (void)send;
-    loom_tensor_wrap(&r, recv, dt, LOOM_DEVICE_HOST, 1, &rcount, "recv");
+    // One name per size: error feedback keeps a residual per name, and a residual has the
+    // length of its tensor (powersgd refused the second size under one name).
+    char name[32];
+    snprintf(name, sizeof name, "recv.%lld", (long long)rcount);
+    loom_tensor_wrap(&r, recv, dt, LOOM_DEVICE_HOST, 1, &rcount, name);
     return loom_compressed_allreduce(g, o->codec, o->scheme, compress_ef, &r, op, compress_seed++,
                                      &compress_sent);
   }
