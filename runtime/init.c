@@ -2,7 +2,6 @@
  * binding, groups; every failure is agreed on by all ranks so none is left hanging. */
 #include "config.h"
 
-#include <ctype.h>
 #include <limits.h>
 #include <stdint.h>
 #include <stdio.h>

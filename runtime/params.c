@@ -124,7 +124,7 @@ static void canonical_text(const struct loom_param_desc *d, const char *text, ch
   if (loom_parse_int_range(text, -2147483647L - 1, 2147483647L, &v) == 0) {
     snprintf(out, size, "%ld", v);
   } else if (!strpbrk(text, "xXnN") && strtod(text, &end) >= 0 && end != text && !*end) {
-    snprintf(out, size, "%.17g", strtod(text, NULL)); // a real number: "1e2", "100.0" -> "100"
+    snprintf(out, size, "%.15g", strtod(text, NULL)); // a real number: "1e2", "100.0" -> "100"
   }
 }
 
