@@ -1546,12 +1546,13 @@ int main(int argc, char **argv) {
         snprintf(capacity, sizeof capacity, "capacity factor %g", o.moe_capacity);
       }
       printf("moe: %d MoE block(s) (%s), %lld experts of inner width %d, top-%d, %s, aux %g, "
-             "overlap %s; %d expert-parallel rank(s) with %lld experts each; %.2fM MoE "
+             "overlap %s; %d expert-parallel rank(s) with %lld %s each; %.2fM MoE "
              "parameters, %.2fM of them multiply each token\n",
              nmoe, blocks, (long long)E, moe_ffn, o.moe_topk, capacity, o.moe_aux,
              o.moe_overlap == LOOM_MOE_OVERLAP_DEFAULT ? loom_tunable(ctx, "LOOM_MOE_OVERLAP")
                                                        : loom_moe_overlap_name(o.moe_overlap),
-             loom_group_size(ep), (long long)E / loom_group_size(ep), (double)moe_params / 1e6,
+             loom_group_size(ep), (long long)E / loom_group_size(ep),
+             E / loom_group_size(ep) == 1 ? "expert" : "experts", (double)moe_params / 1e6,
              (double)moe_active / 1e6);
     }
     printf("data: %d file(s), %lld train documents (%lld tokens, %lld rows), %lld validation "
@@ -1592,8 +1593,8 @@ int main(int argc, char **argv) {
       printf("attn-servers: inplace, balancer tolerance 0.1\n");
     } else if (st.attn) {
       printf("attn-servers: %d dedicated (world ranks %d..%d serve the attention of the %d "
-             "trainers), balancer tolerance 0.1\n",
-             loom_size(ctx) - np, np, loom_size(ctx) - 1, np);
+             "%s), balancer tolerance 0.1\n",
+             loom_size(ctx) - np, np, loom_size(ctx) - 1, np, np == 1 ? "trainer" : "trainers");
     }
     fflush(stdout);
   }
