@@ -511,20 +511,27 @@ static loom_status_t hierarchical(const loom_group_t *g, const loom_compressor_t
     loom_watch_enter(&lw, &h->leaders, &w->d, 1);
     leader = flat(&h->leaders, c, res, t->data, n, seed, 0, 0, sent, &lw);
   }
-  if (h->node.size > 1) {
+  LOOM_CHECK(loom_compress_hier_finish(&h->node, leader, t));
+fail:
+  return status;
+}
+
+loom_status_t loom_compress_hier_finish(const loom_group_t *node, loom_status_t leader,
+                                        loom_tensor_t *t) {
+  loom_status_t status = LOOM_OK;
+  if (node->size > 1) {
     // The leader's outcome first: after a failure there is no result to broadcast, and the
     // node's other ranks must not wait for one (they return the same status).
     int code = (int)leader;
-    LOOM_CHECK_MPI(NULL, MPI_Bcast(&code, 1, MPI_INT, 0, h->node.comm));
-    if (code != LOOM_OK && h->node.rank != 0) {
-      status = loom_error(NULL, (loom_status_t)code,
-                          "compressed allreduce (hierarchical): this node's leader failed in the "
-                          "exchange between nodes (its rank printed why); t holds the node's "
-                          "sum, not the result");
-      goto fail;
+    LOOM_CHECK_MPI(NULL, MPI_Bcast(&code, 1, MPI_INT, 0, node->comm));
+    if (code != LOOM_OK && node->rank != 0) {
+      return loom_error(NULL, (loom_status_t)code,
+                        "compressed allreduce (hierarchical): this node's leader failed in the "
+                        "exchange between nodes (its rank printed why); t holds the node's sum, "
+                        "not the result");
     }
     if (code == LOOM_OK) {
-      LOOM_CHECK(loom_broadcast(&h->node, t, 0));
+      LOOM_CHECK(loom_broadcast(node, t, 0));
     }
   }
   status = leader;

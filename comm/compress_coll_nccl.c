@@ -544,22 +544,7 @@ static loom_status_t hierarchical(const loom_group_t *g, const loom_compressor_t
     loom_watch_enter(&lw, leaders, &w->d, 1);
     led = flat_cuda(leaders, c, LOOM_SCHEME_INDIVISIBLE, ef, t, LOOM_SUM, seed, sent, &lw);
   }
-  if (ns > 1) {
-    // The leader's outcome first, as on the host: no rank waits for a result that never comes.
-    int code = (int)led;
-    LOOM_CHECK_MPI(NULL, MPI_Bcast(&code, 1, MPI_INT, 0, loom_group_comm(node)));
-    if (code != LOOM_OK && !leader) {
-      status = loom_error(NULL, (loom_status_t)code,
-                          "compressed allreduce (hierarchical): this node's leader failed in the "
-                          "exchange between nodes (its rank printed why); t holds the node's "
-                          "sum, not the result");
-      goto fail;
-    }
-    if (code == LOOM_OK) {
-      LOOM_CHECK(loom_broadcast(node, t, 0));
-    }
-  }
-  LOOM_CHECK(led);
+  LOOM_CHECK(loom_compress_hier_finish(node, led, t));
   if (op == LOOM_AVG) {
     LOOM_CHECK(loom_cuda_div(t->data, t->data, n, (float)loom_group_size(g)));
   }

@@ -122,6 +122,11 @@ uint64_t loom_compress_shard_seed(uint64_t seed, int i);
 void loom_compress_shard_range(int64_t len, int np, int i, int64_t *lo, int64_t *cnt);
 // The hierarchical scheme's sub-groups of g (created on first use, collective over g, kept in
 // g): *node, this rank's node; *leaders, the node leaders (node rank 0), usable on those only.
+// The end of a hierarchical compressed allreduce, on every rank of the node: the leader's status
+// (its part between the nodes) broadcast first, then, when it succeeded, the result in t (host
+// or device). Every rank of the node returns the leader's status.
+loom_status_t loom_compress_hier_finish(const loom_group_t *node, loom_status_t leader,
+                                        loom_tensor_t *t);
 loom_status_t loom_compress_hier_groups(const loom_group_t *g, const loom_group_t **node,
                                         const loom_group_t **leaders);
 
