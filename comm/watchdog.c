@@ -333,18 +333,17 @@ void loom_watch_expired(struct loom_watch *w) {
     got[me] = 1;
     int n_in = 0, n_out = 0, n_unknown = 0, n_other = 0;
     char in[1024] = "", out[2048] = "", unknown[512] = "", other[2048] = "";
+    // Collectives name the same tensor on every rank; MoE and attention phases need not
+    // (trainers and dedicated servers pass their own names): there only the operation counts.
+    const int named = w->d.kind >= LOOM_OPK_ALLREDUCE && w->d.kind <= LOOM_OPK_COMPRESSED_ALLREDUCE;
     for (int r = 0; r < np; r++) {
+      slots[r].op[sizeof slots[r].op - 1] = '\0'; // (read from the peers: terminated here)
+      slots[r].name[sizeof slots[r].name - 1] = '\0';
       if (!got[r]) {
         append_rank(unknown, sizeof unknown, g, r, n_unknown++ == 0);
       } else if (slots[r].seq >= w->seq) {
         append_rank(in, sizeof in, g, r, n_in++ == 0);
-        slots[r].op[sizeof slots[r].op - 1] = '\0';
-        slots[r].name[sizeof slots[r].name - 1] = '\0';
-        // The same operation number, another call: the ranks took different paths. Collectives
-        // name the same tensor on every rank; MoE and attention phases need not (trainers and
-        // dedicated servers pass their own names), so there only the operation counts.
-        const int named =
-            w->d.kind >= LOOM_OPK_ALLREDUCE && w->d.kind <= LOOM_OPK_COMPRESSED_ALLREDUCE;
+        // The same operation number, another call: the ranks took different paths.
         if (slots[r].seq == w->seq &&
             (strcmp(slots[r].op, op_name(w->d.kind)) != 0 ||
              (named && strncmp(slots[r].name, w->d.name, sizeof slots[r].name - 1) != 0))) {
@@ -353,8 +352,6 @@ void loom_watch_expired(struct loom_watch *w) {
         }
       } else {
         append_rank(out, sizeof out, g, r, n_out++ == 0);
-        slots[r].op[sizeof slots[r].op - 1] = '\0';
-        slots[r].name[sizeof slots[r].name - 1] = '\0';
         if (slots[r].seq == 0) {
           append(out, sizeof out, " (entered no operation on this group yet)");
         } else {
