@@ -89,8 +89,34 @@ static int split_documents(docs_t *d, const uint8_t *buf, int64_t n) {
   return docs_add(d, buf + doc, n - doc);
 }
 
-static int read_file(docs_t *d, const char *path, char *err, size_t errlen) {
-  struct stat st; // before opening: opening a FIFO would wait for a writer
+// ---- listing files ----------------------------------------------------------------------------
+
+// Every file to read, listed (and checked) before any is read: a file reached twice and a corpus
+// too large are refused before gigabytes are read.
+struct listed_file {
+  dev_t dev;
+  ino_t ino;
+  int64_t size;
+  size_t order; // position in the list: files are read in this order
+  char *path;
+};
+
+typedef struct file_list {
+  struct listed_file *f; // (n)
+  size_t n, cap;
+  int64_t total; // bytes
+} file_list_t;
+
+static void file_list_free(file_list_t *l) {
+  for (size_t i = 0; i < l->n; i++) {
+    free(l->f[i].path);
+  }
+  free(l->f);
+  memset(l, 0, sizeof *l);
+}
+
+static int list_file(file_list_t *l, const char *path, char *err, size_t errlen) {
+  struct stat st; // stat, never open: opening a FIFO would wait for a writer
   if (stat(path, &st) != 0) {
     snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
     return -1;
@@ -109,35 +135,27 @@ static int read_file(docs_t *d, const char *path, char *err, size_t errlen) {
              path, (long long)st.st_size, GPT_MAX_FILE);
     return -1;
   }
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+  if (l->n == l->cap) {
+    size_t cap = l->cap ? 2 * l->cap : 64;
+    struct listed_file *more = realloc(l->f, cap * sizeof *more);
+    if (!more) {
+      snprintf(err, errlen, "out of memory listing %s", path);
+      return -1;
+    }
+    l->f = more;
+    l->cap = cap;
+  }
+  struct listed_file *f = &l->f[l->n];
+  if (!(f->path = strdup(path))) {
+    snprintf(err, errlen, "out of memory listing %s", path);
     return -1;
   }
-  uint8_t *buf = malloc((size_t)st.st_size + 1);
-  size_t got = buf ? fread(buf, 1, (size_t)st.st_size, f) : 0;
-  int bad = !buf || ferror(f) || got != (size_t)st.st_size;
-  fclose(f);
-  if (bad) {
-    snprintf(err, errlen, "reading %s failed%s", path, buf ? "" : ": out of memory");
-    free(buf);
-    return -1;
-  }
-  const uint8_t *nul = memchr(buf, 0, got); // byte 0 is the model's document start
-  if (nul) {
-    snprintf(err, errlen,
-             "%s holds a NUL byte at offset %lld: it looks like a binary file, and "
-             "byte 0 marks where documents start; give text files",
-             path, (long long)(nul - buf));
-    free(buf);
-    return -1;
-  }
-  int rc = split_documents(d, buf, (int64_t)got);
-  free(buf);
-  if (rc) {
-    snprintf(err, errlen, "out of memory reading %s", path);
-  }
-  return rc;
+  f->dev = st.st_dev;
+  f->ino = st.st_ino;
+  f->size = st.st_size;
+  f->order = l->n++;
+  l->total += st.st_size;
+  return 0;
 }
 
 static int ends_with(const char *s, const char *suffix) {
@@ -150,7 +168,7 @@ static int cmp_names(const void *a, const void *b) {
 }
 
 // Every regular file of dir in name order (not hidden, not .dat/.u8).
-static int read_dir(docs_t *d, const char *dir, int *files, char *err, size_t errlen) {
+static int list_dir(file_list_t *l, const char *dir, char *err, size_t errlen) {
   DIR *dh = opendir(dir);
   if (!dh) {
     snprintf(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
@@ -191,13 +209,100 @@ static int read_dir(docs_t *d, const char *dir, int *files, char *err, size_t er
     if (stat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
       continue; // subdirectories (fortunes' "off") and dangling links
     }
-    rc = read_file(d, path, err, errlen);
-    *files += !rc;
+    rc = list_file(l, path, err, errlen);
   }
   for (size_t i = 0; i < n; i++) {
     free(names[i]);
   }
   free(names);
+  return rc;
+}
+
+static int cmp_identity(const void *pa, const void *pb) {
+  const struct listed_file *a = pa, *b = pb;
+  if (a->dev != b->dev) {
+    return a->dev < b->dev ? -1 : 1;
+  }
+  if (a->ino != b->ino) {
+    return a->ino < b->ino ? -1 : 1;
+  }
+  return a->order < b->order ? -1 : (a->order > b->order);
+}
+
+static int cmp_order(const void *pa, const void *pb) {
+  const struct listed_file *a = pa, *b = pb;
+  return a->order < b->order ? -1 : (a->order > b->order);
+}
+
+// -1 with err naming both paths when one file is listed twice (a path repeated, a link to it, or
+// a file inside a directory also given), or when the files sum to over GPT_MAX_CORPUS bytes.
+static int refuse_list(file_list_t *l, char *err, size_t errlen) {
+  int rc = 0;
+  qsort(l->f, l->n, sizeof *l->f, cmp_identity);
+  for (size_t i = 1; i < l->n && !rc; i++) {
+    if (l->f[i].dev == l->f[i - 1].dev && l->f[i].ino == l->f[i - 1].ino) {
+      const char *a = l->f[i - 1].path, *b = l->f[i].path;
+      if (!strcmp(a, b)) {
+        snprintf(err, errlen,
+                 "%s would be read twice, so its documents would count twice: give each file "
+                 "or directory once with --data",
+                 a);
+      } else {
+        snprintf(err, errlen,
+                 "%s is the file %s again (a link, or a file inside a directory also given), so "
+                 "its documents would count twice: give each file or directory once with --data",
+                 b, a);
+      }
+      rc = -1;
+    }
+  }
+  qsort(l->f, l->n, sizeof *l->f, cmp_order);
+  if (!rc && l->total > GPT_MAX_CORPUS) {
+    snprintf(err, errlen,
+             "the corpus holds %lld bytes in %zu files, over the limit of %ld: every rank "
+             "holds all of it; give fewer or smaller files with --data",
+             (long long)l->total, l->n, GPT_MAX_CORPUS);
+    rc = -1;
+  }
+  return rc;
+}
+
+// ---- reading files ----------------------------------------------------------------------------
+
+static int read_file(docs_t *d, const struct listed_file *lf, char *err, size_t errlen) {
+  const char *path = lf->path;
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "cannot open %s: %s", path, strerror(errno));
+    return -1;
+  }
+  // The size listed; a file that grew since is read to that size, one that shrank fails.
+  uint8_t *buf = malloc((size_t)lf->size + 1);
+  size_t got = buf ? fread(buf, 1, (size_t)lf->size, f) : 0;
+  int failed = buf && ferror(f), saved = errno;
+  fclose(f);
+  if (!buf || failed || got != (size_t)lf->size) {
+    snprintf(err, errlen, "reading %s failed: %s", path,
+             !buf     ? "out of memory"
+             : failed ? strerror(saved)
+                      : "it is shorter than when it was listed (it changed while loading)");
+    free(buf);
+    return -1;
+  }
+  const uint8_t *nul = memchr(buf, 0, got); // byte 0 is the model's document start
+  if (nul) {
+    snprintf(err, errlen,
+             "%s holds a NUL byte at offset %lld: it looks like a binary file, and "
+             "byte 0 marks where documents start; give text files",
+             path, (long long)(nul - buf));
+    free(buf);
+    return -1;
+  }
+  int rc = split_documents(d, buf, (int64_t)got);
+  free(buf);
+  if (rc) {
+    snprintf(err, errlen, "out of memory reading %s", path);
+  }
   return rc;
 }
 
@@ -253,6 +358,7 @@ int gpt_corpus_load(const char *const *paths, int npaths, double val_frac, uint6
   memset(c, 0, sizeof *c);
   docs_t d = {0};
   int rc = 0;
+  file_list_t files = {0};
   for (int i = 0; i < npaths && !rc; i++) {
     struct stat st;
     if (stat(paths[i], &st) != 0) {
@@ -266,12 +372,19 @@ int gpt_corpus_load(const char *const *paths, int npaths, double val_frac, uint6
       }
       rc = -1;
     } else if (S_ISDIR(st.st_mode)) {
-      rc = read_dir(&d, paths[i], &c->files, err, errlen);
+      rc = list_dir(&files, paths[i], err, errlen);
     } else {
-      rc = read_file(&d, paths[i], err, errlen);
-      c->files += !rc;
+      rc = list_file(&files, paths[i], err, errlen);
     }
   }
+  if (!rc) {
+    rc = refuse_list(&files, err, errlen);
+  }
+  for (size_t i = 0; i < files.n && !rc; i++) {
+    rc = read_file(&d, &files.f[i], err, errlen);
+    c->files += !rc;
+  }
+  file_list_free(&files);
   if (!rc && d.count < 2) {
     snprintf(err, errlen,
              "the corpus has %lld non-empty document(s); at least 2 are needed (one to train, one "

@@ -11,6 +11,7 @@
 #define GPT_DEFAULT_DATA "/usr/share/games/fortunes" // Debian package fortunes (and -min)
 #define GPT_DOC_START    0                           // token that opens every document
 #define GPT_MAX_FILE     (1L << 30)                  // refuse files larger than 1 GiB
+#define GPT_MAX_CORPUS   (2L << 30)                  // and corpora over 2 GiB (every rank holds it)
 
 // One token stream: documents back to back, each opened by GPT_DOC_START, then a final
 // GPT_DOC_START so that the last byte has a target. Row r (of ctx tokens) reads tokens
@@ -31,8 +32,10 @@ typedef struct gpt_corpus {
 // Read every path (a file, or a directory: its regular files in name order, skipping hidden
 // files and the .dat/.u8 companions of fortune files). Each file is split into documents at
 // lines that hold only "%" (a file without such lines is one document); empty documents are
-// dropped. The documents are shuffled with seed and the last val_frac of them (at least one)
-// form the validation stream. Returns 0, or -1 with one line in err naming the file, the
+// dropped. Every file is listed before any is read: a file reached twice (the same path, a link,
+// or a file inside a directory also given) and files over GPT_MAX_CORPUS bytes are refused. The
+// documents are shuffled with seed and the last val_frac of them (at least one) form the
+// validation stream. Returns 0, or -1 with one line in err naming the file, the
 // problem and the fix (a missing default corpus names the Debian package).
 int gpt_corpus_load(const char *const *paths, int npaths, double val_frac, uint64_t seed,
                     gpt_corpus_t *c, char *err, size_t errlen);

@@ -110,6 +110,36 @@ static void test_load_dir_and_errors(void) {
   const char *pipe_path[1] = {fifo};
   CHECK(gpt_corpus_load(pipe_path, 1, 0.1, 1, &c, err, sizeof err) != 0, "a FIFO loaded");
   CHECK(strstr(err, "not a regular file"), "unclear error: %s", err);
+
+  // One file reached twice (repeated, through a link, or inside a directory also given): refused,
+  // naming both paths, since its documents would count twice.
+  char a[600], link_a[600];
+  snprintf(a, sizeof a, "%s/a", dir);
+  snprintf(link_a, sizeof link_a, "%s/link_a", tmpdir);
+  CHECK(symlink(a, link_a) == 0, "symlink %s", link_a);
+  const char *twice[][2] = {{one, one}, {dir, a}, {a, link_a}};
+  for (int i = 0; i < 3; i++) {
+    CHECK(gpt_corpus_load(twice[i], 2, 0.1, 1, &c, err, sizeof err) != 0, "case %d loaded", i);
+    CHECK(strstr(err, twice[i][1]) && strstr(err, "count twice") && strstr(err, "once"),
+          "case %d: unclear error: %s", i, err);
+  }
+  // A corpus over GPT_MAX_CORPUS (sparse files of 1 GiB each, under the per-file limit): refused
+  // before any file is read (reading them would find NUL bytes first).
+  char big[3][512];
+  const char *bigs[3];
+  for (int i = 0; i < 3; i++) {
+    snprintf(big[i], sizeof big[i], "%s/big%d", tmpdir, i);
+    FILE *f = fopen(big[i], "wb");
+    CHECK(f && ftruncate(fileno(f), GPT_MAX_FILE) == 0 && fclose(f) == 0, "sparse %s", big[i]);
+    bigs[i] = big[i];
+  }
+  const char *with_one[4] = {one, bigs[0], bigs[1], bigs[2]};
+  CHECK(gpt_corpus_load(with_one, 4, 0.1, 1, &c, err, sizeof err) != 0, "a huge corpus loaded");
+  CHECK(strstr(err, "over the limit") && strstr(err, "in 4 files") && strstr(err, "every rank"),
+        "unclear error: %s", err);
+  for (int i = 0; i < 3; i++) {
+    unlink(big[i]);
+  }
 }
 
 // ---- batches ------------------------------------------------------------------------------------
