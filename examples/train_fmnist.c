@@ -955,6 +955,9 @@ int main(int argc, char **argv) {
     }
   }
   const long first_step = step;
+  if (sched) { // its stats, timeline and failure messages count the steps as this loop does
+    EX_CHECK(loom_sched_set_step(sched, step));
+  }
 
   // ---- train
   int epoch = (int)(step / per_epoch);

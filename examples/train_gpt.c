@@ -1646,6 +1646,9 @@ int main(int argc, char **argv) {
       fflush(stdout);
     }
   }
+  if (sched) { // its stats, timeline and failure messages count the steps as this loop does
+    EX_CHECK(loom_sched_set_step(sched, start));
+  }
 
   // ---- train
   long nonfinite_steps = 0;

@@ -76,7 +76,7 @@ typedef struct loom_sched_opts {
 
 // Per-step statistics, in milliseconds of wall-clock time on this rank.
 typedef struct loom_step_stats {
-  int64_t step;             // index of the step (0 for the first loom_sched_run)
+  int64_t step;             // index of the step (0 for the first run, or loom_sched_set_step's)
   loom_status_t status;     // what loom_sched_run returned
   int tasks_run;            // tasks that ran (all of them unless the step failed)
   double wall_ms;           // loom_sched_run from entry to return
@@ -113,6 +113,11 @@ LOOM_API loom_status_t loom_sched_run(loom_sched_t *s);
 // turn has come, so communication progresses during the task. Only on the thread running
 // loom_sched_run; elsewhere (or outside a run) it does nothing.
 LOOM_API void loom_sched_poll(loom_sched_t *s);
+// Number the next run `step` (the following ones count up from it): a loop that resumed at step
+// k calls it with k before its first run, so that the stats, the timeline and failure messages
+// carry the loop's step numbers. LOOM_ERR_INVALID_ARG for a negative step; LOOM_ERR_STATE from
+// inside a run.
+LOOM_API loom_status_t loom_sched_set_step(loom_sched_t *s, int64_t step);
 // Statistics of the last step (zeros before the first run).
 LOOM_API loom_status_t loom_sched_step_stats(const loom_sched_t *s, loom_step_stats_t *out);
 // Write the events recorded so far to the timeline file, which is then valid JSON (a no-op when

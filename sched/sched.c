@@ -63,6 +63,7 @@ struct loom_sched {
   int next_comm; // index into comm_seq of the next comm task to start
   int remaining, tasks_run;
   loom_status_t failure;
+  char failure_msg[LOOM_ERROR_MAX]; // its message: later tasks clear the thread's error
   int64_t step;
   int64_t comm_since; // when the in-flight comm count last went from 0 to 1
   int64_t compute_ns, comm_ns, worker_ns, exposed_comm_ns, exposed_worker_ns, polls, sleeps;
@@ -459,8 +460,10 @@ static void task_failed(loom_sched_t *s, const struct task *t, loom_status_t st,
     return;
   }
   s->failure = st;
-  loom_error(s->ctx, st, "step %lld: %s task '%s' failed: %s", (long long)s->step,
-             lane_names[t->d.lane], t->name, msg && msg[0] ? msg : loom_strerror(st));
+  snprintf(s->failure_msg, sizeof s->failure_msg, "step %lld: %s task '%s' failed: %s",
+           (long long)s->step, lane_names[t->d.lane], t->name,
+           msg && msg[0] ? msg : loom_strerror(st));
+  loom_error(s->ctx, st, "%s", s->failure_msg);
 }
 
 // Task id finished at t1 (started at t0, on timeline track tid) with status st.
@@ -698,6 +701,9 @@ loom_status_t loom_sched_run(loom_sched_t *s) {
     wait_lanes(s);
   }
   status = s->failure;
+  if (status != LOOM_OK) { // the tasks that ran after the failure cleared the thread's error
+    loom_error_set_quiet(s->failure_msg);
+  }
   if (status == LOOM_OK && s->remaining != 0) {
     status = loom_error(s->ctx, LOOM_ERR_INTERNAL,
                         "loom_sched_run: step %lld ended with %d tasks not run", (long long)s->step,
@@ -748,6 +754,20 @@ fail:
 }
 
 // ---- stats, timeline, teardown ---------------------------------------------------------------
+
+loom_status_t loom_sched_set_step(loom_sched_t *s, int64_t step) {
+  if (!s || step < 0) {
+    return loom_error(s ? s->ctx : NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_sched_set_step: %s; give a scheduler and a step of 0 or more",
+                      s ? "the step is negative" : "the scheduler is NULL");
+  }
+  if (s->running) {
+    return loom_error(s->ctx, LOOM_ERR_STATE,
+                      "loom_sched_set_step: called during loom_sched_run; call it between steps");
+  }
+  s->step = step;
+  return LOOM_OK;
+}
 
 loom_status_t loom_sched_step_stats(const loom_sched_t *s, loom_step_stats_t *out) {
   if (!s || !out) {

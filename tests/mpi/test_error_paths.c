@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../check.h"
@@ -22,6 +23,25 @@ static loom_status_t task_maybe_fail(void *arg) {
     return LOOM_ERR_INVALID_ARG; // a planted failure
   }
   return LOOM_OK;
+}
+
+// Section 3's second graph: rank 1 is late to the allreduce, so on the others it is still in
+// flight when the failing task ends the step (polling it used to clear the failure's message).
+static const loom_group_t *late_group;
+static loom_tensor_t late_t;
+
+static loom_status_t task_late(void *arg) {
+  (void)arg;
+  if (loom_group_rank(late_group) == 1) {
+    struct timespec ts = {0, 100 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  return LOOM_OK;
+}
+
+static loom_status_t start_late_allreduce(void *arg, loom_request_t **req) {
+  (void)arg;
+  return loom_iallreduce(late_group, &late_t, &late_t, LOOM_SUM, req);
 }
 
 // A correct allreduce of ones: every rank must see the group size (the context still works).
@@ -91,6 +111,42 @@ int main(int argc, char **argv) {
         "failing step: %s: %s", loom_strerror(st), loom_last_error(NULL));
   fail_next = 0;
   CHECK(loom_sched_run(s) == LOOM_OK, "the step after a failed one: %s", loom_last_error(NULL));
+  CHECK(loom_sched_destroy(s) == LOOM_OK, "sched destroy");
+  // The failure's message survives the allreduce still in flight, and carries the step number
+  // that loom_sched_set_step gave (a resumed loop's own).
+  float late_v[3] = {1.0f, 1.0f, 1.0f};
+  int64_t n3 = 3;
+  late_group = world;
+  loom_tensor_wrap(&late_t, late_v, LOOM_F32, LOOM_DEVICE_HOST, 1, &n3, "late");
+  CHECK(loom_sched_create(ctx, &so, &s) == LOOM_OK, "sched create");
+  loom_task_desc_t dl = {
+      .name = "late", .lane = LOOM_LANE_COMPUTE, .run = task_late, .priority = 1};
+  loom_task_desc_t da = {.name = "ar", .lane = LOOM_LANE_COMM, .start = start_late_allreduce};
+  int il, ia;
+  CHECK(loom_sched_add(s, &dl, &il) == LOOM_OK && loom_sched_add(s, &da, &ia) == LOOM_OK &&
+            loom_sched_add(s, &d, &id) == LOOM_OK && loom_sched_depend(s, ia, il) == LOOM_OK,
+        "sched add: %s", loom_last_error(NULL));
+  quiet_begin();
+  st = loom_sched_set_step(s, -1);
+  quiet_end();
+  CHECK(st == LOOM_ERR_INVALID_ARG, "set_step -1: %s", loom_strerror(st));
+  CHECK(loom_sched_set_step(s, 41) == LOOM_OK, "set_step: %s", loom_last_error(NULL));
+  fail_next = 1;
+  quiet_begin();
+  st = loom_sched_run(s);
+  quiet_end();
+  fail_next = 0;
+  CHECK(st == LOOM_ERR_INVALID_ARG &&
+            strstr(loom_last_error(NULL), "step 41: compute task 'maybe'"),
+        "failing step with an allreduce in flight: %s: '%s'", loom_strerror(st),
+        loom_last_error(NULL));
+  CHECK(late_v[0] == (float)loom_group_size(world), "the allreduce in flight completed: %g",
+        (double)late_v[0]);
+  loom_step_stats_t ss;
+  CHECK(loom_sched_step_stats(s, &ss) == LOOM_OK && ss.step == 41, "stats step %lld",
+        (long long)ss.step);
+  CHECK(loom_sched_run(s) == LOOM_OK && loom_sched_step_stats(s, &ss) == LOOM_OK && ss.step == 42,
+        "the next step is 42: %lld", (long long)ss.step);
   CHECK(loom_sched_destroy(s) == LOOM_OK, "sched destroy");
 
   // 4. Fusion and compression: bad calls fail, the objects keep working.
