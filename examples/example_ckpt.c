@@ -304,16 +304,26 @@ static int load_extra(const char *prog, const char *path, int rank, const loom_t
       return -1;
     }
   }
+  for (int k = 0; k < n && is_codec; k++) {
+    if (x[k] < -1 || x[k] >= ncand) {
+      fprintf(stderr,
+              "%s: --resume: rank %d: %s holds codec %d for part %d of its --compress auto "
+              "plan, not one of -1..%d: the file is damaged; resume from an earlier step or "
+              "start afresh\n",
+              prog, rank, path, (int)x[k], k, ncand - 1);
+      return -1;
+    }
+  }
   for (int k = 0; k < n; k++) {
     if (is_codec) {
-      codec[k] = x[k] >= 0 && x[k] < ncand ? x[k] : -1;
+      codec[k] = x[k]; // -1: uncompressed
     } else if (is_scheme) {
       scheme[k] = (loom_scheme_t)x[k];
     } else if (lane) { // the lanes a device plan can give; anything else: the GPU's (0)
       lane[k] = x[k] == LOOM_LANE_WORKER || x[k] == LOOM_PLAN_LANE_GPU ? x[k] : 0;
     }
   }
-  *planned |= !is_lane; // a plan is its codecs and schemes; lanes come with a device one
+  *planned |= is_codec ? 1 : (is_scheme ? 2 : 0); // a plan is its codecs and its schemes
   return 0;
 }
 
@@ -379,6 +389,15 @@ int ex_ckpt_load(const char *prog, const char *dir, const loom_group_t *g, long 
           load_extra(prog, path, rank, &v, ef, codec, scheme, lane, n, ncand, planned) != 0;
   }
   loom_checkpoint_close(ck);
+  if (!bad && (*planned == 1 || *planned == 2)) { // lanes come with a device plan, or not at all
+    fprintf(stderr,
+            "%s: --resume: rank %d: %s holds the %s of a --compress auto plan but not its %s: "
+            "the file is damaged; resume from an earlier step or start afresh\n",
+            prog, rank, path, *planned == 1 ? "codecs" : "schemes",
+            *planned == 1 ? "schemes" : "codecs");
+    bad = 1;
+  }
+  *planned = *planned == 3;
   if (ex_any(g, bad)) {
     return -1;
   }

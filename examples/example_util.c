@@ -320,7 +320,7 @@ int ex_compare_dumps(const char *pa, const char *pb, double rtol) {
   for (size_t i = 0; i < na; i++) {
     double d = fabs((double)a[i] - b[i]);
     double scale = fmax(fmax(fabs(a[i]), fabs(b[i])), rms);
-    double rel = isfinite(d) ? d / scale : INFINITY;
+    double rel = d == 0.0 ? 0.0 : (isfinite(d) ? d / scale : INFINITY); // 0 vs 0: equal
     maxabs = fmax(maxabs, d);
     if (rel > worst || isnan(rel)) {
       worst = rel;

@@ -1067,7 +1067,16 @@ int main(int argc, char **argv) {
       fflush(stdout);
     }
   }
-  double samples_per_s = (double)(step - first_step) * o.batch * np / train_time;
+  // A resume at or past the last step trains nothing: no rate or losses (-1 in the JSON).
+  const int trained = step > first_step;
+  double samples_per_s = trained ? (double)(step - first_step) * o.batch * np / train_time : -1.0;
+  if (!trained) {
+    epoch_loss = test_loss = acc = -1.0f;
+    if (rank == 0) {
+      printf("done: nothing trained (the checkpoint is at step %ld, the run ends at %ld)\n", step,
+             total);
+    }
+  }
   if (use_auto && rank == 0 && planned_steps > 0) {
     ex_auto_report(&plan_auto, planned_wall, planned_steps, 2);
   }
@@ -1116,8 +1125,8 @@ int main(int argc, char **argv) {
                 "\"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s}\n",
                 epoch, step, epoch_loss, test_loss, acc, samples_per_s, train_time, np, o.batch,
                 o.batch * np, o.hidden, o.lr, o.seed, o.no_overlap ? "false" : "true",
-                st.codec ? loom_compressor_name(st.codec) : "none",
-                run_steps > 0 ? sent_sum / (double)run_steps : 0.0, sched_json) < 0) {
+                st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
+                run_steps > 0 ? sent_sum / (double)run_steps : -1.0, sched_json) < 0) {
       fprintf(stderr, "train_fmnist: --json: writing %s failed: %s\n", o.json, strerror(errno));
       rc = 1;
     }

@@ -138,7 +138,8 @@ static void usage(FILE *out) {
       "  --compress SPEC     compress every gradient with SPEC (none, fp16, bf16, int8,\n"
       "                      int8:sr, topk:RATIO, randomk:RATIO, efsign, powersgd:RANK) and\n"
       "                      error feedback, or auto: profile the first steps, then a plan per\n"
-      "                      gradient; with --sync overlap only (default: LOOM_COMPRESS, auto).\n"
+      "                      gradient; with --sync overlap or comm-only (default: LOOM_COMPRESS,\n"
+      "                      auto).\n"
       "                      On --device cuda, LOOM_PLAN_LANE picks what encodes: gpu (the CUDA\n"
       "                      codecs), cpu (the host codecs on a pinned host copy: ByteComp's CPU\n"
       "                      lane) or auto (the plan's lane per gradient; with SPEC the GPU)\n"
@@ -1305,6 +1306,19 @@ int main(int argc, char **argv) {
     const char *tv = loom_tunable(ctx, "LOOM_ATTN_SERVERS");
     o.attn_servers = !tv || !strcmp(tv, "0") ? 0 : !strcmp(tv, "inplace") ? 1 : 2;
     snprintf(o.attn_spec_eff, sizeof o.attn_spec_eff, "%s", tv ? tv : "0");
+    if (o.attn_spec[0] && loom_rank(ctx) == 0) { // the flag was given: say when it lost
+      char flag[24];
+      snprintf(flag, sizeof flag, "%ld", strtol(o.attn_spec, NULL, 10)); // N, canonical
+      const char *given = !strcmp(o.attn_spec, "0")         ? "0"
+                          : !strcmp(o.attn_spec, "inplace") ? "inplace"
+                                                            : flag;
+      if (strcmp(given, o.attn_spec_eff) != 0) {
+        fprintf(stderr,
+                "train_gpt: LOOM_ATTN_SERVERS=%s in the environment wins over --attn-servers %s "
+                "(as for every LOOM_ tunable): unset it to use the flag\n",
+                o.attn_spec_eff, o.attn_spec);
+      }
+    }
     if (o.attn_servers == 2 && o.sync == SYNC_COMM_ONLY) {
       if (loom_rank(ctx) == 0) {
         fprintf(stderr,
@@ -1845,11 +1859,13 @@ int main(int argc, char **argv) {
   servers_release(); // the dedicated servers' loop ends with the training
   // The rate again: on a shared host it drifts, and MFU (against the start's rate) with it. A
   // diagnostic: when it cannot be measured (a device filled by the run) the report goes on.
+  // A resume at or past the last step trains nothing: no rates (-1 in the JSON), no means.
+  const int trained = o.steps > start;
   double end_kernels[2];
-  const double sgemm_end = o.sync == SYNC_COMM_ONLY || !have_mfu
+  const double sgemm_end = o.sync == SYNC_COMM_ONLY || !have_mfu || !trained
                                ? sgemm
                                : measure_sgemm(dp, m.device, o.sgemm_reps, end_kernels);
-  const double run_steps = o.steps > start ? (double)(o.steps - start) : 1.0; // this process's
+  const double run_steps = trained ? (double)(o.steps - start) : 1.0; // this process's
   double tokens_per_s = run_steps * tokens_per_step / (train_time > 0 ? train_time : 1e-9);
   double mfu = tokens_per_s / np * flops_per_token / sgemm;
   // Attention FLOPs actually computed: 4 C per causal pair forward, twice that backward.
@@ -1863,12 +1879,15 @@ int main(int argc, char **argv) {
   double mfu_attn_sampled =
       run_steps * (tokens_per_step / np * flops_per_token + attn_flops) / ref_flops;
   const double sgemm_median = ex_mfu_meter_median(meter);
-  if (o.sync == SYNC_COMM_ONLY || !have_mfu) { // nothing computed, or no rate: -1 in the JSON
+  if (o.sync == SYNC_COMM_ONLY || !have_mfu || !trained) { // nothing computed, or no rate: -1
     mfu = mfu_attn = mfu_sampled = mfu_attn_sampled = -1.0;
+  }
+  if (!trained) {
+    tokens_per_s = last_train_loss = -1.0;
   }
   double n_steps = run_steps;
   char sched_json[320] = "null";
-  if (sched) {
+  if (sched && trained) {
     snprintf(sched_json, sizeof sched_json,
              "{\"wall_ms\": %.4f, \"compute_ms\": %.4f, \"comm_ms\": %.4f, "
              "\"exposed_comm_ms\": %.4f, \"idle_ms\": %.4f}",
@@ -1876,7 +1895,10 @@ int main(int argc, char **argv) {
              sum_stats.comm_ms / n_steps, sum_stats.exposed_comm_ms / n_steps,
              sum_stats.idle_ms / n_steps);
   }
-  if (rank == 0 && o.sync == SYNC_COMM_ONLY) {
+  if (rank == 0 && !trained) {
+    printf("done: nothing trained (the checkpoint is at step %ld, --steps is %ld)\n", start,
+           o.steps);
+  } else if (rank == 0 && o.sync == SYNC_COMM_ONLY) {
     printf("done: %ld steps in %.1f s: %.0f tokens/s, %.1f ms/step (communication only: no loss "
            "or MFU)\n",
            o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps);
@@ -1889,7 +1911,7 @@ int main(int argc, char **argv) {
            "(with attention %.3f), val_loss %.4f\n",
            o.steps, train_time, tokens_per_s, 1e3 * train_time / n_steps, mfu, mfu_attn, val_loss);
   }
-  if (rank == 0 && o.sync != SYNC_COMM_ONLY && have_mfu) { // (--sgemm-reps 0 said so above)
+  if (rank == 0 && o.sync != SYNC_COMM_ONLY && have_mfu && trained) { // (--sgemm-reps 0: above)
     if (sgemm_end > 0.0) {
       printf("sgemm at the end: %.1f GFLOP/s per rank (%+.1f%% against the start; MFU uses the "
              "start's rate)\n",
@@ -1906,7 +1928,7 @@ int main(int argc, char **argv) {
            meter->samples, when, sgemm_median / 1e9, meter->min / 1e9, meter->max / 1e9,
            mfu_sampled, mfu_attn_sampled);
   }
-  if (rank == 0 && (st.codec || use_auto)) {
+  if (rank == 0 && (st.codec || use_auto) && trained) {
     printf("compression: %s (%s): %.0f bytes sent per rank per step by the compressed "
            "allreduces (uncompressed ring allreduce of everything: %.0f)\n",
            st.codec ? loom_compressor_name(st.codec) : "auto",
@@ -1917,7 +1939,7 @@ int main(int argc, char **argv) {
     ex_auto_report(&plan_auto, planned_wall, planned_steps, 1);
   }
   if (rank == 0) {
-    if (sched) {
+    if (sched && trained) {
       printf("sched: mean per step: wall %.2f ms  compute %.2f ms  comm in flight %.2f ms  exposed "
              "comm %.2f ms  idle %.2f ms\n",
              sum_stats.wall_ms / n_steps, sum_stats.compute_ms / n_steps,
@@ -1961,7 +1983,7 @@ int main(int argc, char **argv) {
              "\"attn_kernel_ms_median\": %.3f, \"attn_busy_ms_median\": %.3f}\n",
              o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
              (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active),
-             tokens_per_s, 1e3 * train_time / n_steps, last_train_loss,
+             tokens_per_s, trained ? 1e3 * train_time / n_steps : -1.0, last_train_loss,
              isfinite(val_loss) ? val_loss : -1.0, corpus.unigram_entropy, mfu, mfu_attn,
              mfu_sampled, mfu_attn_sampled, have_mfu ? meter->samples : 0,
              have_mfu ? sgemm_median / 1e9 : -1.0, have_mfu ? sgemm / 1e9 : -1.0,
@@ -1969,7 +1991,7 @@ int main(int argc, char **argv) {
              have_mfu && sgemm_end > 0 ? sgemm_end / 1e9 : -1.0, loom_blas_threads(ctx), train_time,
              MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
              st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
-             sent_sum / n_steps, sched_json, nmoe ? o.cfg.moe_experts : 0,
+             trained ? sent_sum / n_steps : -1.0, sched_json, nmoe ? o.cfg.moe_experts : 0,
              nmoe ? o.cfg.moe_every : 0, nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0,
              (long long)moe_params, nmoe ? last_aux : 0.0,
              o.attn_servers == 1   ? "inplace"
@@ -1977,8 +1999,10 @@ int main(int argc, char **argv) {
                                    : "off",
              o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0], st.attn_ratio[1],
              o.cuda ? "cuda" : "host", nonfinite_steps, last_rss,
-             1e3 * ex_median(step_times, nstep_times), ex_median(attn_waits, nstep_times),
-             ex_median(attn_kernels, nstep_times), ex_median(attn_busy, nstep_times));
+             trained ? 1e3 * ex_median(step_times, nstep_times) : -1.0,
+             trained ? ex_median(attn_waits, nstep_times) : -1.0,
+             trained ? ex_median(attn_kernels, nstep_times) : -1.0,
+             trained ? ex_median(attn_busy, nstep_times) : -1.0);
     rc |= ex_write_text(o.json, text) != 0;
   }
   free(meter);

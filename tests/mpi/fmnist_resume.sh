@@ -36,10 +36,13 @@ for c in int8 powersgd:2; do
   fi
 done
 # A checkpoint at or past the last step: said so, nothing trained, a clean exit.
-spec past "--hidden 32 --batch 2500 --steps 8 --ckpt $tmp/ck --resume --compress powersgd:2" pass
+spec past "--hidden 32 --batch 2500 --steps 8 --ckpt $tmp/ck --resume --compress powersgd:2 \
+  --json $tmp/past.json" pass
 if grep -q "resume: step 10 .* past the last step (8): nothing left to train" "$tmp/past.log" &&
-  ! grep -q "^epoch" "$tmp/past.log"; then
-  echo "ok: resuming past the end says so and trains nothing"
+  grep -q "^done: nothing trained" "$tmp/past.log" && ! grep -q "^epoch" "$tmp/past.log" &&
+  grep -q '"test_acc": -1.000000, "samples_per_s": -1.0,' "$tmp/past.json" &&
+  ! grep -qi 'nan\|inf' "$tmp/past.json"; then
+  echo "ok: resuming past the end says so, trains nothing and reports no rate (-1)"
 else
   cat "$tmp/past.log"; echo "FAIL: resuming past the end"; fail=1
 fi

@@ -2,7 +2,7 @@
 # gpt_resume.sh — checkpoint and resume are bit-exact: 2N steps straight equal N steps, a SIGKILL
 # of every rank in the middle of step N+k, and a --resume to 2N (np 2, int8 compression with
 # error feedback, so the residuals must survive); a damaged checkpoint, another world size and
-# files whose --compress auto plans differ are refused, not loaded.
+# files whose --compress auto plans differ, or whose plan is damaged, are refused, not loaded.
 set -u
 export LOOM_COMPRESS=none
 . "${srcdir:-.}/tests/mpi/gpt_lib.sh" # $b, $exe, $tmp/corpus, run, run_env, same
@@ -51,6 +51,16 @@ same "8 steps straight equal 4 + SIGKILL mid-step 6 + resume to 8, bitwise" \
 [ -f "$ck/step-00000008/rank-00000.ckpt" ] && [ "$(cat "$ck/latest")" = 8 ] &&
   echo "ok: the resumed run saved step 8" || { echo "FAIL: no checkpoint of step 8"; fail=1; }
 
+# Resumed at the last step: nothing trained, said so, and no rate in the JSON (-1, never NaN).
+run past 2 --ckpt "$ck" --resume --json "$tmp/past.json"
+if grep -q "^done: nothing trained (the checkpoint is at step 8, --steps is 8)" "$tmp/past.log" &&
+  grep -q '"tokens_per_s": -1.0, "step_ms": -1.000,' "$tmp/past.json" &&
+  ! grep -qi 'nan\|inf' "$tmp/past.json"; then
+  echo "ok: a resume at the last step trains nothing and reports no rate"
+else
+  cat "$tmp/past.log" "$tmp/past.json"; echo "FAIL: a resume at the last step"; fail=1
+fi
+
 # A file copied in from another save (rank 1's of step 4 in the folder of step 8) is refused,
 # naming the step it holds: loaded, the replicas would train apart without a word.
 mkdir -p "$tmp/stale" && cp -r "$ck/step-00000004" "$ck/step-00000008" "$ck/latest" "$tmp/stale/" &&
@@ -73,4 +83,19 @@ run_env auto_fast 2 "LOOM_NET_GBPS=10000" --compress auto --ckpt "$tmp/ck_fast" 
 cp "$tmp/ck_fast/step-00000008/rank-00001.ckpt" "$tmp/ck_slow/step-00000008/rank-00001.ckpt"
 refused mixed 2 "--compress auto --steps 10 --ckpt $tmp/ck_slow --resume" \
   "hold different --compress auto plans" "a folder of ranks with different --compress auto plans"
+# A plan whose codec index is out of range, or with its codecs but not its schemes: refused as
+# damaged (the files' CRCs are right: ckpt_edit rewrites them whole).
+edited() { # NAME OP ENTRY [VALUE]: ck_slow's step 8 with both ranks' files edited, in $tmp/NAME
+  rm -rf "$tmp/$1" && cp -r "$tmp/ck_slow" "$tmp/$1" || fail=1
+  for r in 0 1; do
+    f="$tmp/$1/step-00000008/rank-0000$r.ckpt"
+    "$b/tests/mpi/ckpt_edit" "$f" "$f.new" "$2" "$3" ${4:+"$4"} && mv "$f.new" "$f" || fail=1
+  done
+}
+edited ck_codec fill auto.codec 99
+refused bad_codec 2 "--compress auto --steps 10 --ckpt $tmp/ck_codec --resume" \
+  "holds codec 99 for part 0" "a plan with codec 99"
+edited ck_half drop auto.scheme
+refused half_plan 2 "--compress auto --steps 10 --ckpt $tmp/ck_half --resume" \
+  "holds the codecs of a --compress auto plan but not its schemes" "half a plan"
 exit $fail

@@ -420,6 +420,22 @@ static void test_mfu_meter(void) {
   CHECK(ex_mfu_meter_median(&m) == 1.0, "median %g", ex_mfu_meter_median(&m));
 }
 
+// --compare: equal dumps pass, all-zero ones included (0 vs 0 is no relative difference); a
+// changed element or a NaN fails.
+static void test_compare(void) {
+  const float zeros[4] = {0}, one[4] = {0, 0, 1e-3f, 0}, nan[4] = {0, NAN, 0, 0};
+  char pz[600], p1[600], pn[600];
+  write_file("z.bin", (const char *)zeros, sizeof zeros);
+  write_file("one.bin", (const char *)one, sizeof one);
+  write_file("nan.bin", (const char *)nan, sizeof nan);
+  snprintf(pz, sizeof pz, "%s/z.bin", tmpdir);
+  snprintf(p1, sizeof p1, "%s/one.bin", tmpdir);
+  snprintf(pn, sizeof pn, "%s/nan.bin", tmpdir);
+  CHECK(ex_compare_dumps(pz, pz, 1e-5) == 0, "two all-zero dumps differ");
+  CHECK(ex_compare_dumps(pz, p1, 1e-5) == 1, "a changed element passed");
+  CHECK(ex_compare_dumps(pn, pn, 1e-5) == 1, "a NaN passed");
+}
+
 int main(void) {
   snprintf(tmpdir, sizeof tmpdir, "/tmp/test_gpt.XXXXXX");
   if (!mkdtemp(tmpdir)) {
@@ -432,6 +448,7 @@ int main(void) {
   test_gradients();
   test_moe_layout();
   test_mfu_meter();
+  test_compare();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
   if (system(cmd) != 0) {
