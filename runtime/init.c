@@ -228,6 +228,9 @@ loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_
   }
   LOOM_CHECK(agree(ctx, status));
   LOOM_CHECK(agree(ctx, check_uniform(ctx)));
+  if (ctx->rank == 0) { // (rank 0's environment: one report, not one per rank)
+    loom_params_warn_unknown_env();
+  }
   log_settings(&ctx->params);
   if (ctx->thread_level < MPI_THREAD_MULTIPLE) {
     LOOM_INFO(LOOM_SUB_INIT, "MPI granted thread level %d (MPI_THREAD_MULTIPLE is %d)",

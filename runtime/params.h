@@ -108,6 +108,11 @@ extern const struct loom_param_desc loom_param_table[LOOM_P_COUNT];
 // returns LOOM_ERR_INVALID_ARG with a message naming the variable and its valid values.
 loom_status_t loom_params_resolve(const loom_config_t *cfg, struct loom_params *out);
 
+// Log one warning per LOOM_ variable of the environment that is neither a tunable nor one of
+// the few other names loom and its tools read (a misspelling, with the closest tunable named).
+// Returns how many there were.
+int loom_params_warn_unknown_env(void);
+
 // Parsers used by the table (also unit-tested directly).
 int loom_parse_int_range(const char *text, long min, long max, long *value);
 int loom_parse_subsys_list(const char *text, unsigned *mask, char *err, size_t errlen);

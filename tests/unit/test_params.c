@@ -2,8 +2,10 @@
  * of bad values with a message that names the variable and its valid values. */
 #include "config.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../check.h"
 #include "comm_internal.h"
@@ -193,5 +195,39 @@ int main(void) {
   char err[128];
   CHECK(loom_parse_subsys_list("all", &mask, err, sizeof err) == 0 && mask == LOOM_SUB_ALL, "all");
   CHECK(loom_parse_subsys_list("INIT,,TOPO", &mask, err, sizeof err) != 0, "empty item");
+  // LOOM_ variables loom does not read: one warning each, naming the closest tunable; tunables
+  // and the few other names loom and its tools read are not reported.
+  char logpath[] = "/tmp/test_params_log.XXXXXX";
+  int logfd = mkstemp(logpath);
+  CHECK(logfd >= 0 && loom_log_configure(LOOM_LOG_WARN, LOOM_SUB_ALL, logpath) == 0, "log file");
+  const int before = loom_params_warn_unknown_env();
+  setenv("LOOM_TIMOUT", "3", 1);
+  setenv("LOOM_TIMEOUT", "3", 1);
+  setenv("LOOM_CACHE_DIR", "/tmp", 1);
+  setenv("LOOM_ZZZZZZZZZ", "1", 1);
+  const int after = loom_params_warn_unknown_env();
+  CHECK(after == before + 2, "%d unknown variables, want %d + 2", after, before);
+  loom_log_configure(LOOM_LOG_WARN, LOOM_SUB_ALL, NULL);
+  char logtext[4096] = "";
+  FILE *lf = fopen(logpath, "r");
+  size_t got = lf ? fread(logtext, 1, sizeof logtext - 1, lf) : 0;
+  logtext[got] = '\0';
+  if (lf) {
+    fclose(lf);
+  }
+  CHECK(strstr(logtext, "LOOM_TIMOUT is set but loom has no such variable (did you mean "
+                        "LOOM_TIMEOUT?)") != NULL,
+        "the warning names the closest tunable: %s", logtext);
+  CHECK(strstr(logtext, "LOOM_ZZZZZZZZZ is set but loom has no such variable: it is ignored"),
+        "no suggestion for a name far from every tunable: %s", logtext);
+  CHECK(!strstr(logtext, "LOOM_CACHE_DIR is set"), "LOOM_CACHE_DIR reported: %s", logtext);
+  unsetenv("LOOM_TIMOUT");
+  unsetenv("LOOM_TIMEOUT");
+  unsetenv("LOOM_CACHE_DIR");
+  unsetenv("LOOM_ZZZZZZZZZ");
+  if (logfd >= 0) {
+    close(logfd);
+    unlink(logpath);
+  }
   return check_exit("test_params");
 }
