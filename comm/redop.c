@@ -117,28 +117,39 @@ void loom_reduce_into(loom_dtype_t dtype, loom_redop_t op, void *acc, const void
   }
 }
 
-// ---- user-defined MPI ops for f16/bf16 MAX and MIN --------------------------------------------
+// ---- user-defined MPI ops ---------------------------------------------------------------------
 
-// MPI calls these with inout = in op inout over len elements.
-static void f16_max(void *in, void *inout, int *len, MPI_Datatype *dt) {
-  (void)dt;
-  loom_reduce_into(LOOM_F16, LOOM_MAX, inout, in, *len);
-}
-static void f16_min(void *in, void *inout, int *len, MPI_Datatype *dt) {
-  (void)dt;
-  loom_reduce_into(LOOM_F16, LOOM_MIN, inout, in, *len);
-}
-static void bf16_max(void *in, void *inout, int *len, MPI_Datatype *dt) {
-  (void)dt;
-  loom_reduce_into(LOOM_BF16, LOOM_MAX, inout, in, *len);
-}
-static void bf16_min(void *in, void *inout, int *len, MPI_Datatype *dt) {
-  (void)dt;
-  loom_reduce_into(LOOM_BF16, LOOM_MIN, inout, in, *len);
-}
+// MPI's own ops are not used where they would differ from loom_reduce_into, which the reduce-
+// scatter and fusion paths use, so that every path gives the same bits: f16/bf16 (no MPI type),
+// f32 MAX/MIN (MPI's may drop a NaN, depending on which rank holds it) and int8/uint8 SUM (Open
+// MPI's AVX module saturates long buffers where a short one wraps). MPI calls these with
+// inout = in op inout over len elements.
+#define USER_OP(fn, dtype, op)                                                                     \
+  static void fn(void *in, void *inout, int *len, MPI_Datatype *dt) {                              \
+    (void)dt;                                                                                      \
+    loom_reduce_into(dtype, op, inout, in, *len);                                                  \
+  }
+USER_OP(f16_max, LOOM_F16, LOOM_MAX)
+USER_OP(f16_min, LOOM_F16, LOOM_MIN)
+USER_OP(bf16_max, LOOM_BF16, LOOM_MAX)
+USER_OP(bf16_min, LOOM_BF16, LOOM_MIN)
+USER_OP(f32_max, LOOM_F32, LOOM_MAX)
+USER_OP(f32_min, LOOM_F32, LOOM_MIN)
+USER_OP(i8_sum, LOOM_I8, LOOM_SUM)
+USER_OP(u8_sum, LOOM_U8, LOOM_SUM)
+#undef USER_OP
 
-enum { OP_F16_MAX, OP_F16_MIN, OP_BF16_MAX, OP_BF16_MIN, OP_COUNT };
-static MPI_Op user_ops[OP_COUNT] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+static const struct user_op_desc {
+  loom_dtype_t dtype;
+  loom_redop_t op;
+  MPI_User_function *fn;
+} user_op_table[] = {
+    {LOOM_F16, LOOM_MAX, f16_max},   {LOOM_F16, LOOM_MIN, f16_min}, {LOOM_BF16, LOOM_MAX, bf16_max},
+    {LOOM_BF16, LOOM_MIN, bf16_min}, {LOOM_F32, LOOM_MAX, f32_max}, {LOOM_F32, LOOM_MIN, f32_min},
+    {LOOM_I8, LOOM_SUM, i8_sum},     {LOOM_U8, LOOM_SUM, u8_sum},
+};
+enum { OP_COUNT = sizeof user_op_table / sizeof user_op_table[0] };
+static MPI_Op user_ops[OP_COUNT];
 static int user_ops_rc = MPI_SUCCESS;
 static pthread_once_t user_ops_once = PTHREAD_ONCE_INIT;
 
@@ -155,9 +166,11 @@ static int free_user_ops(MPI_Comm comm, int keyval, void *value, void *extra) {
 }
 
 static void create_user_ops(void) {
-  MPI_User_function *fns[OP_COUNT] = {f16_max, f16_min, bf16_max, bf16_min};
+  for (int i = 0; i < OP_COUNT; i++) {
+    user_ops[i] = MPI_OP_NULL;
+  }
   for (int i = 0; i < OP_COUNT && user_ops_rc == MPI_SUCCESS; i++) {
-    user_ops_rc = MPI_Op_create(fns[i], 1, &user_ops[i]);
+    user_ops_rc = MPI_Op_create(user_op_table[i].fn, 1, &user_ops[i]);
   }
   int keyval = MPI_KEYVAL_INVALID;
   if (user_ops_rc == MPI_SUCCESS) {
@@ -174,7 +187,13 @@ loom_status_t loom_mpi_op(loom_dtype_t dtype, loom_redop_t op, MPI_Op *out) {
     return loom_error(NULL, LOOM_ERR_INTERNAL, "no MPI op for %s on %s", loom_redop_name(op),
                       loom_dtype_name(dtype));
   }
-  if (!half) {
+  int user = -1;
+  for (int i = 0; i < OP_COUNT; i++) {
+    if (user_op_table[i].dtype == dtype && user_op_table[i].op == op) {
+      user = i;
+    }
+  }
+  if (user < 0) {
     *out = op == LOOM_SUM ? MPI_SUM : op == LOOM_MAX ? MPI_MAX : MPI_MIN;
     return LOOM_OK;
   }
@@ -183,9 +202,8 @@ loom_status_t loom_mpi_op(loom_dtype_t dtype, loom_redop_t op, MPI_Op *out) {
     char msg[MPI_MAX_ERROR_STRING];
     int len = 0;
     MPI_Error_string(user_ops_rc, msg, &len);
-    return loom_error(NULL, LOOM_ERR_MPI, "creating the f16/bf16 MPI reduction ops failed: %s",
-                      msg);
+    return loom_error(NULL, LOOM_ERR_MPI, "creating loom's MPI reduction ops failed: %s", msg);
   }
-  *out = user_ops[(dtype == LOOM_BF16 ? 2 : 0) + (op == LOOM_MIN ? 1 : 0)];
+  *out = user_ops[user];
   return LOOM_OK;
 }

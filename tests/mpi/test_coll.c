@@ -1,6 +1,7 @@
 /* test_coll.c — every collective of loom_comm.h at the run's np, on every group this rank is in:
  * all dtypes and ops against references computed locally, odd counts, identity across ranks. */
 #include <limits.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -297,6 +298,61 @@ static void t_identity(const loom_group_t *g, loom_dtype_t dt, loom_redop_t op, 
   free(all);
   free(want);
   loom_tensor_free(&t);
+}
+
+// Every path gives loom_reduce_into's bits, whatever MPI's own ops would do: int8/uint8 sums
+// wrap at any length (Open MPI's AVX op saturates long buffers), in allreduce and reduce-scatter
+// alike, and an f32 NaN survives MAX and MIN whichever rank holds it.
+static void t_edge_values(const loom_group_t *g) {
+  const int n = loom_group_size(g), me = loom_group_rank(g);
+  const int64_t counts[] = {2, 64, 1000};
+  for (int c = 0; c < 3; c++) {
+    const int64_t count = counts[c];
+    for (int u = 0; u < 2; u++) {
+      loom_dtype_t dt = u ? LOOM_U8 : LOOM_I8;
+      loom_tensor_t t = mk(dt, count, "wrap"), rs = mk(dt, count, "wrap.rs");
+      const uint8_t x = u ? 200 : 100; // the same on every rank: the sum wraps at n >= 2
+      memset(t.data, x, (size_t)count);
+      memset(rs.data, x, (size_t)count);
+      const uint8_t want = (uint8_t)(x * n);
+      OK(loom_allreduce(g, &t, &t, LOOM_SUM));
+      int64_t bad = 0;
+      for (int64_t i = 0; i < count; i++) {
+        bad += ((uint8_t *)t.data)[i] != want;
+      }
+      CHECK(bad == 0, "%s sum allreduce of %lld: %lld elements not %u (wrapped)",
+            u ? "uint8" : "int8", (long long)count, (long long)bad, want);
+      const int64_t mine = count / n + (me < count % n ? 1 : 0); // reduce-scatter: its block
+      loom_tensor_t out = mk(dt, mine, "wrap.out");
+      OK(loom_reduce_scatter(g, &rs, &out, NULL, LOOM_SUM));
+      bad = 0;
+      for (int64_t i = 0; i < mine; i++) {
+        bad += ((uint8_t *)out.data)[i] != want;
+      }
+      CHECK(bad == 0, "%s sum reduce-scatter of %lld: %lld elements not %u", u ? "uint8" : "int8",
+            (long long)count, (long long)bad, want);
+      loom_tensor_free(&t);
+      loom_tensor_free(&rs);
+      loom_tensor_free(&out);
+    }
+    for (int op = LOOM_MAX; op <= LOOM_MIN; op++) {
+      for (int holder = 0; holder < n; holder++) {
+        loom_tensor_t t = mk(LOOM_F32, count, "nan");
+        float *v = t.data;
+        for (int64_t i = 0; i < count; i++) {
+          v[i] = me == holder && i % 2 == 0 ? NAN : (float)(me + 1);
+        }
+        OK(loom_allreduce(g, &t, &t, (loom_redop_t)op));
+        int64_t bad = 0;
+        for (int64_t i = 0; i < count; i++) {
+          bad += i % 2 == 0 ? !isnan(v[i]) : v[i] != (float)(op == LOOM_MAX ? n : 1);
+        }
+        CHECK(bad == 0, "f32 %s allreduce of %lld, NaN on rank %d: %lld elements wrong",
+              op_names[op], (long long)count, holder, (long long)bad);
+        loom_tensor_free(&t);
+      }
+    }
+  }
 }
 
 // ---- gathers, broadcast, all-to-all -------------------------------------------------------------
@@ -823,6 +879,7 @@ int main(int argc, char **argv) {
     }
     MPI_Barrier(MPI_COMM_WORLD); // one group kind at a time, for readable failures
   }
+  t_edge_values(loom_group(ctx, LOOM_GROUP_WORLD));
   t_bad_args(ctx);
   device_suite(ctx);
 
