@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctx.h"
 #include "error.h"
 #include "log.h"
 
@@ -20,6 +21,7 @@ loom_request_t *loom_request_new(const char *op) {
     return NULL;
   }
   r->op = op;
+  __atomic_add_fetch(&loom_live_requests, 1, __ATOMIC_RELAXED);
   r->mpi = r->mpi_inline;
   r->cap_mpi = LOOM_REQ_INLINE;
   return r;
@@ -117,6 +119,7 @@ void loom_request_free(loom_request_t *r) {
     free(r->mpi);
   }
   free(r);
+  __atomic_sub_fetch(&loom_live_requests, 1, __ATOMIC_RELAXED);
 }
 
 // ---- progress -----------------------------------------------------------------------------------

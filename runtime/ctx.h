@@ -60,4 +60,8 @@ struct loom_ctx {
   char last_error[LOOM_ERROR_MAX];
 };
 
+// Requests of this process not yet freed (comm/request.c counts them, atomically): loom_finalize
+// refuses while any is in flight, since it would free their communicators under them.
+extern int loom_live_requests;
+
 #endif

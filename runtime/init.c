@@ -182,6 +182,11 @@ static void log_settings(const struct loom_params *p) {
   }
 }
 
+int loom_live_requests;
+// Contexts of this process not yet finalized, and whether the one that initialised MPI was
+// finalized while others were live (then the last one finalizes MPI).
+static int live_contexts, mpi_finalize_owed;
+
 loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_ctx_t **out) {
   loom_status_t status = LOOM_OK;
   loom_ctx_t *ctx = NULL;
@@ -264,6 +269,7 @@ loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_
   LOOM_INFO(LOOM_SUB_INIT, "loom %s rank %d/%d: %s", loom_version(), ctx->rank, ctx->size, where);
   loom_error_clear();
   ctx->last_error[0] = '\0';
+  __atomic_add_fetch(&live_contexts, 1, __ATOMIC_ACQ_REL);
   *out = ctx;
   return LOOM_OK;
 fail:
@@ -280,10 +286,24 @@ loom_status_t loom_finalize(loom_ctx_t *ctx) {
   if (!ctx) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_finalize: ctx is NULL");
   }
+  const int in_flight = __atomic_load_n(&loom_live_requests, __ATOMIC_RELAXED);
+  if (in_flight > 0) {
+    return loom_error(ctx, LOOM_ERR_STATE,
+                      "loom_finalize: %d request(s) of this process are still in flight: "
+                      "loom_wait each one (or loom_test it until done) first; nothing was freed",
+                      in_flight);
+  }
   int owns = ctx->owns_mpi;
   loom_groups_free(ctx);
   loom_topo_destroy(&ctx->topo);
   free(ctx);
+  const int others = __atomic_sub_fetch(&live_contexts, 1, __ATOMIC_ACQ_REL);
+  if (others > 0) { // MPI stays for the contexts still live; the last one finalizes it
+    mpi_finalize_owed |= owns;
+    return LOOM_OK;
+  }
+  owns |= mpi_finalize_owed;
+  mpi_finalize_owed = 0;
   loom_log_set_rank(-1);
   loom_log_close();
   if (owns) {

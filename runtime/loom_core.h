@@ -38,8 +38,10 @@ typedef struct loom_ctx loom_ctx_t;
 
 // Short description of a status code ("invalid argument").
 LOOM_API const char *loom_strerror(loom_status_t status);
-// The last error message recorded on ctx, or on this thread when ctx is NULL (use that after a
-// failed loom_init). It names what failed and what to do. Empty string when there is none.
+// The last error message recorded on this thread (every failing call records its message
+// there, collectives included); when there is none, the last one recorded on ctx (ctx may be
+// NULL, as after a failed loom_init). It names what failed and what to do. Empty string when
+// there is none.
 LOOM_API const char *loom_last_error(const loom_ctx_t *ctx);
 // The library's version string; compare with LOOM_VERSION_STRING.
 LOOM_API const char *loom_version(void);
@@ -96,6 +98,9 @@ LOOM_API loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *c
                                  loom_ctx_t **ctx);
 // Frees ctx and finalizes MPI if loom_init initialised it. Every rank must call it: MPI's
 // finalize waits for the others, so a rank that stops alone after an error hangs the job there.
+// With several contexts live (a later loom_init adopts the running MPI), MPI is finalized with
+// the last of them. LOOM_ERR_STATE, freeing nothing, while a request of this process is in
+// flight: loom_wait it first.
 LOOM_API loom_status_t loom_finalize(loom_ctx_t *ctx);
 // Ends every process of the job with exit code `code` (1..255; anything else is 1), after
 // logging why (NULL: loom_last_error) with this rank: for an error one rank meets while its

@@ -37,7 +37,7 @@ const char *loom_strerror(loom_status_t status) {
 }
 
 const char *loom_last_error(const loom_ctx_t *ctx) {
-  return ctx ? ctx->last_error : thread_last_error;
+  return thread_last_error[0] || !ctx ? thread_last_error : ctx->last_error;
 }
 
 const char *loom_version(void) {

@@ -94,6 +94,8 @@ int main(int argc, char **argv) {
   st = loom_allreduce(world, &ta, &tb, LOOM_SUM);
   quiet_end();
   CHECK(st == LOOM_ERR_INVALID_ARG, "allreduce of 4 into 6: %s", loom_strerror(st));
+  CHECK(strstr(loom_last_error(ctx), "allreduce") != NULL,
+        "loom_last_error(ctx) has the collective's message: '%s'", loom_last_error(ctx));
   check_allreduce_works(world, "a rejected allreduce");
 
   // 3. The scheduler: a failing task ends the step with its error; the next step runs clean.

@@ -1,9 +1,11 @@
 /* test_init.c — loom_init owning MPI: ranks and sizes match MPI, the thread level is recorded,
- * nodes and local ranks are consistent, a second context adopts MPI, finalize ends MPI. */
+ * nodes and local ranks are consistent, a second context adopts MPI, finalize refuses while a
+ * request is in flight, and MPI ends with the last context finalized. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "../check.h"
+#include "../quiet.h"
 #include "loom.h"
 
 int main(int argc, char **argv) {
@@ -42,11 +44,41 @@ int main(int argc, char **argv) {
     CHECK(!finalized, "finalizing the adopting context keeps MPI alive");
   }
   CHECK(loom_finalize(NULL) == LOOM_ERR_INVALID_ARG, "finalize(NULL) rejected");
+
+  // A request in flight: loom_finalize refuses, frees nothing, and the request completes after.
+  const loom_group_t *world = loom_group(ctx, LOOM_GROUP_WORLD);
+  float one = 1.0f;
+  int64_t n1 = 1;
+  loom_tensor_t t;
+  loom_tensor_wrap(&t, &one, LOOM_F32, LOOM_DEVICE_HOST, 1, &n1, "one");
+  loom_request_t *req = NULL;
+  CHECK(loom_iallreduce(world, &t, &t, LOOM_SUM, &req) == LOOM_OK, "iallreduce");
+  quiet_begin();
+  st = loom_finalize(ctx);
+  quiet_end();
+  CHECK(st == LOOM_ERR_STATE && strstr(loom_last_error(NULL), "1 request(s)") &&
+            strstr(loom_last_error(NULL), "loom_wait"),
+        "finalize with a request in flight: %s: %s", loom_strerror(st), loom_last_error(NULL));
+  CHECK(loom_wait(&req) == LOOM_OK && one == (float)size, "the request after: %g", (double)one);
+
+  // The owning context finalized first while another is live: MPI stays up for the other, and
+  // its finalize ends MPI.
+  loom_ctx_t *third = NULL;
+  CHECK(loom_init(NULL, NULL, NULL, &third) == LOOM_OK, "third init");
   int failures = check_failures, any = 0;
   MPI_Allreduce(&failures, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   CHECK(loom_finalize(ctx) == LOOM_OK, "finalize");
   int finalized = 0;
   MPI_Finalized(&finalized);
-  CHECK(finalized, "loom_finalize finalized MPI it owned");
+  CHECK(!finalized, "MPI stays up while another context is live");
+  if (third) {
+    one = 1.0f;
+    CHECK(loom_allreduce(loom_group(third, LOOM_GROUP_WORLD), &t, &t, LOOM_SUM) == LOOM_OK &&
+              one == (float)size,
+          "the other context works after: %g", (double)one);
+    CHECK(loom_finalize(third) == LOOM_OK, "finalize third");
+  }
+  MPI_Finalized(&finalized);
+  CHECK(finalized, "the last context's finalize ended MPI, which the first had initialised");
   return any ? 1 : check_exit("test_init");
 }
