@@ -78,3 +78,24 @@ void loom_cache_append(const char *kind, const char *line) {
               path, strerror(errno));
   }
 }
+
+FILE *loom_cache_open(const char *kind) {
+  char path[1024];
+  if (loom_cache_file(path, sizeof path, kind) != 0) {
+    return NULL;
+  }
+  FILE *f = fopen(path, "r");
+  if (!f || loom_file_regular(f, LOOM_CACHE_MAX_BYTES, NULL) == 0) {
+    return f; // (a cache that cannot be opened is absent, as before the first measurement)
+  }
+  fclose(f);
+  static int warned = 0; // once per process: the runs measure again, nothing else is lost
+  if (!warned++) {
+    LOOM_WARN(LOOM_SUB_COMPRESS,
+              "the measurement cache %s is not a regular file of at most %llu bytes: it is "
+              "ignored (each run measures again); remove it, or set LOOM_CACHE_DIR to another "
+              "folder",
+              path, (unsigned long long)LOOM_CACHE_MAX_BYTES);
+  }
+  return NULL;
+}

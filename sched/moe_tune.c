@@ -132,12 +132,11 @@ fail:
 
 // This rank's cache entry for cfg's shape nearest in tokens (see loom_moe_tuned).
 static int cache_lookup(const loom_ctx_t *ctx, loom_moe_config_t *cfg, int np, int64_t tokens) {
-  char path[1024], line[256];
-  if (!cfg || (cfg->chunks > 0 && cfg->col_slices > 0) ||
-      loom_cache_file(path, sizeof path, "moe-tune") != 0) {
+  char line[256];
+  if (!cfg || (cfg->chunks > 0 && cfg->col_slices > 0)) {
     return 0;
   }
-  FILE *f = fopen(path, "r");
+  FILE *f = loom_cache_open("moe-tune"); // (not a regular file of at most 1 MiB: absent)
   if (!f) {
     return 0;
   }

@@ -155,11 +155,8 @@ static loom_status_t measure_codec(const char *spec, loom_codec_cost_t *out);
 // the payload sizes are recomputed from the codec rather than read (they are not timings).
 
 static int cache_read(const char *spec, loom_codec_cost_t *out) {
-  char path[1024], line[512], name[128];
-  if (loom_cache_file(path, sizeof path, "codec-costs") != 0) {
-    return 0;
-  }
-  FILE *f = fopen(path, "r");
+  char line[512], name[128];
+  FILE *f = loom_cache_open("codec-costs"); // (not a regular file of at most 1 MiB: absent)
   if (!f) {
     return 0;
   }

@@ -1,9 +1,11 @@
-/* sched_internal.h — what the scheduler's files share: the monotonic clock, the ready heap
- * ordered by (priority desc, id asc), and the worker pool (sched/worker.c). Internal. */
+/* sched_internal.h — what the scheduler's files share: the clock, the measurement caches, a
+ * regular-file check for readers, the ready heap and the worker pool (sched/worker.c). Internal. */
 #ifndef LOOM_SCHED_INTERNAL_H
 #define LOOM_SCHED_INTERNAL_H
 
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "loom_core.h"
@@ -28,6 +30,27 @@ static inline int64_t loom_sched_now_ns(void) {
 #include <stddef.h>
 int loom_cache_file(char *path, size_t cap, const char *kind);
 void loom_cache_append(const char *kind, const char *line);
+// The cache file of a kind opened for reading, or NULL when there is none; also NULL when it is
+// not a regular file of at most LOOM_CACHE_MAX_BYTES (one warning per process: the cache is
+// treated as absent, each run measures again).
+#define LOOM_CACHE_MAX_BYTES ((uint64_t)1 << 20)
+FILE *loom_cache_open(const char *kind);
+
+// ---------------------------------------------------------------------------------------------
+// Files read as text or whole: 0 when f is open on a regular file of at most max_bytes (*size,
+// when not NULL, gets its size), else -1. A device such as /dev/zero (an endless run of NUL
+// "lines") or a FIFO never ends a read loop: readers check this after fopen.
+static inline int loom_file_regular(FILE *f, uint64_t max_bytes, uint64_t *size) {
+  struct stat sb;
+  if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size < 0 ||
+      (uint64_t)sb.st_size > max_bytes) {
+    return -1;
+  }
+  if (size) {
+    *size = (uint64_t)sb.st_size;
+  }
+  return 0;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Ready heap: a binary heap with a fixed capacity; the top is the highest priority, then the

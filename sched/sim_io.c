@@ -9,12 +9,15 @@
 #include <string.h>
 
 #include "error.h"
+#include "sched_internal.h"
 
 // Limits on what a profile may hold (a damaged count must not become a huge allocation).
 #define SIM_MAX_TENSORS 100000
 #define SIM_MAX_CODECS  64
 #define SIM_MAX_DOCS    1000000
-#define SIM_LINE_MAX    65536 // a batch of documents is one line
+#define SIM_LINE_MAX    65536               // a batch of documents is one line
+#define SIM_PROFILE_MAX ((uint64_t)1 << 28) // bytes: far above the counts' limits as text
+#define SIM_CLUSTER_MAX ((uint64_t)1 << 20) // bytes: a cluster is a few lines
 
 // The format, one record per line (numbers in C locale, names without spaces):
 //   loom-profile 1
@@ -331,6 +334,13 @@ loom_status_t loom_sim_profile_load(const char *path, loom_sim_profile_t *p) {
                       "cannot read the profile %s: %s (record one with train_gpt --profile FILE)",
                       path, strerror(errno));
   }
+  if (loom_file_regular(f, SIM_PROFILE_MAX, NULL) != 0) {
+    fclose(f);
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "the profile %s is not a regular file of at most 256 MiB: pass the file "
+                      "that train_gpt --profile FILE wrote",
+                      path);
+  }
   char *line = malloc(SIM_LINE_MAX);
   if (!line) {
     fclose(f);
@@ -409,6 +419,13 @@ loom_status_t loom_sim_cluster_load(const char *path, loom_sim_cluster_t *c) {
   if (!f) {
     return loom_error(NULL, LOOM_ERR_SYSTEM, "cannot read the cluster file %s: %s", path,
                       strerror(errno));
+  }
+  if (loom_file_regular(f, SIM_CLUSTER_MAX, NULL) != 0) {
+    fclose(f);
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "the cluster file %s is not a regular file of at most 1 MiB: pass a text "
+                      "file of a few lines (see loom_sim --help for the format)",
+                      path);
   }
   char line[4096];
   reader_t r = {.path = path, .code = LOOM_ERR_INVALID_ARG};

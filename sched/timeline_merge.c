@@ -9,7 +9,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "sched_internal.h"
+
 #define MAX_DEPTH 64
+// An input's bytes at most: an event takes at least 3 of them, so its count stays an int.
+#define MAX_INPUT ((uint64_t)1 << 31)
 
 // ---- a strict JSON reader that remembers where each trace event starts and ends --------------
 
@@ -390,22 +394,17 @@ static int read_file(struct input *in) {
     fprintf(stderr, "loom_timeline_merge: cannot open %s: %s\n", in->path, strerror(errno));
     return -1;
   }
-  size_t cap = 1 << 16;
-  in->buf = malloc(cap);
-  in->len = 0;
-  while (in->buf) {
-    size_t got = fread(in->buf + in->len, 1, cap - in->len, f);
-    in->len += got;
-    if (in->len < cap) {
-      break;
-    }
-    cap *= 2;
-    char *nb = realloc(in->buf, cap);
-    if (!nb) {
-      free(in->buf);
-    }
-    in->buf = nb;
+  uint64_t size = 0;
+  if (loom_file_regular(f, MAX_INPUT, &size) != 0) {
+    fprintf(stderr,
+            "loom_timeline_merge: %s is not a regular file of at most 2 GiB: pass the trace "
+            "files that LOOM_TIMELINE wrote\n",
+            in->path);
+    fclose(f);
+    return -1;
   }
+  in->buf = malloc(size ? (size_t)size : 1);
+  in->len = in->buf ? fread(in->buf, 1, (size_t)size, f) : 0;
   int bad = ferror(f), err = errno;
   fclose(f);
   if (!in->buf || bad) {
@@ -413,7 +412,7 @@ static int read_file(struct input *in) {
             in->buf ? strerror(err) : "out of memory");
     return -1;
   }
-  return 0;
+  return 0; // (a file cut short while read fails to parse, naming the offset)
 }
 
 // Written to PATH.tmp.PID and renamed over PATH at the end: a failed write leaves PATH as it was.

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "../check_mpi.h"
+#include "../quiet.h"
 #include "../testutil.h"
 
 // What is checked, at the np of the spec (the world is the expert-parallel group):
@@ -24,8 +25,8 @@
 // - the token counts add up (sent = kept assignments; received over the group = sent);
 // - a config that differs between ranks, and E not divisible by np, fail on every rank;
 // - the tuning cache: loom_moe_tune (this rank alone) writes an entry that loom_moe_tuned finds
-//   again, damaged lines are ignored, another shape finds nothing, and over the world every
-//   rank takes rank 0's entry.
+//   again, damaged lines are ignored, another shape finds nothing, over the world every rank
+//   takes rank 0's entry, and a cache that is not a regular file (/dev/zero) is absent.
 
 #define OK(call)                                                                                   \
   do {                                                                                             \
@@ -296,6 +297,18 @@ static void test_tuning_cache(loom_ctx_t *ctx, const loom_group_t *world) {
             look.col_slices == want[1],
         "over the world: %d x %d, rank 0 tuned %d x %d", look.chunks, look.col_slices, want[0],
         want[1]);
+  // A cache that is not a regular file (/dev/zero: an endless run of NUL lines, which the
+  // reader once looped over forever) is treated as absent, after one warning.
+  unlink(path);
+  CHECK(symlink("/dev/zero", path) == 0, "symlink %s -> /dev/zero failed", path);
+  quiet_begin();
+  alarm(60); // (a reader that never ends fails the test instead of hanging it)
+  look = cfg;
+  int found = loom_moe_tuned(ctx, NULL, &look, 1, 16);
+  alarm(0);
+  quiet_end();
+  CHECK(found == 0 && look.chunks == 0 && look.col_slices == 0,
+        "/dev/zero as the cache: %d, %d x %d", found, look.chunks, look.col_slices);
   unlink(path);
   rmdir(dir);
   unsetenv("LOOM_CACHE_DIR");

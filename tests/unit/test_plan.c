@@ -838,7 +838,8 @@ static void test_print(void) {
 
 // loom_plan_measure_codec keeps its figures in a per-host, per-build file under LOOM_CACHE_DIR:
 // the second call returns them unchanged; a damaged file (garbage, NaN, negative numbers) is
-// ignored line by line and the compressor measured again; powersgd is unsupported.
+// ignored line by line and the compressor measured again, as is one that is not a regular
+// file; powersgd is unsupported.
 static void test_codec_cache(void) {
   char dir[] = "/tmp/loom-plan-cache-XXXXXX";
   if (!mkdtemp(dir)) {
@@ -877,6 +878,40 @@ static void test_codec_cache(void) {
         "fp16 from the last complete line, sizes recomputed: enc %g us + %g ns, %g bytes/value, "
         "fixed %g",
         c.enc_us, c.enc_ns, c.bytes_per_value, c.fixed_bytes);
+  // A cache that is not a regular file (/dev/zero: an endless run of NUL lines, which the
+  // reader once looped over forever): one warning naming the file and the fix, and the codec
+  // measured as if there were no cache.
+  snprintf(cmd, sizeof cmd,
+           "for f in %s/codec-costs-*; do rm -f \"$f\" && ln -s /dev/zero \"$f\"; done", dir);
+  CHECK(system(cmd) == 0, "could not replace the cache with /dev/zero");
+  char warn[128], said[1024] = "";
+  snprintf(warn, sizeof warn, "%s.warn", dir);
+  fflush(stderr);
+  int saved = dup(STDERR_FILENO), fd = open(warn, O_RDWR | O_CREAT | O_TRUNC, 0600);
+  if (saved >= 0 && fd >= 0) {
+    dup2(fd, STDERR_FILENO);
+  }
+  alarm(120); // (the reader that never ends fails the test instead of hanging it)
+  loom_status_t z1 = loom_plan_measure_codec("fp16", &b);
+  loom_status_t z2 = loom_plan_measure_codec("int8", &c);
+  alarm(0);
+  fflush(stderr);
+  if (saved >= 0) {
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+  }
+  if (fd >= 0) {
+    ssize_t got = pread(fd, said, sizeof said - 1, 0);
+    said[got > 0 ? got : 0] = 0;
+    close(fd);
+  }
+  unlink(warn);
+  CHECK(z1 == LOOM_OK && z2 == LOOM_OK && b.bytes_per_value == 2.0 && isfinite(b.enc_ns),
+        "measure with /dev/zero as the cache: %s", loom_last_error(NULL));
+  const char *w = strstr(said, "is not a regular file");
+  CHECK(w && strstr(said, "codec-costs-") && strstr(said, "LOOM_CACHE_DIR") &&
+            !strstr(w + 1, "is not a regular file"),
+        "one warning naming the cache and the fix, got: %s", said);
   quiet_begin();
   loom_status_t st = loom_plan_measure_codec("powersgd:2", &c);
   loom_status_t bad = loom_plan_measure_codec("fp32", &c);

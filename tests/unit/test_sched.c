@@ -652,6 +652,11 @@ static void test_timeline(void) {
       snprintf(cmd, sizeof cmd, "'%s' -f '%s' '%s' '%s' >'%s' 2>&1", tool, merged, f0, bad, log);
       merge_says(cmd, log, 1, bad, cases[i].offset);
     }
+    // An input that is not a regular file (/dev/zero, which the reader once grew a buffer for
+    // without end): refused at once, naming it.
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s' -f '%s' '%s' /dev/zero >'%s' 2>&1", tool, merged, f0,
+             log);
+    merge_says(cmd, log, 1, "/dev/zero", "is not a regular file");
     snprintf(cmd, sizeof cmd, "'%s' '%s' >'%s' 2>&1", tool, merged, log);
     CHECK(run_cmd(cmd) == 2, "usage error without inputs");
     // An existing output (a glob over the traces makes the first one the output): refused

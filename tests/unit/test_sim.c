@@ -227,6 +227,31 @@ static void test_cluster_file(void) {
   CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG, "unknown key accepted");
   quiet_end();
   CHECK(strstr(loom_last_error(NULL), "nodez") != NULL, "the message does not name the key");
+  // Not a regular file (/dev/zero: an endless run of NUL lines, which the reader once looped
+  // over forever): refused at once, naming the file and the fix, for the profile too.
+  char zero[128];
+  path_of(zero, sizeof zero, "zero.cluster");
+  CHECK(symlink("/dev/zero", zero) == 0, "symlink %s -> /dev/zero failed", zero);
+  quiet_begin();
+  alarm(60); // (a reader that never ends fails the test instead of hanging it)
+  loom_status_t st = loom_sim_cluster_load(zero, &c);
+  alarm(0);
+  quiet_end();
+  CHECK(st == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), zero) &&
+            strstr(loom_last_error(NULL), "not a regular file") &&
+            strstr(loom_last_error(NULL), "loom_sim --help"),
+        "/dev/zero as the cluster: %s", loom_last_error(NULL));
+  loom_sim_profile_t p;
+  quiet_begin();
+  alarm(60);
+  st = loom_sim_profile_load(zero, &p);
+  alarm(0);
+  quiet_end();
+  CHECK(st == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), zero) &&
+            strstr(loom_last_error(NULL), "not a regular file") &&
+            strstr(loom_last_error(NULL), "train_gpt --profile"),
+        "/dev/zero as the profile: %s", loom_last_error(NULL));
+  unlink(zero);
 }
 
 static double step(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks, int grad,
