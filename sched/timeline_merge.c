@@ -14,6 +14,9 @@
 #define MAX_DEPTH 64
 // An input's bytes at most: an event takes at least 3 of them, so its count stays an int.
 #define MAX_INPUT ((uint64_t)1 << 31)
+// The mark a merged file carries, {"traceEvents":[...],"otherData":{"loom_timeline_merge":N}}:
+// -f replaces such a file (or one holding several ranks), never a single rank's trace.
+#define MERGE_MARK "\"loom_timeline_merge\""
 
 // ---- a strict JSON reader that remembers where each trace event starts and ends --------------
 
@@ -29,6 +32,7 @@ struct input {
   int nev, cap;
   long *pids; // distinct pids of the events
   int npids, cpids;
+  int merged; // the file carries this tool's mark (otherData.loom_timeline_merge)
 };
 
 struct parser {
@@ -360,10 +364,15 @@ static int parse_trace(struct parser *p) {
       if (is_events && found) {
         return fail_at(p, "one traceEvents member only");
       }
+      size_t begin = p->pos;
       if (is_events ? parse_events(p) != 0 : parse_value(p, 1, NULL) != 0) {
         return -1;
       }
       found |= is_events;
+      if (klen == 9 && !memcmp(key, "otherData", 9) &&
+          memmem(p->in->buf + begin, p->pos - begin, MERGE_MARK, sizeof MERGE_MARK - 1)) {
+        p->in->merged = 1;
+      }
       skip_ws(p);
       if (peek(p) == ',') {
         p->pos++;
@@ -388,18 +397,23 @@ static int parse_trace(struct parser *p) {
 
 // ---- files -----------------------------------------------------------------------------------
 
-static int read_file(struct input *in) {
+// Reads in->path whole; quiet: say nothing on failure (the existing output is only looked at).
+static int read_file(struct input *in, int quiet) {
   FILE *f = fopen(in->path, "rb");
   if (!f) {
-    fprintf(stderr, "loom_timeline_merge: cannot open %s: %s\n", in->path, strerror(errno));
+    if (!quiet) {
+      fprintf(stderr, "loom_timeline_merge: cannot open %s: %s\n", in->path, strerror(errno));
+    }
     return -1;
   }
   uint64_t size = 0;
   if (loom_file_regular(f, MAX_INPUT, &size) != 0) {
-    fprintf(stderr,
-            "loom_timeline_merge: %s is not a regular file of at most 2 GiB: pass the trace "
-            "files that LOOM_TIMELINE wrote\n",
-            in->path);
+    if (!quiet) {
+      fprintf(stderr,
+              "loom_timeline_merge: %s is not a regular file of at most 2 GiB: pass the trace "
+              "files that LOOM_TIMELINE wrote\n",
+              in->path);
+    }
     fclose(f);
     return -1;
   }
@@ -408,8 +422,10 @@ static int read_file(struct input *in) {
   int bad = ferror(f), err = errno;
   fclose(f);
   if (!in->buf || bad) {
-    fprintf(stderr, "loom_timeline_merge: cannot read %s: %s\n", in->path,
-            in->buf ? strerror(err) : "out of memory");
+    if (!quiet) {
+      fprintf(stderr, "loom_timeline_merge: cannot read %s: %s\n", in->path,
+              in->buf ? strerror(err) : "out of memory");
+    }
     return -1;
   }
   return 0; // (a file cut short while read fails to parse, naming the offset)
@@ -436,7 +452,7 @@ static int write_merged(const char *path, struct input *in, int n) {
       first = 0;
     }
   }
-  fputs("\n]}\n", f);
+  fprintf(f, "\n],\"otherData\":{%s:%d}}\n", MERGE_MARK, n);
   int bad = ferror(f);
   if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
     fprintf(stderr, "loom_timeline_merge: writing %s failed: %s\n", path, strerror(errno));
@@ -456,12 +472,29 @@ static int out_is_input(const char *out, char **inputs, int n) {
     if (stat(inputs[i], &si) == 0 && si.st_dev == so.st_dev && si.st_ino == so.st_ino) {
       fprintf(stderr,
               "loom_timeline_merge: the output %s is also input %d (%s): the merge would "
-              "overwrite that trace; give a new output name first (OUT.json IN0.json ...)\n",
+              "overwrite that trace, -f or not; name a new output first: loom_timeline_merge "
+              "merged.json IN0.json IN1.json ...\n",
               out, i, inputs[i]);
       return 1;
     }
   }
   return 0;
+}
+
+// 1 when the existing file OUT is one rank's trace rather than an earlier merge: a Chrome trace
+// without this tool's mark whose events hold at most one pid. A glob over the traces
+// (loom_timeline_merge trace.*.json) makes rank 0's trace the output: -f must not replace it.
+static int out_is_rank_trace(const char *out) {
+  struct input o = {.path = out};
+  int rank = 0;
+  if (read_file(&o, 1) == 0) {
+    struct parser p = {&o, 0, NULL};
+    rank = parse_trace(&p) == 0 && !o.merged && o.npids <= 1;
+  }
+  free(o.buf);
+  free(o.ev);
+  free(o.pids);
+  return rank;
 }
 
 int main(int argc, char **argv) {
@@ -473,7 +506,8 @@ int main(int argc, char **argv) {
             "usage: loom_timeline_merge [-f] OUT.json IN0.json [IN1.json ...]\n"
             "Merges the per-rank Chrome traces written under LOOM_TIMELINE (one per rank, %%r in\n"
             "the path) into OUT.json for Perfetto or chrome://tracing; each rank is one process.\n"
-            "OUT.json must not exist (-f replaces it) and is never one of the inputs.\n");
+            "OUT.json must not exist (-f replaces an earlier merge), and is never one of the\n"
+            "inputs nor a rank's trace (trace.*.json alone would make rank 0's the output).\n");
     return argc < 3 ? 2 : 0;
   }
   int n = argc - 2, rc = 1;
@@ -487,7 +521,15 @@ int main(int argc, char **argv) {
   if (out_is_input(argv[1], argv + 2, n)) {
     return 2;
   }
-  if (!force && access(argv[1], F_OK) == 0) { // e.g. trace.*.json, whose first trace is OUT
+  if (access(argv[1], F_OK) == 0 && out_is_rank_trace(argv[1])) { // e.g. trace.*.json alone
+    fprintf(stderr,
+            "loom_timeline_merge: the output %s is a rank's trace, not an earlier merge: it is "
+            "never replaced, -f or not (a glob such as trace.*.json alone makes the first trace "
+            "the output); name a new output first: loom_timeline_merge merged.json %s %s%s\n",
+            argv[1], argv[1], argv[2], n > 1 ? " ..." : "");
+    return 2;
+  }
+  if (!force && access(argv[1], F_OK) == 0) { // an earlier merge, or not a trace at all
     fprintf(stderr,
             "loom_timeline_merge: %s exists: name a new output first (OUT.json IN0.json ...), "
             "or pass -f to replace it\n",
@@ -501,7 +543,7 @@ int main(int argc, char **argv) {
   }
   for (int i = 0; i < n; i++) {
     in[i].path = argv[i + 2];
-    if (read_file(&in[i]) != 0) {
+    if (read_file(&in[i], 0) != 0) {
       goto done;
     }
     struct parser p = {&in[i], 0, NULL};

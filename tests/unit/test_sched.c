@@ -659,14 +659,33 @@ static void test_timeline(void) {
     merge_says(cmd, log, 1, "/dev/zero", "is not a regular file");
     snprintf(cmd, sizeof cmd, "'%s' '%s' >'%s' 2>&1", tool, merged, log);
     CHECK(run_cmd(cmd) == 2, "usage error without inputs");
-    // An existing output (a glob over the traces makes the first one the output): refused
-    // without -f, and an option where the output goes is not taken for a file name.
-    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' '%s' >'%s' 2>&1", tool, f0, f1, merged, log);
-    merge_says(cmd, log, 2, "exists", "-f");
+    // An existing output that is an earlier merge: refused without -f, which the message offers;
+    // an option where the output goes is not taken for a file name.
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s' '%s' >'%s' 2>&1", tool, merged, f0, f1, log);
+    merge_says(cmd, log, 2, "exists", "pass -f");
     snprintf(cmd, sizeof cmd, "'%s' --bogus '%s' >'%s' 2>&1", tool, f0, log);
     CHECK(run_cmd(cmd) == 2, "an unknown option is refused");
     snprintf(cmd, sizeof cmd, "'%s' -f '%s' '%s' '%s' >'%s' 2>&1", tool, merged, f0, f1, log);
     CHECK(run_cmd(cmd) == 0, "-f replaces an earlier merge");
+    snprintf(cmd, sizeof cmd, "'%s' -f '%s' '%s' >'%s' 2>&1", tool, merged, f1, log);
+    CHECK(run_cmd(cmd) == 0, "-f replaces an earlier merge (of 2 ranks) with a merge of 1");
+    snprintf(cmd, sizeof cmd, "'%s' -f '%s' '%s' '%s' >'%s' 2>&1", tool, merged, f0, f1, log);
+    CHECK(run_cmd(cmd) == 0, "-f replaces an earlier merge of one rank (it carries the mark)");
+    // A glob over the traces alone (tl_*.json) makes rank 0's trace the output, not an input:
+    // refused with -f or without, the trace kept, and -f is not offered.
+    char *rank0 = slurp(f0);
+    for (int force = 0; force < 2; force++) {
+      snprintf(cmd, sizeof cmd, "'%s' %s '%s' '%s' >'%s' 2>&1", tool, force ? "-f" : "", f0, f1,
+               log);
+      merge_says(cmd, log, 2, "is a rank's trace", "merged.json");
+      char *out = slurp(log);
+      CHECK(out && !strstr(out, "pass -f"), "-f offered where it would destroy a trace: %s",
+            out ? out : "(no output)");
+      free(out);
+    }
+    char *rank0_after = slurp(f0);
+    CHECK(rank0 && rank0_after && !strcmp(rank0, rank0_after), "rank 0's trace is unchanged");
+    free(rank0), free(rank0_after);
     // The output named as one of the inputs (as a glob over the traces does): refused, the
     // trace kept.
     char *before = slurp(f1);
