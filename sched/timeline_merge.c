@@ -497,18 +497,26 @@ static int out_is_rank_trace(const char *out) {
   return rank;
 }
 
+static void usage(FILE *out) {
+  fprintf(out,
+          "usage: loom_timeline_merge [-f] OUT.json IN0.json [IN1.json ...]\n"
+          "Merges the per-rank Chrome traces written under LOOM_TIMELINE (one per rank, %%r in\n"
+          "the path) into OUT.json for Perfetto or chrome://tracing; each rank is one process.\n"
+          "OUT.json must not exist (-f replaces an earlier merge), and is never one of the\n"
+          "inputs nor a rank's trace (trace.*.json alone would make rank 0's the output).\n");
+}
+
 int main(int argc, char **argv) {
   const int force = argc > 1 && (!strcmp(argv[1], "-f") || !strcmp(argv[1], "--force"));
   argc -= force;
   argv += force;
-  if (argc < 3 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
-    fprintf(argc < 3 ? stderr : stdout,
-            "usage: loom_timeline_merge [-f] OUT.json IN0.json [IN1.json ...]\n"
-            "Merges the per-rank Chrome traces written under LOOM_TIMELINE (one per rank, %%r in\n"
-            "the path) into OUT.json for Perfetto or chrome://tracing; each rank is one process.\n"
-            "OUT.json must not exist (-f replaces an earlier merge), and is never one of the\n"
-            "inputs nor a rank's trace (trace.*.json alone would make rank 0's the output).\n");
-    return argc < 3 ? 2 : 0;
+  if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
+    usage(stdout);
+    return 0;
+  }
+  if (argc < 3) {
+    usage(stderr);
+    return 2;
   }
   int n = argc - 2, rc = 1;
   long total = 0;

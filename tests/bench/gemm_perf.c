@@ -130,9 +130,17 @@ int main(int argc, char **argv) {
       i++;
     } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
       json = argv[++i];
+    } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      printf("usage: gemm_perf [-n ITERS (15)] [--width C (256)] [--tokens T (2048)] "
+             "[--json FILE]\n"
+             "loom's AVX2 GEMM against the BLAS's sgemm on one core, on the products of a\n"
+             "train_gpt step of width C and T tokens and on 1024^3; a table of medians.\n");
+      return 0;
+    } else if (num || !strcmp(argv[i], "--json")) {
+      fprintf(stderr, "gemm_perf: %s needs a value; see --help\n", argv[i]);
+      return 2;
     } else {
-      fprintf(stderr, "usage: gemm_perf [-n ITERS (15)] [--width C (256)] [--tokens T (2048)] "
-                      "[--json FILE]\n");
+      fprintf(stderr, "gemm_perf: unknown flag '%s'; see --help\n", argv[i]);
       return 2;
     }
   }

@@ -356,11 +356,17 @@ int main(int argc, char **argv) {
       }
     } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
       o.json = argv[++i];
+    } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+      printf("usage: gpu_attn_perf [-n ITERS] [-w WARMUP] [--json FILE]\n"
+             "  -n ITERS      timed calls per measurement (median), default 10\n"
+             "  -w WARMUP     untimed calls first, default 3\n"
+             "  --json FILE   also write the numbers as JSON\n");
+      return 0;
+    } else if (!strcmp(argv[i], "-n") || !strcmp(argv[i], "-w") || !strcmp(argv[i], "--json")) {
+      fprintf(stderr, "gpu_attn_perf: %s needs a value; see --help\n", argv[i]);
+      return 2;
     } else {
-      fprintf(stderr, "usage: gpu_attn_perf [-n ITERS] [-w WARMUP] [--json FILE]\n"
-                      "  -n ITERS      timed calls per measurement (median), default 10\n"
-                      "  -w WARMUP     untimed calls first, default 3\n"
-                      "  --json FILE   also write the numbers as JSON\n");
+      fprintf(stderr, "gpu_attn_perf: unknown flag '%s'; see --help\n", argv[i]);
       return 2;
     }
   }

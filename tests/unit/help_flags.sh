@@ -1,0 +1,43 @@
+#!/bin/sh
+# help_flags.sh — every program answers --help and -h alike: the usage on stdout, nothing on
+# stderr, exit 0; an unknown flag is named on stderr with exit 2 (no MPI, no GPU needed).
+set -u
+b=${LOOM_BUILDDIR:-.}
+tmp=$(mktemp -d) || exit 99
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+# help PROG ARGS...: usage on stdout only, exit 0
+help() {
+  p=$1
+  shift
+  timeout 60 "$b/$p" "$@" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  if [ $rc -ne 0 ] || ! grep -q 'usage' "$tmp/out" || [ -s "$tmp/err" ]; then
+    echo "FAIL: $p $*: exit $rc (want 0), usage on stdout: $(head -1 "$tmp/out"), stderr: $(head -2 "$tmp/err")"
+    fail=1
+  fi
+}
+# unknown PROG FLAG: exit 2 and a message that names the flag
+unknown() {
+  timeout 60 "$b/$1" "$2" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  if [ $rc -ne 2 ] || ! grep -q -e "'$2'" "$tmp/err"; then
+    echo "FAIL: $1 $2: exit $rc (want 2), stderr: $(head -2 "$tmp/err")"
+    fail=1
+  fi
+}
+progs="loom_info loom_timeline_merge tests/bench/gemm_perf tests/bench/coll_perf"
+[ -x "$b/tests/bench/gpu_attn_perf" ] && progs="$progs tests/bench/gpu_attn_perf" # --with-cuda
+for p in $progs; do
+  [ -x "$b/$p" ] || { echo "FAIL: $b/$p is not built"; fail=1; continue; }
+  help "$p" --help
+  help "$p" -h
+done
+help loom_sim --help
+for p in tests/bench/gemm_perf tests/bench/gpu_attn_perf; do
+  [ -x "$b/$p" ] && unknown "$p" --x
+done
+# (the merge tool's usage with -f first is help too, not an unknown option)
+help loom_timeline_merge -f --help
+[ $fail -eq 0 ] && echo "ok: --help and -h print the usage on stdout and exit 0; unknown flags named"
+exit $fail
