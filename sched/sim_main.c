@@ -60,9 +60,15 @@ static int parse_list_int(const char *s, int *out, int cap, int *n) {
   for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     char *end;
     long v = strtol(tok, &end, 10);
-    if (*end || v < 1 || v > (1L << 24) || *n >= cap) {
-      fprintf(stderr, "loom_sim: --ranks: '%s' is not a rank count in 1..16777216 (at most %d)\n",
+    if (*end || v < 1 || v > (1L << 24)) {
+      fprintf(stderr,
+              "loom_sim: --ranks: '%s' is not a rank count: give a comma list of at most %d rank "
+              "counts, each in 1..16777216\n",
               tok, cap);
+      return -1;
+    }
+    if (*n >= cap) {
+      fprintf(stderr, "loom_sim: --ranks: more than %d rank counts: give at most %d\n", cap, cap);
       return -1;
     }
     out[(*n)++] = (int)v;
@@ -257,6 +263,16 @@ int main(int argc, char **argv) {
   }
   int rc = parse_grad(&o, &p) == 0 ? 0 : 2;
   const long long size = (long long)c.nodes * c.ranks_per_node;
+  for (int k = 0; rc == 0 && k < o.nranks; k++) { // before anything is printed
+    if (o.ranks[k] > size) {
+      fprintf(stderr,
+              "loom_sim: --ranks: %d is more than the %lld ranks of cluster %s (%s: %d nodes x %d "
+              "ranks_per_node): give counts in 1..%lld, or raise nodes or ranks_per_node in the "
+              "cluster file\n",
+              o.ranks[k], size, c.name, o.cluster, c.nodes, c.ranks_per_node, size);
+      rc = 2;
+    }
+  }
   if (!o.nranks) {
     for (long long r = 8; r <= 4096 && r <= size; r *= 2) {
       o.ranks[o.nranks++] = (int)r;

@@ -1,11 +1,12 @@
-/* test_sim.c — loom_sim: the profile file round-trips and its loader rejects damaged bytes,
- * the cluster parser, and the model's invariants (one rank, links, overlap modes, servers). */
+/* test_sim.c — loom_sim: the profile file round-trips and its loader rejects damaged bytes, the
+ * cluster parser, the model's invariants (one rank, links, overlap, servers), and --ranks. */
 #include "config.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../check.h"
@@ -421,6 +422,70 @@ static void test_doc_limits(void) {
   quiet_end();
 }
 
+// The loom_sim program's --ranks: a count it cannot use is one line naming the list's form, and
+// counts beyond the cluster are refused before anything is printed, naming the cluster's size
+// (100000 once printed the summary and the table header, then failed with a library log line).
+static void test_ranks_flag(void) {
+  const char *bdir = getenv("LOOM_BUILDDIR");
+  char tool[1024], prof[128], clus[128], out[128], err[128], cmd[2048];
+  snprintf(tool, sizeof tool, "%s/loom_sim", bdir ? bdir : ".");
+  if (access(tool, X_OK) != 0) {
+    CHECK(0, "%s is not built (set LOOM_BUILDDIR)", tool);
+    return;
+  }
+  path_of(prof, sizeof prof, "ranks.profile");
+  path_of(clus, sizeof clus, "ranks.cluster");
+  path_of(out, sizeof out, "ranks.out");
+  path_of(err, sizeof err, "ranks.err");
+  loom_sim_profile_t p;
+  loom_plan_tensor_t t[4];
+  loom_codec_cost_t cd[2];
+  int64_t docs[200];
+  make_profile(&p, t, cd, docs, 0);
+  CHECK(loom_sim_profile_save(prof, &p) == LOOM_OK, "save: %s", loom_last_error(NULL));
+  write_text(clus, "name four\nnodes 2\nranks_per_node 2\ncores_per_node 2\nintra 2 47\n");
+  static const struct {
+    const char *ranks;
+    int status;
+    const char *a, *b; // in the one line on stderr
+  } cases[] = {
+      {"1,2,4", 0, NULL, NULL},
+      {"0", 2, "'0' is not a rank count", "at most 64 rank counts, each in 1..16777216"},
+      {"2,100000", 2, "100000 is more than the 4 ranks of cluster four", "1..4"},
+      {"5", 2, "5 is more than the 4 ranks", "ranks_per_node in the cluster file"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    snprintf(cmd, sizeof cmd,
+             "'%s' --profile '%s' --cluster '%s' --grad none --ranks %s >'%s' 2>'%s'", tool, prof,
+             clus, cases[i].ranks, out, err);
+    int rc = system(cmd);
+    rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+    long olen = 0, elen = 0;
+    char *o = read_all(out, &olen), *e = read_all(err, &elen);
+    if (o) {
+      o[olen] = 0;
+    }
+    if (e) {
+      e[elen] = 0;
+    }
+    CHECK(rc == cases[i].status, "--ranks %s: exit %d, wanted %d (%s)", cases[i].ranks, rc,
+          cases[i].status, e ? e : "");
+    if (cases[i].status == 0) {
+      CHECK(o && strstr(o, "grad=none") && e && elen == 0, "--ranks %s: a table, no error: %s",
+            cases[i].ranks, e ? e : "");
+    } else {
+      const char *nl = e ? strchr(e, '\n') : NULL;
+      CHECK(e && strstr(e, cases[i].a) && strstr(e, cases[i].b) && nl && !nl[1],
+            "--ranks %s: one line naming '%s' and '%s', got: %s", cases[i].ranks, cases[i].a,
+            cases[i].b, e ? e : "");
+      CHECK(o && olen == 0, "--ranks %s: printed before the refusal: %s", cases[i].ranks,
+            o ? o : "");
+    }
+    free(o);
+    free(e);
+  }
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/test_sim.XXXXXX");
   if (!mkdtemp(dir)) {
@@ -431,6 +496,7 @@ int main(void) {
   test_cluster_file();
   test_model();
   test_doc_limits();
+  test_ranks_flag();
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) {
