@@ -60,6 +60,11 @@ struct loom_ctx {
   char last_error[LOOM_ERROR_MAX];
 };
 
+// The scheduler's spin window in microseconds as it applies on this rank: LOOM_SCHED_SPIN_US,
+// except 0 when it was left at its default on a host with more ranks than cores (a rank that
+// spins would take the core from the rank it shares it with). 1 in *forced when that applied.
+int loom_sched_spin_us_effective(const loom_ctx_t *ctx, int *forced);
+
 // Requests of this process not yet freed (comm/request.c counts them, atomically): loom_finalize
 // refuses while any is in flight, since it would free their communicators under them.
 extern int loom_live_requests;

@@ -94,6 +94,14 @@ void loom_print_info(const loom_ctx_t *ctx, FILE *out) {
             d->def[0] ? d->def : "\"\"", ctx ? source_name(ctx->params.source[i]) : "-", d->help,
             d->valid);
   }
+  int forced = 0;
+  if (ctx && loom_sched_spin_us_effective(ctx, &forced) == 0 && forced) {
+    fprintf(out,
+            "  (LOOM_SCHED_SPIN_US: the scheduler uses 0 on this rank, not %s: %d ranks share "
+            "%d cores here, and a spinning rank would take a core from a computing one; set it "
+            "to override)\n",
+            ctx->params.text[LOOM_P_SCHED_SPIN_US], ctx->local_size, ctx->topo.pub.cores);
+  }
 }
 
 // Write text with '|' escaped so that it stays inside one Markdown table cell.

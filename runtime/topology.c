@@ -54,3 +54,9 @@ void loom_topo_destroy(struct loom_topo *t) {
     t->topo = NULL;
   }
 }
+
+int loom_sched_spin_us_effective(const loom_ctx_t *ctx, int *forced) {
+  *forced = ctx->params.source[LOOM_P_SCHED_SPIN_US] == LOOM_SRC_DEFAULT &&
+            ctx->topo.pub.cores > 0 && ctx->local_size > ctx->topo.pub.cores;
+  return *forced ? 0 : ctx->params.sched_spin_us;
+}

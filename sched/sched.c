@@ -120,14 +120,14 @@ loom_status_t loom_sched_create(loom_ctx_t *ctx, const loom_sched_opts_t *opts,
   s->rank = ctx ? ctx->rank : o.rank;
   s->nworkers = o.workers > 0 ? o.workers : 1;
   s->origin_ns = loom_sched_now_ns();
-  s->spin_ns = 1000 * (int64_t)(ctx ? ctx->params.sched_spin_us : LOOM_SCHED_SPIN_US_DEFAULT);
-  s->progress_us = ctx ? ctx->params.sched_progress_us : LOOM_SCHED_PROGRESS_US_DEFAULT;
   // More ranks than cores on this host: a rank that spins takes the core from the rank it shares
   // it with, which is still computing, so waits sleep with backoff from the first poll (unless
   // LOOM_SCHED_SPIN_US was set).
-  if (ctx && ctx->params.source[LOOM_P_SCHED_SPIN_US] == LOOM_SRC_DEFAULT &&
-      ctx->local_size > ctx->topo.pub.cores && ctx->topo.pub.cores > 0) {
-    s->spin_ns = 0;
+  int forced = 0;
+  s->spin_ns = 1000 * (int64_t)(ctx ? loom_sched_spin_us_effective(ctx, &forced)
+                                    : LOOM_SCHED_SPIN_US_DEFAULT);
+  s->progress_us = ctx ? ctx->params.sched_progress_us : LOOM_SCHED_PROGRESS_US_DEFAULT;
+  if (forced) {
     LOOM_INFO(LOOM_SUB_SCHED, "%d ranks on %d cores: the scheduler waits without spinning",
               ctx->local_size, ctx->topo.pub.cores);
   }

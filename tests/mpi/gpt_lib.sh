@@ -48,9 +48,9 @@ same() { # what file-a file-b: bitwise
     fail=1
   fi
 }
-close() { # what file-a file-b: parameters within a relative tolerance
-  if "$exe" --compare "$2" "$3" --rtol 1e-5; then
-    echo "ok: $1 within rtol 1e-5"
+close() { # what file-a file-b [rtol]: parameters within a relative tolerance (default 1e-5)
+  if "$exe" --compare "$2" "$3" --rtol "${4:-1e-5}"; then
+    echo "ok: $1 within rtol ${4:-1e-5}"
   else
     echo "FAIL: $1"
     fail=1

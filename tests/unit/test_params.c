@@ -195,6 +195,22 @@ int main(void) {
   char err[128];
   CHECK(loom_parse_subsys_list("all", &mask, err, sizeof err) == 0 && mask == LOOM_SUB_ALL, "all");
   CHECK(loom_parse_subsys_list("INIT,,TOPO", &mask, err, sizeof err) != 0, "empty item");
+  // The scheduler's spin as it applies: 0 when left at its default with more ranks than cores
+  // on the host (what loom_info says under its table), the value otherwise.
+  static loom_ctx_t sctx; // (large: not on the stack)
+  CHECK(loom_params_resolve(NULL, &sctx.params) == LOOM_OK, "%s", loom_last_error(NULL));
+  sctx.local_size = 3;
+  sctx.topo.pub.cores = 2;
+  int forced = -1;
+  CHECK(loom_sched_spin_us_effective(&sctx, &forced) == 0 && forced == 1, "3 ranks on 2 cores");
+  sctx.local_size = 2;
+  CHECK(loom_sched_spin_us_effective(&sctx, &forced) == 20000 && forced == 0, "2 on 2 cores");
+  sctx.local_size = 3;
+  setenv("LOOM_SCHED_SPIN_US", "500", 1);
+  CHECK(loom_params_resolve(NULL, &sctx.params) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(loom_sched_spin_us_effective(&sctx, &forced) == 500 && forced == 0, "set: it holds");
+  unsetenv("LOOM_SCHED_SPIN_US");
+
   // LOOM_ variables loom does not read: one warning each, naming the closest tunable; tunables
   // and the few other names loom and its tools read are not reported.
   char logpath[] = "/tmp/test_params_log.XXXXXX";
