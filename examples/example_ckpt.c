@@ -294,23 +294,14 @@ static int load_extra(const char *prog, const char *path, int rank, const loom_t
     return -1;
   }
   const int32_t *x = v->data;
-  for (int k = 0; k < n && is_scheme; k++) {
-    if (x[k] < 0 || x[k] >= LOOM_SCHEME_COUNT) {
+  const int lo = is_scheme ? 0 : -1, hi = is_scheme ? LOOM_SCHEME_COUNT - 1 : ncand - 1;
+  for (int k = 0; k < n && !is_lane; k++) { // codecs: -1 (uncompressed) or a candidate
+    if (x[k] < lo || x[k] > hi) {
       fprintf(stderr,
-              "%s: --resume: rank %d: %s holds scheme %d for part %d of its --compress auto "
-              "plan, not one of 0..%d: the file is damaged; resume from an earlier step or "
+              "%s: --resume: rank %d: %s holds %s %d for part %d of its --compress auto "
+              "plan, not one of %d..%d: the file is damaged; resume from an earlier step or "
               "start afresh\n",
-              prog, rank, path, (int)x[k], k, LOOM_SCHEME_COUNT - 1);
-      return -1;
-    }
-  }
-  for (int k = 0; k < n && is_codec; k++) {
-    if (x[k] < -1 || x[k] >= ncand) {
-      fprintf(stderr,
-              "%s: --resume: rank %d: %s holds codec %d for part %d of its --compress auto "
-              "plan, not one of -1..%d: the file is damaged; resume from an earlier step or "
-              "start afresh\n",
-              prog, rank, path, (int)x[k], k, ncand - 1);
+              prog, rank, path, is_scheme ? "scheme" : "codec", (int)x[k], k, lo, hi);
       return -1;
     }
   }
