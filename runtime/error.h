@@ -27,6 +27,9 @@ loom_status_t loom_error_at(loom_ctx_t *ctx, loom_status_t status, const char *f
 
 // Clear the thread's last error (loom_init does this on entry).
 void loom_error_clear(void);
+// While on (1), errors are recorded on this thread and ctx but not logged: loom_init's checks,
+// whose failure every rank agrees on and the lowest failing rank alone logs.
+void loom_error_quiet(int on);
 // Record msg as this thread's last error without logging it (a message relayed from a peer).
 void loom_error_set_quiet(const char *msg);
 // Copy the thread's last error into ctx (after init, errors belong to the context).

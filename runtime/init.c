@@ -42,7 +42,9 @@ static loom_status_t agree(loom_ctx_t *ctx, loom_status_t local) {
   snprintf(report.msg, sizeof report.msg, "%s", loom_last_error(NULL));
   MPI_Bcast(&report, (int)sizeof report, MPI_BYTE, first, MPI_COMM_WORLD);
   report.msg[sizeof report.msg - 1] = '\0';
-  if (ctx->rank != first) {
+  if (ctx->rank == first) { // the checks record quietly: one line for the job, not one a rank
+    LOOM_WARN(LOOM_SUB_INIT, "%s: %s", loom_strerror((loom_status_t)report.status), report.msg);
+  } else {
     char msg[LOOM_ERROR_MAX];
     snprintf(msg, sizeof msg, "rank %d: %.990s", first, report.msg);
     snprintf(ctx->last_error, sizeof ctx->last_error, "%s", msg);
@@ -218,6 +220,7 @@ loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_
   LOOM_CHECK_MPI(ctx, MPI_Comm_rank(MPI_COMM_WORLD, &ctx->rank));
   LOOM_CHECK_MPI(ctx, MPI_Comm_size(MPI_COMM_WORLD, &ctx->size));
   loom_log_set_rank(ctx->rank);
+  loom_error_quiet(1); // until the end: agree() logs a failure once, on the lowest failing rank
   if (gethostname(ctx->hostname, sizeof ctx->hostname) != 0) {
     snprintf(ctx->hostname, sizeof ctx->hostname, "unknown");
   }
@@ -269,10 +272,12 @@ loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_
   LOOM_INFO(LOOM_SUB_INIT, "loom %s rank %d/%d: %s", loom_version(), ctx->rank, ctx->size, where);
   loom_error_clear();
   ctx->last_error[0] = '\0';
+  loom_error_quiet(0);
   __atomic_add_fetch(&live_contexts, 1, __ATOMIC_ACQ_REL);
   *out = ctx;
   return LOOM_OK;
 fail:
+  loom_error_quiet(0);
   loom_groups_free(ctx);
   loom_topo_destroy(&ctx->topo);
   if (ctx->owns_mpi) {

@@ -12,6 +12,7 @@
 #include "loom_version.h"
 
 static _Thread_local char thread_last_error[LOOM_ERROR_MAX];
+static _Thread_local int errors_quiet; // loom_error_quiet: record errors without logging them
 
 static const char *const status_text[LOOM_STATUS_COUNT] = {
     [LOOM_OK] = "success",
@@ -55,8 +56,14 @@ loom_status_t loom_error_at(loom_ctx_t *ctx, loom_status_t status, const char *f
   if (ctx) {
     snprintf(ctx->last_error, sizeof ctx->last_error, "%s", msg);
   }
-  loom_log_write(LOOM_LOG_WARN, LOOM_SUB_ALL, file, line, "%s: %s", loom_strerror(status), msg);
+  if (!errors_quiet) {
+    loom_log_write(LOOM_LOG_WARN, LOOM_SUB_ALL, file, line, "%s: %s", loom_strerror(status), msg);
+  }
   return status;
+}
+
+void loom_error_quiet(int on) {
+  errors_quiet = on;
 }
 
 void loom_error_clear(void) {
