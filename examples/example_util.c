@@ -493,3 +493,12 @@ int ex_agree_start(const char *prog, int bad, const char *err, int argc, char **
   free(mine_args);
   return first == INT_MAX ? 0 : 2;
 }
+
+void ex_report_init_failure(const char *prog) {
+  const char *msg = loom_last_error(NULL);
+  int rank = -1, used = 0;
+  if (sscanf(msg, "rank %d: %n", &rank, &used) == 1 && used > 0) {
+    return; // relayed: the rank it came from prints it
+  }
+  fprintf(stderr, "%s: loom_init: %s\n", prog, msg);
+}

@@ -26,6 +26,11 @@ void ex_fatal(const char *file, int line, const char *call, loom_status_t st);
 
 // ---- flags: "--name value" or "--name=value"
 
+// After a failed loom_init: print "PROG: loom_init: MESSAGE" on the rank whose own message it is.
+// Every rank holds the message; the others hold it prefixed "rank N: " (relayed by loom_init), and
+// print nothing, so that the job shows it once.
+void ex_report_init_failure(const char *prog);
+
 // Split argv[*i] into its flag name (copied to flag) and value. Flags listed in switches (NULL
 // terminated) take no value and get *value = NULL; the others take the text after '=' or the
 // next argument (then *i advances). Returns 0, or -1 with a message in err.

@@ -766,7 +766,7 @@ int main(int argc, char **argv) {
 
   loom_ctx_t *ctx = NULL;
   if (loom_init(&argc, &argv, NULL, &ctx) != LOOM_OK) {
-    fprintf(stderr, "train_fmnist: loom_init: %s\n", loom_last_error(NULL));
+    ex_report_init_failure("train_fmnist");
     return 1;
   }
   const loom_group_t *dp = loom_group(ctx, LOOM_GROUP_DP);

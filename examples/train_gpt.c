@@ -1289,7 +1289,7 @@ int main(int argc, char **argv) {
     lc.attn_servers = o.attn_spec;
   }
   if (loom_init(&argc, &argv, &lc, &ctx) != LOOM_OK) {
-    fprintf(stderr, "train_gpt: loom_init: %s\n", loom_last_error(NULL));
+    ex_report_init_failure("train_gpt");
     return 1;
   }
   const loom_group_t *dp = loom_group(ctx, LOOM_GROUP_DP);
