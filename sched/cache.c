@@ -84,11 +84,11 @@ FILE *loom_cache_open(const char *kind) {
   if (loom_cache_file(path, sizeof path, kind) != 0) {
     return NULL;
   }
-  FILE *f = fopen(path, "r");
-  if (!f || loom_file_regular(f, LOOM_CACHE_MAX_BYTES, NULL) == 0) {
+  int not_regular = 0;
+  FILE *f = loom_fopen_regular(path, "r", LOOM_CACHE_MAX_BYTES, NULL, &not_regular);
+  if (f || !not_regular) {
     return f; // (a cache that cannot be opened is absent, as before the first measurement)
   }
-  fclose(f);
   static int warned = 0; // once per process: the runs measure again, nothing else is lost
   if (!warned++) {
     LOOM_WARN(LOOM_SUB_COMPRESS,

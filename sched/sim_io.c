@@ -328,14 +328,14 @@ loom_status_t loom_sim_profile_load(const char *path, loom_sim_profile_t *p) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_sim_profile_load: path or profile is NULL");
   }
   memset(p, 0, sizeof *p);
-  FILE *f = fopen(path, "r");
-  if (!f) {
+  int not_regular = 0;
+  FILE *f = loom_fopen_regular(path, "r", SIM_PROFILE_MAX, NULL, &not_regular);
+  if (!f && !not_regular) {
     return loom_error(NULL, LOOM_ERR_SYSTEM,
                       "cannot read the profile %s: %s (record one with train_gpt --profile FILE)",
                       path, strerror(errno));
   }
-  if (loom_file_regular(f, SIM_PROFILE_MAX, NULL) != 0) {
-    fclose(f);
+  if (!f) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "the profile %s is not a regular file of at most 256 MiB: pass the file "
                       "that train_gpt --profile FILE wrote",
@@ -415,13 +415,13 @@ loom_status_t loom_sim_cluster_load(const char *path, loom_sim_cluster_t *c) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_sim_cluster_load: path or cluster is NULL");
   }
   memset(c, 0, sizeof *c);
-  FILE *f = fopen(path, "r");
-  if (!f) {
+  int not_regular = 0;
+  FILE *f = loom_fopen_regular(path, "r", SIM_CLUSTER_MAX, NULL, &not_regular);
+  if (!f && !not_regular) {
     return loom_error(NULL, LOOM_ERR_SYSTEM, "cannot read the cluster file %s: %s", path,
                       strerror(errno));
   }
-  if (loom_file_regular(f, SIM_CLUSTER_MAX, NULL) != 0) {
-    fclose(f);
+  if (!f) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "the cluster file %s is not a regular file of at most 1 MiB: pass a text "
                       "file of a few lines (see loom_sim --help for the format)",

@@ -399,22 +399,22 @@ static int parse_trace(struct parser *p) {
 
 // Reads in->path whole; quiet: say nothing on failure (the existing output is only looked at).
 static int read_file(struct input *in, int quiet) {
-  FILE *f = fopen(in->path, "rb");
-  if (!f) {
+  uint64_t size = 0;
+  int not_regular = 0;
+  FILE *f = loom_fopen_regular(in->path, "rb", MAX_INPUT, &size, &not_regular);
+  if (!f && !not_regular) {
     if (!quiet) {
       fprintf(stderr, "loom_timeline_merge: cannot open %s: %s\n", in->path, strerror(errno));
     }
     return -1;
   }
-  uint64_t size = 0;
-  if (loom_file_regular(f, MAX_INPUT, &size) != 0) {
+  if (!f) {
     if (!quiet) {
       fprintf(stderr,
               "loom_timeline_merge: %s is not a regular file of at most 2 GiB: pass the trace "
               "files that LOOM_TIMELINE wrote\n",
               in->path);
     }
-    fclose(f);
     return -1;
   }
   in->buf = malloc(size ? (size_t)size : 1);

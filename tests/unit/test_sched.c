@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../testutil.h"
@@ -657,6 +658,17 @@ static void test_timeline(void) {
     snprintf(cmd, sizeof cmd, "timeout 60 '%s' -f '%s' '%s' /dev/zero >'%s' 2>&1", tool, merged, f0,
              log);
     merge_says(cmd, log, 1, "/dev/zero", "is not a regular file");
+    // A FIFO, as an input or as an existing output: refused at once, never opened (opening it
+    // would wait for a writer).
+    char fifo[600];
+    snprintf(fifo, sizeof fifo, "%s.fifo", merged);
+    CHECK(mkfifo(fifo, 0600) == 0, "mkfifo %s", fifo);
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s' -f '%s' '%s' '%s' >'%s' 2>&1", tool, merged, f0,
+             fifo, log);
+    merge_says(cmd, log, 1, fifo, "is not a regular file");
+    snprintf(cmd, sizeof cmd, "timeout 60 '%s' '%s' '%s' >'%s' 2>&1", tool, fifo, f0, log);
+    merge_says(cmd, log, 2, fifo, "exists");
+    unlink(fifo);
     snprintf(cmd, sizeof cmd, "'%s' '%s' >'%s' 2>&1", tool, merged, log);
     CHECK(run_cmd(cmd) == 2, "usage error without inputs");
     // An existing output that is an earlier merge: refused without -f, which the message offers;

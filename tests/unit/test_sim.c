@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "../check.h"
@@ -253,6 +254,20 @@ static void test_cluster_file(void) {
             strstr(loom_last_error(NULL), "train_gpt --profile"),
         "/dev/zero as the profile: %s", loom_last_error(NULL));
   unlink(zero);
+  // A FIFO: refused before it is opened (opening it would wait for a writer).
+  char fifo[128];
+  path_of(fifo, sizeof fifo, "fifo.cluster");
+  CHECK(mkfifo(fifo, 0600) == 0, "mkfifo %s failed", fifo);
+  quiet_begin();
+  alarm(60);
+  st = loom_sim_cluster_load(fifo, &c);
+  loom_status_t st2 = loom_sim_profile_load(fifo, &p);
+  alarm(0);
+  quiet_end();
+  CHECK(st == LOOM_ERR_INVALID_ARG && st2 == LOOM_ERR_INVALID_ARG &&
+            strstr(loom_last_error(NULL), "not a regular file"),
+        "a FIFO as the cluster and the profile: %s", loom_last_error(NULL));
+  unlink(fifo);
 }
 
 static double step(const loom_sim_profile_t *p, const loom_sim_cluster_t *c, int ranks, int grad,
