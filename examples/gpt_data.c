@@ -249,8 +249,9 @@ static int refuse_list(file_list_t *l, char *err, size_t errlen) {
                  a);
       } else {
         snprintf(err, errlen,
-                 "%s is the file %s again (a link, or a file inside a directory also given), so "
-                 "its documents would count twice: give each file or directory once with --data",
+                 "%s is the file %s again (a link or another name for it, in a directory or "
+                 "on the command line), so its documents would count twice: remove the extra "
+                 "link, or give each file or directory once with --data",
                  b, a);
       }
       rc = -1;

@@ -304,11 +304,12 @@ loom_status_t loom_finalize(loom_ctx_t *ctx) {
   free(ctx);
   const int others = __atomic_sub_fetch(&live_contexts, 1, __ATOMIC_ACQ_REL);
   if (others > 0) { // MPI stays for the contexts still live; the last one finalizes it
-    mpi_finalize_owed |= owns;
+    if (owns) {
+      __atomic_store_n(&mpi_finalize_owed, 1, __ATOMIC_RELEASE);
+    }
     return LOOM_OK;
   }
-  owns |= mpi_finalize_owed;
-  mpi_finalize_owed = 0;
+  owns |= __atomic_exchange_n(&mpi_finalize_owed, 0, __ATOMIC_ACQ_REL);
   loom_log_set_rank(-1);
   loom_log_close();
   if (owns) {
