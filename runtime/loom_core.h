@@ -99,8 +99,9 @@ LOOM_API loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *c
 // Frees ctx and finalizes MPI if loom_init initialised it. Every rank must call it: MPI's
 // finalize waits for the others, so a rank that stops alone after an error hangs the job there.
 // With several contexts live (a later loom_init adopts the running MPI), MPI is finalized with
-// the last of them. LOOM_ERR_STATE, freeing nothing, while a request of this process is in
-// flight: loom_wait it first.
+// the last of them. LOOM_ERR_STATE, freeing nothing, while a request is in flight: loom_wait
+// it first (checked when ctx is the process's only live context: requests are counted per
+// process, and another context's would count too).
 LOOM_API loom_status_t loom_finalize(loom_ctx_t *ctx);
 // Ends every process of the job with exit code `code` (1..255; anything else is 1), after
 // logging why (NULL: loom_last_error) with this rank: for an error one rank meets while its

@@ -60,6 +60,16 @@ int main(int argc, char **argv) {
             strstr(loom_last_error(NULL), "loom_wait"),
         "finalize with a request in flight: %s: %s", loom_strerror(st), loom_last_error(NULL));
   CHECK(loom_wait(&req) == LOOM_OK && one == (float)size, "the request after: %g", (double)one);
+  // With another context live, a request of the first never makes the other's finalize refuse
+  // (a correct program is never refused; requests are counted per process).
+  loom_ctx_t *fourth = NULL;
+  CHECK(loom_init(NULL, NULL, NULL, &fourth) == LOOM_OK, "fourth init");
+  one = 1.0f;
+  CHECK(loom_iallreduce(world, &t, &t, LOOM_SUM, &req) == LOOM_OK, "iallreduce");
+  if (fourth) {
+    CHECK(loom_finalize(fourth) == LOOM_OK, "finalize another context: %s", loom_last_error(NULL));
+  }
+  CHECK(loom_wait(&req) == LOOM_OK && one == (float)size, "the request after: %g", (double)one);
 
   // The owning context finalized first while another is live: MPI stays up for the other, and
   // its finalize ends MPI.
