@@ -66,7 +66,8 @@ struct loom_ctx {
 int loom_sched_spin_us_effective(const loom_ctx_t *ctx, int *forced);
 
 // Requests of this process not yet freed (comm/request.c counts them, atomically): loom_finalize
-// refuses while any is in flight, since it would free their communicators under them.
+// of the only live context refuses while any is in flight, since it would free their
+// communicators and MPI under them.
 extern int loom_live_requests;
 
 #endif

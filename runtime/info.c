@@ -95,7 +95,10 @@ void loom_print_info(const loom_ctx_t *ctx, FILE *out) {
             d->valid);
   }
   int forced = 0;
-  if (ctx && loom_sched_spin_us_effective(ctx, &forced) == 0 && forced) {
+  if (ctx) {
+    loom_sched_spin_us_effective(ctx, &forced);
+  }
+  if (forced) {
     fprintf(out,
             "  (LOOM_SCHED_SPIN_US: the scheduler uses 0 on this rank, not %s: %d ranks share "
             "%d cores here, and a spinning rank would take a core from a computing one; set it "
