@@ -480,7 +480,7 @@ loom_status_t loom_mpi_iallreduce(const loom_group_t *g, const void *send, void 
   size_t es = loom_dtype_size(dtype);
   for (int64_t off = 0; off < count; off += LOOM_MPI_CHUNK) {
     int m = (int)(count - off < LOOM_MPI_CHUNK ? count - off : LOOM_MPI_CHUNK);
-    MPI_Request *slot = loom_request_slot(r);
+    MPI_Request *slot = loom_request_coll_slot(r);
     if (!slot) {
       return LOOM_ERR_NOMEM;
     }
@@ -529,7 +529,7 @@ loom_status_t loom_mpi_iallgatherv(const loom_group_t *g, const void *send, void
   int tag;
   LOOM_CHECK(collective_tags(g, &p2p, &tag, &r->watch));
   if (fits(c64, n)) { // one MPI collective
-    MPI_Request *slot = loom_request_slot(r);
+    MPI_Request *slot = loom_request_coll_slot(r);
     if (!slot) {
       status = LOOM_ERR_NOMEM;
       goto fail;
@@ -572,7 +572,7 @@ loom_status_t loom_mpi_ibroadcast(const loom_group_t *g, void *buf, int64_t coun
   size_t es = loom_dtype_size(dtype);
   for (int64_t off = 0; off < count; off += LOOM_MPI_CHUNK) {
     int m = (int)(count - off < LOOM_MPI_CHUNK ? count - off : LOOM_MPI_CHUNK);
-    MPI_Request *slot = loom_request_slot(r);
+    MPI_Request *slot = loom_request_coll_slot(r);
     if (!slot) {
       return LOOM_ERR_NOMEM;
     }
@@ -608,7 +608,7 @@ loom_status_t loom_mpi_ialltoallv(const loom_group_t *g, const void *send, void 
   // Variable counts differ per rank, so whether they would fit is not known everywhere: they
   // always go point to point (as MPI's own linear alltoallv does).
   if (!send_counts && fits(sc, n)) {
-    MPI_Request *slot = loom_request_slot(r);
+    MPI_Request *slot = loom_request_coll_slot(r);
     if (!slot) {
       status = LOOM_ERR_NOMEM;
       goto fail;

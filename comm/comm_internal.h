@@ -132,8 +132,11 @@ loom_status_t loom_check_alltoallv_counts(struct loom_watch *w, const int64_t *s
 struct loom_request {
   const char *op; // the public function that started it, for messages
   MPI_Request *mpi;
+  MPI_Status *sts; // the stage's statuses (cap_mpi): a failed one names its peer and error
   int nmpi, cap_mpi;
+  int stage_coll; // the stage holds nonblocking collectives: MPI forbids cancelling them
   MPI_Request mpi_inline[LOOM_REQ_INLINE];
+  MPI_Status sts_inline[LOOM_REQ_INLINE];
   // After every request of the stage completed: post the next stage (nmpi > 0 on return, and
   // step set again if there is a stage after it) or finish the result. NULL: nothing to do.
   loom_status_t (*step)(struct loom_request *r);
@@ -162,6 +165,8 @@ void loom_request_free(loom_request_t *r);
 void loom_request_started(loom_request_t *r);
 // A slot for one more MPI request of the current stage (grows the array); NULL on NOMEM.
 MPI_Request *loom_request_slot(loom_request_t *r);
+// The same for a nonblocking collective (on failure its stage is waited for, never cancelled).
+MPI_Request *loom_request_coll_slot(loom_request_t *r);
 // loom_host_alloc(bytes) owned by r (freed with it). bytes == 0 gives NULL and LOOM_OK.
 loom_status_t loom_request_tmp(loom_request_t *r, size_t bytes, void **out);
 // One round of progress from any thread (the scheduler's progress thread): advance every request

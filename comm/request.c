@@ -23,6 +23,7 @@ loom_request_t *loom_request_new(const char *op) {
   r->op = op;
   __atomic_add_fetch(&loom_live_requests, 1, __ATOMIC_RELAXED);
   r->mpi = r->mpi_inline;
+  r->sts = r->sts_inline;
   r->cap_mpi = LOOM_REQ_INLINE;
   return r;
 }
@@ -31,19 +32,29 @@ MPI_Request *loom_request_slot(loom_request_t *r) {
   if (r->nmpi == r->cap_mpi) {
     int cap = r->cap_mpi * 2;
     MPI_Request *m = malloc(sizeof(MPI_Request) * (size_t)cap);
-    if (!m) {
+    MPI_Status *st = malloc(sizeof(MPI_Status) * (size_t)cap);
+    if (!m || !st) {
+      free(m);
+      free(st);
       loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %d MPI requests", r->op, cap);
       return NULL;
     }
     memcpy(m, r->mpi, sizeof(MPI_Request) * (size_t)r->nmpi);
     if (r->mpi != r->mpi_inline) {
       free(r->mpi);
+      free(r->sts);
     }
     r->mpi = m;
+    r->sts = st;
     r->cap_mpi = cap;
   }
   r->mpi[r->nmpi] = MPI_REQUEST_NULL;
   return &r->mpi[r->nmpi++];
+}
+
+MPI_Request *loom_request_coll_slot(loom_request_t *r) {
+  r->stage_coll = 1;
+  return loom_request_slot(r);
 }
 
 loom_status_t loom_request_tmp(loom_request_t *r, size_t bytes, void **out) {
@@ -117,12 +128,61 @@ void loom_request_free(loom_request_t *r) {
   }
   if (r->mpi != r->mpi_inline) {
     free(r->mpi);
+    free(r->sts);
   }
   free(r);
   __atomic_sub_fetch(&loom_live_requests, 1, __ATOMIC_RELAXED);
 }
 
 // ---- progress -----------------------------------------------------------------------------------
+
+// The error of a stage whose MPI_Testall returned rc (the group communicators return errors):
+// the first failed request's status says which. The stage's other requests end before the
+// request does, so that nothing lands in the caller's buffers after it failed: receives and
+// sends are cancelled, collectives (which MPI forbids cancelling, and which every rank posted)
+// are waited for.
+static loom_status_t stage_failed(loom_request_t *r, int rc) {
+  int err = rc, peer = -1, cls = MPI_ERR_OTHER;
+  MPI_Error_class(rc, &cls);
+  for (int i = 0; cls == MPI_ERR_IN_STATUS && i < r->nmpi; i++) {
+    if (r->sts[i].MPI_ERROR != MPI_SUCCESS && r->sts[i].MPI_ERROR != MPI_ERR_PENDING) {
+      err = r->sts[i].MPI_ERROR;
+      peer = r->sts[i].MPI_SOURCE;
+      break;
+    }
+  }
+  if (r->stage_coll) {
+    MPI_Waitall(r->nmpi, r->mpi, MPI_STATUSES_IGNORE);
+  }
+  for (int i = 0; i < r->nmpi; i++) {
+    if (r->mpi[i] != MPI_REQUEST_NULL) {
+      int done = 0;
+      MPI_Cancel(&r->mpi[i]);
+      MPI_Test(&r->mpi[i], &done, MPI_STATUS_IGNORE);
+      if (!done && r->mpi[i] != MPI_REQUEST_NULL) {
+        MPI_Request_free(&r->mpi[i]);
+      }
+    }
+  }
+  r->nmpi = 0;
+  r->stage_coll = 0;
+  char from[48] = "";
+  if (peer >= 0) {
+    snprintf(from, sizeof from, " from rank %d", peer);
+  }
+  MPI_Error_class(err, &cls);
+  if (cls == MPI_ERR_TRUNCATE) {
+    return loom_error(NULL, LOOM_ERR_MPI,
+                      "%s: a message%s is longer than the receive posted for it "
+                      "(MPI_ERR_TRUNCATE): the ranks disagree on a count; give the receive the "
+                      "sender's count (a collective needs the same counts on every rank)",
+                      r->op, from);
+  }
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(err, msg, &len);
+  return loom_error(NULL, LOOM_ERR_MPI, "%s: an MPI request%s failed: %s", r->op, from, msg);
+}
 
 // Advance r without blocking (list_lock held): finish its stage if the MPI requests completed and
 // run the step hook (once its ready condition holds), as far as possible. A failure is kept in
@@ -131,12 +191,9 @@ static void advance_locked(loom_request_t *r) {
   while (r->error == LOOM_OK) {
     if (r->nmpi > 0) {
       int flag = 0;
-      int rc = MPI_Testall(r->nmpi, r->mpi, &flag, MPI_STATUSES_IGNORE);
+      int rc = MPI_Testall(r->nmpi, r->mpi, &flag, r->sts);
       if (rc != MPI_SUCCESS) {
-        char msg[MPI_MAX_ERROR_STRING];
-        int len = 0;
-        MPI_Error_string(rc, msg, &len);
-        r->error = loom_error(NULL, LOOM_ERR_MPI, "%s: MPI_Testall failed: %s", r->op, msg);
+        r->error = stage_failed(r, rc);
         snprintf(r->errmsg, sizeof r->errmsg, "%s", loom_last_error(NULL));
         break;
       }
@@ -144,6 +201,7 @@ static void advance_locked(loom_request_t *r) {
         return;
       }
       r->nmpi = 0;
+      r->stage_coll = 0;
     }
     if (!r->step) {
       break;
@@ -203,7 +261,8 @@ static loom_status_t progress(loom_request_t *r, int block, int *done) {
   *done = 0;
   if (error != LOOM_OK) {
     *done = 1;
-    return loom_error(NULL, error, "%s", r->errmsg); // the message, in the owner's thread
+    loom_error_set_quiet(r->errmsg); // the message, in the owner's thread (logged when met)
+    return error;
   }
   if (pending) {
     return LOOM_OK;

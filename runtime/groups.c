@@ -84,6 +84,10 @@ loom_status_t loom_group_from_comm(loom_ctx_t *ctx, struct loom_group *g, loom_g
   if (g->comm == MPI_COMM_NULL) {
     return LOOM_OK;
   }
+  // Errors come back to loom, which names them (a receive shorter than its message is a
+  // LOOM_ERR_MPI that says so, not an abort of the job); communicators made from this one
+  // (sub-groups, the private ones of collectives, MoE and attention) inherit the handler.
+  LOOM_CHECK_MPI(ctx, MPI_Comm_set_errhandler(g->comm, MPI_ERRORS_RETURN));
   LOOM_CHECK_MPI(ctx, MPI_Comm_rank(g->comm, &g->rank));
   LOOM_CHECK_MPI(ctx, MPI_Comm_size(g->comm, &g->size));
   g->world_ranks = malloc(sizeof(int) * (size_t)g->size);
