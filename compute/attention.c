@@ -142,6 +142,19 @@ loom_status_t loom_attention_forward(loom_tensor_t *out, loom_tensor_t *lse, con
       (status = check_lse(op, dev, lse, &d)) != LOOM_OK) {
     return status;
   }
+  // The tiles write rows of out while later tiles still read q, k and v (out = q would give wrong
+  // sums): the outputs overlap neither the inputs nor each other.
+  const loom_tensor_t *ins[5] = {q, k, v, cu_seqlens_q, cu_seqlens_k};
+  const char *in_names[5] = {"q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"};
+  for (int j = 0; j < 5; j++) {
+    if ((status = loom_arg_disjoint(op, "out", out, in_names[j], ins[j], 0)) != LOOM_OK ||
+        (status = loom_arg_disjoint(op, "lse", lse, in_names[j], ins[j], 0)) != LOOM_OK) {
+      return status;
+    }
+  }
+  if ((status = loom_arg_disjoint(op, "out", out, "lse", lse, 0)) != LOOM_OK) {
+    return status;
+  }
 #ifdef LOOM_HAVE_CUDA
   if (dev != LOOM_DEVICE_HOST) {
     return loom_cuda_attention_fwd(dt, out->data, lse->data, q->data, k->data, v->data,

@@ -213,7 +213,8 @@ LOOM_API loom_status_t loom_sgd_update(loom_tensor_t *param, const loom_tensor_t
 // Lq = cu_q[b+1] - cu_q[b] queries and Lk keys. causal: query i of b sees keys j <= i + Lk - Lq
 // (bottom-right aligned: a query shard attending to its key prefix). scale <= 0 means 1/sqrt(D).
 // out: (total_q, H, D); lse: (H, total_q) f32 log-sum-exp of the scaled scores of each row
-// (-inf and a zero output for a row that sees no key).
+// (-inf and a zero output for a row that sees no key). out and lse overlap neither the inputs
+// nor each other (LOOM_ERR_INVALID_ARG: no in-place attention).
 LOOM_API loom_status_t loom_attention_forward(loom_tensor_t *out, loom_tensor_t *lse,
                                               const loom_tensor_t *q, const loom_tensor_t *k,
                                               const loom_tensor_t *v,

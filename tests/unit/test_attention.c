@@ -643,6 +643,21 @@ static void test_bad_args(void) {
   expect_bad(&t, fwd(&t, &t.out, &t.lse, &q4, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
              LOOM_ERR_INVALID_ARG, F, "q is (14, 4, 8, 1)", "4-D q");
 
+  // Outputs in an input's memory (in place, later key tiles would read q rows already
+  // overwritten), or in each other's: refused, nothing written.
+  expect_bad(&t, fwd(&t, &t.q, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0), LOOM_ERR_INVALID_ARG,
+             F, "out (14, 4, 8) f32 on host overlaps q", "out in q's memory");
+  {
+    loom_tensor_t in_v = t.lse, in_out = t.lse;
+    in_v.data = t.v.data;
+    in_out.data = t.out.data;
+    expect_bad(&t, fwd(&t, &t.out, &in_v, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
+               LOOM_ERR_INVALID_ARG, F, "lse (4, 14) f32 on host overlaps v", "lse in v's memory");
+    expect_bad(&t, fwd(&t, &t.out, &in_out, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
+               LOOM_ERR_INVALID_ARG, F, "out (14, 4, 8) f32 on host overlaps lse",
+               "lse in out's memory");
+  }
+
   // NULL pointers and dtypes.
   expect_bad(&t, fwd(&t, &t.out, &t.lse, NULL, &t.k, &t.v, &t.cu_q, &t.cu_k, 0),
              LOOM_ERR_INVALID_ARG, F, "q is NULL", "NULL q");
