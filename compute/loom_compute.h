@@ -111,7 +111,8 @@ LOOM_API loom_status_t loom_cross_entropy_forward(loom_tensor_t *losses, float *
                                                   const loom_tensor_t *targets,
                                                   int32_t ignore_index);
 // dlogits (N, V) = dloss * (softmax(logits) - onehot(target)) / n_valid for the gradient of the
-// mean loss; ignored rows get 0. dlogits may be logits itself (computed in place).
+// mean loss; ignored rows get 0. dlogits may be logits itself (computed in place), but not
+// overlap it in part.
 LOOM_API loom_status_t loom_cross_entropy_backward(loom_tensor_t *dlogits,
                                                    const loom_tensor_t *logits,
                                                    const loom_tensor_t *targets,

@@ -86,6 +86,10 @@ loom_status_t loom_cross_entropy_forward(loom_tensor_t *losses, float *mean_loss
                       op, loom_shape_str(losses, s1), (long long)loom_tensor_numel(losses),
                       loom_shape_str(logits, s2), (long long)n);
   }
+  if ((status = loom_arg_disjoint(op, "losses", losses, "logits", logits, 0)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "losses", losses, "targets", targets, 0)) != LOOM_OK) {
+    return status;
+  }
   double total = 0.0;
 #ifdef LOOM_HAVE_CUDA
   if (losses->device != LOOM_DEVICE_HOST) {
@@ -122,6 +126,11 @@ loom_status_t loom_cross_entropy_backward(loom_tensor_t *dlogits, const loom_ten
   status = loom_arg_shape(op, "dlogits", dlogits, LOOM_F32, dlogits->device, logits->ndim,
                           logits->shape);
   if (status != LOOM_OK) {
+    return status;
+  }
+  // In place is logits itself: a row further on would be overwritten before it is read.
+  if ((status = loom_arg_disjoint(op, "dlogits", dlogits, "logits", logits, 1)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "dlogits", dlogits, "targets", targets, 0)) != LOOM_OK) {
     return status;
   }
   if (!isfinite(dloss)) {

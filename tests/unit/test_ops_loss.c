@@ -397,6 +397,29 @@ static void test_bad_args(void) {
                    LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "NaN dloss");
   test_expect_fail(loom_cross_entropy_backward(&dlogits, &logits, &targets, IGNORE, INFINITY),
                    LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd, NULL, "Inf dloss");
+  // Outputs in an input's memory: dlogits one row further on than logits (in place is logits
+  // itself: the rows ahead would be overwritten before they are read), losses inside logits.
+  {
+    int64_t shape4[2] = {4, 5};
+    loom_tensor_t both = test_tensor_f32(2, shape4, "both");
+    memcpy(both.data, logits.data, 15 * sizeof(float));
+    test_fill_value((float *)both.data + 15, 5, 42.0f);
+    loom_tensor_t in_both = logits, ahead = dlogits, losses_in = losses;
+    in_both.data = both.data;
+    ahead.data = (float *)both.data + 5;
+    losses_in.data = (float *)both.data + 1;
+    test_expect_fail(loom_cross_entropy_backward(&ahead, &in_both, &targets, IGNORE, 1.0f),
+                     LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, bwd,
+                     "dlogits (3, 5) f32 on host partially overlaps logits",
+                     "dlogits one row past logits");
+    test_expect_fail(loom_cross_entropy_forward(&losses_in, &mean, &in_both, &targets, IGNORE),
+                     LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, fwd,
+                     "losses (3) f32 on host overlaps logits", "losses inside logits");
+    CHECK(memcmp(both.data, logits.data, 15 * sizeof(float)) == 0 &&
+              ((float *)both.data)[19] == 42.0f,
+          "logits written by a failed call");
+    TEST_FREE(&both);
+  }
   // A CUDA first tensor: unsupported without CUDA, else no device visible or logits on the host;
   // a CUDA tensor beside a host one is a bad call.
   loom_tensor_t on_gpu = losses;
