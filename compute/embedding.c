@@ -130,6 +130,12 @@ loom_status_t loom_residual_forward(loom_tensor_t *out, const loom_tensor_t *a,
   if (status != LOOM_OK) {
     return status;
   }
+  // In place is a or b itself: out ahead of an input in the same buffer would overwrite elements
+  // before they are read.
+  if ((status = loom_arg_disjoint(op, "out", out, "a", a, 1)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "out", out, "b", b, 1)) != LOOM_OK) {
+    return status;
+  }
 #ifdef LOOM_HAVE_CUDA
   if (out->device != LOOM_DEVICE_HOST) {
     return loom_cuda_residual_forward(loom_tensor_numel(out), out->data, a->data, b->data);
@@ -165,10 +171,9 @@ loom_status_t loom_residual_backward(loom_tensor_t *da, loom_tensor_t *db,
     }
   }
   int64_t n = loom_tensor_numel(dout);
-  if (n > 0 && ((da && da->data == dout->data) || (db && db->data == dout->data))) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "%s: %s shares its memory with dout: the gradients must be separate buffers",
-                      op, da && da->data == dout->data ? "da" : "db");
+  if ((status = loom_arg_disjoint(op, "da", da, "dout", dout, 0)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, "db", db, "dout", dout, 0)) != LOOM_OK) {
+    return status;
   }
 #ifdef LOOM_HAVE_CUDA
   if (first->device != LOOM_DEVICE_HOST) {

@@ -125,7 +125,7 @@ LOOM_API loom_status_t loom_embedding_forward(loom_tensor_t *out, const loom_ten
 LOOM_API loom_status_t loom_embedding_backward(loom_tensor_t *dtable, const loom_tensor_t *ids,
                                                const loom_tensor_t *dout);
 
-// out = a + b (same shape; out may alias a or b).
+// out = a + b (same shape; out may be a or b itself, but not overlap either in part).
 LOOM_API loom_status_t loom_residual_forward(loom_tensor_t *out, const loom_tensor_t *a,
                                              const loom_tensor_t *b);
 // da += dout; db += dout (the residual stream accumulates gradients). da or db may be NULL;

@@ -347,6 +347,29 @@ static void test_bad_args(void) {
                    LOOM_ERR_INVALID_ARG, rb, NULL, "all NULL");
   test_expect_fail(loom_residual_backward(&out, NULL, &out), LOOM_ERR_INVALID_ARG,
                    LOOM_ERR_INVALID_ARG, rb, NULL, "da is dout");
+  // Part of one buffer: out (or db) one row ahead of a (or dout) would overwrite the rows it
+  // still has to read.
+  {
+    int64_t shape6[2] = {6, 4};
+    loom_tensor_t both = test_tensor_f32(2, shape6, "both");
+    test_fill_uniform(&rng, test_floats(&both), 24, -1, 1);
+    float both0[24];
+    memcpy(both0, both.data, sizeof both0);
+    loom_tensor_t lo = a, hi = out;
+    lo.data = both.data;
+    hi.data = test_floats(&both) + 4;
+    test_expect_fail(loom_residual_forward(&hi, &lo, &a), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, rf, "out (5, 4) f32 on host partially overlaps a",
+                     "out one row past a");
+    test_expect_fail(loom_residual_forward(&lo, &a, &hi), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, rf, "out (5, 4) f32 on host partially overlaps b",
+                     "out one row before b");
+    test_expect_fail(loom_residual_backward(NULL, &hi, &lo), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, rb, "db (5, 4) f32 on host overlaps dout",
+                     "db one row past dout");
+    CHECK(!memcmp(both0, both.data, sizeof both0), "a shared buffer written by a failed call");
+    TEST_FREE(&both);
+  }
 
   for (int i = 0; i < 20; i++) {
     CHECK(test_floats(&out)[i] == 42.0f, "out[%d] written by a failed call", i);
