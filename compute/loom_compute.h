@@ -95,7 +95,8 @@ LOOM_API loom_status_t loom_layernorm_backward(loom_tensor_t *din, loom_tensor_t
                                                const loom_tensor_t *mean,
                                                const loom_tensor_t *rstd);
 
-// Row softmax over the last dimension. in, out: (N, C).
+// Row softmax over the last dimension. in, out: (N, C). A row of -inf gives zeros; a NaN in a row
+// gives NaN everywhere in it. out may be in itself.
 LOOM_API loom_status_t loom_softmax_forward(loom_tensor_t *out, const loom_tensor_t *in);
 // din = out * (dout - sum(dout * out)) per row.
 LOOM_API loom_status_t loom_softmax_backward(loom_tensor_t *din, const loom_tensor_t *out,

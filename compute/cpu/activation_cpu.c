@@ -152,9 +152,15 @@ void loom_cpu_softmax_forward(int64_t N, int64_t C, const float *in, float *out)
     for (int64_t j = 0; j < C; j++) {
       m = x[j] > m ? x[j] : m;
     }
-    if (m == -INFINITY) { // every entry is -inf (or the row is empty): no mass anywhere
+    if (m == -INFINITY) { // every entry is -inf or NaN (or the row is empty): no mass anywhere,
+      // zeros; but a NaN (which never wins the comparison) makes the row NaN, as it does beside
+      // a finite entry, rather than vanish.
+      float fill = 0.0f;
       for (int64_t j = 0; j < C; j++) {
-        y[j] = 0.0f;
+        fill = x[j] != x[j] ? NAN : fill;
+      }
+      for (int64_t j = 0; j < C; j++) {
+        y[j] = fill;
       }
       continue;
     }

@@ -137,11 +137,19 @@ __global__ void softmax_forward_kernel(int64_t N, int64_t C, const float *in, //
       m = max_keep(m, x[j]);
     }
     m = block_max(m, shared_max);
-    if (m == -INFINITY) { // every entry is -inf: no mass anywhere
+    if (m == -INFINITY) { // every entry is -inf or NaN: no mass anywhere, zeros; but a NaN
+      // (which never wins max_keep) makes the row NaN, as it does beside a finite entry (the CPU's
+      // rule). m is the same in every thread: the whole block takes this branch.
+      float nan_seen = -INFINITY;
       for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-        y[j] = 0.0f;
+        nan_seen = x[j] != x[j] ? INFINITY : nan_seen;
       }
-      continue; // m is the same in every thread: the whole block skips the row
+      const float fill =
+          block_max(nan_seen, shared_max) == INFINITY ? __int_as_float(0x7fc00000) : 0.0f;
+      for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+        y[j] = fill; // after block_max's barrier: every thread has read its columns
+      }
+      continue;
     }
     double sum = 0.0;
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {

@@ -178,6 +178,11 @@ static void softmax_case(test_rng_t *rng, int64_t N, int64_t C, int special_rows
     xv[2 * C + 1] = NAN;   // row 2: NaN everywhere
     xv[3 * C + 2] = 80.0f; // row 3: one entry dominates
   }
+  if (special_rows && N >= 5 && C >= 3) {
+    for (int64_t j = 0; j < C; j++) {
+      xv[4 * C + j] = j == 1 ? NAN : -INFINITY; // row 4: a NaN among -inf: NaN everywhere
+    }
+  }
   loom_tensor_t out = nan_f32(2, shape, "out"), din = nan_f32(2, shape, "din");
   loom_tensor_t dout = rand_f32(rng, 2, shape, "dout", -1.0, 1.0);
   loom_tensor_t dx = gpu_upload(&x), dout_d = gpu_upload(&out), ddin = gpu_upload(&din);
@@ -664,7 +669,7 @@ int main(void) {
   const int64_t rows[][2] = {{1, 1}, {7, 1},       {3, 37},    {5, 256},  {6, 257},
                              {4, 9}, {1000, 1003}, {2, 50257}, {33, 4097}};
   for (int k = 0; k < 9; k++) {
-    softmax_case(&rng, rows[k][0], rows[k][1], rows[k][0] == 4);
+    softmax_case(&rng, rows[k][0], rows[k][1], rows[k][0] == 4 || rows[k][0] == 6);
     layernorm_case(&rng, rows[k][0], rows[k][1], 0.0);
   }
   layernorm_case(&rng, 2049, 769, 0.0);  // several chunks of rows in dweight/dbias

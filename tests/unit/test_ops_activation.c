@@ -303,6 +303,33 @@ static void fill_logits(test_rng_t *rng, float *x, int64_t N, int64_t C) {
   }
 }
 
+// Rows without a finite entry: all -inf gives zeros (no mass), but a NaN among -inf entries,
+// or a row of NaN, gives NaN everywhere, as a NaN beside finite entries does: it never wins
+// the maximum, and must not vanish into a row of zeros. Also in place.
+static void test_softmax_nan_rows(void) {
+  int64_t shape[2] = {4, 3};
+  loom_tensor_t in = test_tensor_f32(2, shape, "in"), out = test_tensor_f32(2, shape, "out");
+  const float x[12] = {-INFINITY, -INFINITY, -INFINITY, NAN,  NAN, NAN,
+                       -INFINITY, NAN,       -INFINITY, 1.0f, NAN, 2.0f};
+  memcpy(in.data, x, sizeof x);
+  for (int pass = 0; pass < 2; pass++) { // separate, then in place
+    loom_tensor_t *o = pass ? &in : &out;
+    test_fill_value(test_floats(&out), 12, 42.0f);
+    CHECK(loom_softmax_forward(o, &in) == LOOM_OK, "%s", loom_last_error(NULL));
+    const float *y = test_floats(o);
+    for (int j = 0; j < 3; j++) {
+      CHECK(y[j] == 0.0f, "softmax of a row of -inf (pass %d): [%d] = %g, want 0", pass, j,
+            (double)y[j]);
+      for (int r = 1; r < 4; r++) {
+        CHECK(isnan(y[r * 3 + j]), "softmax of row %d with a NaN (pass %d): [%d] = %g, want NaN", r,
+              pass, j, (double)y[r * 3 + j]);
+      }
+    }
+  }
+  loom_tensor_free(&in);
+  loom_tensor_free(&out);
+}
+
 static void test_softmax_reference(void) {
   test_rng_t rng = test_rng(13);
   for (int s = 0; s < NSHAPES; s++) {
@@ -482,6 +509,7 @@ int main(void) {
   test_gelu_finite_diff();
   test_gelu_deriv();
   test_softmax_reference();
+  test_softmax_nan_rows();
   test_softmax_finite_diff();
   test_bad_args();
   return check_exit("test_ops_activation");
