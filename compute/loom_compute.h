@@ -240,10 +240,11 @@ LOOM_API loom_status_t loom_attention_backward(
 LOOM_API loom_status_t loom_varlen_offsets(loom_tensor_t *cu_seqlens, const loom_tensor_t *lengths,
                                            int max_len, int32_t *total);
 // packed (total, ...) = the first lengths[b] rows of each padded[b] (padded: (B, T, ...), any
-// dtype, same trailing shape).
+// dtype, same trailing shape). packed and padded do not overlap (no packing in place).
 LOOM_API loom_status_t loom_varlen_pack(loom_tensor_t *packed, const loom_tensor_t *padded,
                                         const loom_tensor_t *cu_seqlens);
-// padded (B, T, ...) = packed rows back in place; padding rows are set to zero.
+// padded (B, T, ...) = packed rows back in place; padding rows are set to zero. padded and packed
+// do not overlap.
 LOOM_API loom_status_t loom_varlen_unpack(loom_tensor_t *padded, const loom_tensor_t *packed,
                                           const loom_tensor_t *cu_seqlens);
 // row_map (total, i32): packed row i came from padded row b * T + t.

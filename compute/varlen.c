@@ -92,9 +92,10 @@ static loom_status_t copy_rows(int device, void *dst, const void *src, size_t n)
   return LOOM_OK;
 }
 
+// The checks of pack (to_padded 0: packed is the output) and unpack (to_padded 1).
 static loom_status_t check_layout(const char *op, const loom_tensor_t *packed,
                                   const loom_tensor_t *padded, const loom_tensor_t *cu_seqlens,
-                                  varlen_layout_t *lay) {
+                                  int to_padded, varlen_layout_t *lay) {
   char s[LOOM_SHAPE_STR_MAX], s2[LOOM_SHAPE_STR_MAX];
   const int dev = lay->device;
   if (!padded) {
@@ -132,6 +133,15 @@ static loom_status_t check_layout(const char *op, const loom_tensor_t *packed,
                       loom_shape_str(cu_seqlens, s), (long long)(padded->shape[0] + 1),
                       loom_shape_str(padded, s2));
   }
+  // The rows are copied with memcpy (or a device copy), which overlapping memory breaks: no
+  // packing in place.
+  const loom_tensor_t *out = to_padded ? padded : packed, *in = to_padded ? packed : padded;
+  const char *out_name = to_padded ? "padded" : "packed",
+             *in_name = to_padded ? "packed" : "padded";
+  if ((status = loom_arg_disjoint(op, out_name, out, in_name, in, 0)) != LOOM_OK ||
+      (status = loom_arg_disjoint(op, out_name, out, "cu_seqlens", cu_seqlens, 0)) != LOOM_OK) {
+    return status;
+  }
   lay->B = padded->shape[0];
   lay->T = padded->shape[1];
   lay->row_bytes = row;
@@ -157,7 +167,7 @@ loom_status_t loom_varlen_pack(loom_tensor_t *packed, const loom_tensor_t *padde
     return status;
   }
   lay.device = packed->device;
-  if ((status = check_layout(op, packed, padded, cu_seqlens, &lay)) != LOOM_OK) {
+  if ((status = check_layout(op, packed, padded, cu_seqlens, 0, &lay)) != LOOM_OK) {
     return status;
   }
   char *dst = packed->data;
@@ -182,7 +192,7 @@ loom_status_t loom_varlen_unpack(loom_tensor_t *padded, const loom_tensor_t *pac
     return status;
   }
   lay.device = padded->device;
-  if ((status = check_layout(op, packed, padded, cu_seqlens, &lay)) != LOOM_OK) {
+  if ((status = check_layout(op, packed, padded, cu_seqlens, 1, &lay)) != LOOM_OK) {
     return status;
   }
   char *dst = padded->data;

@@ -230,6 +230,17 @@ static void test_bad_layouts(void) {
                    R, "T=-1", "negative T");
   test_expect_fail(loom_varlen_row_map(&map, &cu, 3), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG, R,
                    "longer than the padded length 3", "T too short");
+  // In place: the row copies (memcpy) would overlap.
+  {
+    loom_tensor_t packed_in = packed; // packed rows in padded's memory
+    packed_in.data = padded.data;
+    test_expect_fail(loom_varlen_pack(&packed_in, &padded, &cu), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, P, "packed (7, 2) f32 on host overlaps padded",
+                     "pack in place");
+    test_expect_fail(loom_varlen_unpack(&padded, &packed_in, &cu), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, U, "padded (3, 4, 2) f32 on host overlaps packed",
+                     "unpack in place");
+  }
   CHECK(all_bytes(&packed, 0xCD) && all_bytes(&padded, 0xCD) && all_bytes(&map, 0xCD),
         "a failed call wrote its outputs");
 
