@@ -96,12 +96,13 @@ exp2_lane(float x) {
   const uint32_t bits = (uint32_t)(n + 127) << 23;
   float scale;
   memcpy(&scale, &bits, sizeof scale);
-  return live ? p * scale : 0.0f;
+  return live ? p * scale : (x == x ? 0.0f : x); // NaN stays NaN
 }
 
-// 2^x with a relative error below 2.5e-7 for x in [-126, 126]; 0 for x < -126 (and -inf, NaN);
-// x > 126 is clamped. Round-to-nearest split x = n + f, f in [-0.5, 0.5]; 2^f from the Cephes
-// exp2f minimax polynomial; 2^n built in the exponent bits.
+// 2^x with a relative error below 2.5e-7 for x in [-126, 126]; 0 for x < -126 (and -inf); NaN for
+// NaN (a NaN score must not drop out of a softmax as a zero weight); x > 126 is clamped.
+// Round-to-nearest split x = n + f, f in [-0.5, 0.5]; 2^f from the Cephes exp2f minimax
+// polynomial; 2^n built in the exponent bits.
 static inline vf vf_exp2(vf x) {
   const vi live = x >= vf_splat(-126.0f);
   vf xc = vf_select(live, x, vf_splat(-126.0f));
@@ -116,7 +117,7 @@ static inline vf vf_exp2(vf x) {
   p = p * f + EXP2_C1;
   p = p * f + EXP2_C0;
   vf scale2 = (vf)((n + 127) << 23);
-  return (vf)((vi)(p * scale2) & live);
+  return (vf)(((vi)(p * scale2) & live) | ((vi)x & (x != x)));
 }
 
 #endif

@@ -522,6 +522,54 @@ static void test_empty(void) {
   run_case("queries only", &rng, 3, some, z, 4, 2, 8, 0, 0.0f, 1.0); // out 0, lse -inf
 }
 
+// A NaN in one key row (5 of the first sequence) on both paths: every query row that sees that
+// key gets a NaN output, lse and dq (its softmax weight is NaN, not a dropped 0); the outputs of
+// the rows before it (causal) and all of the second sequence stay finite.
+static int64_t count_nan(const float *x, int64_t n) {
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; i++) {
+    c += isnan(x[i]) != 0;
+  }
+  return c;
+}
+
+static void test_nan_key(void) {
+  test_rng_t rng = test_rng(8);
+  const int lq[2] = {40, 7}, lk[2] = {40, 7}, H = 2, D = 16, nan_key = 5;
+  for (int path = 0; path < 2; path++) {
+    batch_t t;
+    batch_init(&t, &rng, 2, lq, lk, H, 1, D, 1, 0.0f, 1.0);
+    ((float *)t.k.data)[nan_key * D + 3] = NAN; // H_kv = 1: every query head reads it
+    loom_attn_short_max = path == 0 ? -1 : 1 << 30;
+    CHECK(loom_attention_forward(&t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 1, 0) ==
+              LOOM_OK,
+          "%s", loom_last_error(NULL));
+    CHECK(loom_attention_backward(&t.dq, &t.dk, &t.dv, &t.dout, &t.q, &t.k, &t.v, &t.out, &t.lse,
+                                  &t.cu_q, &t.cu_k, 1, 0) == LOOM_OK,
+          "%s", loom_last_error(NULL));
+    loom_attn_short_max = 0;
+    const char *name = path ? "short" : "tiled";
+    const int64_t row = (int64_t)H * D, total = t.total_q;
+    const float *out = t.out.data, *lse = t.lse.data, *dq = t.dq.data;
+    for (int64_t i = 0; i < total; i++) {
+      const int sees = i >= nan_key && i < lq[0]; // causal: query i sees keys 0..i
+      // dq of the rows before the key is not checked: their products take the masked key as
+      // 0 * k (NaN), as any dense masked product does.
+      const int64_t want_dq = sees ? row : i < lq[0] ? count_nan(dq + i * row, row) : 0;
+      CHECK(count_nan(out + i * row, row) == (sees ? row : 0) &&
+                count_nan(dq + i * row, row) == want_dq,
+            "%s path: NaN key %d: query row %lld has %lld NaN outputs and %lld NaN dq, want %s",
+            name, nan_key, (long long)i, (long long)count_nan(out + i * row, row),
+            (long long)count_nan(dq + i * row, row), sees ? "all" : "none");
+      for (int h = 0; h < H; h++) {
+        CHECK(isnan(lse[h * total + i]) == sees, "%s path: NaN key: lse[%d][%lld] = %g", name, h,
+              (long long)i, (double)lse[h * total + i]);
+      }
+    }
+    batch_free(&t);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Finite differences: loss = sum(out * w) with loom's own forward, against its backward.
 
@@ -756,6 +804,7 @@ int main(void) {
   test_paths();
   test_widths();
   test_empty();
+  test_nan_key();
   test_padded_reference();
   test_finite_differences();
   test_bad_args();
