@@ -75,6 +75,12 @@ loom_status_t loom_embedding_forward(loom_tensor_t *out, const loom_tensor_t *id
     return status;
   }
   status = check_embedding(op, out->device, "table", table, ids, "out", out, &n, &c);
+  if (status == LOOM_OK) { // rows are copied with memcpy: out in table's memory would overlap
+    status = loom_arg_disjoint(op, "out", out, "table", table, 0);
+  }
+  if (status == LOOM_OK) {
+    status = loom_arg_disjoint(op, "out", out, "ids", ids, 0);
+  }
   if (status != LOOM_OK) {
     return status;
   }
@@ -96,6 +102,12 @@ loom_status_t loom_embedding_backward(loom_tensor_t *dtable, const loom_tensor_t
     return status;
   }
   status = check_embedding(op, dtable->device, "dtable", dtable, ids, "dout", dout, &n, &c);
+  if (status == LOOM_OK) {
+    status = loom_arg_disjoint(op, "dtable", dtable, "dout", dout, 0);
+  }
+  if (status == LOOM_OK) {
+    status = loom_arg_disjoint(op, "dtable", dtable, "ids", ids, 0);
+  }
   if (status != LOOM_OK) {
     return status;
   }

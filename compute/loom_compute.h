@@ -122,7 +122,8 @@ LOOM_API loom_status_t loom_cross_entropy_backward(loom_tensor_t *dlogits,
 // out (N, C) = table (V, C)[ids (N, i32)]. An id outside 0..V-1 is LOOM_ERR_INVALID_ARG.
 LOOM_API loom_status_t loom_embedding_forward(loom_tensor_t *out, const loom_tensor_t *ids,
                                               const loom_tensor_t *table);
-// dtable (V, C) += scatter of dout (N, C) by ids, in row order (deterministic).
+// dtable (V, C) += scatter of dout (N, C) by ids, in row order (deterministic). The output of
+// either op overlaps none of its inputs.
 LOOM_API loom_status_t loom_embedding_backward(loom_tensor_t *dtable, const loom_tensor_t *ids,
                                                const loom_tensor_t *dout);
 

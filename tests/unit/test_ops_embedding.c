@@ -321,6 +321,19 @@ static void test_bad_args(void) {
                    LOOM_ERR_INVALID_ARG, eb, NULL, "dout with the wrong C");
   test_expect_fail(loom_embedding_backward(&table, &ids, &out_n), LOOM_ERR_INVALID_ARG,
                    LOOM_ERR_INVALID_ARG, eb, NULL, "dout with the wrong N");
+  // Rows in the table's own memory: the row copies would overlap (memcpy) and the scatter would
+  // add to rows it still reads.
+  {
+    loom_tensor_t out_in = out, dout_in = a;
+    out_in.data = test_floats(&table) + 2; // 5 x 4 floats from the middle of table row 0
+    dout_in.data = test_floats(&table) + 4;
+    test_expect_fail(loom_embedding_forward(&out_in, &ids, &table), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, ef, "out (5, 4) f32 on host overlaps table",
+                     "out inside table");
+    test_expect_fail(loom_embedding_backward(&table, &ids, &dout_in), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, eb, "dtable (6, 4) f32 on host overlaps dout",
+                     "dout inside dtable");
+  }
   loom_tensor_t on_gpu = out;
   on_gpu.device = 0;
   // Without CUDA: unsupported; with CUDA: no device visible, or table on the host.
