@@ -113,7 +113,9 @@ static loom_status_t config_agree(MPI_Comm comm, const loom_moe_config_t *c, int
                                       "chunks",
                                       "col_slices",
                                       "aux_coef (x 1e6)",
-                                      "device (0: host, 1: CUDA)"};
+                                      "device (0: host, 1: CUDA)",
+                                      "seed (its high 32 bits)",
+                                      "seed (its low 32 bits)"};
   enum { NF = sizeof names / sizeof names[0] };
   long long v[NF] = {ok,
                      c->num_experts,
@@ -126,7 +128,9 @@ static loom_status_t config_agree(MPI_Comm comm, const loom_moe_config_t *c, int
                      c->chunks,
                      c->col_slices,
                      llround((double)c->aux_coef * 1e6),
-                     c->device != LOOM_DEVICE_HOST};
+                     c->device != LOOM_DEVICE_HOST,
+                     (long long)(c->seed >> 32), // the replicated router is made from it
+                     (long long)(c->seed & 0xFFFFFFFFu)};
   long long lo[NF], hi[NF];
   if (MPI_Allreduce(v, lo, NF, MPI_LONG_LONG, MPI_MIN, comm) != MPI_SUCCESS ||
       MPI_Allreduce(v, hi, NF, MPI_LONG_LONG, MPI_MAX, comm) != MPI_SUCCESS) {

@@ -23,7 +23,8 @@
 // - tokens per rank differ (one rank has none), skewed routing (every token's first choice is
 //   the last expert: other experts receive none), a capacity factor with each drop policy;
 // - the token counts add up (sent = kept assignments; received over the group = sent);
-// - a config that differs between ranks, and E not divisible by np, fail on every rank;
+// - a config that differs between ranks (top_k, hidden, seed), and E not divisible by np, fail
+//   on every rank;
 // - the tuning cache: loom_moe_tune (this rank alone) writes an entry that loom_moe_tuned finds
 //   again, damaged lines are ignored, another shape finds nothing, over the world every rank
 //   takes rank 0's entry, and a cache that is not a regular file (/dev/zero) is absent.
@@ -241,6 +242,18 @@ static void test_config_errors(loom_ctx_t *ctx, const loom_group_t *world) {
   cfg.hidden = world_rank == world_size - 1 ? 16 : 8; // hidden differs on the last rank
   st = loom_moe_create(ctx, world, &cfg, &m);
   CHECK(world_size == 1 || (st == LOOM_ERR_INVALID_ARG && !m), "hidden differing accepted");
+  loom_moe_destroy(m);
+  m = NULL;
+  // A seed that differs (one per rank, as for data shuffling): the replicated router would
+  // differ between the ranks without a word.
+  cfg.hidden = 8;
+  cfg.seed = 1000u + (uint64_t)world_rank;
+  st = loom_moe_create(ctx, world, &cfg, &m);
+  if (world_size > 1) {
+    CHECK(st == LOOM_ERR_INVALID_ARG && !m, "seed differing between ranks: %s", loom_strerror(st));
+    CHECK(strstr(loom_last_error(NULL), "seed") != NULL, "message does not name seed: %s",
+          loom_last_error(NULL));
+  }
   loom_moe_destroy(m);
 }
 
