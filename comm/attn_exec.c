@@ -752,6 +752,16 @@ static loom_status_t check_rows(const char *op, const char *name, const loom_ten
   return loom_arg_tensor(op, name, t, LOOM_F32, LOOM_DEVICE_HOST);
 }
 
+// out and lse of a finish: this rank's rows, in memory apart (each is written whole).
+static loom_status_t check_results(const char *op, const loom_tensor_t *out,
+                                   const loom_tensor_t *lse, int64_t rows, int64_t hd, int H) {
+  loom_status_t status = check_rows(op, "out", out, rows, hd);
+  if (status == LOOM_OK) {
+    status = check_rows(op, "lse", lse, H, rows);
+  }
+  return status == LOOM_OK ? loom_arg_disjoint(op, "lse", lse, "out", out, 0) : status;
+}
+
 // ---- forward ------------------------------------------------------------------------------------
 
 loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
@@ -1041,8 +1051,7 @@ loom_status_t loom_attn_exec_finish(loom_attn_exec_t *x, loom_tensor_t *out, loo
                       op);
   }
   const int64_t hd = (int64_t)x->H * x->D;
-  LOOM_CHECK(check_rows(op, "out", out, x->rows, hd));
-  LOOM_CHECK(check_rows(op, "lse", lse, x->H, x->rows));
+  LOOM_CHECK(check_results(op, out, lse, x->rows, hd, x->H));
   x->phase = 0;
   const double t_busy = now_ms();
   enter(x, LOOM_OPK_ATTN_FINISH, out->name);
@@ -1152,8 +1161,7 @@ loom_status_t loom_attn_exec_finish_start(loom_attn_exec_t *x, loom_tensor_t *ou
                       "finishes, in that order)",
                       op);
   }
-  LOOM_CHECK(check_rows(op, "out", out, x->rows, (int64_t)x->H * x->D));
-  LOOM_CHECK(check_rows(op, "lse", lse, x->H, x->rows));
+  LOOM_CHECK(check_results(op, out, lse, x->rows, (int64_t)x->H * x->D, x->H));
   finish_state_t *f = malloc(sizeof *f);
   loom_request_t *r = f ? loom_request_new(op) : NULL;
   if (!r) {
@@ -1180,8 +1188,7 @@ loom_status_t loom_attn_exec_forward(loom_attn_exec_t *x, const loom_tensor_t *q
   }
   // out and lse too before anything is sent: a bad one found at the finish would leave the
   // results the servers sent unreceived.
-  LOOM_CHECK(check_rows(op, "out", out, x->rows, (int64_t)x->H * x->D));
-  LOOM_CHECK(check_rows(op, "lse", lse, x->H, x->rows));
+  LOOM_CHECK(check_results(op, out, lse, x->rows, (int64_t)x->H * x->D, x->H));
   LOOM_CHECK(loom_attn_exec_ship(x, q, k, v));
   LOOM_CHECK(loom_attn_exec_compute(x));
   LOOM_CHECK(loom_attn_exec_finish(x, out, lse));
@@ -1211,6 +1218,11 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   LOOM_CHECK(check_rows(op, "dq", dq, x->rows, hd));
   LOOM_CHECK(check_rows(op, "dk", dk, x->rows, kvd));
   LOOM_CHECK(check_rows(op, "dv", dv, x->rows, kvd));
+  // Each is written whole (dk and dv summed in place): one that shares memory with another would
+  // hold their sum. dout is read before any is written, so it may be dq.
+  LOOM_CHECK(loom_arg_disjoint(op, "dk", dk, "dq", dq, 0));
+  LOOM_CHECK(loom_arg_disjoint(op, "dv", dv, "dq", dq, 0));
+  LOOM_CHECK(loom_arg_disjoint(op, "dv", dv, "dk", dk, 0));
   LOOM_CHECK(check_broken(x, op));
   if (!x->batch_ready || x->phase != 0) {
     status = loom_error(NULL, LOOM_ERR_STATE,

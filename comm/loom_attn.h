@@ -80,8 +80,9 @@ LOOM_API loom_status_t loom_attn_exec_forward(loom_attn_exec_t *x, const loom_te
                                               const loom_tensor_t *k, const loom_tensor_t *v,
                                               loom_tensor_t *out, loom_tensor_t *lse);
 // Backward of the last forward: dout (T, H, D) -> dq (T, H, D), dk and dv (T, Hkv, D)
-// (overwritten). A key/value prefix read by several tasks gets their gradients summed on the
-// server (task order) and once more on the owner (server order): the same bits every time.
+// (overwritten; three tensors apart, else LOOM_ERR_INVALID_ARG, as are out and lse of a forward;
+// dq may be dout itself). A key/value prefix read by several tasks gets their gradients summed
+// on the server (task order) and once more on the owner (server order): the same bits every time.
 LOOM_API loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *dout,
                                                loom_tensor_t *dq, loom_tensor_t *dk,
                                                loom_tensor_t *dv);

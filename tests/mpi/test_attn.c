@@ -17,7 +17,8 @@
 // - documents of length 1, long documents, a rank with no documents (the last, at np > 1);
 // - grouped-query heads (H 4, Hkv 2);
 // - a plan that disagrees between ranks is LOOM_ERR_CORRUPT on the ranks that see it, without a
-//   hang; a plan that leaves a row out is LOOM_ERR_INVALID_ARG.
+//   hang; a plan that leaves a row out is LOOM_ERR_INVALID_ARG; outputs that share memory
+//   (dk and dv, lse and out) are LOOM_ERR_INVALID_ARG before any message.
 
 #define OK(call)                                                                                   \
   do {                                                                                             \
@@ -272,6 +273,48 @@ static void test_errors(const loom_group_t *g) {
     CHECK(st == LOOM_ERR_UNSUPPORTED && !bx && strstr(loom_last_error(NULL), "2^31 - 1"),
           "rank %d: a plan with a message over 2 GiB gave %s (%s)", world_rank, loom_strerror(st),
           loom_last_error(NULL));
+  }
+  // Outputs that share memory (dk and dv one tensor, lse inside out): refused before anything
+  // travels, as loom_attention_backward does (was: silently dk + dv in both). Every rank owns a
+  // document and passes the same tensors, so every rank refuses (a rank whose own call is
+  // fine would wait for its peers' messages). Each document's second half is served by the
+  // next rank.
+  {
+    loom_attn_doc_t ad[64];
+    loom_attn_task_t at[128];
+    for (int r = 0; r < world_size && r < 64; r++) {
+      ad[r] = (loom_attn_doc_t){r, 10};
+      at[2 * r] = (loom_attn_task_t){r, 0, 5, r, r};
+      at[2 * r + 1] = (loom_attn_task_t){r, 5, 10, r, (r + 1) % world_size};
+    }
+    int64_t rq[3] = {10, H, D}, rk[3] = {10, HKV, D}, rl[2] = {H, 10};
+    loom_tensor_t q = test_tensor_f32(3, rq, "q"), k = test_tensor_f32(3, rk, "k");
+    loom_tensor_t v = test_tensor_f32(3, rk, "v"), o = test_tensor_f32(3, rq, "o");
+    loom_tensor_t l = test_tensor_f32(2, rl, "l"), dq = test_tensor_f32(3, rq, "dq");
+    loom_tensor_t dk = test_tensor_f32(3, rk, "dk"), dv = test_tensor_f32(3, rk, "dv");
+    test_rng_t rng = test_rng(91u);
+    test_fill_uniform(&rng, test_floats(&q), 10 * H * D, -1, 1);
+    test_fill_uniform(&rng, test_floats(&k), 10 * HKV * D, -1, 1);
+    test_fill_uniform(&rng, test_floats(&v), 10 * HKV * D, -1, 1);
+    loom_attn_exec_t *ax = NULL;
+    OK(loom_attn_exec_create(g, ad, world_size, at, 2 * world_size, H, HKV, D, 1, 0.0f, &ax));
+    if (ax) {
+      loom_tensor_t lo = o; // lse's H x 10 floats at the start of out's
+      lo.ndim = 2;
+      lo.shape[0] = H;
+      lo.shape[1] = 10;
+      loom_status_t st = loom_attn_exec_forward(ax, &q, &k, &v, &o, &lo);
+      CHECK(st == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), "lse"),
+            "lse inside out gave %s (%s)", loom_strerror(st), loom_last_error(NULL));
+      OK(loom_attn_exec_forward(ax, &q, &k, &v, &o, &l));
+      st = loom_attn_exec_backward(ax, &o, &dq, &dk, &dk);
+      CHECK(st == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), "dv"),
+            "dv = dk gave %s (%s)", loom_strerror(st), loom_last_error(NULL));
+      // The executor still works: the refusals came before any message.
+      OK(loom_attn_exec_backward(ax, &o, &dq, &dk, &dv));
+    }
+    loom_attn_exec_destroy(ax);
+    TEST_FREE(&q, &k, &v, &o, &l, &dq, &dk, &dv);
   }
   // A row left out.
   loom_attn_doc_t d[2] = {{0, 10}, {world_size - 1, 10}};
