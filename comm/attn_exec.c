@@ -86,6 +86,9 @@ struct loom_attn_exec {
   // step with the peers', and every call but destroy is LOOM_ERR_STATE.
   loom_status_t broken;
   unsigned char *notified; // (np) NOTIFIED_* bits: what peers got this phase (or a notice)
+  // The ship's and the finish's requests not yet released: destroy detaches them, so that a
+  // wait for one afterwards is an error, not a read of the freed executor.
+  loom_request_t *live[2];
 };
 
 static int64_t kv_len(const loom_attn_exec_t *x, const loom_attn_task_t *t) {
@@ -485,10 +488,13 @@ static void drop_request(MPI_Request *r) {
   }
 }
 
+static void detach_requests(loom_attn_exec_t *x);
+
 void loom_attn_exec_destroy(loom_attn_exec_t *x) {
   if (!x) {
     return;
   }
+  detach_requests(x);
   for (int s = 0; s < x->np; s++) {
     MPI_Request *reqs[] = {x->sreq, x->rreq, x->freq};
     uint8_t **bufs[] = {x->sbuf, x->rbuf, x->fbuf};
@@ -1086,9 +1092,26 @@ fail:
 // ---- the phases as requests, for a step scheduler's comm lane --------------------------------
 
 typedef struct finish_state {
-  loom_attn_exec_t *x;
+  loom_attn_exec_t *x; // NULL once the executor was destroyed
   loom_tensor_t out, lse;
 } finish_state_t;
+
+static void detach_requests(loom_attn_exec_t *x) {
+  if (x->live[0]) {
+    x->live[0]->state = NULL;
+  }
+  if (x->live[1]) {
+    ((finish_state_t *)x->live[1]->state)->x = NULL;
+  }
+  x->live[0] = x->live[1] = NULL;
+}
+
+static loom_status_t destroyed(const loom_request_t *r) {
+  return loom_error(NULL, LOOM_ERR_STATE,
+                    "%s: the executor was destroyed while this request was in flight: wait for "
+                    "the request before loom_attn_exec_destroy",
+                    r->op);
+}
 
 // 1 when every send this rank has in flight completed.
 static int sends_done(loom_attn_exec_t *x) {
@@ -1099,6 +1122,10 @@ static int sends_done(loom_attn_exec_t *x) {
 static loom_status_t poll_ship(loom_request_t *r, int block, int *done) {
   (void)block;
   loom_attn_exec_t *x = r->state;
+  if (!x) {
+    *done = 1;
+    return destroyed(r);
+  }
   *done = test_posted(x, x->rreq, x->rst) && sends_done(x);
   return LOOM_OK;
 }
@@ -1107,6 +1134,10 @@ static loom_status_t poll_finish(loom_request_t *r, int block, int *done) {
   (void)block;
   finish_state_t *f = r->state;
   *done = 0;
+  if (!f->x) {
+    *done = 1;
+    return destroyed(r);
+  }
   if (!test_posted(f->x, f->x->freq, f->x->fst) || !sends_done(f->x)) {
     return LOOM_OK;
   }
@@ -1114,7 +1145,18 @@ static loom_status_t poll_finish(loom_request_t *r, int block, int *done) {
   return loom_attn_exec_finish(f->x, &f->out, &f->lse);
 }
 
+static void release_ship(loom_request_t *r) {
+  loom_attn_exec_t *x = r->state;
+  if (x && x->live[0] == r) {
+    x->live[0] = NULL;
+  }
+}
+
 static void release_finish(loom_request_t *r) {
+  finish_state_t *f = r->state;
+  if (f->x && f->x->live[1] == r) {
+    f->x->live[1] = NULL;
+  }
   free(r->state);
   r->state = NULL;
 }
@@ -1137,7 +1179,9 @@ loom_status_t loom_attn_exec_ship_start(loom_attn_exec_t *x, const loom_tensor_t
   }
   r->state = x;
   r->poll = poll_ship;
+  r->release = release_ship;
   r->watch = x->watch;
+  x->live[0] = r;
   *req = r;
 fail:
   return status;
@@ -1173,6 +1217,7 @@ loom_status_t loom_attn_exec_finish_start(loom_attn_exec_t *x, loom_tensor_t *ou
   r->poll = poll_finish;
   r->release = release_finish;
   r->watch = x->watch;
+  x->live[1] = r;
   *req = r;
 fail:
   return status;

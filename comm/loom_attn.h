@@ -40,6 +40,7 @@ LOOM_API loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_a
                                              int ndocs, const loom_attn_task_t *tasks, int ntasks,
                                              int heads, int kv_heads, int head_dim, int causal,
                                              float scale, loom_attn_exec_t **out);
+// Wait for its ship and finish requests first: one still in flight fails (LOOM_ERR_STATE).
 LOOM_API void loom_attn_exec_destroy(loom_attn_exec_t *x);
 // Take a new plan on the same group and shapes (every rank passes the same docs and tasks,
 // checked as at create): keeps the communicator and the message and batch buffers, so that a

@@ -18,7 +18,9 @@
 // - grouped-query heads (H 4, Hkv 2);
 // - a plan that disagrees between ranks is LOOM_ERR_CORRUPT on the ranks that see it, without a
 //   hang; a plan that leaves a row out is LOOM_ERR_INVALID_ARG; outputs that share memory
-//   (dk and dv, lse and out) are LOOM_ERR_INVALID_ARG before any message.
+//   (dk and dv, lse and out) are LOOM_ERR_INVALID_ARG before any message; the ship or finish
+//   request of an executor destroyed before it completed is LOOM_ERR_STATE, not a read of freed
+//   memory.
 
 #define OK(call)                                                                                   \
   do {                                                                                             \
@@ -315,6 +317,42 @@ static void test_errors(const loom_group_t *g) {
     }
     loom_attn_exec_destroy(ax);
     TEST_FREE(&q, &k, &v, &o, &l, &dq, &dk, &dv);
+  }
+  // An executor destroyed while its ship or finish request is in flight: waiting for the request
+  // afterwards is LOOM_ERR_STATE naming the order to use (was: a read of the freed executor).
+  // Every document on its owner: no rank waits for another's messages.
+  {
+    loom_attn_doc_t all[64];
+    loom_attn_task_t allt[64];
+    for (int r = 0; r < world_size && r < 64; r++) {
+      all[r] = (loom_attn_doc_t){r, 6};
+      allt[r] = (loom_attn_task_t){r, 0, 6, r, r};
+    }
+    int64_t rq[3] = {6, H, D}, rk[3] = {6, HKV, D}, rl[2] = {H, 6};
+    loom_tensor_t q = test_tensor_f32(3, rq, "q"), k = test_tensor_f32(3, rk, "k");
+    loom_tensor_t v = test_tensor_f32(3, rk, "v"), o = test_tensor_f32(3, rq, "o");
+    loom_tensor_t l = test_tensor_f32(2, rl, "l");
+    for (int which = 0; which < 2; which++) { // 0: the ship's request, 1: the finish's
+      loom_attn_exec_t *ax = NULL;
+      loom_request_t *req = NULL;
+      OK(loom_attn_exec_create(g, all, world_size, allt, world_size, H, HKV, D, 1, 0.0f, &ax));
+      if (!ax) {
+        continue;
+      }
+      if (which == 0) {
+        OK(loom_attn_exec_ship_start(ax, &q, &k, &v, &req));
+      } else {
+        OK(loom_attn_exec_ship(ax, &q, &k, &v));
+        OK(loom_attn_exec_compute(ax));
+        OK(loom_attn_exec_finish_start(ax, &o, &l, &req));
+      }
+      loom_attn_exec_destroy(ax);
+      loom_status_t st = loom_wait(&req);
+      CHECK(st == LOOM_ERR_STATE && strstr(loom_last_error(NULL), "destroy") && !req,
+            "waiting for the %s of a destroyed executor gave %s (%s)", which ? "finish" : "ship",
+            loom_strerror(st), loom_last_error(NULL));
+    }
+    TEST_FREE(&q, &k, &v, &o, &l);
   }
   // A row left out.
   loom_attn_doc_t d[2] = {{0, 10}, {world_size - 1, 10}};
