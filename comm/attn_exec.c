@@ -112,6 +112,23 @@ static loom_status_t check_broken(const loom_attn_exec_t *x, const char *op) {
 
 // ---- creation -----------------------------------------------------------------------------------
 
+// A task's rows, for the overlap check: sorted by document, then first row.
+typedef struct span {
+  int doc, task;
+  int64_t q_lo, q_hi;
+} span_t;
+
+static int cmp_span(const void *pa, const void *pb) {
+  const span_t *a = pa, *b = pb;
+  if (a->doc != b->doc) {
+    return a->doc < b->doc ? -1 : 1;
+  }
+  if (a->q_lo != b->q_lo) {
+    return a->q_lo < b->q_lo ? -1 : 1;
+  }
+  return a->task < b->task ? -1 : a->task > b->task;
+}
+
 static loom_status_t check_plan(const loom_attn_doc_t *docs, int ndocs,
                                 const loom_attn_task_t *tasks, int ntasks, int np) {
   int64_t *covered = calloc((size_t)ndocs + 1, sizeof(int64_t));
@@ -160,16 +177,28 @@ static loom_status_t check_plan(const loom_attn_doc_t *docs, int ndocs,
     }
   }
   // Rows counted once each is not enough: two overlapping tasks and a gap would also add up.
+  // Sorted by (document, first row), two tasks overlap only if two neighbours do: O(n log n),
+  // since replan runs every step (was: every pair of tasks, 0.5 s for 10,000 documents).
+  span_t *sp = status == LOOM_OK ? malloc(sizeof *sp * ((size_t)ntasks + 1)) : NULL;
+  if (status == LOOM_OK && !sp) {
+    status = loom_error(NULL, LOOM_ERR_NOMEM, "loom_attn_exec_create: out of memory");
+  }
   for (int i = 0; i < ntasks && status == LOOM_OK; i++) {
-    for (int j = i + 1; j < ntasks && status == LOOM_OK; j++) {
-      const loom_attn_task_t *a = &tasks[i], *b = &tasks[j];
-      if (a->doc == b->doc && a->q_lo < b->q_hi && b->q_lo < a->q_hi) {
-        status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                            "loom_attn_exec_create: tasks %d and %d overlap in document %d", i, j,
-                            a->doc);
-      }
+    sp[i] = (span_t){tasks[i].doc, i, tasks[i].q_lo, tasks[i].q_hi};
+  }
+  if (status == LOOM_OK) {
+    qsort(sp, (size_t)ntasks, sizeof *sp, cmp_span);
+  }
+  for (int i = 1; i < ntasks && status == LOOM_OK; i++) {
+    const span_t *a = &sp[i - 1], *b = &sp[i];
+    if (a->doc == b->doc && b->q_lo < a->q_hi) {
+      status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                          "loom_attn_exec_create: tasks %d and %d overlap in document %d",
+                          a->task < b->task ? a->task : b->task,
+                          a->task < b->task ? b->task : a->task, a->doc);
     }
   }
+  free(sp);
   free(covered);
   return status;
 }
