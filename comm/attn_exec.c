@@ -60,6 +60,9 @@ struct loom_attn_exec {
   int *serve;             // (nserve) task indices, plan order
   int64_t *task_q;        // (ntasks) batch row of each task this rank serves
   int64_t *task_k;        // (ntasks) batch key row of each task this rank serves
+  int *task_at, *task_kv; // (ntasks) a task's index and its document's key/value slot in its
+                          // pair (the tasks of this rank's pairs: as owner or as server)
+  int *doc_slot;          // (ndocs) scratch of make_pair: a document's slot in the pair, or -1
   int64_t bq, bk;         // batch rows
   int64_t cap_bq, cap_bk; // the rows the forward buffers hold
   int64_t cap_gq, cap_gk; // the rows the backward buffers hold
@@ -223,17 +226,19 @@ static loom_status_t make_pair(loom_attn_exec_t *x, int owner, int server, pair_
     if (t->owner != owner || t->server != server) {
       continue;
     }
+    x->task_at[i] = k;
     p->task[k] = i;
     p->q_off[k++] = p->q_floats;
     p->q_floats += (t->q_hi - t->q_lo) * hd;
-    int d = 0;
-    while (d < p->nkv && p->kv_doc[d] != t->doc) {
-      d++;
-    }
-    if (d == p->nkv) {
+    if (x->doc_slot[t->doc] < 0) { // (a map, not a search: a pair may hold 10^5 documents)
+      x->doc_slot[t->doc] = p->nkv;
       p->kv_doc[p->nkv++] = t->doc;
     }
+    const int d = x->task_kv[i] = x->doc_slot[t->doc];
     p->kv_rows[d] = kv_len(x, t) > p->kv_rows[d] ? kv_len(x, t) : p->kv_rows[d];
+  }
+  for (int d = 0; d < p->nkv; d++) { // the scratch back to -1 for the next pair
+    x->doc_slot[p->kv_doc[d]] = -1;
   }
   for (int d = 0; d < p->nkv; d++) {
     p->kv_off[d] = p->q_floats + p->kv_floats;
@@ -330,6 +335,9 @@ static loom_status_t set_plan(loom_attn_exec_t *x, const loom_attn_doc_t *docs, 
   free(x->serve);
   free(x->task_q);
   free(x->task_k);
+  free(x->task_at);
+  free(x->task_kv);
+  free(x->doc_slot);
   x->ndocs = ndocs;
   x->ntasks = ntasks;
   x->rows = 0;
@@ -342,10 +350,17 @@ static loom_status_t set_plan(loom_attn_exec_t *x, const loom_attn_doc_t *docs, 
   x->serve = calloc((size_t)ntasks + 1, sizeof(int));
   x->task_q = calloc((size_t)ntasks + 1, sizeof(int64_t));
   x->task_k = calloc((size_t)ntasks + 1, sizeof(int64_t));
-  if (!x->docs || !x->tasks || !x->doc_row || !x->serve || !x->task_q || !x->task_k) {
+  x->task_at = calloc((size_t)ntasks + 1, sizeof(int));
+  x->task_kv = calloc((size_t)ntasks + 1, sizeof(int));
+  x->doc_slot = malloc(sizeof(int) * ((size_t)ndocs + 1));
+  if (!x->docs || !x->tasks || !x->doc_row || !x->serve || !x->task_q || !x->task_k ||
+      !x->task_at || !x->task_kv || !x->doc_slot) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "attention servers: out of memory for the plan");
   }
   memcpy(x->docs, docs, sizeof *docs * (size_t)ndocs);
+  for (int i = 0; i < ndocs; i++) {
+    x->doc_slot[i] = -1;
+  }
   memcpy(x->tasks, tasks, sizeof *tasks * (size_t)ntasks);
   for (int i = 0; i < ndocs; i++) {
     if (docs[i].owner == x->me) {
@@ -552,9 +567,10 @@ void loom_attn_exec_destroy(loom_attn_exec_t *x) {
     }
   }
   free_batch(x);
-  void *owned[] = {x->docs,   x->tasks, x->doc_row, x->to,   x->from, x->serve,   x->task_q,
-                   x->task_k, x->sbuf,  x->rbuf,    x->fbuf, x->scap, x->rcap,    x->fcap,
-                   x->sreq,   x->rreq,  x->freq,    x->rst,  x->fst,  x->notified};
+  void *owned[] = {x->docs,   x->tasks,  x->doc_row, x->to,      x->from,     x->serve,
+                   x->task_q, x->task_k, x->task_at, x->task_kv, x->doc_slot, x->sbuf,
+                   x->rbuf,   x->fbuf,   x->scap,    x->rcap,    x->fcap,     x->sreq,
+                   x->rreq,   x->freq,   x->rst,     x->fst,     x->notified};
   for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) {
     free(owned[i]);
   }
@@ -931,15 +947,6 @@ fail:
   return status;
 }
 
-// Where task sits in pair p (it is there: the pair of its owner and this server).
-static int find_in_pair(const pair_t *p, int task) {
-  int i = 0;
-  while (p->task[i] != task) {
-    i++;
-  }
-  return i;
-}
-
 loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
   loom_status_t status = LOOM_OK;
   if (!x) {
@@ -990,11 +997,7 @@ loom_status_t loom_attn_exec_compute(loom_attn_exec_t *x) {
       sv = x->v_in + row * kvd;
     } else {
       const pair_t *p = &x->from[t->owner];
-      const int at = find_in_pair(p, x->serve[i]);
-      int d = 0;
-      while (p->kv_doc[d] != t->doc) {
-        d++;
-      }
+      const int at = x->task_at[x->serve[i]], d = x->task_kv[x->serve[i]];
       sq = in[t->owner] + p->q_off[at];
       sk = in[t->owner] + p->kv_off[d];
       sv = sk + p->kv_rows[d] * kvd;
@@ -1390,10 +1393,7 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
       const loom_attn_task_t *t = &x->tasks[p->task[i]];
       const int64_t nq = t->q_hi - t->q_lo, nk = kv_len(x, t);
       memcpy(f + p->q_off[i], x->dQb + task_q[p->task[i]] * hd, sizeof(float) * (size_t)(nq * hd));
-      int d = 0;
-      while (p->kv_doc[d] != t->doc) {
-        d++;
-      }
+      const int d = x->task_kv[p->task[i]];
       float *gk = f + p->kv_off[d], *gv = gk + p->kv_rows[d] * kvd;
       const float *sk_ = x->dKb + task_k[p->task[i]] * kvd, *sv = x->dVb + task_k[p->task[i]] * kvd;
       for (int64_t j = 0; j < nk * kvd; j++) {

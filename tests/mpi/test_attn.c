@@ -20,7 +20,8 @@
 //   hang; a plan that leaves a row out is LOOM_ERR_INVALID_ARG; outputs that share memory
 //   (dk and dv, lse and out) are LOOM_ERR_INVALID_ARG before any message; the ship or finish
 //   request of an executor destroyed before it completed is LOOM_ERR_STATE, not a read of freed
-//   memory; overlapping tasks are named, and the plan check is not quadratic in the tasks.
+//   memory; overlapping tasks are named, and neither the plan check nor a pair of 100,000 tasks
+//   costs time quadratic in the tasks.
 
 #define OK(call)                                                                                   \
   do {                                                                                             \
@@ -294,6 +295,42 @@ static void test_plan_check(const loom_group_t *g) {
   const double s = MPI_Wtime() - t0;
   CHECK(s < 10.0, "create and replan of %d tasks took %.1f s", N, s);
   loom_attn_exec_destroy(x);
+  x = NULL;
+  // 100,000 documents of one row, rank 0's, all served by the last rank: one (owner, server) pair
+  // of 100,000 tasks and key/value prefixes. Its layout and the server's batch look each task up
+  // in O(1) (was: a search of the pair per task, minutes). A one-row document's output is its v.
+  enum { M = 100000 };
+  loom_attn_doc_t *md = malloc(sizeof *md * M);
+  CHECK(md != NULL, "out of memory");
+  for (int i = 0; md && i < M; i++) {
+    md[i] = (loom_attn_doc_t){0, 1};
+    t[i] = (loom_attn_task_t){i, 0, 1, 0, world_size - 1};
+  }
+  const int64_t rows = world_rank == 0 ? M : 0;
+  int64_t sq[3] = {rows, 1, 1}, sl[2] = {1, rows};
+  loom_tensor_t q = test_tensor_f32(3, sq, "q"), k = test_tensor_f32(3, sq, "k");
+  loom_tensor_t v = test_tensor_f32(3, sq, "v"), o = test_tensor_f32(3, sq, "o");
+  loom_tensor_t l = test_tensor_f32(2, sl, "l"), dq = test_tensor_f32(3, sq, "dq");
+  loom_tensor_t dk = test_tensor_f32(3, sq, "dk"), dv = test_tensor_f32(3, sq, "dv");
+  test_rng_t rng = test_rng(17u);
+  test_fill_uniform(&rng, test_floats(&q), rows, -1, 1);
+  test_fill_uniform(&rng, test_floats(&k), rows, -1, 1);
+  test_fill_uniform(&rng, test_floats(&v), rows, -1, 1);
+  const double t1 = MPI_Wtime();
+  if (md) {
+    OK(loom_attn_exec_create(g, md, M, t, M, 1, 1, 1, 1, 0.0f, &x));
+  }
+  if (x) {
+    OK(loom_attn_exec_forward(x, &q, &k, &v, &o, &l));
+    OK(loom_attn_exec_backward(x, &o, &dq, &dk, &dv));
+  }
+  const double s2 = MPI_Wtime() - t1;
+  CHECK(s2 < 10.0, "%d one-row documents on one server took %.1f s", M, s2);
+  CHECK(test_same_bits(test_floats(&o), test_floats(&v), rows),
+        "a one-row document's output is not its v");
+  loom_attn_exec_destroy(x);
+  TEST_FREE(&q, &k, &v, &o, &l, &dq, &dk, &dv);
+  free(md);
   free(t);
 }
 
