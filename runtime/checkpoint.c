@@ -345,15 +345,27 @@ static loom_status_t parse_entry(reader_t *r, entry_t *e) {
   if (esize == 0 || ndim > LOOM_MAX_DIMS) {
     return corrupt(r, "an entry has an unknown dtype or more than LOOM_MAX_DIMS dimensions");
   }
+  // A zero extent anywhere makes the entry empty whatever the other extents are (the writer
+  // takes (1 << 45, 0) as 0 bytes), so the size bound applies only to shapes without one.
   uint64_t numel = 1;
+  int empty = 0;
   for (int d = 0; d < ndim; d++) {
     if (take(r, &e->shape[d], 8) != 0) {
       return corrupt(r, "the file ends inside an entry's shape");
     }
-    if (e->shape[d] < 0 || (e->shape[d] > 0 && numel > CKPT_MAX_FILE / (uint64_t)e->shape[d])) {
-      return corrupt(r, "an entry has a negative or impossibly large extent");
+    if (e->shape[d] < 0) {
+      return corrupt(r, "an entry has a negative extent");
+    }
+    empty |= e->shape[d] == 0;
+  }
+  for (int d = 0; d < ndim && !empty; d++) {
+    if (numel > CKPT_MAX_FILE / (uint64_t)e->shape[d]) {
+      return corrupt(r, "an entry has an impossibly large extent");
     }
     numel *= (uint64_t)e->shape[d];
+  }
+  if (empty) {
+    numel = 0;
   }
   if (take(r, &e->nbytes, 8) != 0) {
     return corrupt(r, "the file ends inside an entry's size");

@@ -103,6 +103,24 @@ int main(void) {
                    LOOM_ERR_INVALID_ARG, "loom_checkpoint_load", "not_saved", "missing");
   CHECK(test_all_equal(test_floats(&w2), 15, 9.0f), "a failed load wrote w2 (missing)");
 
+  // An empty tensor whose other extent is huge ((2^45, 0): 0 bytes) is saved, so it loads back
+  // (the reader once bounded the extents before the 0 and called the file corrupt).
+  {
+    char zpath[256];
+    path_of(zpath, sizeof zpath, "empty_wide.ckpt");
+    const int64_t s_z[3] = {(int64_t)1 << 45, 0, 3};
+    loom_tensor_t z;
+    CHECK(loom_tensor_wrap(&z, NULL, LOOM_F32, LOOM_DEVICE_HOST, 3, s_z, "z") == LOOM_OK,
+          "wrap (2^45, 0, 3): %s", loom_last_error(NULL));
+    const loom_tensor_t *zs[1] = {&z};
+    CHECK(loom_checkpoint_save(zpath, &info, zs, 1) == LOOM_OK, "save (2^45, 0, 3): %s",
+          loom_last_error(NULL));
+    loom_tensor_t *zd[1] = {&z};
+    st = loom_checkpoint_load(zpath, &info, zd, 1, NULL);
+    CHECK(st == LOOM_OK, "load (2^45, 0, 3): %s", loom_last_error(NULL));
+    unlink(zpath);
+  }
+
   // Every truncation and every single-byte change of the file is LOOM_ERR_CORRUPT.
   size_t size = 0;
   unsigned char *good = read_all(path, &size);
