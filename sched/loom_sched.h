@@ -63,7 +63,9 @@ typedef struct loom_task_desc {
 typedef struct loom_sched_opts {
   int workers; // worker threads (0: 1); started at the first run, only if a worker task exists
   // Chrome trace path (%r = rank); "" = off; NULL = LOOM_TIMELINE from ctx. LOOM_TIMELINE set
-  // in the environment overrides this field, as it overrides loom_config_t.
+  // in the environment overrides this field, as it overrides loom_config_t. One file per live
+  // scheduler: this field naming another one's file is LOOM_ERR_INVALID_ARG at create, and
+  // LOOM_TIMELINE's path gives the second scheduler NAME.s1.EXT (then .s2, ...), with a warning.
   const char *timeline;
   int rank; // timeline pid and %r when ctx is NULL (ignored otherwise)
   // Non-zero: compute and worker tasks queue CUDA work on the current device. The compute lane

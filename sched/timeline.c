@@ -4,10 +4,13 @@
 
 #include "timeline.h"
 
+#include <errno.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "error.h"
 #include "log.h"
@@ -36,7 +39,29 @@ struct loom_timeline {
   int broken;       // a write failed: record nothing more
   int named[TL_MAX_TRACKS];
   int nnamed;
+  dev_t dev; // the file's identity, for the list of open timelines
+  ino_t ino;
+  struct loom_timeline *next_open;
 };
+
+// The timelines open in this process: two schedulers writing one file would each rewrite it at
+// their own offsets (invalid JSON, events lost), so a second one is given another file.
+static pthread_mutex_t open_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct loom_timeline *open_list;
+
+// 1 when path names a file an open timeline of this process writes (call under open_mu).
+static int path_is_open(const char *path) {
+  struct stat sb;
+  if (stat(path, &sb) != 0) {
+    return 0;
+  }
+  for (const struct loom_timeline *o = open_list; o; o = o->next_open) {
+    if (o->dev == sb.st_dev && o->ino == sb.st_ino) {
+      return 1;
+    }
+  }
+  return 0;
+}
 
 // ---- JSON text -------------------------------------------------------------------------------
 
@@ -179,10 +204,23 @@ fail:
   return status;
 }
 
+// Take tl off the list of open timelines (a no-op when it is not on it).
+static void forget_open(struct loom_timeline *tl) {
+  pthread_mutex_lock(&open_mu);
+  for (struct loom_timeline **o = &open_list; *o; o = &(*o)->next_open) {
+    if (*o == tl) {
+      *o = tl->next_open;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&open_mu);
+}
+
 loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank, int64_t origin_ns,
                                  int per_rank_default, struct loom_timeline **out) {
   loom_status_t status = LOOM_OK;
   struct loom_timeline *tl = NULL;
+  int locked = 0; // open_mu held
   *out = NULL;
   tl = calloc(1, sizeof *tl);
   LOOM_CHECK_SYS(ctx, tl != NULL, "calloc(timeline)");
@@ -221,6 +259,36 @@ loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank,
   }
   tl->ev = malloc(TL_BUFFER_EVENTS * sizeof *tl->ev);
   LOOM_CHECK_SYS(ctx, tl->ev != NULL, "malloc(timeline buffer)");
+  pthread_mutex_lock(&open_mu);
+  locked = 1;
+  if (path_is_open(tl->path)) {
+    // Another scheduler of this process writes that file. A program's own path is its choice
+    // to correct; LOOM_TIMELINE (which overrides every scheduler's path) gets NAME.sK.EXT.
+    if (!per_rank_default) {
+      status = loom_error(ctx, LOOM_ERR_INVALID_ARG,
+                          "the timeline file '%s' is written by another loom_sched of this "
+                          "process: give each scheduler its own loom_sched_opts_t.timeline (or "
+                          "destroy the first one before creating the next)",
+                          tl->path);
+      goto fail;
+    }
+    char first[TL_PATH_MAX];
+    snprintf(first, sizeof first, "%s", tl->path);
+    const char *slash = strrchr(first, '/'), *dot = strrchr(first, '.');
+    int at = dot && dot > (slash ? slash : first) ? (int)(dot - first) : (int)strlen(first);
+    for (int k = 1; path_is_open(tl->path); k++) {
+      if (snprintf(tl->path, sizeof tl->path, "%.*s.s%d%s", at, first, k, first + at) >=
+          (int)sizeof tl->path) {
+        status = loom_error(ctx, LOOM_ERR_INVALID_ARG, "LOOM_TIMELINE path '%.200s...' is too long",
+                            first);
+        goto fail;
+      }
+    }
+    LOOM_WARN(LOOM_SUB_SCHED,
+              "LOOM_TIMELINE: %s is written by another scheduler of this process; this one "
+              "writes %s",
+              first, tl->path);
+  }
   tl->f = fopen(tl->path, "w");
   if (!tl->f) {
     int e = errno;
@@ -230,6 +298,14 @@ loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank,
                         tl->path, strerror(e));
     goto fail;
   }
+  struct stat sb;
+  if (fstat(fileno(tl->f), &sb) == 0) {
+    tl->dev = sb.st_dev, tl->ino = sb.st_ino;
+    tl->next_open = open_list;
+    open_list = tl;
+  }
+  pthread_mutex_unlock(&open_mu);
+  locked = 0;
   fprintf(tl->f,
           "{\"traceEvents\":[\n{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
           "\"args\":{\"name\":\"rank %d\"}}",
@@ -243,7 +319,11 @@ loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank,
   *out = tl;
   return LOOM_OK;
 fail:
+  if (locked) {
+    pthread_mutex_unlock(&open_mu);
+  }
   if (tl && tl->f) {
+    forget_open(tl);
     fclose(tl->f);
   }
   if (tl) {
@@ -300,6 +380,7 @@ loom_status_t loom_timeline_close(struct loom_timeline *tl) {
     return LOOM_OK;
   }
   loom_status_t status = loom_timeline_flush(tl);
+  forget_open(tl);
   if (fclose(tl->f) != 0 && status == LOOM_OK) {
     int e = errno;
     status = loom_error(tl->ctx, LOOM_ERR_SYSTEM, "closing the timeline %s failed: %s", tl->path,

@@ -15,6 +15,7 @@
 
 #include "../testutil.h"
 #include "loom_sched.h"
+#include "timeline.h"
 
 // ---- recording tasks -------------------------------------------------------------------------
 
@@ -720,6 +721,58 @@ static void test_timeline(void) {
   rmdir(dir);
 }
 
+// Two schedulers of one process on one timeline file each rewrote it at their own offsets (a
+// file that was not JSON, events lost, every call LOOM_OK). A program's own path is refused at
+// the second create, naming the fix; LOOM_TIMELINE's path gives the second NAME.s1.EXT.
+static void test_timeline_shared_file(void) {
+  char dir[] = "/tmp/loom_test_sched_XXXXXX";
+  if (!mkdtemp(dir)) {
+    CHECK(0, "mkdtemp failed");
+    return;
+  }
+  char path[256], s1[256];
+  snprintf(path, sizeof path, "%s/tl.json", dir);
+  snprintf(s1, sizeof s1, "%s/tl.s1.json", dir);
+  loom_sched_opts_t o = {.timeline = path};
+  loom_sched_t *a = NULL, *b = NULL;
+  CHECK(loom_sched_create(NULL, &o, &a) == LOOM_OK, "create: %s", loom_last_error(NULL));
+  if (!a) {
+    return;
+  }
+  struct rec ra = {0}, rb = {0};
+  add_task(a, "a_task_with_a_long_name", LOOM_LANE_COMPUTE, 0, &ra);
+  CHECK(loom_sched_run(a) == LOOM_OK && loom_sched_run(a) == LOOM_OK, "run a");
+  loom_error_clear();
+  test_expect_fail(loom_sched_create(NULL, &o, &b), LOOM_ERR_INVALID_ARG, LOOM_ERR_INVALID_ARG,
+                   path, "another loom_sched", TEST_HERE);
+  CHECK(b == NULL, "no second scheduler on the same file");
+  struct loom_timeline *tl = NULL;
+  CHECK(loom_timeline_open(NULL, path, 0, 0, 1, &tl) == LOOM_OK && tl,
+        "LOOM_TIMELINE's path taken by another scheduler: %s", loom_last_error(NULL));
+  if (tl) {
+    CHECK(!strcmp(loom_timeline_file(tl), s1), "the second file is %s, not %s", s1,
+          loom_timeline_file(tl));
+    loom_timeline_event(tl, "b", "compute", LOOM_TL_TID_COMPUTE, 1000, 2000, 0, 0);
+    CHECK(loom_timeline_close(tl) == LOOM_OK, "close the second timeline");
+  }
+  CHECK(loom_sched_destroy(a) == LOOM_OK, "destroy a");
+  char *t = slurp(path);
+  CHECK(t && balanced(t) && count(t, "\"ph\":\"X\"") == 2, "%s holds a's 2 events as JSON: %s",
+        path, t ? t : "(missing)");
+  free(t);
+  t = slurp(s1);
+  CHECK(t && balanced(t) && count(t, "\"ph\":\"X\"") == 1, "%s holds the second's event: %s", s1,
+        t ? t : "(missing)");
+  free(t);
+  // Once the first is destroyed its path is free again.
+  CHECK(loom_sched_create(NULL, &o, &b) == LOOM_OK, "create after destroy: %s",
+        loom_last_error(NULL));
+  add_task(b, "b", LOOM_LANE_COMPUTE, 0, &rb);
+  CHECK(loom_sched_run(b) == LOOM_OK && loom_sched_destroy(b) == LOOM_OK, "run b");
+  remove(path), remove(s1);
+  rmdir(dir);
+}
+
 int main(void) {
   test_dependencies();
   test_priorities_and_replay();
@@ -728,5 +781,6 @@ int main(void) {
   test_failure();
   test_workers();
   test_timeline();
+  test_timeline_shared_file();
   return check_exit("test_sched");
 }
