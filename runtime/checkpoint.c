@@ -16,6 +16,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "memory.h"
 
 #define CKPT_MAGIC    "LOOMCKPT"
 #define CKPT_END      "LOOMEND!"
@@ -603,6 +604,18 @@ loom_status_t loom_checkpoint_load(const char *path, const loom_ckpt_info_t *exp
   for (int i = 0; i < n; i++) {
     if (!tensors[i] || !tensors[i]->name[0]) {
       return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: tensors[%d] is NULL or unnamed", op, i);
+    }
+    // A destination the copy would refuse is refused here, before any tensor is written.
+    if (loom_tensor_numel(tensors[i]) > 0 && !tensors[i]->data) {
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "%s: tensors[%d] '%s' has %lld elements but data is NULL: allocate it "
+                        "(loom_tensor_alloc) before loading into it",
+                        op, i, tensors[i]->name, (long long)loom_tensor_numel(tensors[i]));
+    }
+    if ((status = loom_device_check(tensors[i]->device)) != LOOM_OK) {
+      char why[512];
+      snprintf(why, sizeof why, "%s", loom_last_error(NULL));
+      return loom_error(NULL, status, "%s: tensors[%d] '%s': %s", op, i, tensors[i]->name, why);
     }
   }
   LOOM_CHECK(loom_checkpoint_open(path, &ck));

@@ -121,6 +121,28 @@ int main(void) {
     unlink(zpath);
   }
 
+  // A destination the copy would refuse (no data; a device this process lacks) is refused
+  // before any tensor is written (w2 came first and was once loaded before the refusal).
+  {
+    loom_tensor_t nodata = b2;
+    nodata.data = NULL;
+    loom_tensor_t *dst_nodata[2] = {&w2, &nodata};
+    test_expect_fail(loom_checkpoint_load(path, &info, dst_nodata, 2, NULL), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, "loom_checkpoint_load", "data is NULL",
+                     "destination without data");
+    CHECK(test_all_equal(test_floats(&w2), 15, 9.0f), "a failed load wrote w2 (no data)");
+    if (loom_cuda_device_count() == 0) {
+      loom_tensor_t ondev = b2;
+      ondev.device = 0;
+      loom_tensor_t *dst_dev[2] = {&w2, &ondev};
+      test_expect_fail(loom_checkpoint_load(path, &info, dst_dev, 2, NULL), LOOM_ERR_INVALID_ARG,
+                       LOOM_ERR_UNSUPPORTED, "loom_checkpoint_load", "'b'",
+                       "destination on a missing device");
+      CHECK(test_all_equal(test_floats(&w2), 15, 9.0f), "a failed load wrote w2 (device)");
+    }
+    loom_error_clear();
+  }
+
   // Every truncation and every single-byte change of the file is LOOM_ERR_CORRUPT.
   size_t size = 0;
   unsigned char *good = read_all(path, &size);
