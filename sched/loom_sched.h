@@ -115,7 +115,8 @@ LOOM_API loom_status_t loom_sched_run(loom_sched_t *s);
 // turn has come, so communication progresses during the task. Only on the thread running
 // loom_sched_run; elsewhere (or outside a run) it does nothing.
 LOOM_API void loom_sched_poll(loom_sched_t *s);
-// Number the next run `step` (the following ones count up from it): a loop that resumed at step
+// Number the next run `step` (the following ones count up from it, up to INT64_MAX, where the
+// count stays): a loop that resumed at step
 // k calls it with k before its first run, so that the stats, the timeline and failure messages
 // carry the loop's step numbers. LOOM_ERR_INVALID_ARG for a negative step; LOOM_ERR_STATE from
 // inside a run.

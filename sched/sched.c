@@ -747,7 +747,9 @@ loom_status_t loom_sched_run(loom_sched_t *s) {
             st->comm_ms, st->worker_ms, st->exposed_worker_ms, (long long)st->polls,
             (long long)st->sleeps, (long long)st->progress_polls,
             status == LOOM_OK ? "" : " FAILED");
-  s->step++;
+  if (s->step < INT64_MAX) { // the count stops there (loom_sched_set_step(INT64_MAX) is valid)
+    s->step++;
+  }
   s->running = 0;
 fail:
   return status;

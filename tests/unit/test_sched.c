@@ -322,6 +322,16 @@ static void test_cycle_and_bad_args(void) {
   test_expect_fail(loom_sched_depend(s, ix, ix), LOOM_ERR_STATE, LOOM_ERR_STATE,
                    "loom_sched_depend", "fixed", TEST_HERE);
   CHECK(loom_sched_run(s) == LOOM_OK && x.ran == 2 && y.ran == 0, "the fixed graph still runs");
+  // The largest step loom_sched_set_step takes: the count stays there (its increment once
+  // overflowed, which UBSan aborts on).
+  CHECK(loom_sched_set_step(s, INT64_MAX) == LOOM_OK, "set_step(INT64_MAX): %s",
+        loom_last_error(NULL));
+  loom_step_stats_t ss;
+  for (int k = 0; k < 2; k++) {
+    CHECK(loom_sched_run(s) == LOOM_OK && loom_sched_step_stats(s, &ss) == LOOM_OK &&
+              ss.step == INT64_MAX,
+          "run %d after set_step(INT64_MAX): step %lld", k, (long long)ss.step);
+  }
   CHECK(loom_sched_destroy(s) == LOOM_OK, "destroy");
   CHECK(loom_sched_destroy(NULL) == LOOM_OK, "destroy(NULL)");
 
