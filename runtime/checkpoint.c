@@ -475,13 +475,18 @@ loom_status_t loom_checkpoint_open(const char *path, loom_checkpoint_t **out) {
   if (!path || !path[0]) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_checkpoint_open: path is NULL or empty");
   }
+  // stat before the open: opening a FIFO would wait for a writer (fstat after it checks again).
+  struct stat sb;
+  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
+    return loom_error(NULL, LOOM_ERR_CORRUPT,
+                      "loom_checkpoint_open: %s is not a regular file of at most 1 TiB", path);
+  }
   f = fopen(path, "rb");
   if (!f) {
     int e = errno;
     return loom_error(NULL, LOOM_ERR_SYSTEM, "loom_checkpoint_open: cannot open %s: %s", path,
                       strerror(e));
   }
-  struct stat sb;
   if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > CKPT_MAX_FILE) {
     status = loom_error(NULL, LOOM_ERR_CORRUPT,
                         "loom_checkpoint_open: %s is not a regular file of at most 1 TiB", path);

@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../check.h"
@@ -195,6 +197,26 @@ int main(void) {
   CHECK(st == LOOM_OK, "the file survives failed saves: %s", loom_last_error(NULL));
   test_expect_fail(loom_checkpoint_open("/nonexistent/x", &ck), LOOM_ERR_SYSTEM, LOOM_ERR_SYSTEM,
                    "loom_checkpoint_open", "cannot open", "no file");
+
+  // A FIFO (or a directory) is refused at once, never opened: opening a FIFO waits for a writer,
+  // which once hung loom_checkpoint_open. The test runs under a timeout in a child.
+  char fifo[300];
+  path_of(fifo, sizeof fifo, "fifo.ckpt");
+  CHECK(mkfifo(fifo, 0600) == 0, "mkfifo %s", fifo);
+  pid_t child = fork();
+  if (child == 0) {
+    alarm(30);
+    loom_checkpoint_t *c = NULL;
+    loom_status_t fst = loom_checkpoint_open(fifo, &c);
+    _exit(fst == LOOM_ERR_CORRUPT && strstr(loom_last_error(NULL), "not a regular file") ? 0 : 1);
+  }
+  int wst = 0;
+  CHECK(child > 0 && waitpid(child, &wst, 0) == child && WIFEXITED(wst) && WEXITSTATUS(wst) == 0,
+        "loom_checkpoint_open on a FIFO: refused as not a regular file, at once (status 0x%x)",
+        wst);
+  unlink(fifo);
+  test_expect_fail(loom_checkpoint_open(dir, &ck), LOOM_ERR_CORRUPT, LOOM_ERR_CORRUPT,
+                   "loom_checkpoint_open", "not a regular file", "a directory");
 
   // CRC32C check value (RFC 3720): "123456789" -> 0xE3069283.
   CHECK(loom_crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c %08x",
