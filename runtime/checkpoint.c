@@ -113,6 +113,12 @@ static loom_status_t check_save_args(const char *path, const loom_ckpt_info_t *i
   }
   for (int i = 0; i < n; i++) {
     const loom_tensor_t *t = tensors[i];
+    if (t && !memchr(t->name, '\0', LOOM_NAME_MAX)) { // a struct filled by hand
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "%s: tensors[%d] has a name of %d characters or more without its NUL: "
+                        "names have at most %d characters",
+                        op, i, LOOM_NAME_MAX, LOOM_NAME_MAX - 1);
+    }
     if (!t || !t->name[0] || loom_dtype_size(t->dtype) == 0 || t->ndim < 0 ||
         t->ndim > LOOM_MAX_DIMS || (loom_tensor_numel(t) > 0 && !t->data)) {
       return loom_error(NULL, LOOM_ERR_INVALID_ARG,
@@ -607,8 +613,11 @@ loom_status_t loom_checkpoint_load(const char *path, const loom_ckpt_info_t *exp
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: expect and tensors must be given", op);
   }
   for (int i = 0; i < n; i++) {
-    if (!tensors[i] || !tensors[i]->name[0]) {
-      return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: tensors[%d] is NULL or unnamed", op, i);
+    if (!tensors[i] || !tensors[i]->name[0] || !memchr(tensors[i]->name, '\0', LOOM_NAME_MAX)) {
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "%s: tensors[%d] is NULL, unnamed, or has a name without its NUL within "
+                        "LOOM_NAME_MAX (%d) characters",
+                        op, i, LOOM_NAME_MAX);
     }
     // A destination the copy would refuse is refused here, before any tensor is written.
     if (loom_tensor_numel(tensors[i]) > 0 && !tensors[i]->data) {

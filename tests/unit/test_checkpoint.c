@@ -189,6 +189,23 @@ int main(void) {
   const loom_tensor_t *dup[2] = {&w, &w};
   test_expect_fail(loom_checkpoint_save(path, &info, dup, 2), LOOM_ERR_INVALID_ARG,
                    LOOM_ERR_INVALID_ARG, "loom_checkpoint_save", "unique", "duplicate names");
+  // A name that fills LOOM_NAME_MAX without its NUL (a struct filled by hand) is refused: the
+  // writer once read past it and wrote a file the reader calls corrupt, returning LOOM_OK.
+  {
+    loom_tensor_t unterminated = w;
+    memset(unterminated.name, 'n', sizeof unterminated.name);
+    const loom_tensor_t *one[1] = {&unterminated};
+    char upath[300];
+    path_of(upath, sizeof upath, "unterminated.ckpt");
+    test_expect_fail(loom_checkpoint_save(upath, &info, one, 1), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, "loom_checkpoint_save", "without its NUL",
+                     "unterminated name");
+    CHECK(access(upath, F_OK) != 0, "no file for a refused save");
+    loom_tensor_t *one_dst[1] = {&unterminated};
+    test_expect_fail(loom_checkpoint_load(path, &info, one_dst, 1, NULL), LOOM_ERR_INVALID_ARG,
+                     LOOM_ERR_INVALID_ARG, "loom_checkpoint_load", "without its NUL",
+                     "unterminated name (load)");
+  }
   char nodir[300];
   snprintf(nodir, sizeof nodir, "%s/missing/x.ckpt", dir);
   test_expect_fail(loom_checkpoint_save(nodir, &info, all, 4), LOOM_ERR_SYSTEM, LOOM_ERR_SYSTEM,
