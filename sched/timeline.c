@@ -289,6 +289,15 @@ loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank,
               "writes %s",
               first, tl->path);
   }
+  struct stat sb;
+  if (stat(tl->path, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode))) {
+    // Opening a FIFO for writing waits for a reader, and the file is rewritten in place.
+    status = loom_error(ctx, LOOM_ERR_INVALID_ARG,
+                        "the timeline path '%s' (LOOM_TIMELINE) is a FIFO or socket: give the "
+                        "path of a regular file (loom rewrites its end at every flush)",
+                        tl->path);
+    goto fail;
+  }
   tl->f = fopen(tl->path, "w");
   if (!tl->f) {
     int e = errno;
@@ -298,7 +307,6 @@ loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank,
                         tl->path, strerror(e));
     goto fail;
   }
-  struct stat sb;
   if (fstat(fileno(tl->f), &sb) == 0) {
     tl->dev = sb.st_dev, tl->ino = sb.st_ino;
     tl->next_open = open_list;

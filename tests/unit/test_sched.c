@@ -719,6 +719,24 @@ static void test_timeline(void) {
     free(before), free(after);
   }
 
+  // An existing FIFO as the timeline path is refused at create, at once (opening it for writing
+  // once waited for a reader forever). The create runs in a child under alarm(30).
+  char tfifo[300];
+  snprintf(tfifo, sizeof tfifo, "%s/tl.fifo", dir);
+  CHECK(mkfifo(tfifo, 0600) == 0, "mkfifo %s", tfifo);
+  pid_t child = fork();
+  if (child == 0) {
+    alarm(30);
+    loom_sched_opts_t fo = {.timeline = tfifo};
+    loom_sched_t *fs = NULL;
+    loom_status_t fst = loom_sched_create(NULL, &fo, &fs);
+    _exit(fst == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), "FIFO") ? 0 : 1);
+  }
+  int wst = 0;
+  CHECK(child > 0 && waitpid(child, &wst, 0) == child && WIFEXITED(wst) && WEXITSTATUS(wst) == 0,
+        "a FIFO as the timeline: refused at once (status 0x%x)", wst);
+  unlink(tfifo);
+
   // A timeline path that cannot be created fails at create, naming the path.
   loom_sched_opts_t o = {.timeline = "/nonexistent-loom-dir/tl_%r.json"};
   loom_sched_t *s = NULL;
