@@ -98,7 +98,8 @@ typedef struct loom_sched loom_sched_t;
 
 // Create an empty graph. ctx may be NULL (tests, tools): errors then go to the thread's last
 // error only, and the timeline uses opts->rank. opts may be NULL (defaults). When a timeline
-// path is set, its file is created here (LOOM_ERR_SYSTEM naming the path if it cannot be).
+// path is set, its file is created here (LOOM_ERR_SYSTEM naming the path if it cannot be;
+// LOOM_ERR_INVALID_ARG for a FIFO or socket, or for the file of another live scheduler).
 LOOM_API loom_status_t loom_sched_create(loom_ctx_t *ctx, const loom_sched_opts_t *opts,
                                          loom_sched_t **s);
 // Add a task; *id receives its id (0, 1, ... in the order of addition). LOOM_ERR_STATE once the
