@@ -307,7 +307,7 @@ loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank,
                         tl->path, strerror(e));
     goto fail;
   }
-  if (fstat(fileno(tl->f), &sb) == 0) {
+  if (fstat(fileno(tl->f), &sb) == 0 && S_ISREG(sb.st_mode)) { // (/dev/null can be shared)
     tl->dev = sb.st_dev, tl->ino = sb.st_ino;
     tl->next_open = open_list;
     open_list = tl;
