@@ -61,7 +61,8 @@ typedef struct loom_task_desc {
 } loom_task_desc_t;
 
 typedef struct loom_sched_opts {
-  int workers; // worker threads (0: 1); started at the first run, only if a worker task exists
+  int workers; // worker threads (0: 1; at most one per worker task); started at the first run,
+               // only if a worker task exists
   // Chrome trace path (%r = rank); "" = off; NULL = LOOM_TIMELINE from ctx. LOOM_TIMELINE set
   // in the environment overrides this field, as it overrides loom_config_t. One file per live
   // scheduler: this field naming another one's file is LOOM_ERR_INVALID_ARG at create, and

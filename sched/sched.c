@@ -388,6 +388,10 @@ static loom_status_t freeze(loom_sched_t *s) {
   LOOM_CHECK_SYS(s->ctx, s->compute_ready.v && s->inflight && s->slot_busy && s->collected,
                  "calloc(scheduler state)");
   if (s->nworker_tasks > 0) {
+    // More threads than worker tasks would only wait: each task runs once a step.
+    if (s->nworkers > s->nworker_tasks) {
+      s->nworkers = s->nworker_tasks;
+    }
     LOOM_CHECK(loom_worker_pool_create(s->ctx, s->nworkers, s->nworker_tasks, &s->pool));
   }
   if (s->ncomm > 0 && s->progress_us > 0 && mpi_threads_ok()) {
@@ -428,6 +432,8 @@ fail:
     loom_sched_gpu_destroy(s->gpu), s->gpu = NULL;
 #endif
     free(s->names), s->names = NULL;
+    loom_worker_pool_destroy(s->pool), s->pool = NULL; // (a later run creates them again)
+    loom_progress_destroy(s->progress), s->progress = NULL;
   }
   return status;
 }

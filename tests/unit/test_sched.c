@@ -477,6 +477,16 @@ static void test_workers(void) {
     CHECK(atomic_load(&w_overlap) == 1, "with 3 workers, two worker tasks ran at once");
   }
   CHECK(loom_sched_destroy(s) == LOOM_OK, "destroy joins the threads");
+  // A pool never has more threads than worker tasks: a million asked for, one task, one thread
+  // (the pool tried to start all of them and failed with pthread_create's EAGAIN).
+  s = new_sched(1000000);
+  struct rec one = {0};
+  loom_task_desc_t od = {.name = "one", .lane = LOOM_LANE_WORKER, .run = overlap_run, .arg = &one};
+  CHECK(loom_sched_add(s, &od, &one.id) == LOOM_OK, "add the worker task");
+  CHECK(loom_sched_run(s) == LOOM_OK, "workers = 1000000, one worker task: %s",
+        loom_last_error(NULL));
+  CHECK(one.ran == 1 && atomic_load(&one.done), "the worker task ran once and completed");
+  CHECK(loom_sched_destroy(s) == LOOM_OK, "destroy");
 }
 
 // ---- timeline and merge ----------------------------------------------------------------------
