@@ -426,7 +426,8 @@ loom_status_t loom_attn_exec_create(const loom_group_t *g, const loom_attn_doc_t
   *out = NULL;
   if (loom_group_rank(g) < 0) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "loom_attn_exec_create: this rank is not a member of the group");
+                      "loom_attn_exec_create: this rank is not a member of the group: call it "
+                      "only on ranks where loom_group_rank(g) >= 0");
   }
   const int np = loom_group_size(g);
   if ((status = check_plan(docs, ndocs, tasks, ntasks, np)) != LOOM_OK) {

@@ -111,7 +111,8 @@ LOOM_API loom_status_t loom_moe_forward(loom_moe_t *moe, const loom_tensor_t *x,
 LOOM_API loom_status_t loom_moe_backward(loom_moe_t *moe, const loom_tensor_t *dy,
                                          loom_tensor_t *dx);
 
-// What the last forward did, on this rank.
+// What the last forward did, on this rank; the three times are those of the last call, forward
+// or backward.
 typedef struct loom_moe_stats {
   int num_experts, local_experts, first_expert;
   const int64_t *sent;     // (E) assignments this rank's tokens sent to each expert (kept)

@@ -253,8 +253,11 @@ loom_status_t loom_moe_create(loom_ctx_t *ctx, const loom_group_t *ep, const loo
   }
   *out = NULL;
   if (ep && loom_group_rank(ep) < 0) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "loom_moe_create: this rank is not a member of the expert-parallel group");
+    return loom_error(
+        NULL, LOOM_ERR_INVALID_ARG,
+        "loom_moe_create: this rank is not a member of the expert-parallel group: "
+        "call it only on ranks where loom_group_rank(ep) >= 0 (ep = NULL: every expert "
+        "on this rank)");
   }
   m = calloc(1, sizeof *m);
   if (!m) {

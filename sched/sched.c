@@ -300,7 +300,8 @@ static loom_status_t report_cycle(loom_sched_t *s) {
   }
   status = loom_error(s->ctx, LOOM_ERR_INVALID_ARG,
                       "loom_sched_run: the task graph has a cycle: %s (a -> b: b waits for a); "
-                      "remove one of these dependencies",
+                      "loom_sched_destroy it and build the graph again without one of these "
+                      "dependencies",
                       msg);
 fail:
   free(seen);
