@@ -109,6 +109,9 @@ loom_status_t loom_clip_grad_norm(loom_tensor_t *const *grads, int n, float max_
     sumsq += part;
   }
   double norm = sqrt(sumsq);
+  if (!isfinite((float)norm)) { // past float's range: reported as Inf, so it scales nothing
+    norm = INFINITY;
+  }
   double coef = loom_cpu_clip_coef(norm, (double)max_norm);
   if (coef < 1.0) {
     for (int i = 0; i < n; i++) {

@@ -259,6 +259,15 @@ static void test_clip(void) {
   CHECK(loom_clip_grad_norm(grads, 4, 1.0f, &got) == LOOM_OK && isinf(got), "Inf norm: %g",
         (double)got);
   CHECK(!memcmp(now, b.data, 28), "an infinite norm scaled the gradients");
+  // Finite gradients whose norm is past float's range: reported as Inf, so nothing is scaled
+  // either (the caller sees a non-finite norm; it was scaled while Inf was reported).
+  float *big = test_floats(&b);
+  big[2] = 3e38f;
+  big[3] = -3e38f;
+  memcpy(now, b.data, 28);
+  CHECK(loom_clip_grad_norm(grads, 4, 1.0f, &got) == LOOM_OK && isinf(got), "norm past FLT_MAX: %g",
+        (double)got);
+  CHECK(!memcmp(now, b.data, 28), "a norm reported as Inf scaled the gradients");
   loom_tensor_free(&a);
   loom_tensor_free(&b);
   loom_tensor_free(&c);
