@@ -64,10 +64,15 @@ static loom_status_t time_split(loom_ctx_t *ctx, const loom_group_t *ep, loom_mo
 loom_status_t loom_moe_tune(loom_ctx_t *ctx, const loom_group_t *ep, const loom_moe_config_t *cfg,
                             int64_t tokens, int iters, FILE *out, loom_moe_tuning_t *best) {
   loom_status_t status = LOOM_OK;
-  if (!cfg || !best || tokens < 0 || iters < 1 || cfg->hidden < 1 ||
-      tokens > ((int64_t)1 << 40) / cfg->hidden) {
+  if (!cfg || !best) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_moe_tune: %s is NULL: pass it",
+                      !cfg ? "cfg" : "best");
+  }
+  if (tokens < 0 || iters < 1 || cfg->hidden < 1 || tokens > ((int64_t)1 << 40) / cfg->hidden) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "loom_moe_tune: pass cfg, best, tokens >= 0 and iters >= 1");
+                      "loom_moe_tune: tokens = %lld, iters = %d, cfg->hidden = %lld: pass "
+                      "tokens >= 0, iters >= 1 and hidden >= 1 with tokens x hidden <= 2^40",
+                      (long long)tokens, iters, (long long)cfg->hidden);
   }
   const int np = ep ? loom_group_size(ep) : 1, me = ep ? loom_group_rank(ep) : 0;
   loom_moe_config_t c = *cfg;
