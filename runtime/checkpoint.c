@@ -221,7 +221,10 @@ loom_status_t loom_checkpoint_save(const char *path, const loom_ckpt_info_t *inf
     return status;
   }
   char tmp[PATH_MAX];
-  if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
+  // Unique per save of this process (threads may save one path at once; the last rename wins).
+  static unsigned long saves;
+  const unsigned long nth = __atomic_add_fetch(&saves, 1, __ATOMIC_RELAXED);
+  if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%lu", path, (long)getpid(), nth) >= (int)sizeof tmp) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_checkpoint_save: path '%s' is too long",
                       path);
   }

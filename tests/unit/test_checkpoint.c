@@ -3,6 +3,7 @@
 #include "config.h"
 #include "loom.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,66 @@ static unsigned char *read_all(const char *path, size_t *size) {
   fclose(f);
   *size = (size_t)n;
   return b;
+}
+
+// Two threads saving one path over and over, each reading it back after every save: every
+// read must be a whole file of one of the two (they shared the temporary PATH.tmp.PID, so one
+// truncated or overwrote what the other was writing).
+#define RACE_SAVES 40
+#define RACE_N     (1 << 16)
+struct race {
+  const char *path;
+  float value;
+  int bad;
+  char why[512];
+};
+
+static void *race_saves(void *arg) {
+  struct race *r = arg;
+  int64_t n = RACE_N;
+  loom_tensor_t t = test_tensor(LOOM_F32, 1, &n, "x"), back = test_tensor(LOOM_F32, 1, &n, "x");
+  for (int64_t k = 0; k < n; k++) {
+    test_floats(&t)[k] = r->value;
+  }
+  const loom_tensor_t *in[1] = {&t};
+  loom_tensor_t *out[1] = {&back};
+  loom_ckpt_info_t info = {.world_size = 1, .rank = 0, .step = 1};
+  for (int i = 0; i < RACE_SAVES && !r->bad; i++) {
+    int64_t step = 0;
+    if (loom_checkpoint_save(r->path, &info, in, 1) != LOOM_OK ||
+        loom_checkpoint_load(r->path, &info, out, 1, &step) != LOOM_OK) {
+      snprintf(r->why, sizeof r->why, "%s", loom_last_error(NULL));
+      r->bad = 1;
+      break;
+    }
+    const float v = test_floats(&back)[0];
+    for (int64_t k = 0; k < n && !r->bad; k++) {
+      r->bad = test_floats(&back)[k] != v || (v != 1.0f && v != 2.0f);
+    }
+    if (r->bad) {
+      snprintf(r->why, sizeof r->why, "a read-back mixed the two files");
+    }
+  }
+  loom_tensor_free(&t);
+  loom_tensor_free(&back);
+  return NULL;
+}
+
+static void test_concurrent_saves(void) {
+  char path[256];
+  path_of(path, sizeof path, "race.ckpt");
+  struct race r[2] = {{path, 1.0f, 0, ""}, {path, 2.0f, 0, ""}};
+  pthread_t th[2];
+  quiet_begin();
+  for (int i = 0; i < 2; i++) {
+    CHECK(pthread_create(&th[i], NULL, race_saves, &r[i]) == 0, "pthread_create");
+  }
+  for (int i = 0; i < 2; i++) {
+    pthread_join(th[i], NULL);
+  }
+  quiet_end();
+  CHECK(!r[0].bad && !r[1].bad, "two threads saving one path: %s%s", r[0].why, r[1].why);
+  unlink(path);
 }
 
 int main(void) {
@@ -238,6 +299,8 @@ int main(void) {
   // CRC32C check value (RFC 3720): "123456789" -> 0xE3069283.
   CHECK(loom_crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c %08x",
         loom_crc32c(0, "123456789", 9));
+
+  test_concurrent_saves();
 
   unlink(path);
   rmdir(dir);
