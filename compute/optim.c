@@ -109,8 +109,8 @@ loom_status_t loom_clip_grad_norm(loom_tensor_t *const *grads, int n, float max_
     sumsq += part;
   }
   double norm = sqrt(sumsq);
-  if (!isfinite((float)norm)) { // past float's range: reported as Inf, so it scales nothing
-    norm = INFINITY;
+  if (isfinite(norm) && !isfinite((float)norm)) { // past float's range: reported as Inf, so it
+    norm = INFINITY;                              // scales nothing (NaN stays NaN)
   }
   double coef = loom_cpu_clip_coef(norm, (double)max_norm);
   if (coef < 1.0) {

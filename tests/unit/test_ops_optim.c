@@ -268,6 +268,11 @@ static void test_clip(void) {
   CHECK(loom_clip_grad_norm(grads, 4, 1.0f, &got) == LOOM_OK && isinf(got), "norm past FLT_MAX: %g",
         (double)got);
   CHECK(!memcmp(now, b.data, 28), "a norm reported as Inf scaled the gradients");
+  big[2] = NAN; // and a NaN norm is reported as NaN (the trainers print it)
+  memcpy(now, b.data, 28);
+  CHECK(loom_clip_grad_norm(grads, 4, 1.0f, &got) == LOOM_OK && isnan(got), "NaN norm: %g",
+        (double)got);
+  CHECK(!memcmp(now, b.data, 28), "a NaN norm scaled the gradients");
   loom_tensor_free(&a);
   loom_tensor_free(&b);
   loom_tensor_free(&c);
