@@ -16,6 +16,7 @@
 
 #include "error.h"
 #include "log.h"
+#include "file_regular.h"
 #include "memory.h"
 
 #define CKPT_MAGIC    "LOOMCKPT"
@@ -484,26 +485,20 @@ loom_status_t loom_checkpoint_open(const char *path, loom_checkpoint_t **out) {
   if (!path || !path[0]) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_checkpoint_open: path is NULL or empty");
   }
-  // stat before the open: opening a FIFO would wait for a writer (fstat after it checks again).
-  struct stat sb;
-  if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) {
-    return loom_error(NULL, LOOM_ERR_CORRUPT,
-                      "loom_checkpoint_open: %s is not a regular file of at most 1 TiB", path);
-  }
-  f = fopen(path, "rb");
+  uint64_t size = 0;
+  int not_regular = 0;
+  f = loom_fopen_regular(path, "rb", CKPT_MAX_FILE, &size, &not_regular);
   if (!f) {
     int e = errno;
-    return loom_error(NULL, LOOM_ERR_SYSTEM, "loom_checkpoint_open: cannot open %s: %s", path,
-                      strerror(e));
-  }
-  if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size > CKPT_MAX_FILE) {
-    status = loom_error(NULL, LOOM_ERR_CORRUPT,
-                        "loom_checkpoint_open: %s is not a regular file of at most 1 TiB", path);
-    goto fail;
+    return not_regular
+               ? loom_error(NULL, LOOM_ERR_CORRUPT,
+                            "loom_checkpoint_open: %s is not a regular file of at most 1 TiB", path)
+               : loom_error(NULL, LOOM_ERR_SYSTEM, "loom_checkpoint_open: cannot open %s: %s", path,
+                            strerror(e));
   }
   ck = calloc(1, sizeof *ck);
   LOOM_CHECK_SYS(NULL, ck != NULL, "calloc(loom_checkpoint)");
-  ck->size = (size_t)sb.st_size;
+  ck->size = (size_t)size;
   ck->buf = malloc(ck->size ? ck->size : 1);
   LOOM_CHECK_SYS(NULL, ck->buf != NULL, "malloc(checkpoint file)");
   if (ck->size && fread(ck->buf, 1, ck->size, f) != ck->size) {
