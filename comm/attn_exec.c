@@ -89,9 +89,9 @@ struct loom_attn_exec {
   // step with the peers', and every call but destroy is LOOM_ERR_STATE.
   loom_status_t broken;
   unsigned char *notified; // (np) NOTIFIED_* bits: what peers got this phase (or a notice)
-  // The ship's and the finish's requests not yet released: destroy detaches them, so that a
-  // wait for one afterwards is an error, not a read of the freed executor.
-  loom_request_t *live[2];
+  // Every ship and finish request not yet released, newest first: destroy detaches them all, so
+  // that a wait for one afterwards is an error, not a read of the freed executor.
+  struct live_req *live;
 };
 
 static int64_t kv_len(const loom_attn_exec_t *x, const loom_attn_task_t *t) {
@@ -534,6 +534,7 @@ static void drop_request(MPI_Request *r) {
 }
 
 static void detach_requests(loom_attn_exec_t *x);
+static void retire_ship_requests(loom_attn_exec_t *x);
 
 void loom_attn_exec_destroy(loom_attn_exec_t *x) {
   if (!x) {
@@ -836,6 +837,7 @@ loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
                       "that order)",
                       op);
   }
+  retire_ship_requests(x);
   x->phase = 1;
   x->batch_ready = 0;
   snprintf(x->name, sizeof x->name, "%.*s", (int)sizeof x->name - 1, q->name);
@@ -1124,19 +1126,28 @@ fail:
 
 // ---- the phases as requests, for a step scheduler's comm lane --------------------------------
 
-typedef struct finish_state {
+// A ship or finish request's state, linked into its executor's list until it is released.
+typedef struct live_req {
   loom_attn_exec_t *x; // NULL once the executor was destroyed
+  int finish;          // 0: a ship request, 1: a finish request (out and lse are its results)
+  int retired;         // a ship request whose forward went on to a later shipment: it completed
   loom_tensor_t out, lse;
-} finish_state_t;
+  struct live_req *next;
+} live_req_t;
 
 static void detach_requests(loom_attn_exec_t *x) {
-  if (x->live[0]) {
-    x->live[0]->state = NULL;
+  for (live_req_t *s = x->live; s; s = s->next) {
+    s->x = NULL;
   }
-  if (x->live[1]) {
-    ((finish_state_t *)x->live[1]->state)->x = NULL;
+  x->live = NULL;
+}
+
+// A new shipment: the ship requests of earlier forwards completed (every forward is finished
+// before the next ships), so a late wait for one returns at once instead of reading this phase.
+static void retire_ship_requests(loom_attn_exec_t *x) {
+  for (live_req_t *s = x->live; s; s = s->next) {
+    s->retired |= !s->finish;
   }
-  x->live[0] = x->live[1] = NULL;
 }
 
 static loom_status_t destroyed(const loom_request_t *r) {
@@ -1154,18 +1165,18 @@ static int sends_done(loom_attn_exec_t *x) {
 
 static loom_status_t poll_ship(loom_request_t *r, int block, int *done) {
   (void)block;
-  loom_attn_exec_t *x = r->state;
-  if (!x) {
+  live_req_t *s = r->state;
+  if (!s->x) {
     *done = 1;
     return destroyed(r);
   }
-  *done = test_posted(x, x->rreq, x->rst) && sends_done(x);
+  *done = s->retired || (test_posted(s->x, s->x->rreq, s->x->rst) && sends_done(s->x));
   return LOOM_OK;
 }
 
 static loom_status_t poll_finish(loom_request_t *r, int block, int *done) {
   (void)block;
-  finish_state_t *f = r->state;
+  live_req_t *f = r->state;
   *done = 0;
   if (!f->x) {
     *done = 1;
@@ -1178,20 +1189,38 @@ static loom_status_t poll_finish(loom_request_t *r, int block, int *done) {
   return loom_attn_exec_finish(f->x, &f->out, &f->lse);
 }
 
-static void release_ship(loom_request_t *r) {
-  loom_attn_exec_t *x = r->state;
-  if (x && x->live[0] == r) {
-    x->live[0] = NULL;
+static void release_live(loom_request_t *r) {
+  live_req_t *s = r->state;
+  if (s && s->x) {
+    live_req_t **p = &s->x->live;
+    while (*p && *p != s) {
+      p = &(*p)->next;
+    }
+    if (*p) {
+      *p = s->next;
+    }
   }
+  free(s);
+  r->state = NULL;
 }
 
-static void release_finish(loom_request_t *r) {
-  finish_state_t *f = r->state;
-  if (f->x && f->x->live[1] == r) {
-    f->x->live[1] = NULL;
+// A request for x's phase (op names it), linked into x's list; NULL when out of memory.
+static loom_request_t *live_request(loom_attn_exec_t *x, const char *op, int finish) {
+  live_req_t *s = calloc(1, sizeof *s);
+  loom_request_t *r = s ? loom_request_new(op) : NULL;
+  if (!r) {
+    free(s);
+    return NULL;
   }
-  free(r->state);
-  r->state = NULL;
+  s->x = x;
+  s->finish = finish;
+  s->next = x->live;
+  x->live = s;
+  r->state = s;
+  r->poll = finish ? poll_finish : poll_ship;
+  r->release = release_live;
+  r->watch = x->watch;
+  return r;
 }
 
 loom_status_t loom_attn_exec_ship_start(loom_attn_exec_t *x, const loom_tensor_t *q,
@@ -1204,17 +1233,12 @@ loom_status_t loom_attn_exec_ship_start(loom_attn_exec_t *x, const loom_tensor_t
   }
   *req = NULL;
   LOOM_CHECK(loom_attn_exec_ship(x, q, k, v));
-  loom_request_t *r = loom_request_new("loom_attn_exec_ship_start");
+  loom_request_t *r = live_request(x, "loom_attn_exec_ship_start", 0);
   if (!r) { // shipped: the phase goes on by hand (compute, finish), or the executor is destroyed
     return loom_error(NULL, LOOM_ERR_NOMEM,
                       "loom_attn_exec_ship_start: out of memory for the request (the shipment "
                       "left: call loom_attn_exec_compute and _finish, or destroy the executor)");
   }
-  r->state = x;
-  r->poll = poll_ship;
-  r->release = release_ship;
-  r->watch = x->watch;
-  x->live[0] = r;
   *req = r;
 fail:
   return status;
@@ -1239,18 +1263,13 @@ loom_status_t loom_attn_exec_finish_start(loom_attn_exec_t *x, loom_tensor_t *ou
                       op);
   }
   LOOM_CHECK(check_results(op, out, lse, x->rows, (int64_t)x->H * x->D, x->H));
-  finish_state_t *f = malloc(sizeof *f);
-  loom_request_t *r = f ? loom_request_new(op) : NULL;
+  loom_request_t *r = live_request(x, op, 1);
   if (!r) {
-    free(f);
     return loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
   }
-  *f = (finish_state_t){x, *out, *lse};
-  r->state = f;
-  r->poll = poll_finish;
-  r->release = release_finish;
-  r->watch = x->watch;
-  x->live[1] = r;
+  live_req_t *f = r->state;
+  f->out = *out;
+  f->lse = *lse;
   *req = r;
 fail:
   return status;

@@ -422,6 +422,28 @@ static void test_errors(const loom_group_t *g) {
             "waiting for the %s of a destroyed executor gave %s (%s)", which ? "finish" : "ship",
             loom_strerror(st), loom_last_error(NULL));
     }
+    // Ship requests of earlier forwards never waited for: a later shipment retires them (a wait
+    // returns OK at once), and destroy detaches every one, not only the newest (was: the older
+    // one kept the freed executor, and a wait for it read freed memory).
+    loom_attn_exec_t *ax = NULL;
+    OK(loom_attn_exec_create(g, all, world_size, allt, world_size, H, HKV, D, 1, 0.0f, &ax));
+    if (ax) {
+      loom_request_t *ship[3] = {NULL, NULL, NULL};
+      for (int f = 0; f < 3; f++) {
+        OK(loom_attn_exec_ship_start(ax, &q, &k, &v, &ship[f]));
+        OK(loom_attn_exec_compute(ax));
+        OK(loom_attn_exec_finish(ax, &o, &l));
+      }
+      OK(loom_wait(&ship[1])); // retired by the third shipment
+      CHECK(!ship[1], "a retired ship request was not released by its wait");
+      loom_attn_exec_destroy(ax);
+      for (int f = 0; f < 3; f += 2) {
+        loom_status_t st = loom_wait(&ship[f]);
+        CHECK(st == LOOM_ERR_STATE && strstr(loom_last_error(NULL), "destroy") && !ship[f],
+              "waiting for forward %d's ship request after destroy gave %s (%s)", f,
+              loom_strerror(st), loom_last_error(NULL));
+      }
+    }
     TEST_FREE(&q, &k, &v, &o, &l);
   }
   // A row left out.
