@@ -11,9 +11,10 @@
 #include "loom_attn.h"
 #include "loom_compute.h"
 
-#define MEASURE_ROWS 256 // query rows of each batch
-#define SHORT_LEN    4   // the short documents' length
-#define MEASURE_REPS 5   // the fastest of this many forward + backward runs counts
+#define MEASURE_ROWS      256   // query rows of each batch
+#define SHORT_LEN         4     // the short documents' length
+#define MEASURE_MAX_WIDTH 65536 // heads x head_dim: 9 buffers of 256 rows, 576 MiB at most
+#define MEASURE_REPS      5     // the fastest of this many forward + backward runs counts
 
 static double now_ms(void) {
   struct timespec ts;
@@ -85,6 +86,16 @@ loom_status_t loom_attn_measure_row_cost(int heads, int kv_heads, int head_dim, 
   if (causal != 0 && causal != 1) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "loom_attn_measure_row_cost: causal = %d: need 1 (causal) or 0", causal);
+  }
+  // Nine batches of MEASURE_ROWS rows of heads x head_dim floats: 4096 x 4096 would ask for
+  // 150 GB and meet the OOM killer rather than a failed malloc. Per row and per pair both grow
+  // with the heads, so their ratio, the result, is measured as well on fewer.
+  if ((int64_t)heads * head_dim > MEASURE_MAX_WIDTH) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "loom_attn_measure_row_cost: heads x head_dim = %d x %d is over %d: the "
+                      "result is a ratio per head, so measure with heads and kv_heads divided by "
+                      "the same factor",
+                      heads, head_dim, MEASURE_MAX_WIDTH);
   }
   batch_t b;
   memset(&b, 0, sizeof b);

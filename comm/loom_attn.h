@@ -105,8 +105,9 @@ LOOM_API void loom_attn_exec_stats(const loom_attn_exec_t *x, loom_attn_exec_sta
 // heads of head_dim, causal or not. It times the CPU kernels' forward + backward (the fastest of
 // 5 runs) on 256 rows as one document and as 64 documents of 4 rows, and solves
 // time = per_pair * pairs + per_row * rows for per_row / per_pair (0 when the timer cannot tell
-// them apart). About 10-100 ms. The value depends on the core and its load: measure on one rank
-// and broadcast, since every rank must plan with the same one.
+// them apart). heads x head_dim is at most 65536 (the ratio is per head: measure wider models
+// with fewer heads). About 10-100 ms. The value depends on the core and its load: measure on
+// one rank and broadcast, since every rank must plan with the same one.
 LOOM_API loom_status_t loom_attn_measure_row_cost(int heads, int kv_heads, int head_dim, int causal,
                                                   double *row_cost);
 

@@ -446,6 +446,18 @@ static void test_errors(const loom_group_t *g) {
     }
     TEST_FREE(&q, &k, &v, &o, &l);
   }
+  // The row cost measurement: a small shape measures (>= 0), one too wide for its nine batches
+  // is refused before any allocation (was: 150 GB asked for, and the OOM killer).
+  {
+    double cost = -1.0;
+    OK(loom_attn_measure_row_cost(2, 1, 8, 1, &cost));
+    CHECK(cost >= 0.0, "row cost of a small shape is %g", cost);
+    loom_status_t st = loom_attn_measure_row_cost(4096, 4096, 4096, 1, &cost);
+    CHECK(st == LOOM_ERR_INVALID_ARG &&
+              strstr(loom_last_error(NULL), "divided by the same factor") && cost == 0.0,
+          "4096 heads of 4096 gave %s (%s), cost %g", loom_strerror(st), loom_last_error(NULL),
+          cost);
+  }
   // A row left out.
   loom_attn_doc_t d[2] = {{0, 10}, {world_size - 1, 10}};
   loom_attn_task_t t[3] = {{0, 0, 10, 0, 0}, {1, 0, 9, world_size - 1, 0}};
