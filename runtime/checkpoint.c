@@ -215,19 +215,71 @@ static loom_status_t sync_dir(const char *path) {
   return LOOM_OK;
 }
 
+// Where a save of path lands (out, size bytes): path, or the file its chain of symbolic links
+// names, so that a link stays a link and the data lands where it points. *mode is the mode of
+// the regular file replaced (its permissions carry over), 0 for a new file.
+static loom_status_t save_target(const char *path, char *out, size_t size, mode_t *mode) {
+  static const char op[] = "loom_checkpoint_save";
+  *mode = 0;
+  if (snprintf(out, size, "%s", path) >= (int)size) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: path '%s' is too long", op, path);
+  }
+  for (int hops = 0;; hops++) {
+    struct stat st;
+    if (lstat(out, &st) != 0) {
+      int e = errno;
+      if (e == ENOENT) { // a new file (or the missing target of a link); a missing directory
+        return LOOM_OK;  // fails at the create, with its own message
+      }
+      return loom_error(NULL, LOOM_ERR_SYSTEM, "%s: cannot look at %s: %s", op, out, strerror(e));
+    }
+    if (S_ISREG(st.st_mode)) {
+      *mode = st.st_mode & 07777;
+      return LOOM_OK;
+    }
+    if (!S_ISLNK(st.st_mode)) { // a rename would replace a FIFO or device, or fail on a directory
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "%s: %s is not a regular file (a %s): give the path of a file to write", op,
+                        out, S_ISDIR(st.st_mode) ? "directory" : "FIFO, socket or device");
+    }
+    char link[PATH_MAX];
+    ssize_t len = hops < 40 ? readlink(out, link, sizeof link - 1) : -1;
+    if (len < 0) {
+      int e = hops < 40 ? errno : ELOOP;
+      return loom_error(NULL, LOOM_ERR_SYSTEM, "%s: following the link %s: %s", op, out,
+                        strerror(e));
+    }
+    link[len] = '\0';
+    const char *slash = strrchr(out, '/');
+    char next[PATH_MAX];
+    int w = link[0] == '/' || !slash
+                ? snprintf(next, sizeof next, "%s", link)
+                : snprintf(next, sizeof next, "%.*s/%s", (int)(slash - out), out, link);
+    if (w < 0 || w >= (int)sizeof next || w >= (int)size) {
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: the link %s names a path too long", op,
+                        out);
+    }
+    memcpy(out, next, (size_t)w + 1);
+  }
+}
+
 loom_status_t loom_checkpoint_save(const char *path, const loom_ckpt_info_t *info,
                                    const loom_tensor_t *const *tensors, int n) {
   loom_status_t status = check_save_args(path, info, tensors, n);
   if (status != LOOM_OK) {
     return status;
   }
-  char tmp[PATH_MAX];
+  char target[PATH_MAX], tmp[PATH_MAX];
+  mode_t mode = 0;
+  if ((status = save_target(path, target, sizeof target, &mode)) != LOOM_OK) {
+    return status;
+  }
   // Unique per save of this process (threads may save one path at once; the last rename wins).
   static unsigned long saves;
   const unsigned long nth = __atomic_add_fetch(&saves, 1, __ATOMIC_RELAXED);
-  if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%lu", path, (long)getpid(), nth) >= (int)sizeof tmp) {
+  if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%lu", target, (long)getpid(), nth) >= (int)sizeof tmp) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_checkpoint_save: path '%s' is too long",
-                      path);
+                      target);
   }
   writer_t w = {.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), .path = tmp};
   if (w.fd < 0) {
@@ -236,6 +288,12 @@ loom_status_t loom_checkpoint_save(const char *path, const loom_ckpt_info_t *inf
                       "loom_checkpoint_save: cannot create %s: %s (does the directory exist and "
                       "is it writable?)",
                       tmp, strerror(e));
+  }
+  if (mode != 0 && fchmod(w.fd, mode) != 0) { // the replaced file's permissions, not the umask's
+    int e = errno;
+    status = loom_error(NULL, LOOM_ERR_SYSTEM, "loom_checkpoint_save: fchmod %s to %o: %s", tmp,
+                        (unsigned)mode, strerror(e));
+    goto fail;
   }
   uint8_t header[CKPT_HEADER];
   uint32_t version = CKPT_VERSION, count = (uint32_t)n;
@@ -269,13 +327,13 @@ loom_status_t loom_checkpoint_save(const char *path, const loom_ckpt_info_t *inf
     goto fail;
   }
   w.fd = -1;
-  if (rename(tmp, path) != 0) {
+  if (rename(tmp, target) != 0) {
     int e = errno;
     status = loom_error(NULL, LOOM_ERR_SYSTEM, "loom_checkpoint_save: rename %s -> %s: %s", tmp,
-                        path, strerror(e));
+                        target, strerror(e));
     goto fail;
   }
-  LOOM_CHECK(sync_dir(path));
+  LOOM_CHECK(sync_dir(target));
   LOOM_INFO(LOOM_SUB_MEM, "checkpoint %s: %d tensors, %llu bytes, step %lld", path, n,
             (unsigned long long)w.offset, (long long)step);
   return LOOM_OK;

@@ -30,7 +30,10 @@ typedef struct loom_ckpt_info {
 
 // Write tensors (host or device; names must be unique and non-empty) to path atomically: a
 // temporary file in the same directory, fsync, rename over path, fsync of the directory. A
-// failure leaves any previous file at path untouched and removes the temporary.
+// failure leaves any previous file at path untouched and removes the temporary. A symbolic link
+// at path stays: the file it points to is written (through the same steps, in its directory).
+// A file replaced keeps its permissions; a new one gets 0644 less the umask. A directory, FIFO
+// or device at path is refused.
 LOOM_API loom_status_t loom_checkpoint_save(const char *path, const loom_ckpt_info_t *info,
                                             const loom_tensor_t *const *tensors, int n);
 

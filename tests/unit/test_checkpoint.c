@@ -99,6 +99,57 @@ static void test_concurrent_saves(void) {
   unlink(path);
 }
 
+// 1 when path is a symbolic link.
+static int is_link(const char *path) {
+  struct stat st;
+  return lstat(path, &st) == 0 && S_ISLNK(st.st_mode);
+}
+
+// A save through a symbolic link writes the file it points to and leaves the link (was: the
+// rename replaced the link with a file); a replaced file keeps its mode (was: 0644 less the
+// umask); a FIFO or a directory at the path is refused.
+static void test_save_targets(const loom_tensor_t *const *all, int n,
+                              const loom_ckpt_info_t *info) {
+  char file[300], link[300], dangling[300], target[300], fifo[300];
+  path_of(file, sizeof file, "private.ckpt");
+  path_of(link, sizeof link, "link.ckpt");
+  path_of(dangling, sizeof dangling, "dangling.ckpt");
+  path_of(target, sizeof target, "later.ckpt");
+  path_of(fifo, sizeof fifo, "save.fifo");
+  struct stat st;
+  CHECK(loom_checkpoint_save(file, info, all, n) == LOOM_OK, "save: %s", loom_last_error(NULL));
+  CHECK(chmod(file, 0600) == 0, "chmod");
+  CHECK(loom_checkpoint_save(file, info, all, n) == LOOM_OK, "save: %s", loom_last_error(NULL));
+  CHECK(stat(file, &st) == 0 && (st.st_mode & 07777) == 0600,
+        "a replaced file's mode 0600 became %o", (unsigned)(st.st_mode & 07777));
+  CHECK(symlink("private.ckpt", link) == 0, "symlink");
+  CHECK(loom_checkpoint_save(link, info, all, n) == LOOM_OK, "save via a link: %s",
+        loom_last_error(NULL));
+  CHECK(is_link(link), "a save through a symbolic link replaced the link with a file");
+  CHECK(stat(file, &st) == 0 && (st.st_mode & 07777) == 0600, "the link's target lost its mode: %o",
+        (unsigned)(st.st_mode & 07777));
+  loom_checkpoint_t *ck = NULL;
+  CHECK(loom_checkpoint_open(link, &ck) == LOOM_OK, "open via the link: %s", loom_last_error(NULL));
+  loom_checkpoint_close(ck);
+  // A link to a file not made yet (relative, as above): the file is made where it points.
+  CHECK(symlink("later.ckpt", dangling) == 0, "symlink");
+  CHECK(loom_checkpoint_save(dangling, info, all, n) == LOOM_OK, "save via a dangling link: %s",
+        loom_last_error(NULL));
+  CHECK(is_link(dangling) && stat(target, &st) == 0 && S_ISREG(st.st_mode),
+        "a save through a dangling link did not write its target");
+  CHECK(mkfifo(fifo, 0600) == 0, "mkfifo");
+  test_expect_fail(loom_checkpoint_save(fifo, info, all, n), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, "loom_checkpoint_save", "not a regular file",
+                   "a FIFO at the path");
+  CHECK(lstat(fifo, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO was replaced");
+  test_expect_fail(loom_checkpoint_save(dir, info, all, n), LOOM_ERR_INVALID_ARG,
+                   LOOM_ERR_INVALID_ARG, "loom_checkpoint_save", "directory", "a directory");
+  const char *made[] = {file, link, dangling, target, fifo};
+  for (int i = 0; i < 5; i++) {
+    unlink(made[i]);
+  }
+}
+
 int main(void) {
   CHECK(mkdtemp(dir) != NULL, "mkdtemp");
   char path[256];
@@ -295,6 +346,8 @@ int main(void) {
   unlink(fifo);
   test_expect_fail(loom_checkpoint_open(dir, &ck), LOOM_ERR_CORRUPT, LOOM_ERR_CORRUPT,
                    "loom_checkpoint_open", "not a regular file", "a directory");
+
+  test_save_targets(all, 4, &info);
 
   // CRC32C check value (RFC 3720): "123456789" -> 0xE3069283.
   CHECK(loom_crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c %08x",
