@@ -481,6 +481,33 @@ static int out_is_input(const char *out, char **inputs, int n) {
   return 0;
 }
 
+// 1 (and says so) when one file is named twice among the inputs (a repeated glob, or a path and
+// a link to it): its events would be merged twice into one process.
+static int input_repeated(char **inputs, int n) {
+  struct stat *st = calloc((size_t)n, sizeof *st);
+  int repeated = 0;
+  if (!st) {
+    return 0; // the merge itself will say it is out of memory
+  }
+  for (int i = 0; i < n && !repeated; i++) {
+    if (stat(inputs[i], &st[i]) != 0) {
+      st[i].st_ino = 0; // missing: read_file says so
+      continue;
+    }
+    for (int j = 0; j < i && !repeated; j++) {
+      if (st[j].st_ino != 0 && st[j].st_dev == st[i].st_dev && st[j].st_ino == st[i].st_ino) {
+        fprintf(stderr,
+                "loom_timeline_merge: inputs %d (%s) and %d (%s) are the same file: name each "
+                "rank's trace once\n",
+                j, inputs[j], i, inputs[i]);
+        repeated = 1;
+      }
+    }
+  }
+  free(st);
+  return repeated;
+}
+
 // 1 when the existing file OUT is one rank's trace rather than an earlier merge: a Chrome trace
 // without this tool's mark whose events hold at most one pid. A glob over the traces
 // (loom_timeline_merge trace.*.json) makes rank 0's trace the output: -f must not replace it.
@@ -503,7 +530,8 @@ static void usage(FILE *out) {
           "Merges the per-rank Chrome traces written under LOOM_TIMELINE (one per rank, %%r in\n"
           "the path) into OUT.json for Perfetto or chrome://tracing; each rank is one process.\n"
           "OUT.json must not exist (-f replaces an earlier merge), and is never one of the\n"
-          "inputs nor a rank's trace (trace.*.json alone would make rank 0's the output).\n");
+          "inputs nor a rank's trace (trace.*.json alone would make rank 0's the output);\n"
+          "each input is named once.\n");
 }
 
 int main(int argc, char **argv) {
@@ -526,7 +554,7 @@ int main(int argc, char **argv) {
             argv[1]);
     return 2;
   }
-  if (out_is_input(argv[1], argv + 2, n)) {
+  if (out_is_input(argv[1], argv + 2, n) || input_repeated(argv + 2, n)) {
     return 2;
   }
   if (access(argv[1], F_OK) == 0 && out_is_rank_trace(argv[1])) { // e.g. trace.*.json alone

@@ -727,6 +727,10 @@ static void test_timeline(void) {
     char *after = slurp(f1);
     CHECK(before && after && !strcmp(before, after), "the input named as output is unchanged");
     free(before), free(after);
+    // One trace named twice (was: merged twice, with a warning only).
+    snprintf(cmd, sizeof cmd, "'%s' -f '%s' '%s' '%s' '%s' >'%s' 2>&1", tool, merged, f0, f1, f0,
+             log);
+    merge_says(cmd, log, 2, "are the same file", "name each rank's trace once");
   }
 
   // An existing FIFO as the timeline path is refused at create, at once (opening it for writing
