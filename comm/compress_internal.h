@@ -100,7 +100,8 @@ loom_status_t loom_powersgd_setup(const loom_compressor_t *c, const loom_ef_t *e
 // column that vanishes becomes zero. Deterministic: every rank gets the same bits.
 void loom_powersgd_orthonormalise(float *p, int64_t rows, int r);
 // The warm start of name: *q is its Q in ef's side table (cols x r, host memory; a fixed random
-// start on every rank when new, else the last step's summed Q), orthonormalised in place.
+// start on every rank when new, else the last step's summed Q), orthonormalised in place. A Q
+// with a non-finite value, and a column that vanished, start again from the fixed start.
 loom_status_t loom_powersgd_warm_q(loom_ef_t *ef, const char *name, const loom_powersgd_dims_t *d,
                                    float **q);
 // Bytes one rank sends for the two allreduces (P and Q) on np ranks.

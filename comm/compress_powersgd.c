@@ -67,21 +67,49 @@ void loom_powersgd_orthonormalise(float *p, int64_t rows, int r) {
   }
 }
 
+// The fixed start of Q (cols x r), the same on every rank: a stream uniform in [-1, 1), into the
+// columns j with redo[j] set.
+static void random_start(float *q, int64_t nq, int r, const char *redo) {
+  uint64_t s = 0x706f77657273ull; // "powers"
+  for (int64_t i = 0; i < nq; i++) {
+    s = loom_mix64(s);
+    if (redo[i % r]) {
+      q[i] = (float)((double)(s >> 11) * 0x1p-52 - 1.0);
+    }
+  }
+}
+
 loom_status_t loom_powersgd_warm_q(loom_ef_t *ef, const char *name, const loom_powersgd_dims_t *d,
                                    float **out) {
   loom_status_t status = LOOM_OK;
   float *q = NULL;
   int fresh = 0;
   const int64_t nq = d->cols * d->r;
+  char redo[1024]; // (r) columns to start again (c->rank <= 1024)
   LOOM_CHECK(loom_ef_side(ef, name, nq, &q, &fresh));
-  if (fresh) { // the same start on every rank: a fixed stream, uniform in [-1, 1)
-    uint64_t s = 0x706f77657273ull; // "powers"
-    for (int64_t i = 0; i < nq; i++) {
-      s = loom_mix64(s);
-      q[i] = (float)((double)(s >> 11) * 0x1p-52 - 1.0);
-    }
+  int nonfinite = 0;
+  for (int64_t i = 0; i < nq && !fresh; i++) {
+    nonfinite |= !isfinite(q[i]);
+  }
+  memset(redo, 1, (size_t)d->r);
+  if (fresh || nonfinite) { // NaN would stay in Q through every later step
+    random_start(q, nq, d->r, redo);
   }
   loom_powersgd_orthonormalise(q, d->cols, d->r); // the last step's summed Q, re-normalised
+  // A column that vanished (a step whose gradient was zero, or of lower rank) would stay zero
+  // for ever (P = M Q, Q = M^T P): it starts again, on every rank alike (Q is the same there).
+  int vanished = 0;
+  for (int j = 0; j < d->r; j++) {
+    redo[j] = 1;
+    for (int64_t i = 0; i < d->cols && redo[j]; i++) {
+      redo[j] = q[i * d->r + j] == 0.0f;
+    }
+    vanished |= redo[j];
+  }
+  if (vanished) {
+    random_start(q, nq, d->r, redo);
+    loom_powersgd_orthonormalise(q, d->cols, d->r);
+  }
   *out = q;
 fail:
   return status;

@@ -22,6 +22,7 @@
 //   previous residual (indivisible);
 // - loom_icompressed_allreduce with two calls in flight equals the blocking calls bitwise;
 // - powersgd at full rank reproduces the exact sum, at rank 1 on rank-1 inputs too, and needs ef;
+//   a step of zeros or of non-finite values does not stop the next ones from being exact;
 // - errors: an f16 tensor, an unnamed tensor with ef, a bad op.
 // With LOOM_COMPRESS_CHUNK set small in the spec, the flat schemes cut tensors into pipelined
 // chunks, chunk k encoded on its own with seed + k: the expected values are computed so too.
@@ -349,6 +350,56 @@ static void test_powersgd(const loom_group_t *g) {
   loom_compressor_destroy(c);
 }
 
+// PowerSGD's warm start survives a step whose gradient is all zeros (a frozen layer, an embedding
+// no token hit) or not finite (the step the trainer skips): the next rank-1 step is still the
+// exact sum, not zeros or NaN for ever (Q = M^T P is zero, or NaN, after such a step).
+static void test_powersgd_restart(const loom_group_t *g) {
+  const int np = loom_group_size(g), me = loom_group_rank(g);
+  loom_compressor_t *c = NULL;
+  OK(loom_compressor_create("powersgd:1", &c));
+  const float bad[3] = {0.0f, NAN, INFINITY};
+  const char *what[3] = {"zeros", "NaN", "Inf"};
+  for (int b = 0; b < 3; b++) {
+    loom_ef_t *ef = NULL;
+    OK(loom_ef_create(&ef));
+    int64_t shape[2] = {5, 6}, n = 30;
+    loom_tensor_t t = test_tensor_f32(2, shape, "w");
+    float *x = test_floats(&t);
+    for (int64_t i = 0; i < n; i++) {
+      x[i] = i == 7 || b == 0 ? bad[b] : 1.0f;
+    }
+    OK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, ef, &t, LOOM_SUM, 1, NULL));
+    double tri = np * (np + 1) / 2.0, worst = 0.0;
+    for (int step = 0; step < 2; step++) {
+      for (int i = 0; i < 5; i++) {
+        for (int j = 0; j < 6; j++) {
+          x[i * 6 + j] = (float)((me + 1) * (i + 1) * (j - 2.5));
+        }
+      }
+      // the rank-1 part of what the bad step left in the residual is carried too (zero for b 0)
+      float *res = NULL;
+      OK(loom_ef_residual(ef, "w", n, &res));
+      for (int64_t i = 0; i < n && res; i++) {
+        res[i] = 0.0f;
+      }
+      OK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, ef, &t, LOOM_SUM, 2, NULL));
+      worst = 0.0;
+      for (int i = 0; i < 5; i++) {
+        for (int j = 0; j < 6; j++) {
+          double d = fabs(x[i * 6 + j] - tri * (i + 1) * (j - 2.5));
+          worst = d > worst || isnan(d) ? d : worst;
+        }
+      }
+      CHECK(worst < 1e-3 * tri * 15, "powersgd:1 step %d after a step of %s: error %g", step,
+            what[b], worst);
+    }
+    CHECK(same_everywhere(g, x, n), "powersgd after %s: ranks differ", what[b]);
+    TEST_FREE(&t);
+    loom_ef_destroy(ef);
+  }
+  loom_compressor_destroy(c);
+}
+
 static void test_errors(const loom_group_t *g) {
   loom_compressor_t *c = NULL;
   loom_ef_t *ef = NULL;
@@ -398,6 +449,7 @@ int main(int argc, char **argv) {
   test_avg(g);
   test_error_feedback(g);
   test_powersgd(g);
+  test_powersgd_restart(g);
   test_errors(g);
   int rc = check_exit_all("test_compress");
   loom_finalize(ctx);
