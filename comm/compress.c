@@ -366,13 +366,23 @@ loom_status_t loom_ef_state_entry(const loom_ef_t *ef, int i, const char **name,
   return table_entry("loom_ef_state_entry", ef ? &ef->side : NULL, i, name, data, n);
 }
 
-// Create or overwrite name in table t with data[0..n) (loom_ef_set / loom_ef_state_set).
+// Create or overwrite name in table t with data[0..n) (loom_ef_set / loom_ef_state_set);
+// finite: refuse a NaN or an infinity (residuals are always finite), the entry unchanged.
 static loom_status_t table_set(const char *op, loom_ef_t *ef, ef_table_t *t, const char *name,
-                               const float *data, int64_t n) {
+                               const float *data, int64_t n, int finite) {
   loom_status_t status = check_name(op, ef, name, n);
   if (status == LOOM_OK && n > 0 && !data) {
     status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: data is NULL for %lld values", op,
                         (long long)n);
+  }
+  for (int64_t i = 0; status == LOOM_OK && finite && i < n; i++) {
+    if (!isfinite(data[i])) {
+      status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                          "%s: '%s' value %lld of %lld is %g: loom keeps residuals finite, so "
+                          "these values are damaged (a checkpoint?): restore them from another "
+                          "checkpoint, or leave this residual to start from zero",
+                          op, name, (long long)i, (long long)n, (double)data[i]);
+    }
   }
   if (status != LOOM_OK) {
     return status;
@@ -408,7 +418,7 @@ static loom_status_t table_set(const char *op, loom_ef_t *ef, ef_table_t *t, con
 }
 
 loom_status_t loom_ef_set(loom_ef_t *ef, const char *name, const float *data, int64_t n) {
-  loom_status_t status = table_set("loom_ef_set", ef, ef ? &ef->residual : NULL, name, data, n);
+  loom_status_t status = table_set("loom_ef_set", ef, ef ? &ef->residual : NULL, name, data, n, 1);
   if (status == LOOM_OK && ef->dev && ef->dev_ops) {
     ef->dev_ops->forget(ef->dev, name); // its next device use starts from data
   }
@@ -416,7 +426,7 @@ loom_status_t loom_ef_set(loom_ef_t *ef, const char *name, const float *data, in
 }
 
 loom_status_t loom_ef_state_set(loom_ef_t *ef, const char *name, const float *data, int64_t n) {
-  return table_set("loom_ef_state_set", ef, ef ? &ef->side : NULL, name, data, n);
+  return table_set("loom_ef_state_set", ef, ef ? &ef->side : NULL, name, data, n, 0);
 }
 
 void **loom_ef_device_slot(loom_ef_t *ef, const loom_ef_device_ops_t *ops) {

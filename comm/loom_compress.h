@@ -87,10 +87,13 @@ LOOM_API int loom_ef_count(const loom_ef_t *ef);
 // Entry i (0 <= i < count) in creation order: its name, residual and length.
 LOOM_API loom_status_t loom_ef_entry(const loom_ef_t *ef, int i, const char **name,
                                      const float **data, int64_t *n);
-// Create or overwrite the residual of name with data[0..n).
+// Create or overwrite the residual of name with data[0..n). Residuals are always finite (error
+// feedback drops a non-finite difference): a NaN or an infinity in data is LOOM_ERR_INVALID_ARG,
+// the entry unchanged.
 LOOM_API loom_status_t loom_ef_set(loom_ef_t *ef, const char *name, const float *data, int64_t n);
 // Codec state kept beside the residuals, per tensor name: PowerSGD's warm-started Q. A bit-exact
-// resume saves and restores it like the residuals (same rules, its own table).
+// resume saves and restores it like the residuals (same rules, its own table; non-finite values
+// are taken: such a Q starts again from PowerSGD's fixed start).
 LOOM_API int loom_ef_state_count(const loom_ef_t *ef);
 LOOM_API loom_status_t loom_ef_state_entry(const loom_ef_t *ef, int i, const char **name,
                                            const float **data, int64_t *n);

@@ -1683,6 +1683,16 @@ static void test_ef_table(void) {
   CHECK(loom_ef_entry(ef, 1, &name, &data, &n) == LOOM_OK, "entry b again");
   CHECK(loom_ef_set(ef, "b", data + 1, 3) == LOOM_OK, "set b from its own last values");
   check_entry(ef, 1, "b", bvals + 1, 3);
+  // A residual holding NaN or Inf (a damaged checkpoint) is refused, the entry unchanged: loom
+  // keeps residuals finite, and one would turn a whole step's result into NaN.
+  const float nan_vals[3] = {1.0f, NAN, 2.0f}, inf_vals[3] = {-INFINITY, 0.0f, 0.0f};
+  CHECK(loom_ef_set(ef, "b", nan_vals, 3) == LOOM_ERR_INVALID_ARG, "set b with a NaN accepted");
+  CHECK(strstr(loom_last_error(NULL), "'b' value 1 of 3") != NULL,
+        "set b with a NaN: message \"%s\" does not name the value", loom_last_error(NULL));
+  CHECK(loom_ef_set(ef, "b", inf_vals, 3) == LOOM_ERR_INVALID_ARG, "set b with -Inf accepted");
+  check_entry(ef, 1, "b", bvals + 1, 3);
+  CHECK(loom_ef_set(ef, "e", nan_vals, 3) == LOOM_ERR_INVALID_ARG, "set e with a NaN accepted");
+  CHECK(loom_ef_count(ef) == 3, "count %d after refused sets, want 3", loom_ef_count(ef));
   // Codec state (PowerSGD's Q): its own table, the same rules, the residuals untouched.
   CHECK(loom_ef_state_count(ef) == 0, "state count %d, want 0", loom_ef_state_count(ef));
   const float qvals[4] = {0.5f, -0.25f, 2.0f, 1.0f};
