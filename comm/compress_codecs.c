@@ -557,6 +557,9 @@ loom_status_t loom_codec_check_scale(const loom_compressor_t *c, const uint8_t *
   if (!isfinite(*scale) || *scale < 0.0f) {
     return corrupt(c, "the scale is negative or not finite");
   }
+  if (c->kind == LOOM_CODEC_INT8 && isinf(127.0f * *scale)) { // the encoder keeps it finite
+    return corrupt(c, "the scale is so large that 127 * scale overflows to infinity");
+  }
   return LOOM_OK;
 }
 

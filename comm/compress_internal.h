@@ -63,8 +63,9 @@ loom_status_t loom_ef_encode(const loom_compressor_t *c, float *res, float *y, c
 
 // The checks of a received payload of bytes bytes for n values, shared by the CPU and CUDA
 // decoders: the header (its first 16 bytes at p: magic, version, compressor, count, flags) and
-// the total size; then, for int8 and efsign, the f32 scale at body (finite, >= 0). Each failure
-// is LOOM_ERR_CORRUPT naming what is wrong. *flags receives the header's flags.
+// the total size; then, for int8 and efsign, the f32 scale at body (finite, >= 0; int8: 127 times
+// it finite too). Each failure is LOOM_ERR_CORRUPT naming what is wrong. *flags receives the
+// header's flags.
 loom_status_t loom_codec_check_header(const loom_compressor_t *c, const uint8_t *p, size_t bytes,
                                       int64_t n, uint32_t *flags);
 loom_status_t loom_codec_check_scale(const loom_compressor_t *c, const uint8_t *body, float *scale);

@@ -36,8 +36,9 @@ extern "C" {
 //
 // Payloads are self-describing (a 16-byte header names the compressor and the element count)
 // and decoders treat them as untrusted: a truncated or oversized payload, a header for another
-// compressor or another count, an out-of-range or repeated index, or a non-finite scale returns
-// LOOM_ERR_CORRUPT before anything is written to the output.
+// compressor or another count, an out-of-range or repeated index, or a non-finite scale (int8:
+// or one that decodes 127 to infinity) returns LOOM_ERR_CORRUPT before anything is written to
+// the output.
 typedef struct loom_compressor loom_compressor_t;
 
 // Parse spec; LOOM_ERR_INVALID_ARG names the valid specs when it is not one.

@@ -1222,6 +1222,14 @@ static void test_bad_scale(const char *spec, int64_t n) {
         memcpy(q + at, &bad[k], 4);
         EXPECT_CORRUPT(c, q, bytes, n, 9, names[k]);
       }
+      // int8: a finite scale whose 127 multiple overflows would decode to +-Inf; the encoder
+      // never writes one (it keeps 127 * scale finite).
+      const float huge = FLT_MAX / 64.0f;
+      if (!efsign) {
+        memcpy(q, p, bytes);
+        memcpy(q + at, &huge, 4);
+        EXPECT_CORRUPT(c, q, bytes, n, 9, "int8 scale whose 127 multiple overflows");
+      }
     }
     free(q);
   }
