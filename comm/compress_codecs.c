@@ -440,14 +440,23 @@ static void encode_efsign(const float *x, int64_t n, uint8_t *body) {
   pack_signs(x, body + 4, n);
 }
 
-loom_status_t loom_codec_encode(const loom_compressor_t *c, const float *x, int64_t n,
-                                uint64_t seed, uint8_t *payload, size_t cap, size_t *bytes) {
-  *bytes = 0;
+// top-k and random-k index values with u32: n must fit (encode and decode alike).
+static loom_status_t check_index_limit(const loom_compressor_t *c, int64_t n) {
   if ((c->kind == LOOM_CODEC_TOPK || c->kind == LOOM_CODEC_RANDOMK) && n > (int64_t)UINT32_MAX) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "%s: %lld values: index-based compressors take at most 2^32 - 1 per tensor; "
                       "split the tensor",
                       c->name, (long long)n);
+  }
+  return LOOM_OK;
+}
+
+loom_status_t loom_codec_encode(const loom_compressor_t *c, const float *x, int64_t n,
+                                uint64_t seed, uint8_t *payload, size_t cap, size_t *bytes) {
+  *bytes = 0;
+  loom_status_t limit = check_index_limit(c, n);
+  if (limit != LOOM_OK) {
+    return limit;
   }
   size_t need = loom_codec_max_bytes(c, n);
   int scaled =
@@ -566,7 +575,10 @@ loom_status_t loom_codec_check_scale(const loom_compressor_t *c, const uint8_t *
 loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *payload,
                                     size_t bytes, int64_t n, uint64_t seed, float *acc) {
   uint32_t flags = 0;
-  loom_status_t status = loom_codec_check_header(c, payload, bytes, n, &flags);
+  loom_status_t status = check_index_limit(c, n);
+  if (status == LOOM_OK) {
+    status = loom_codec_check_header(c, payload, bytes, n, &flags);
+  }
   if (status != LOOM_OK) {
     return status;
   }

@@ -28,6 +28,8 @@ extern "C" {
 //                   (ties go to the lower index), RATIO in (0, 1]
 //   randomk:RATIO   k = ceil(RATIO * n) values at indices drawn from the seed: every rank that
 //                   passes the same seed picks the same indices, so only the values travel
+//                   (topk and randomk index with 32 bits: encode and decode_add refuse more
+//                   than 2^32 - 1 values with LOOM_ERR_INVALID_ARG)
 //   efsign          one sign bit a value and one f32 scale (the mean magnitude): decodes to
 //                   +-scale; meant to run with error feedback
 //   powersgd:RANK   rank-RANK approximation M ~ P Q^T of the tensor viewed as a matrix, with a

@@ -1468,6 +1468,7 @@ static void test_malformed_one(const char *spec, int64_t n) {
 }
 
 static void test_malformed(void) {
+  loom_compressor_t *c = NULL;
   quiet_begin();
   find_header_n();
   const int64_t ns[] = {0, 1, 7, 1000};
@@ -1483,8 +1484,26 @@ static void test_malformed(void) {
   test_bad_scale("efsign", 1000);
   test_bad_indices();
 
+  // randomk past the index limit: its encoder refuses n > 2^32 - 1 (u32 indices), and so must
+  // its decoder, before any write (it drew indices truncated to 32 bits and added values there).
+  // A payload that matches otherwise: randomk:1e-10 keeps one value of 5 and of 5e9.
+  c = make("randomk:1e-10");
+  if (c != NULL && header_n_offset >= 0 && header_n_width == 8) {
+    const int64_t big = 5000000000LL;
+    float x[5] = {1, 2, 3, 4, 5}, acc[5] = {0};
+    size_t bytes = 0;
+    uint8_t *p = encode_new(c, x, 5, 3, &bytes);
+    if (p != NULL) {
+      set_header_n(p, (uint64_t)big);
+      CHECK(loom_compressor_decode_add(c, p, bytes, big, 3, acc) == LOOM_ERR_INVALID_ARG,
+            "randomk: decode_add of n = 5e9 (past the u32 indices) was not refused");
+    }
+    free(p);
+  }
+  loom_compressor_destroy(c);
+
   // powersgd has no payload codec.
-  loom_compressor_t *c = make("powersgd:2");
+  c = make("powersgd:2");
   if (c != NULL) {
     float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, acc[8] = {0};
     uint8_t buf[256];
