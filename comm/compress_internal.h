@@ -94,7 +94,8 @@ typedef struct loom_powersgd_dims {
   int64_t rows, cols; // its matrix view M (rows x cols >= n, row-major, the tail zero-padded)
   int r;              // rank of the approximation: min(c->rank, rows, cols); 0 when n == 0
 } loom_powersgd_dims_t;
-// The checks (ef is required: LOOM_ERR_INVALID_ARG without) and the matrix view of t.
+// The checks (ef is required, and the view's sides fit the BLAS's int: LOOM_ERR_INVALID_ARG
+// otherwise) and the matrix view of t.
 loom_status_t loom_powersgd_setup(const loom_compressor_t *c, const loom_ef_t *ef,
                                   const loom_tensor_t *t, loom_powersgd_dims_t *d);
 // Modified Gram-Schmidt in double on the r columns of p (rows x r, row-major, host memory); a

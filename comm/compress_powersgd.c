@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,13 @@ loom_status_t loom_powersgd_setup(const loom_compressor_t *c, const loom_ef_t *e
   d->n = loom_tensor_numel(t);
   matrix_shape(t, d->n, &d->rows, &d->cols);
   const int64_t rows = d->rows, cols = d->cols;
+  if (rows > INT_MAX || cols > INT_MAX) { // the BLAS takes int dimensions
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s on tensor '%s': its matrix view is %lld x %lld (the first dimension by "
+                      "the rest), past the BLAS's limit of 2^31 - 1 a side: reshape the tensor, "
+                      "or compress it with a payload codec",
+                      c->name, t->name, (long long)rows, (long long)cols);
+  }
   const int64_t rk64 =
       c->rank < rows ? (c->rank < cols ? c->rank : cols) : (rows < cols ? rows : cols);
   d->r = d->n > 0 && rk64 > 0 ? (int)rk64 : 0;

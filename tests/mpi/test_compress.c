@@ -21,7 +21,8 @@
 // - error feedback over three steps: the residual equals y - decode(encode(y)), y = x + the
 //   previous residual (indivisible);
 // - loom_icompressed_allreduce with two calls in flight equals the blocking calls bitwise;
-// - powersgd at full rank reproduces the exact sum, at rank 1 on rank-1 inputs too, and needs ef;
+// - powersgd at full rank reproduces the exact sum, at rank 1 on rank-1 inputs too, and needs ef
+//   and a matrix view whose sides fit the BLAS's int;
 //   a step of zeros or of non-finite values does not stop the next ones from being exact;
 // - errors: an f16 tensor, an unnamed tensor with ef, a bad op.
 // With LOOM_COMPRESS_CHUNK set small in the spec, the flat schemes cut tensors into pipelined
@@ -318,6 +319,17 @@ static void test_powersgd(const loom_group_t *g) {
   }
   CHECK(worst < 1e-4 * np, "powersgd:4 on 4 x 6: error %g", worst);
   CHECK(same_everywhere(g, test_floats(&t), n), "powersgd: ranks differ");
+  // A matrix view with a side past the BLAS's int (2^31 x 1) is refused before any work: the
+  // data is never read (one float here).
+  {
+    int64_t tall[2] = {(int64_t)1 << 31, 1};
+    loom_tensor_t v;
+    float one = 1.0f;
+    OK(loom_tensor_wrap(&v, &one, LOOM_F32, LOOM_DEVICE_HOST, 2, tall, "tall"));
+    CHECK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, ef, &v, LOOM_SUM, 1, NULL) ==
+              LOOM_ERR_INVALID_ARG,
+          "powersgd on a 2^31 x 1 tensor was not refused");
+  }
   // Without error feedback: refused.
   CHECK(loom_compressed_allreduce(g, c, LOOM_SCHEME_INDIVISIBLE, NULL, &t, LOOM_SUM, 1, NULL) ==
             LOOM_ERR_INVALID_ARG,
