@@ -68,7 +68,13 @@ void loom_cpu_layernorm_forward(int64_t N, int64_t C, float eps, const float *in
 }
 
 // ---------------------------------------------------------------------------------------------
-// Backward.
+// Backward. The saved mean is a float: for a row far from zero (rows of 1e4 + 1e-2 noise) it is
+// off from the forward's double mean by up to half an ulp of the offset (5e-4 there, 5% of the
+// spread), which (x - mean) * rstd would carry into every gradient. x - m is exact in float for
+// x near m (Sterbenz), so sum(x - m) / C in double recovers the forward's mean as m + delta, and
+// xhat = ((x - m) - delta) * rstd with delta rounded once to float: accurate to a few float ulps
+// of xhat whatever the offset. sum(g * xhat) follows from sum(g * (x - m)) and sum(g) (products
+// of two floats, exact in double), so one pass of sums and one elementwise pass remain.
 
 LOOM_CPU_CLONES
 static void layernorm_backward_kernel(int64_t N, int64_t C, const float *dout, const float *in,
@@ -78,39 +84,44 @@ static void layernorm_backward_kernel(int64_t N, int64_t C, const float *dout, c
   for (int64_t r = 0; r < N; r++) {
     const float *x = in + r * C, *dy = dout + r * C;
     float *dx = din + r * C;
-    float m = mean[r], rs = rstd[r];
+    const float m = mean[r], rs = rstd[r];
 
-    // Parameter gradients first, while dy and x are intact (din may alias either).
-    for (int64_t j = 0; j < C; j++) {
-      float nrm = (x[j] - m) * rs;
-      dbias[j] += dy[j];
-      dweight[j] += nrm * dy[j];
-    }
-
-    // sum(g) and sum(g * norm), g = dy * weight.
-    double sg[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sgn[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    double tg = 0.0, tgn = 0.0;
+    // sum(x - m), sum(g) and sum(g * (x - m)), g = dy * weight.
+    double sx[8] = {0, 0, 0, 0, 0, 0, 0, 0}, sg[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    double sgx[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    double tx = 0.0, tg = 0.0, tgx = 0.0;
     int64_t j = 0;
     for (; j + 8 <= C; j += 8) {
       for (int l = 0; l < 8; l++) {
         float g = dy[j + l] * weight[j + l];
-        float nrm = (x[j + l] - m) * rs;
+        float xm = x[j + l] - m;
+        sx[l] += (double)xm;
         sg[l] += (double)g;
-        sgn[l] += (double)g * (double)nrm;
+        sgx[l] += (double)g * (double)xm;
       }
     }
     for (; j < C; j++) {
       float g = dy[j] * weight[j];
-      float nrm = (x[j] - m) * rs;
+      float xm = x[j] - m;
+      tx += (double)xm;
       tg += (double)g;
-      tgn += (double)g * (double)nrm;
+      tgx += (double)g * (double)xm;
     }
-    float g_mean = (float)(sum8_finish(sg, tg) / (double)C);
-    float gn_mean = (float)(sum8_finish(sgn, tgn) / (double)C);
+    const double delta = sum8_finish(sx, tx) / (double)C; // forward mean - m
+    const double gm = sum8_finish(sg, tg) / (double)C;
+    const float g_mean = (float)gm;
+    // mean(g * xhat) = rstd * (mean(g * (x - m)) - delta * mean(g))
+    const float gn_mean = (float)((double)rs * (sum8_finish(sgx, tgx) / (double)C - delta * gm));
+    const float d = (float)delta;
 
+    // Parameter gradients and din in one pass: each element's dy and x are read before its din is
+    // written (din may alias either exactly).
     for (j = 0; j < C; j++) {
-      float nrm = (x[j] - m) * rs;
-      dx[j] = rs * (dy[j] * weight[j] - g_mean - nrm * gn_mean);
+      float nrm = ((x[j] - m) - d) * rs;
+      float dyj = dy[j];
+      dbias[j] += dyj;
+      dweight[j] += nrm * dyj;
+      dx[j] = rs * (dyj * weight[j] - g_mean - nrm * gn_mean);
     }
   }
 }

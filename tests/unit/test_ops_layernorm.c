@@ -16,9 +16,11 @@
 //   and rounded once to float.
 // - out: atol 2e-6, rtol 1e-5, also for rows at +100 and rows with a variance below eps: x - mean
 //   is taken in double, so only the float roundings of rstd, the product and the sum remain.
-// - din: atol 1e-5, rtol 1e-4; dweight and dbias (accumulated row by row in float onto random
-//   values): atol 2e-5, rtol 1e-5. The reference backward uses the saved float mean and rstd,
-//   as the op does (see ln_case).
+// - din: atol 1e-5 * max(1, rstd), rtol 1e-4 (din scales with rstd, which is ~150 for rows of
+//   spread 1e-2 and ~300 for the rows below eps); dweight and dbias (accumulated row by row in
+//   float onto random values): atol 2e-5, rtol 1e-5. The reference backward uses the exact
+//   (double) mean and rstd: the op must not inherit the saved float mean's rounding (see
+//   ln_case).
 // - finite differences of the float forward (h = 1e-2, L = sum(out * w) in double): changing an
 //   input re-rounds a whole row of outputs (~sqrt(C) * 1e-7 / 2h) and the truncation is
 //   h^2 / 6 * |f'''| ~ 1e-4: atol 1e-3, rtol 1e-2.
@@ -158,18 +160,19 @@ static void ln_case(test_rng_t *rng, int ndim, const int64_t *shape, double offs
   CHECK(test_compare("rstd", test_floats(&p.rstd), r.rstd, N, 0, 1e-5) == 0, "%s", what);
   CHECK(test_compare("out", test_floats(&p.out), r.out, n, 2e-6, 1e-5) == 0, "%s", what);
 
-  // The backward is defined from the saved (float) mean and rstd, so the reference uses them too.
-  // (Against the exact mean, x - mean would carry the float mean's rounding, up to half an ulp of
-  // the offset, amplified by rstd: a limit of the saved-statistics interface, not of the kernel.)
-  for (int64_t i = 0; i < N; i++) {
-    r.mean[i] = (double)test_floats(&p.mean)[i];
-    r.rstd[i] = (double)test_floats(&p.rstd)[i];
-  }
+  // The reference backward uses the exact (double) mean and rstd of ref_forward. The saved float
+  // mean is off by up to half an ulp of the row's offset, which x - mean amplified by rstd would
+  // turn into a gradient error of ~ulp(offset) * rstd^2 relative (rows of 1e4 + 1e-2 noise: the
+  // float mean is off by up to 5e-4, 5% of the spread); the op recovers the exact mean from x.
   ref_backward(test_floats(&p.dy), test_floats(&p.x), test_floats(&p.w), dw0, db0, N, C, &r);
   CHECK(loom_layernorm_backward(&p.dx, &p.dw, &p.db, &p.dy, &p.x, &p.w, &p.mean, &p.rstd) ==
             LOOM_OK,
         "%s", loom_last_error(NULL));
-  CHECK(test_compare("din", test_floats(&p.dx), r.din, n, 1e-5, 1e-4) == 0, "%s", what);
+  double rstd_max = 1.0;
+  for (int64_t i = 0; i < N; i++) {
+    rstd_max = r.rstd[i] > rstd_max ? r.rstd[i] : rstd_max;
+  }
+  CHECK(test_compare("din", test_floats(&p.dx), r.din, n, 1e-5 * rstd_max, 1e-4) == 0, "%s", what);
   CHECK(test_compare("dweight +=", test_floats(&p.dw), r.dweight, C, 2e-5, 1e-5) == 0, "%s", what);
   CHECK(test_compare("dbias +=", test_floats(&p.db), r.dbias, C, 2e-5, 1e-5) == 0, "%s", what);
 
@@ -223,6 +226,7 @@ static void test_reference(void) {
     ln_case(&rng, ndim, &shapes[s][1], 0.0, 1.0);
     ln_case(&rng, ndim, &shapes[s][1], 100.0, 1.0); // a large common offset: stable variance
     ln_case(&rng, ndim, &shapes[s][1], 0.5, 1e-3);  // variance below eps
+    ln_case(&rng, ndim, &shapes[s][1], 1e4, 1e-2);  // |mean| >> spread: the float mean is coarse
   }
 }
 
