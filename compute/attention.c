@@ -166,18 +166,21 @@ loom_status_t loom_attention_forward(loom_tensor_t *out, loom_tensor_t *lse, con
                                 cu_seqlens_k->data, (int)d.B, d.H, d.H_kv, d.D, causal != 0, scale);
 }
 
-// The backward's outputs overlap neither its inputs nor each other (the CUDA tensor-core path
-// also keeps intermediate sums in dq's storage until it writes dq).
+// The backward's outputs overlap neither its inputs (the forward's out and lse and both
+// cu_seqlens included: the kernels zero and write dq, dk and dv sequence by sequence while they
+// still read the offsets) nor each other (the CUDA tensor-core path also keeps intermediate sums
+// in dq's storage until it writes dq).
 static loom_status_t check_grads_disjoint(const char *op, const loom_tensor_t *dq,
                                           const loom_tensor_t *dk, const loom_tensor_t *dv,
                                           const loom_tensor_t *dout, const loom_tensor_t *q,
                                           const loom_tensor_t *k, const loom_tensor_t *v,
-                                          const loom_tensor_t *out, const loom_tensor_t *lse) {
-  const loom_tensor_t *outs[3] = {dq, dk, dv}, *ins[6] = {dout, q, k, v, out, lse};
+                                          const loom_tensor_t *out, const loom_tensor_t *lse,
+                                          const loom_tensor_t *cu_q, const loom_tensor_t *cu_k) {
+  const loom_tensor_t *outs[3] = {dq, dk, dv}, *ins[8] = {dout, q, k, v, out, lse, cu_q, cu_k};
   const char *out_names[3] = {"dq", "dk", "dv"};
-  const char *in_names[6] = {"dout", "q", "k", "v", "out", "lse"};
+  const char *in_names[8] = {"dout", "q", "k", "v", "out", "lse", "cu_seqlens_q", "cu_seqlens_k"};
   for (int i = 0; i < 3; i++) {
-    for (int j = 0; j < 6; j++) {
+    for (int j = 0; j < 8; j++) {
       loom_status_t status = loom_arg_disjoint(op, out_names[i], outs[i], in_names[j], ins[j], 0);
       if (status != LOOM_OK) {
         return status;
@@ -215,7 +218,8 @@ loom_status_t loom_attention_backward(loom_tensor_t *dq, loom_tensor_t *dk, loom
       (status = loom_arg_shape(op, "dq", dq, dt, dev, 3, q->shape)) != LOOM_OK ||
       (status = loom_arg_shape(op, "dk", dk, dt, dev, 3, k->shape)) != LOOM_OK ||
       (status = loom_arg_shape(op, "dv", dv, dt, dev, 3, k->shape)) != LOOM_OK ||
-      (status = check_grads_disjoint(op, dq, dk, dv, dout, q, k, v, out, lse)) != LOOM_OK) {
+      (status = check_grads_disjoint(op, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens_q,
+                                     cu_seqlens_k)) != LOOM_OK) {
     return status;
   }
 #ifdef LOOM_HAVE_CUDA

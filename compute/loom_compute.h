@@ -225,8 +225,9 @@ LOOM_API loom_status_t loom_attention_forward(loom_tensor_t *out, loom_tensor_t 
                                               const loom_tensor_t *cu_seqlens_k, int causal,
                                               float scale);
 // dq (total_q, H, D), dk and dv (total_k, H_kv, D) overwritten, from dout, and the forward's
-// out and lse. The outputs must overlap neither the inputs nor each other (LOOM_ERR_INVALID_ARG;
-// on a device, dq's storage holds intermediate sums until its rows are written).
+// out and lse. The outputs must overlap neither the inputs (cu_seqlens included) nor each other
+// (LOOM_ERR_INVALID_ARG; on a device, dq's storage holds intermediate sums until its rows are
+// written).
 LOOM_API loom_status_t loom_attention_backward(
     loom_tensor_t *dq, loom_tensor_t *dk, loom_tensor_t *dv, const loom_tensor_t *dout,
     const loom_tensor_t *q, const loom_tensor_t *k, const loom_tensor_t *v,

@@ -775,6 +775,31 @@ static void test_bad_args(void) {
                                      &lse_keep, &t.cu_q, &t.cu_k, 1, 0),
              LOOM_ERR_INVALID_ARG, Bw, "dk (19, 2, 8) f32 on host overlaps dv",
              "dv in dk's memory");
+  // A gradient in the memory of cu_seqlens_q or _k (which the kernels read while they zero and
+  // write the gradients sequence by sequence): refused like the other inputs, nothing written.
+  for (int which = 0; which < 2; which++) {
+    loom_tensor_t *grad = which ? &t.dk : &t.dq, *cu = which ? &t.cu_k : &t.cu_q;
+    const int64_t n = loom_tensor_numel(grad), ncu = loom_tensor_numel(cu);
+    float *held = malloc(sizeof(float) * (size_t)(n + ncu));
+    test_fill_value(held, n + ncu, SENTINEL);
+    loom_tensor_t g_view = *grad, cu_view = *cu;
+    g_view.data = held;
+    cu_view.data = held + n - 1; // the gradient's last element is cu's first
+    memcpy(cu_view.data, cu->data, loom_tensor_bytes(cu));
+    expect_bad(&t,
+               loom_attention_backward(which ? &t.dq : &g_view, which ? &g_view : &t.dk, &t.dv,
+                                       &t.dout, &t.q, &t.k, &t.v, &out_keep, &lse_keep,
+                                       which ? &t.cu_q : &cu_view, which ? &cu_view : &t.cu_k, 1,
+                                       0),
+               LOOM_ERR_INVALID_ARG, Bw,
+               which ? "dk (19, 2, 8) f32 on host overlaps cu_seqlens_k"
+                     : "dq (14, 4, 8) f32 on host overlaps cu_seqlens_q",
+               which ? "dk over cu_seqlens_k" : "dq over cu_seqlens_q");
+    CHECK(test_all_equal(held, n - 1, SENTINEL) &&
+              memcmp(cu_view.data, cu->data, loom_tensor_bytes(cu)) == 0,
+          "%s: the refused backward wrote its gradient", which ? "dk" : "dq");
+    free(held);
+  }
   cq[1] = 13;
   cq[2] = 12;
   expect_bad(&t,
