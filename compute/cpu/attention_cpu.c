@@ -33,6 +33,52 @@ static void mask_tile(float *s, int rows, int cols, int causal, int64_t end0) {
   }
 }
 
+// The causal corner. A dense product over a diagonal tile takes its masked entries (P = 0,
+// dS = 0) as 0 * x, which is NaN where x is a masked key's or value's NaN or Inf (or a query's or
+// dO's, for the keys after it): a non-finite value at key j reached the rows i < j that must not
+// see it. The tiles keep their dense BLAS products (the bits stay those of BLAS) and check the
+// few values that meet the masked entries; only when one is not finite does the tile take the
+// products row by row over the keys each row sees (rare: a NaN is an error upstream).
+
+// 1 when every masked entry of the tile (row r's columns [end0 + r, cols), see mask_tile) of s is
+// finite.
+LOOM_CPU_CLONES
+static int masked_finite(const float *s, int rows, int cols, int64_t end0) {
+  finite_acc_t acc = {{0}};
+  for (int r = 0; r < rows && end0 + r < cols; r++) {
+    const int64_t c = end0 + r < 0 ? 0 : end0 + r;
+    finite_add(&acc, s + (int64_t)r * BC + c, cols - c);
+  }
+  return finite_all(&acc);
+}
+
+// 1 when rows [r0, r1) of D floats (row stride ld) are finite.
+LOOM_CPU_CLONES
+static int rows_finite(const float *x, int64_t ld, int64_t r0, int64_t r1, int D) {
+  finite_acc_t acc = {{0}};
+  for (int64_t r = r0; r < r1; r++) {
+    finite_add(&acc, x + r * ld, D);
+  }
+  return finite_all(&acc);
+}
+
+// The masked entries of the tile s set to 0.
+static void zero_masked(float *s, int rows, int cols, int64_t end0) {
+  for (int r = 0; r < rows && end0 + r < cols; r++) {
+    for (int64_t c = end0 + r < 0 ? 0 : end0 + r; c < cols; c++) {
+      s[(int64_t)r * BC + c] = 0.0f;
+    }
+  }
+}
+
+// Keys of the tile that row r sees: [0, row_cols).
+static int row_cols(int r, int cols, int causal, int64_t end0) {
+  if (!causal || end0 + r >= cols) {
+    return cols;
+  }
+  return end0 + r < 0 ? 0 : (int)(end0 + r);
+}
+
 // Rows of one head of a packed tensor: row i of head h is at base + i * ld.
 static void zero_rows(float *base, int64_t ld, int rows, int D) {
   for (int r = 0; r < rows; r++) {
@@ -116,8 +162,22 @@ static void fwd_head(float *o,       // (Lq, ...) row stride ldq: head h of the 
         }
         m[r] = m_new;
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f, s, BC,
-                  v + j0 * ldk, (int)ldk, j0 == 0 ? 0.0f : 1.0f, ot, (int)ldq);
+      const int64_t end0 = (int64_t)i0 + lk - lq + 1 - j0;
+      if (causal && end0 < cols && !rows_finite(v + j0 * ldk, ldk, end0 < 0 ? 0 : end0, cols, D)) {
+        for (int r = 0; r < rows; r++) { // a masked value is not finite: only the keys seen
+          const int e = row_cols(r, cols, causal, end0);
+          if (e > 0) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, D, e, 1.0f,
+                        s + (int64_t)r * BC, BC, v + j0 * ldk, (int)ldk, j0 == 0 ? 0.0f : 1.0f,
+                        ot + r * ldq, (int)ldq);
+          } else if (j0 == 0) {
+            memset(ot + r * ldq, 0, (size_t)D * sizeof(float));
+          }
+        }
+      } else {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, 1.0f, s, BC,
+                    v + j0 * ldk, (int)ldk, j0 == 0 ? 0.0f : 1.0f, ot, (int)ldq);
+      }
     }
     for (int r = 0; r < rows; r++) {
       scale_row(ot + r * ldq, D, 1.0f / l[r]); // l >= 1: the row's maximum contributes 2^0
@@ -194,9 +254,12 @@ static void bwd_key_tile(const float *q,    // (Lq, ...) row stride ldq, head h
   }
   for (int i0 = i_start; i0 < lq; i0 += BR) {
     const int rows = lq - i0 < BR ? lq - i0 : BR;
+    const int64_t end0 = (int64_t)i0 + lk - lq + 1 - j0;
+    const int corner = causal && end0 < cols; // the tile has masked entries
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, s2, q + i0 * ldq, (int)ldq,
                 k, (int)ldk, 0.0f, w->s, BC);
-    mask_tile(w->s, rows, cols, causal, (int64_t)i0 + lk - lq + 1 - j0);
+    int exact = corner && !masked_finite(w->s, rows, cols, end0); // a masked q.k is not finite
+    mask_tile(w->s, rows, cols, causal, end0);
     for (int r = 0; r < rows; r++) {
       float l2 = lse[i0 + r] * LOG2E;
       w->lse2[r] = l2 == -INFINITY ? INFINITY : l2; // a row without keys gets P = 0
@@ -209,10 +272,27 @@ static void bwd_key_tile(const float *q,    // (Lq, ...) row stride ldq, head h
       }
     }
     const float *dot = dout + i0 * ldq;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, D, rows, 1.0f, w->s, BC, dot,
-                (int)ldq, 1.0f, w->dv, D);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, cols, D, 1.0f, dot, (int)ldq, v,
                 (int)ldk, 0.0f, w->dp, BC);
+    if (corner && !exact) { // a masked dO.v, or the lse or Di of a row with masked entries
+      exact = !masked_finite(w->dp, rows, cols, end0);
+      for (int r = 0; r < rows && end0 + r < cols && !exact; r++) {
+        exact = !isfinite(lse[i0 + r]) || !isfinite(di[i0 + r]);
+      }
+    }
+    if (exact) {
+      zero_masked(w->s, rows, cols, end0); // P
+      for (int r = 0; r < rows; r++) {
+        const int e = row_cols(r, cols, causal, end0);
+        if (e > 0) {
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, e, D, 1, 1.0f,
+                      w->s + (int64_t)r * BC, BC, dot + r * ldq, (int)ldq, 1.0f, w->dv, D);
+        }
+      }
+    } else {
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, D, rows, 1.0f, w->s, BC, dot,
+                  (int)ldq, 1.0f, w->dv, D);
+    }
     for (int r = 0; r < rows && cols < pad; r++) { // padding columns: P = 0, dP = 0, so dS = 0
       memset(w->dp + (int64_t)r * BC + cols, 0, (size_t)(pad - cols) * sizeof(float));
     }
@@ -223,6 +303,20 @@ static void bwd_key_tile(const float *q,    // (Lq, ...) row stride ldq, head h
       for (int c = 0; c < pad; c += 8) {
         vf_store(sr + c, vf_load(sr + c) * (vf_load(dpr + c) - d));
       }
+    }
+    if (exact) {
+      zero_masked(w->s, rows, cols, end0); // dS
+      for (int r = 0; r < rows; r++) {
+        const int e = row_cols(r, cols, causal, end0);
+        if (e > 0) {
+          const float *sr = w->s + (int64_t)r * BC, *qr = q + (i0 + r) * ldq;
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, 1, D, e, scale, sr, BC, k,
+                      (int)ldk, 1.0f, dq + (i0 + r) * ldq, (int)ldq);
+          cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, e, D, 1, scale, sr, BC, qr, (int)ldq,
+                      1.0f, w->dk, D);
+        }
+      }
+      continue;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, D, cols, scale, w->s, BC, k,
                 (int)ldk, 1.0f, dq + i0 * ldq, (int)ldq);

@@ -120,4 +120,36 @@ static inline vf vf_exp2(vf x) {
   return (vf)(((vi)(p * scale2) & live) | ((vi)x & (x != x)));
 }
 
+// Non-finite floats as bit 31: (bits & exponent) + one exponent ulp has it set exactly for an
+// all-ones exponent (Inf, NaN). OR-ed over 16 lanes (integer OR: any order and width give the
+// same answer, so every clone vectorises it), one reduction at the end: the checks of the
+// attention kernels' masked entries cost a few cycles per 16 floats.
+typedef struct finite_acc {
+  uint32_t lane[16];
+} finite_acc_t;
+
+static inline void finite_add(finite_acc_t *a, const float *x, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    uint32_t u[16];
+    memcpy(u, x + i, sizeof u);
+    for (int l = 0; l < 16; l++) {
+      a->lane[l] |= (u[l] & 0x7f800000u) + 0x00800000u;
+    }
+  }
+  for (; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, x + i, sizeof u);
+    a->lane[0] |= (u & 0x7f800000u) + 0x00800000u;
+  }
+}
+
+static inline int finite_all(const finite_acc_t *a) {
+  uint32_t acc = 0;
+  for (int l = 0; l < 16; l++) {
+    acc |= a->lane[l];
+  }
+  return (acc & 0x80000000u) == 0;
+}
+
 #endif

@@ -522,51 +522,136 @@ static void test_empty(void) {
   run_case("queries only", &rng, 3, some, z, 4, 2, 8, 0, 0.0f, 1.0); // out 0, lse -inf
 }
 
-// A NaN in one key row (5 of the first sequence) on both paths: every query row that sees that
-// key gets a NaN output, lse and dq (its softmax weight is NaN, not a dropped 0); the outputs of
-// the rows before it (causal) and all of the second sequence stay finite.
-static int64_t count_nan(const float *x, int64_t n) {
-  int64_t c = 0;
-  for (int64_t i = 0; i < n; i++) {
-    c += isnan(x[i]) != 0;
-  }
-  return c;
+// A NaN in one element of k, v, q or dout, on both paths, causal, in the last sequence of a
+// varlen batch (bottom-right aligned when Lq < Lk; sequences within one tile and over several):
+// exactly the rows and key rows whose exact result depends on it are NaN, and every other output
+// stays what the same batch without the NaN gives. Query row i sees key j when
+// j <= i + Lk - Lq. With a NaN in
+// - key j: out, lse and dq of the rows that see j (their scores and softmax are NaN); not the
+//   rows before it, which a dense tile reached as 0 * NaN (dq = dS K with dS = 0 masked);
+// - value j: out and dq of the rows that see j, no lse, no dv (P dO does not read v);
+// - query i: out, lse and dq of row i, dk and dv of the keys row i sees (P of row i is NaN);
+// - dout i: dq of row i, dk and dv of the keys row i sees (Di and dP of row i are NaN).
+// dk with a NaN key or value is not checked: every key row's dk reads a row that sees it.
+typedef struct nan_case {
+  const char *path, *tensor;
+  int pos;                  // the NaN's row in the last sequence (of k or v, or of q or dout)
+  int64_t first_q, first_k; // the last sequence's first row in q and k
+  int lq, lk;
+} nan_case_t;
+
+// Whether packed query row i sees packed key row j (both in the last sequence).
+static int sees(const nan_case_t *c, int64_t i, int64_t j) {
+  const int64_t qi = i - c->first_q, kj = j - c->first_k;
+  return qi >= 0 && qi < c->lq && kj >= 0 && kj < c->lk && kj <= qi + c->lk - c->lq;
 }
 
-static void test_nan_key(void) {
-  test_rng_t rng = test_rng(8);
-  const int lq[2] = {40, 7}, lk[2] = {40, 7}, H = 2, D = 16, nan_key = 5;
-  for (int path = 0; path < 2; path++) {
-    batch_t t;
-    batch_init(&t, &rng, 2, lq, lk, H, 1, D, 1, 0.0f, 1.0);
-    ((float *)t.k.data)[nan_key * D + 3] = NAN; // H_kv = 1: every query head reads it
-    loom_attn_short_max = path == 0 ? -1 : 1 << 30;
-    CHECK(loom_attention_forward(&t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 1, 0) ==
-              LOOM_OK,
-          "%s", loom_last_error(NULL));
-    CHECK(loom_attention_backward(&t.dq, &t.dk, &t.dv, &t.dout, &t.q, &t.k, &t.v, &t.out, &t.lse,
-                                  &t.cu_q, &t.cu_k, 1, 0) == LOOM_OK,
-          "%s", loom_last_error(NULL));
-    loom_attn_short_max = 0;
-    const char *name = path ? "short" : "tiled";
-    const int64_t row = (int64_t)H * D, total = t.total_q;
-    const float *out = t.out.data, *lse = t.lse.data, *dq = t.dq.data;
-    for (int64_t i = 0; i < total; i++) {
-      const int sees = i >= nan_key && i < lq[0]; // causal: query i sees keys 0..i
-      // dq of the rows before the key is not checked: their products take the masked key as
-      // 0 * k (NaN), as any dense masked product does.
-      const int64_t want_dq = sees ? row : i < lq[0] ? count_nan(dq + i * row, row) : 0;
-      CHECK(count_nan(out + i * row, row) == (sees ? row : 0) &&
-                count_nan(dq + i * row, row) == want_dq,
-            "%s path: NaN key %d: query row %lld has %lld NaN outputs and %lld NaN dq, want %s",
-            name, nan_key, (long long)i, (long long)count_nan(out + i * row, row),
-            (long long)count_nan(dq + i * row, row), sees ? "all" : "none");
-      for (int h = 0; h < H; h++) {
-        CHECK(isnan(lse[h * total + i]) == sees, "%s path: NaN key: lse[%d][%lld] = %g", name, h,
-              (long long)i, (double)lse[h * total + i]);
+// Rows [0, n) (row i: count floats, stride apart, from i * row) of got against base: a NaN
+// exactly in the rows want_nan marks, the others within 1e-5 relative of base.
+static void check_rows(const nan_case_t *c, const char *what, const float *got, const float *base,
+                       int64_t n, int64_t row, int64_t stride, int64_t count,
+                       const char *want_nan) {
+  for (int64_t i = 0; i < n; i++) {
+    const float *g = got + i * row, *b = base + i * row;
+    int nan = 0, far = 0;
+    for (int64_t e = 0; e < count; e++) {
+      const float x = g[e * stride], y = b[e * stride];
+      nan |= isnan(x) != 0;
+      far |= !isnan(x) && !(fabsf(x - y) <= 1e-5f * (1.0f + fabsf(y)));
+    }
+    CHECK(nan == want_nan[i] && (nan || !far),
+          "%s path, NaN in %s row %d: %s row %lld %s (want %s)", c->path, c->tensor, c->pos, what,
+          (long long)i,
+          nan   ? "has a NaN"
+          : far ? "differs from the run without the NaN"
+                : "is finite",
+          want_nan[i] ? "a NaN" : "the values without the NaN");
+  }
+}
+
+static void test_nan_masked(void) {
+  static const char *names[4] = {"k", "v", "q", "dout"};
+  static const struct {
+    int B, lq[2], lk[2], pos[4]; // pos: the NaN's row for k, v, q, dout
+  } shapes[] = {
+      {2, {7, 40}, {7, 40}, {5, 5, 5, 5}},          // one tile
+      {2, {20, 150}, {20, 150}, {100, 70, 90, 60}}, // several tiles, the NaN in a diagonal one
+      {2, {5, 30}, {9, 50}, {35, 33, 8, 12}},       // bottom-right: row i sees keys <= i + 20
+  };
+  const int H = 2, H_kv = 1, D = 16;
+  for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+    for (int path = 0; path < 2; path++) {
+      for (int which = 0; which < 4; which++) {
+        test_rng_t rng = test_rng(8 + sh);
+        batch_t t;
+        batch_init(&t, &rng, shapes[sh].B, shapes[sh].lq, shapes[sh].lk, H, H_kv, D, 1, 0.0f, 1.0);
+        const int32_t *cq = t.cu_q.data, *ck = t.cu_k.data;
+        const int last = shapes[sh].B - 1;
+        const nan_case_t c = {
+            path ? "short" : "tiled", names[which],       shapes[sh].pos[which], cq[last], ck[last],
+            shapes[sh].lq[last],      shapes[sh].lk[last]};
+        loom_attn_short_max = path == 0 ? -1 : 1 << 30;
+        float *base[5] = {NULL};
+        loom_tensor_t *outs[5] = {&t.out, &t.lse, &t.dq, &t.dk, &t.dv};
+        for (int run = 0; run < 2; run++) {
+          if (run == 1) { // element 3 of head 0 (k, v: the only key/value head)
+            loom_tensor_t *in[4] = {&t.k, &t.v, &t.q, &t.dout};
+            const int64_t first = which <= 1 ? c.first_k : c.first_q;
+            const int64_t row = which <= 1 ? (int64_t)H_kv * D : (int64_t)H * D;
+            ((float *)in[which]->data)[(first + c.pos) * row + 3] = NAN;
+          }
+          CHECK(loom_attention_forward(&t.out, &t.lse, &t.q, &t.k, &t.v, &t.cu_q, &t.cu_k, 1, 0) ==
+                    LOOM_OK,
+                "%s", loom_last_error(NULL));
+          CHECK(loom_attention_backward(&t.dq, &t.dk, &t.dv, &t.dout, &t.q, &t.k, &t.v, &t.out,
+                                        &t.lse, &t.cu_q, &t.cu_k, 1, 0) == LOOM_OK,
+                "%s", loom_last_error(NULL));
+          if (run == 0) {
+            for (int o = 0; o < 5; o++) {
+              const int64_t n = loom_tensor_numel(outs[o]);
+              base[o] = malloc(sizeof(float) * (size_t)(n ? n : 1));
+              memcpy(base[o], outs[o]->data, sizeof(float) * (size_t)n);
+            }
+          }
+        }
+        loom_attn_short_max = 0;
+        // The rows that must hold a NaN: want_q (out, dq), want_lse, want_k (dk, dv).
+        const int64_t nq = t.total_q, nk = t.total_k;
+        char *want_q = calloc((size_t)nq, 1), *want_lse = calloc((size_t)nq, 1);
+        char *want_k = calloc((size_t)nk, 1);
+        for (int64_t i = 0; i < nq; i++) {
+          if (which <= 1) {
+            want_q[i] = (char)sees(&c, i, c.first_k + c.pos);
+            want_lse[i] = (char)(which == 0 && want_q[i]);
+          } else {
+            want_q[i] = (char)(i == c.first_q + c.pos);
+            want_lse[i] = (char)(which == 2 && want_q[i]);
+          }
+        }
+        for (int64_t j = 0; j < nk && which >= 2; j++) {
+          want_k[j] = (char)sees(&c, c.first_q + c.pos, j);
+        }
+        const int64_t qrow = (int64_t)H * D, krow = (int64_t)H_kv * D;
+        if (which != 3) { // dout does not reach the forward
+          check_rows(&c, "out", t.out.data, base[0], nq, qrow, 1, qrow, want_q);
+        }
+        check_rows(&c, "lse", t.lse.data, base[1], nq, 1, nq, H, want_lse); // (H, total_q)
+        check_rows(&c, "dq", t.dq.data, base[2], nq, qrow, 1, qrow, want_q);
+        if (which >= 1) { // dk with a NaN value: every key row's dk reads a row that sees it
+          check_rows(&c, "dv", t.dv.data, base[4], nk, krow, 1, krow, want_k);
+        }
+        if (which >= 2) {
+          check_rows(&c, "dk", t.dk.data, base[3], nk, krow, 1, krow, want_k);
+        }
+        free(want_q);
+        free(want_lse);
+        free(want_k);
+        for (int o = 0; o < 5; o++) {
+          free(base[o]);
+        }
+        batch_free(&t);
       }
     }
-    batch_free(&t);
   }
 }
 
@@ -829,7 +914,7 @@ int main(void) {
   test_paths();
   test_widths();
   test_empty();
-  test_nan_key();
+  test_nan_masked();
   test_padded_reference();
   test_finite_differences();
   test_bad_args();
