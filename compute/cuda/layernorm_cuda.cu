@@ -66,7 +66,32 @@ __global__ void layernorm_forward_kernel(int64_t N, int64_t C, float eps, const 
 // ---------------------------------------------------------------------------------------------
 // Backward
 
-// din per row: din = rstd * (g - mean(g) - norm * mean(g * norm)), g = dout * weight.
+// The saved mean m is a float, off from the forward's double mean by up to half an ulp of a
+// large offset (rows of 1e4 + 1e-2 noise: 5% of the spread). x - m is exact in float near m, so
+// delta = sum(x - m) / C in double recovers the forward's mean as m + delta, and
+// xhat = ((x - m) - delta) * rstd (delta rounded once to float), as in the CPU backward.
+
+// delta[r] = (float)(sum(x - m) / C) per row, for the parameter gradients' kernel.
+__global__ void layernorm_delta_kernel(int64_t N, int64_t C, const float *in, // (N, C)
+                                       const float *mean,                     // (N)
+                                       float *delta) {                        // (N)
+  __shared__ double shared[kWarpSize];
+  for (int64_t r = blockIdx.x; r < N; r += gridDim.x) {
+    const float *x = in + r * C;
+    const float m = mean[r];
+    double sx = 0.0;
+    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+      sx += (double)sub_rn(x[j], m);
+    }
+    const double d = block_sum(sx, shared) / (double)C;
+    if (threadIdx.x == 0) {
+      delta[r] = (float)d;
+    }
+  }
+}
+
+// din per row: din = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight, with
+// mean(g * xhat) = rstd * (mean(g * (x - m)) - delta * mean(g)).
 __global__ void layernorm_din_kernel(int64_t N, int64_t C, const float *dout, // (N, C)
                                      const float *in,                         // (N, C)
                                      const float *weight,                     // (C)
@@ -78,17 +103,23 @@ __global__ void layernorm_din_kernel(int64_t N, int64_t C, const float *dout, //
     const float *x = in + r * C, *dy = dout + r * C;
     float *dx = din + r * C;
     const float m = mean[r], rs = rstd[r];
-    double sg = 0.0, sgn = 0.0;
+    double sx = 0.0, sg = 0.0, sgx = 0.0;
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
       float g = mul_rn(dy[j], weight[j]);
-      float nrm = mul_rn(sub_rn(x[j], m), rs);
+      float xm = sub_rn(x[j], m);
+      sx += (double)xm;
       sg += (double)g;
-      sgn += (double)g * (double)nrm;
+      sgx += (double)g * (double)xm;
     }
-    const float g_mean = (float)(block_sum(sg, shared) / (double)C);
-    const float gn_mean = (float)(block_sum(sgn, shared) / (double)C);
+    const double delta = block_sum(sx, shared) / (double)C;
+    const double gm = block_sum(sg, shared) / (double)C;
+    const double gxm = block_sum(sgx, shared) / (double)C;
+    const float g_mean = (float)gm;
+    const float gn_mean = (float)((double)rs * (gxm - delta * gm));
+    const float d = (float)delta;
+    // Each thread writes only the columns it read: din may be dout or in.
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-      float nrm = mul_rn(sub_rn(x[j], m), rs);
+      float nrm = mul_rn(sub_rn(sub_rn(x[j], m), d), rs);
       dx[j] = mul_rn(rs, sub_rn(sub_rn(mul_rn(dy[j], weight[j]), g_mean), mul_rn(nrm, gn_mean)));
     }
   }
@@ -97,12 +128,13 @@ __global__ void layernorm_din_kernel(int64_t N, int64_t C, const float *dout, //
 // Chunk partials of the parameter gradients: grid (column blocks, chunks). Thread (j, chunk)
 // sums dout[r, j] and norm[r, j] * dout[r, j] over the chunk's rows r in ascending order.
 __global__ void layernorm_dparams_partial_kernel(int64_t N, int64_t C, int64_t chunk_rows,
-                                                 const float *dout, // (N, C)
-                                                 const float *in,   // (N, C)
-                                                 const float *mean, // (N)
-                                                 const float *rstd, // (N)
-                                                 float *part_w,     // (chunks, C)
-                                                 float *part_b) {   // (chunks, C)
+                                                 const float *dout,  // (N, C)
+                                                 const float *in,    // (N, C)
+                                                 const float *mean,  // (N)
+                                                 const float *rstd,  // (N)
+                                                 const float *delta, // (N)
+                                                 float *part_w,      // (chunks, C)
+                                                 float *part_b) {    // (chunks, C)
   const int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t chunk = blockIdx.y;
   if (j >= C) {
@@ -113,7 +145,7 @@ __global__ void layernorm_dparams_partial_kernel(int64_t N, int64_t C, int64_t c
   float sw = 0.0f, sb = 0.0f;
   for (int64_t r = r0; r < r1; r++) {
     float dy = dout[r * C + j];
-    float nrm = mul_rn(sub_rn(in[r * C + j], mean[r]), rstd[r]);
+    float nrm = mul_rn(sub_rn(sub_rn(in[r * C + j], mean[r]), delta[r]), rstd[r]);
     sb = add_rn(sb, dy);
     sw = add_rn(sw, mul_rn(nrm, dy));
   }
@@ -166,15 +198,20 @@ extern "C" loom_status_t loom_cuda_layernorm_backward(int64_t N, int64_t C, cons
       N <= kChunkRows * kMaxChunks ? kChunkRows : (N + kMaxChunks - 1) / kMaxChunks;
   const int64_t chunks = (N + chunk_rows - 1) / chunk_rows;
   const unsigned col_blocks = (unsigned)((C + kColThreads - 1) / kColThreads);
-  float *ws = NULL; // (2, chunks, C): the dweight partials, then the dbias partials
+  float *ws = NULL; // (2 chunks C + N): the dweight partials, the dbias partials, each row's delta
+  float *delta = NULL;
 
   if (N <= 0 || C <= 0) {
     return LOOM_OK;
   }
-  LOOM_CHECK(loom_cuda_scratch(sizeof(float) * 2 * (size_t)chunks * (size_t)C, (void **)&ws));
+  LOOM_CHECK(loom_cuda_scratch(sizeof(float) * (2 * (size_t)chunks * (size_t)C + (size_t)N),
+                               (void **)&ws));
+  delta = ws + 2 * chunks * C;
+  layernorm_delta_kernel<<<row_blocks(N), row_threads(C), 0, stream>>>(N, C, in, mean, delta);
+  LOOM_CHECK(loom_cuda_launch_check("layernorm_delta_kernel"));
   // The parameter gradients first, while dout and in are intact (din may alias either).
   layernorm_dparams_partial_kernel<<<dim3(col_blocks, (unsigned)chunks), kColThreads, 0, stream>>>(
-      N, C, chunk_rows, dout, in, mean, rstd, ws, ws + chunks * C);
+      N, C, chunk_rows, dout, in, mean, rstd, delta, ws, ws + chunks * C);
   LOOM_CHECK(loom_cuda_launch_check("layernorm_dparams_partial_kernel"));
   layernorm_dparams_finish_kernel<<<loom_cuda_blocks(C, kColThreads), kColThreads, 0, stream>>>(
       C, chunks, ws, ws + chunks * C, dweight, dbias);

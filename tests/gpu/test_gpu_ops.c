@@ -674,6 +674,9 @@ int main(void) {
   }
   layernorm_case(&rng, 2049, 769, 0.0);  // several chunks of rows in dweight/dbias
   layernorm_case(&rng, 130, 300, 100.0); // a large common offset: the double statistics matter
+  // An offset whose float mean is off by 5e-4 of a spread of 1: the backward's xhat needs the
+  // mean's rounding recovered (delta), on the GPU as on the CPU.
+  layernorm_case(&rng, 130, 300, 1e4);
 
   loss_case(&rng, 1, 1, 0);
   loss_case(&rng, 5, 3, 1); // every row ignored: mean 0, zero gradient
