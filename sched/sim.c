@@ -244,6 +244,24 @@ static loom_status_t check(const loom_sim_profile_t *p, const loom_sim_cluster_t
                       "documents (%d in %d batches) are inconsistent",
                       (long long)p->tokens, p->ndocs, p->nbatches);
   }
+  // (the loader checks these; a profile built by hand may not: documents of length 0 are drawn
+  // forever, a batch end out of order indexes outside docs)
+  for (int i = 0; i < p->ndocs; i++) {
+    if (p->docs[i] < 1) {
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "loom_sim_predict: the profile's document %d has length %lld: document "
+                        "lengths are >= 1 (leave empty documents out)",
+                        i, (long long)p->docs[i]);
+    }
+  }
+  for (int k = 0; k < p->nbatches; k++) {
+    if (p->batch_end[k] < (k ? p->batch_end[k - 1] : 0)) {
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "loom_sim_predict: the profile's batch %d ends at document %d, before "
+                        "the batch ahead of it: batch_end must not decrease",
+                        k, p->batch_end[k]);
+    }
+  }
   return LOOM_OK;
 }
 

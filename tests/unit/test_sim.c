@@ -434,6 +434,31 @@ static void test_doc_limits(void) {
   p.tokens = 5120526;
   s.attn_servers = 1;
   CHECK(loom_sim_predict(&p, &c, 8, &s, 1, &r) == LOOM_ERR_INVALID_ARG, "ctx 2 balanced");
+  // A profile built by hand (not loaded) with documents of length 0 or below, or batch ends
+  // out of order: refused, naming the document (documents all of length 0 were drawn forever).
+  p.ctx = 256;
+  p.tokens = 1024;
+  s.attn_servers = 0;
+  int64_t empty[3] = {0, 0, 0};
+  p.docs = empty;
+  p.ndocs = 3;
+  alarm(60); // (a draw that never ends fails the test instead of hanging it)
+  st = loom_sim_predict(&p, &c, 8, &s, 1, &r);
+  alarm(0);
+  CHECK(st == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), "document 0"),
+        "documents of length 0: %d (%s)", (int)st, loom_last_error(NULL));
+  p.docs = docs;
+  p.ndocs = 200;
+  docs[17] = -3;
+  s.attn_servers = 1;
+  CHECK(loom_sim_predict(&p, &c, 8, &s, 1, &r) == LOOM_ERR_INVALID_ARG,
+        "a document of length -3 accepted");
+  docs[17] = 8;
+  int ends[3] = {100, 50, 200};
+  p.nbatches = 3;
+  p.batch_end = ends;
+  CHECK(loom_sim_predict(&p, &c, 8, &s, 1, &r) == LOOM_ERR_INVALID_ARG,
+        "batch ends 100, 50, 200 accepted");
   quiet_end();
 }
 
