@@ -273,7 +273,7 @@ static cand_t choose(const bal_t *b, int src, int dst, double need, double gap) 
   for (int i = b->rhead[src]; i >= 0; i = b->t[i].next) {
     const task_t *t = &b->t[i];
     consider(b, &best, i, 0, t->lo, t->hi, t->cost <= need, gap, dst);
-    if (t->cost > need && t->hi - t->lo >= 2 * b->min_shard) {
+    if (t->cost > need && (t->hi - t->lo) / 2 >= b->min_shard) { // (2 x min_shard overflows)
       int clamped;
       int64_t q = piece_rows(b, t, 1, need, &clamped);
       consider(b, &best, i, 1, t->lo, t->lo + q, !clamped, gap, dst);

@@ -495,6 +495,26 @@ static void test_hard(void) {
          met);
 }
 
+// min_shard as large as it goes (INT64_MAX: "never cut") keeps every document whole; twice it
+// once overflowed (UBSan stops there).
+static void test_huge_min_shard(void) {
+  loom_attn_doc_t docs[3] = {
+      {.owner = 0, .len = 4096}, {.owner = 0, .len = 1000}, {.owner = 1, .len = 7}};
+  loom_attn_balance_opts_t o;
+  loom_attn_balance_opts_init(&o);
+  for (int k = 0; k < 2; k++) {
+    o.min_shard = k ? INT64_MAX / 2 + 1 : INT64_MAX;
+    loom_attn_plan_t p;
+    double m = run(docs, 3, 2, &o, k ? "min_shard 2^62" : "min_shard INT64_MAX", &p);
+    if (m < 0) {
+      continue;
+    }
+    CHECK(p.ntasks == 3, "min_shard %lld: %d tasks, want the 3 documents whole",
+          (long long)o.min_shard, p.ntasks);
+    loom_attn_plan_free(&p);
+  }
+}
+
 // ---- 4. bad arguments ------------------------------------------------------------------------
 
 static void test_invalid(void) {
@@ -657,6 +677,7 @@ int main(void) {
   test_lognormal();
   test_one_long();
   test_hard();
+  test_huge_min_shard();
   test_invalid();
   test_row_cost();
   test_speed();
