@@ -124,17 +124,23 @@ static stages_t lane_stages(const loom_plan_problem_t *p, const loom_plan_choice
 // compute remains) or queues after it. The comm lane moves one tensor at a time, in order. The
 // worker lane is one queue (the pool's first thread; more threads are not modelled).
 
+// A time or a cost: finite and >= 0 (NaN is neither: it made every comparison false).
+static int cost_ok(double x) {
+  return x >= 0 && isfinite(x);
+}
+
 static loom_status_t check_problem(const loom_plan_problem_t *p, const void *choice,
                                    const void *out) {
   if (!p || !out || (p->ntensors > 0 && (!p->tensors || !choice)) || p->ntensors < 0 ||
       p->ranks < 1 || p->nodes < 1 || p->nodes > p->ranks || p->ncodecs < 0 ||
       (p->ncodecs > 0 && !p->codecs) || p->workers < 0 || !(p->intra.gbps > 0) ||
-      (p->nodes > 1 && !(p->inter.gbps > 0)) || p->compute_us < 0 || p->intra.alpha_us < 0 ||
-      p->inter.alpha_us < 0) {
+      (p->nodes > 1 && !(p->inter.gbps > 0)) || !cost_ok(p->compute_us) ||
+      !cost_ok(p->intra.alpha_us) || !cost_ok(p->inter.alpha_us)) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "compression planner: bad problem: need ntensors >= 0 with tensors and a "
                       "choice array, 1 <= nodes <= ranks, ncodecs >= 0 with codecs, workers >= 0, "
-                      "links with gbps > 0 and alpha >= 0, compute_us >= 0, and an output");
+                      "links with gbps > 0 and a finite alpha >= 0, a finite compute_us >= 0, and "
+                      "an output");
   }
   for (int i = 0; i < p->ntensors; i++) {
     if (p->tensors[i].n < 0 || !(p->tensors[i].ready_us >= 0)) {
@@ -147,10 +153,12 @@ static loom_status_t check_problem(const loom_plan_problem_t *p, const void *cho
   }
   for (int c = 0; c < p->ncodecs * (is_gpu(p) ? 2 : 1); c++) {
     const loom_codec_cost_t *k = c < p->ncodecs ? &p->codecs[c] : &p->gpu_codecs[c - p->ncodecs];
-    if (!k->compressor || !(k->bytes_per_value >= 0) || k->enc_ns < 0 || k->dec_ns < 0 ||
-        k->enc_us < 0 || k->dec_us < 0 || k->fixed_bytes < 0) {
+    if (!k->compressor || !cost_ok(k->bytes_per_value) || !cost_ok(k->enc_ns) ||
+        !cost_ok(k->dec_ns) || !cost_ok(k->enc_us) || !cost_ok(k->dec_us) ||
+        !cost_ok(k->fixed_bytes)) {
       return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                        "compression planner: %s codec %d has a missing name or a negative cost",
+                        "compression planner: %s codec %d has a missing name or a cost that is "
+                        "negative, NaN or infinite",
                         c < p->ncodecs ? "host" : "GPU", c % (p->ncodecs > 0 ? p->ncodecs : 1));
     }
   }

@@ -436,6 +436,33 @@ static void test_invalid(void) {
   p = base;
   p.codecs = NULL;
   expect_invalid_problem(&p, ok, "codecs NULL with ncodecs 1");
+  // NaN and infinite times and costs: refused like negative ones (NaN passed the checks, and
+  // brute force then left the choice unwritten and reported a step of 0 us).
+  const double odd[2] = {NAN, INFINITY};
+  for (int k = 0; k < 2; k++) {
+    char what[64];
+    p = base;
+    p.compute_us = odd[k];
+    snprintf(what, sizeof what, "compute_us %g", odd[k]);
+    expect_invalid_problem(&p, ok, what);
+    p = base;
+    p.intra.alpha_us = odd[k];
+    snprintf(what, sizeof what, "intra alpha %g us", odd[k]);
+    expect_invalid_problem(&p, ok, what);
+    p = base;
+    p.inter.alpha_us = odd[k];
+    snprintf(what, sizeof what, "inter alpha %g us", odd[k]);
+    expect_invalid_problem(&p, ok, what);
+    for (int f = 0; f < 5; f++) {
+      loom_codec_cost_t c = FP16_CHEAP;
+      double *field[5] = {&c.enc_us, &c.enc_ns, &c.dec_us, &c.dec_ns, &c.fixed_bytes};
+      *field[f] = odd[k];
+      p = base;
+      p.codecs = &c;
+      snprintf(what, sizeof what, "codec cost field %d = %g", f, odd[k]);
+      expect_invalid_problem(&p, ok, what);
+    }
+  }
 
   // Bad choices.
   loom_plan_choice_t bad[2] = {ok[0], ok[1]};
