@@ -28,7 +28,8 @@
 //   tensor NAME FLOATS READY_US                     (one per gradient, in ready order)
 //   codec SPEC ENC_US ENC_NS DEC_US DEC_NS BYTES_PER_VALUE FIXED_BYTES
 //   docs LEN LEN ...            (a sample of document lengths, drawn one by one; any lines), or
-//   batch LEN LEN ...           (the documents of one rank's batch, drawn whole; one per line)
+//   batch LEN LEN ...           (the documents of one rank's batch, drawn whole; one per line;
+//                                without lengths, no batch)
 //   end
 loom_status_t loom_sim_profile_save(const char *path, const loom_sim_profile_t *p) {
   if (!path || !p) {
@@ -298,6 +299,7 @@ static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int 
                           r->path, r->line);
       return -1;
     }
+    const int before = p->ndocs;
     int64_t len;
     while (r->save && *r->save && strspn(r->save, " \t\r\n") < strlen(r->save)) {
       if (grow(r, (void **)&p->docs, p->ndocs, &caps[2], sizeof *p->docs, SIM_MAX_DOCS, "docs") ||
@@ -306,7 +308,7 @@ static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int 
       }
       p->docs[p->ndocs++] = len;
     }
-    if (batch && (p->nbatches == 0 || p->batch_end[p->nbatches - 1] < p->ndocs)) {
+    if (batch && p->ndocs > before) { // (a batch line without lengths holds no batch)
       if (grow(r, (void **)&p->batch_end, p->nbatches, &caps[3], sizeof *p->batch_end, SIM_MAX_DOCS,
                "batches")) {
         return -1;

@@ -193,6 +193,18 @@ static void test_roundtrip_and_damage(void) {
   CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "exchange 3 ms of 2 ms accepted");
   CHECK(strstr(loom_last_error(NULL), "exchange_ms") != NULL, "the message does not name it: %s",
         loom_last_error(NULL));
+  // A batch line without lengths holds no batch, first or not: the sample that follows is a
+  // sample (an empty first batch once made it a profile of one empty batch, the sample unused).
+  write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\nbatch\ndocs 5 6 7\nend\n");
+  CHECK(loom_sim_profile_load(bad, &q) == LOOM_OK && q.ndocs == 3 && q.nbatches == 0,
+        "an empty batch line, then docs: %d docs in %d batches (%s)", q.ndocs, q.nbatches,
+        loom_last_error(NULL));
+  loom_sim_profile_free(&q);
+  write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\nbatch\nbatch 5 6\nbatch\nbatch 7\nend\n");
+  CHECK(loom_sim_profile_load(bad, &q) == LOOM_OK && q.ndocs == 3 && q.nbatches == 2 &&
+            q.batch_end[0] == 2 && q.batch_end[1] == 3,
+        "empty batch lines among batches: %d docs in %d batches", q.ndocs, q.nbatches);
+  loom_sim_profile_free(&q);
   write_text(bad, "loom-profile 2\nend\n");
   CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "version 2 accepted");
   write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\nmoe 2 0 0 0 1 0.5\nend\n");
