@@ -435,6 +435,14 @@ loom_status_t loom_sim_cluster_load(const char *path, loom_sim_cluster_t *c) {
   int64_t v;
   while (!bad && fgets(line, sizeof line, f)) {
     r.line++;
+    if (!strchr(line, '\n') && !feof(f)) { // (its rest would be read as a line of its own)
+      r.err = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                         "cluster %s line %d: longer than %d bytes: a cluster line is a key and "
+                         "a few values (see loom_sim --help for the format)",
+                         path, r.line, (int)sizeof line - 1);
+      bad = 1;
+      break;
+    }
     char *key = strtok_r(line, " \t\r\n", &r.save);
     if (!key || key[0] == '#') {
       continue;

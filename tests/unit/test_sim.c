@@ -241,6 +241,19 @@ static void test_cluster_file(void) {
   CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG, "unknown key accepted");
   quiet_end();
   CHECK(strstr(loom_last_error(NULL), "nodez") != NULL, "the message does not name the key");
+  // A line longer than the reader's buffer is refused, naming the line: its rest was once read
+  // as a line of its own, so a long comment ending in "nodes 1000" set the node count.
+  char *text = malloc(8192);
+  int n = snprintf(text, 8192, "nodes 2\nranks_per_node 4\ncores_per_node 4\nintra 1 10\n# ");
+  memset(text + n, 'x', 4093);
+  snprintf(text + n + 4093, 8192 - (size_t)n - 4093, "nodes 1000\n");
+  write_text(path, text);
+  free(text);
+  quiet_begin();
+  loom_status_t lst = loom_sim_cluster_load(path, &c);
+  quiet_end();
+  CHECK(lst == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), "line 5: longer than"),
+        "a long comment line: status %d, %d nodes (%s)", (int)lst, c.nodes, loom_last_error(NULL));
   // Not a regular file (/dev/zero: an endless run of NUL lines, which the reader once looped
   // over forever): refused at once, naming the file and the fix, for the profile too.
   char zero[128];
