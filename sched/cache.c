@@ -99,3 +99,15 @@ FILE *loom_cache_open(const char *kind) {
   }
   return NULL;
 }
+
+int loom_cache_line(FILE *f, char *line, int cap) {
+  int skip = 0; // in the rest of a line longer than cap - 1 bytes
+  while (fgets(line, cap, f)) {
+    const int whole = strchr(line, '\n') != NULL;
+    if (whole && !skip) {
+      return 1;
+    }
+    skip = !whole;
+  }
+  return 0;
+}

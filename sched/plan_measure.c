@@ -151,8 +151,9 @@ static loom_status_t measure_codec(const char *spec, loom_codec_cost_t *out);
 // Cache: one file per host and build, a line per measurement ("spec enc_us enc_ns dec_us dec_ns
 // bytes_per_value fixed_bytes"), appended: the last complete line of a spec is its latest
 // measurement (LOOM_CODEC_REMEASURE appends a new one). The file is untrusted: a line that is
-// cut short (no newline) or does not parse into finite, non-negative numbers is ignored, and
-// the payload sizes are recomputed from the codec rather than read (they are not timings).
+// cut short (no newline), longer than the buffer, or does not parse into finite, non-negative
+// numbers is ignored, and the payload sizes are recomputed from the codec rather than read
+// (they are not timings).
 
 static int cache_read(const char *spec, loom_codec_cost_t *out) {
   char line[512], name[128];
@@ -161,14 +162,12 @@ static int cache_read(const char *spec, loom_codec_cost_t *out) {
     return 0;
   }
   int found = 0;
-  while (fgets(line, sizeof line, f)) {
+  while (loom_cache_line(f, line, (int)sizeof line)) {
     double v[6];
-    const size_t len = strlen(line);
-    if (len == 0 || line[len - 1] != '\n' ||
-        sscanf(line, "%127s %lf %lf %lf %lf %lf %lf", name, &v[0], &v[1], &v[2], &v[3], &v[4],
+    if (sscanf(line, "%127s %lf %lf %lf %lf %lf %lf", name, &v[0], &v[1], &v[2], &v[3], &v[4],
                &v[5]) != 7 ||
         strcmp(name, spec) != 0) {
-      continue; // (a line longer than the buffer arrives in pieces: none ends a valid line)
+      continue;
     }
     int ok = 1;
     for (int i = 0; i < 6; i++) {

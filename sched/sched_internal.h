@@ -35,6 +35,10 @@ void loom_cache_append(const char *kind, const char *line);
 // treated as absent, each run measures again).
 #define LOOM_CACHE_MAX_BYTES ((uint64_t)1 << 20)
 FILE *loom_cache_open(const char *kind);
+// The next whole line of a cache file into line (cap bytes, the newline kept): 1, or 0 at the
+// end. A line longer than cap - 1 bytes is skipped whole (its last piece would read as a line
+// of its own), and so is a last line cut short (no newline: an interrupted append).
+int loom_cache_line(FILE *f, char *line, int cap);
 
 #include "file_regular.h" // loom_fopen_regular, loom_file_regular (runtime/)
 

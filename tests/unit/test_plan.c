@@ -905,6 +905,16 @@ static void test_codec_cache(void) {
         "fp16 from the last complete line, sizes recomputed: enc %g us + %g ns, %g bytes/value, "
         "fixed %g",
         c.enc_us, c.enc_ns, c.bytes_per_value, c.fixed_bytes);
+  // A line longer than the reader's buffer is ignored whole: its last piece ends in a newline
+  // and was once read as a line of its own. Here the line cut short above runs on for 542 bytes
+  // and its last piece (past 511) reads "fp16 11 12 13 14 2 16".
+  snprintf(cmd, sizeof cmd,
+           "for f in %s/*; do printf '%%0480d%%20sfp16 11 12 13 14 2 16\n' 0 '' >> \"$f\"; done",
+           dir);
+  CHECK(system(cmd) == 0, "could not append a long line to the cache");
+  CHECK(loom_plan_measure_codec("fp16", &c) == LOOM_OK && c.enc_us == 5 && c.enc_ns == 6,
+        "fp16 after a long damaged line: enc %g us + %g ns, want 5 + 6 (the line before)", c.enc_us,
+        c.enc_ns);
   // A cache that is not a regular file (/dev/zero: an endless run of NUL lines, which the
   // reader once looped over forever): one warning naming the file and the fix, and the codec
   // measured as if there were no cache.
