@@ -147,13 +147,12 @@ static int cache_lookup(const loom_ctx_t *ctx, loom_moe_config_t *cfg, int np, i
   }
   const int overlap = resolve_overlap(ctx, cfg->overlap);
   double best_dist = INFINITY;
-  int chunks = 0, slices = 0;
-  while (fgets(line, sizeof line, f)) {
-    int e, k, n, ov, ch, sl;
-    long long h, ff, t;
+  long long chunks = 0, slices = 0;                    // (1 .. MOE_TUNE_MAX once found)
+  while (loom_cache_line(f, line, (int)sizeof line)) { // (whole lines: not a long one's tail)
+    long long e, k, n, ov, ch, sl, h, ff, t; // (%d wraps a number past an int: 2^32 + 1 read 1)
     double ms;
-    if (sscanf(line, "%d %d %lld %lld %d %d %lld %d %d %lf", &e, &k, &h, &ff, &n, &ov, &t, &ch, &sl,
-               &ms) != 10 ||
+    if (sscanf(line, "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lf", &e, &k, &h, &ff, &n, &ov,
+               &t, &ch, &sl, &ms) != 10 ||
         e != cfg->num_experts || k != cfg->top_k || h != cfg->hidden || ff != cfg->ffn || n != np ||
         ov != overlap || t < 0 || ch < 1 || ch > MOE_TUNE_MAX || sl < 1 || sl > MOE_TUNE_MAX) {
       // (tiles beyond the tuner's grid: a hand-edited or damaged line, up to 65x slower steps)
@@ -170,8 +169,8 @@ static int cache_lookup(const loom_ctx_t *ctx, loom_moe_config_t *cfg, int np, i
   if (chunks == 0) {
     return 0;
   }
-  cfg->chunks = cfg->chunks > 0 ? cfg->chunks : chunks;
-  cfg->col_slices = cfg->col_slices > 0 ? cfg->col_slices : slices;
+  cfg->chunks = cfg->chunks > 0 ? cfg->chunks : (int)chunks;
+  cfg->col_slices = cfg->col_slices > 0 ? cfg->col_slices : (int)slices;
   return 1;
 }
 

@@ -288,6 +288,12 @@ static void test_tuning_cache(loom_ctx_t *ctx, const loom_group_t *world) {
   FILE *f = fopen(path, "a");
   if (f) {
     fprintf(f, "garbage\n4 2 8 12 1 2 16 999 4 1.0\n4 2 8 12 1 2 16 -1 4 1.0\n4 2 8 12 1 2\n");
+    // Numbers past an int, which once wrapped into the grid (2^32 + 1 read as 1), and a line
+    // longer than the reader's buffer whose last piece reads as an entry of its own.
+    const int c2 = best.chunks == 1 ? 2 : 1, s2 = best.slices == 1 ? 2 : 1;
+    fprintf(f, "4 2 8 12 1 2 16 %lld %lld 1.0\n", (1LL << 32) + c2, (1LL << 32) + s2);
+    fprintf(f, "4294967300 2 8 12 1 2 16 %d %d 1.0\n", c2, s2);
+    fprintf(f, "%0300d%20s4 2 8 12 1 2 16 %d %d 1.0\n", 0, "", c2, s2);
     fclose(f);
   }
   loom_moe_config_t look = cfg;
