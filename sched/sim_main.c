@@ -210,6 +210,17 @@ static int parse_grad(opts_t *o, const loom_sim_profile_t *p) {
   return 0;
 }
 
+// s inside a gnuplot single-quoted string: a quote doubled. The labels hold the profile's codec
+// specs (untrusted): an undoubled quote ended the string and the rest ran as gnuplot commands.
+static void put_quoted(FILE *g, const char *s) {
+  for (; *s; s++) {
+    if (*s == '\'') {
+      fputc('\'', g);
+    }
+    fputc(*s, g);
+  }
+}
+
 // gnuplot: tokens/s and efficiency against ranks, one line per strategy, from the CSV.
 static int plot(const char *png, const char *csv, char labels[][96], int nstrat) {
   FILE *g = popen("gnuplot", "w");
@@ -228,8 +239,10 @@ static int plot(const char *png, const char *csv, char labels[][96], int nstrat)
                     : "set logscale y\nset ylabel 'tokens/s'\nset title 'predicted throughput'\n"
                       "plot ");
     for (int k = 0; k < nstrat; k++) {
-      fprintf(g, "%s'%s' every ::1 using ($14==%d ? $1 : 1/0):%d with linespoints title '%s'",
-              k ? ", " : "", csv, k, pass ? 11 : 10, labels[k]);
+      fprintf(g, "%s'%s' every ::1 using ($14==%d ? $1 : 1/0):%d with linespoints title '",
+              k ? ", " : "", csv, k, pass ? 11 : 10);
+      put_quoted(g, labels[k]);
+      fputc('\'', g);
     }
     fprintf(g, "\n");
   }

@@ -551,6 +551,45 @@ static void test_ranks_flag(void) {
   }
 }
 
+// The loom_sim program's --png: the labels hold the profile's codec specs (untrusted text) and
+// go into gnuplot quoted; a quote in a spec once ended the string and the rest of it ran as
+// gnuplot commands, system() included.
+static void test_png_labels(void) {
+  const char *bdir = getenv("LOOM_BUILDDIR");
+  char tool[1024], prof[128], clus[128], csv[128], png[128], mark[128], cmd[2048];
+  snprintf(tool, sizeof tool, "%s/loom_sim", bdir ? bdir : ".");
+  if (access(tool, X_OK) != 0) {
+    CHECK(0, "%s is not built (set LOOM_BUILDDIR)", tool);
+    return;
+  }
+  path_of(prof, sizeof prof, "png.profile");
+  path_of(clus, sizeof clus, "png.cluster");
+  path_of(csv, sizeof csv, "png.csv");
+  path_of(png, sizeof png, "png.png");
+  path_of(mark, sizeof mark, "png.ran");
+  loom_sim_profile_t p;
+  loom_plan_tensor_t t[4];
+  loom_codec_cost_t cd[2];
+  int64_t docs[200];
+  char spec[256];
+  make_profile(&p, t, cd, docs, 0);
+  snprintf(spec, sizeof spec, "fp16';system('touch${IFS}%s');#", mark);
+  cd[0].compressor = spec;
+  CHECK(loom_sim_profile_save(prof, &p) == LOOM_OK, "save: %s", loom_last_error(NULL));
+  write_text(clus, "nodes 1\nranks_per_node 2\ncores_per_node 2\nintra 2 47\n");
+  snprintf(cmd, sizeof cmd,
+           "'%s' --profile '%s' --cluster '%s' --ranks 1,2 --attn off --csv '%s' "
+           "--png '%s' >/dev/null 2>&1",
+           tool, prof, clus, csv, png);
+  int rc = system(cmd);
+  CHECK(access(mark, F_OK) != 0, "a codec spec of the profile ran a command through gnuplot");
+  if (system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "loom_sim --png with a quote in a label: exit %d",
+          WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
+  }
+  unlink(mark);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/test_sim.XXXXXX");
   if (!mkdtemp(dir)) {
@@ -562,6 +601,7 @@ int main(void) {
   test_model();
   test_doc_limits();
   test_ranks_flag();
+  test_png_labels();
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) {
