@@ -42,10 +42,12 @@ static void usage(FILE *out) {
           "  --help           this text\n");
 }
 
+#define MAX_GRAD (2 + 64) // none, plan and every codec a profile holds (64 at most: sim_io.c)
+
 typedef struct opts {
   const char *profile, *cluster, *csv, *png;
   int ranks[64], nranks;
-  int grad[16], ngrad; // loom_sim_grad_t or codec indices (after the profile is read)
+  int grad[MAX_GRAD], ngrad; // loom_sim_grad_t or codec indices (after the profile is read)
   const char *grad_list;
   int moe[3], nmoe;
   int attn[2], nattn;
@@ -182,7 +184,7 @@ static int parse_grad(opts_t *o, const loom_sim_profile_t *p) {
   if (!o->grad_list) {
     o->grad[o->ngrad++] = LOOM_SIM_GRAD_NONE;
     o->grad[o->ngrad++] = LOOM_SIM_GRAD_PLAN;
-    for (int k = 0; k < p->ncodecs && o->ngrad < 16; k++) {
+    for (int k = 0; k < p->ncodecs && o->ngrad < MAX_GRAD; k++) {
       o->grad[o->ngrad++] = k;
     }
     return 0;
@@ -196,7 +198,11 @@ static int parse_grad(opts_t *o, const loom_sim_profile_t *p) {
     for (int k = 0; g == -3 && k < p->ncodecs; k++) {
       g = !strcmp(p->codecs[k].compressor, tok) ? k : -3;
     }
-    if (g == -3 || o->ngrad >= 16) {
+    if (o->ngrad >= MAX_GRAD) {
+      fprintf(stderr, "loom_sim: --grad: more than %d strategies: name each one once\n", MAX_GRAD);
+      return -1;
+    }
+    if (g == -3) {
       fprintf(stderr, "loom_sim: --grad: '%s' is neither none, plan nor a codec of the profile (",
               tok);
       for (int k = 0; k < p->ncodecs; k++) {
@@ -349,7 +355,7 @@ int main(int argc, char **argv) {
            "step_ms", "compute", "grad_exp", "moe_exp", "attn_ship", "imbal", "tokens/s", "eff");
   }
   int sid = 0;
-  static char labels[16 * 3 * 2][96];
+  static char labels[MAX_GRAD * 3 * 2][96];
   for (int gi = 0; rc == 0 && gi < o.ngrad; gi++) {
     for (int mi = 0; rc == 0 && mi < o.nmoe; mi++) {
       for (int ai = 0; rc == 0 && ai < o.nattn; ai++, sid++) {

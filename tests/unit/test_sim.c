@@ -590,6 +590,52 @@ static void test_png_labels(void) {
   unlink(mark);
 }
 
+// loom_sim's default strategies are none, plan and every codec of the profile: all 20 of a
+// profile of 20 codecs (the program once kept the first 14, silently).
+static void test_every_codec(void) {
+  const char *bdir = getenv("LOOM_BUILDDIR");
+  char tool[1024], prof[128], clus[128], out[128], cmd[2048];
+  snprintf(tool, sizeof tool, "%s/loom_sim", bdir ? bdir : ".");
+  if (access(tool, X_OK) != 0) {
+    CHECK(0, "%s is not built (set LOOM_BUILDDIR)", tool);
+    return;
+  }
+  path_of(prof, sizeof prof, "codecs.profile");
+  path_of(clus, sizeof clus, "codecs.cluster");
+  path_of(out, sizeof out, "codecs.out");
+  loom_sim_profile_t p;
+  loom_plan_tensor_t t[4];
+  loom_codec_cost_t cd[2], many[20];
+  char names[20][16];
+  int64_t docs[200];
+  make_profile(&p, t, cd, docs, 0);
+  for (int k = 0; k < 20; k++) {
+    snprintf(names[k], sizeof names[k], "topk:0.%02d", k + 1);
+    many[k] = cd[1];
+    many[k].compressor = names[k];
+  }
+  p.codecs = many;
+  p.ncodecs = 20;
+  CHECK(loom_sim_profile_save(prof, &p) == LOOM_OK, "save: %s", loom_last_error(NULL));
+  write_text(clus, "nodes 1\nranks_per_node 2\ncores_per_node 2\nintra 2 47\n");
+  snprintf(cmd, sizeof cmd, "'%s' --profile '%s' --cluster '%s' --ranks 2 --attn off >'%s' 2>&1",
+           tool, prof, clus, out);
+  int rc = system(cmd);
+  long len = 0;
+  char *o = read_all(out, &len);
+  int rows = 0;
+  if (o) {
+    o[len] = 0;
+    for (const char *at = o; (at = strstr(at, "\ngrad=")) != NULL; at++) {
+      rows++;
+    }
+  }
+  CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0 && rows == 22 && o && strstr(o, "grad=topk:0.20 "),
+        "20 codecs: exit %d, %d strategies (want none, plan and the 20)",
+        WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, rows);
+  free(o);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/test_sim.XXXXXX");
   if (!mkdtemp(dir)) {
@@ -602,6 +648,7 @@ int main(void) {
   test_doc_limits();
   test_ranks_flag();
   test_png_labels();
+  test_every_codec();
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) {
