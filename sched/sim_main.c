@@ -57,6 +57,13 @@ typedef struct opts {
 
 static int parse_list_int(const char *s, int *out, int cap, int *n) {
   char buf[1024];
+  if (strlen(s) >= sizeof buf) { // (cut short, its last count would be another)
+    fprintf(stderr,
+            "loom_sim: --ranks: the list is longer than %d characters: give at most %d "
+            "rank counts\n",
+            (int)sizeof buf - 1, cap);
+    return -1;
+  }
   snprintf(buf, sizeof buf, "%s", s);
   *n = 0;
   for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -86,6 +93,11 @@ static int parse_list_int(const char *s, int *out, int cap, int *n) {
 static int parse_names(const char *flag, const char *s, const char *const *names, int count,
                        int *out, int *n) {
   char buf[256];
+  if (strlen(s) >= sizeof buf) {
+    fprintf(stderr, "loom_sim: %s: the list is longer than %d characters\n", flag,
+            (int)sizeof buf - 1);
+    return -1;
+  }
   snprintf(buf, sizeof buf, "%s", s);
   *n = 0;
   for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
@@ -189,7 +201,12 @@ static int parse_grad(opts_t *o, const loom_sim_profile_t *p) {
     }
     return 0;
   }
-  char buf[256];
+  char buf[1024];
+  if (strlen(o->grad_list) >= sizeof buf) { // (cut short, its last name would be another)
+    fprintf(stderr, "loom_sim: --grad: the list is longer than %d characters: name fewer\n",
+            (int)sizeof buf - 1);
+    return -1;
+  }
   snprintf(buf, sizeof buf, "%s", o->grad_list);
   for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     int g = !strcmp(tok, "none")   ? LOOM_SIM_GRAD_NONE
