@@ -19,23 +19,25 @@ int loom_cache_file(char *path, size_t cap, const char *kind) {
   const char *dir = getenv("LOOM_CACHE_DIR"), *xdg = getenv("XDG_CACHE_HOME"),
              *home = getenv("HOME");
   char base[512], host[128] = "host";
+  const char *from = dir && *dir ? "LOOM_CACHE_DIR" : xdg && *xdg ? "XDG_CACHE_HOME" : "HOME";
+  size_t n0;
   if (dir && *dir) {
-    if (strlen(dir) >= sizeof base - 16) { // cut short, it would name another folder
-      static int warned = 0;
-      if (!warned++) {
-        LOOM_WARN(LOOM_SUB_COMPRESS,
-                  "LOOM_CACHE_DIR is longer than %zu characters: measurements are not cached "
-                  "(each run measures again); give a shorter path",
-                  sizeof base - 17);
-      }
-      return -1;
-    }
-    snprintf(base, sizeof base, "%s", dir);
+    n0 = (size_t)snprintf(base, sizeof base, "%s", dir);
   } else if (xdg && *xdg) {
-    snprintf(base, sizeof base, "%s/loom", xdg);
+    n0 = (size_t)snprintf(base, sizeof base, "%s/loom", xdg);
   } else if (home && *home) {
-    snprintf(base, sizeof base, "%s/.cache/loom", home);
+    n0 = (size_t)snprintf(base, sizeof base, "%s/.cache/loom", home);
   } else {
+    return -1;
+  }
+  if (n0 >= sizeof base - 16) { // cut short, it would name another folder
+    static int warned = 0;
+    if (!warned++) {
+      LOOM_WARN(LOOM_SUB_COMPRESS,
+                "the cache folder from %s is longer than %zu characters: measurements are not "
+                "cached (each run measures again); set LOOM_CACHE_DIR to a shorter path",
+                from, sizeof base - 17);
+    }
     return -1;
   }
   gethostname(host, sizeof host - 1);

@@ -960,6 +960,46 @@ static void test_codec_cache(void) {
   unsetenv("LOOM_CACHE_DIR");
 }
 
+// The cache folder from XDG_CACHE_HOME (or HOME) too long for the name buffer: nothing is
+// cached (one warning), rather than written to a folder named by the cut-short path.
+static void test_cache_long_xdg(void) {
+  char dir[] = "/tmp/loom-plan-xdg-XXXXXX";
+  if (!mkdtemp(dir)) {
+    CHECK(0, "mkdtemp failed");
+    return;
+  }
+  char xdg[1024], cmd[2048];
+  int n = snprintf(xdg, sizeof xdg, "%s", dir);
+  for (int k = 0; k < 12; k++) { // 12 folders of 50 characters: 600 past the 511 kept
+    n += snprintf(xdg + n, sizeof xdg - (size_t)n, "/%050d", k);
+  }
+  snprintf(cmd, sizeof cmd, "mkdir -p '%s'", xdg);
+  CHECK(system(cmd) == 0, "could not create %s", xdg);
+  char *cache_dir = getenv("LOOM_CACHE_DIR") ? strdup(getenv("LOOM_CACHE_DIR")) : NULL;
+  char *was = getenv("XDG_CACHE_HOME") ? strdup(getenv("XDG_CACHE_HOME")) : NULL;
+  unsetenv("LOOM_CACHE_DIR");
+  setenv("XDG_CACHE_HOME", xdg, 1);
+  loom_codec_cost_t c;
+  quiet_begin();
+  loom_status_t st = loom_plan_measure_codec("fp16", &c);
+  quiet_end();
+  if (was) {
+    setenv("XDG_CACHE_HOME", was, 1);
+  } else {
+    unsetenv("XDG_CACHE_HOME");
+  }
+  if (cache_dir) {
+    setenv("LOOM_CACHE_DIR", cache_dir, 1);
+  }
+  free(was);
+  free(cache_dir);
+  CHECK(st == LOOM_OK && c.bytes_per_value == 2.0, "measure fp16: %s", loom_last_error(NULL));
+  snprintf(cmd, sizeof cmd, "test -z \"$(find '%s' -name 'codec-costs-*')\"", dir);
+  CHECK(system(cmd) == 0, "a cache file was written under %s with XDG_CACHE_HOME too long", dir);
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  CHECK(system(cmd) == 0, "could not remove %s", dir);
+}
+
 // ---- 9. the GPU lanes (ByteComp on GPU builds) -------------------------------------------------
 
 // The same problem as a GPU one: gpu_codecs (the device codecs' costs), CPU lane with host_lanes.
@@ -1115,6 +1155,7 @@ static void test_gpu_lanes(void) {
 
 int main(void) {
   test_codec_cache();
+  test_cache_long_xdg();
   test_simulator_basics();
   test_invalid();
   test_greedy_known();
