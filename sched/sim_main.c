@@ -244,6 +244,24 @@ static void put_quoted(FILE *g, const char *s) {
   }
 }
 
+// s as one CSV field: quoted (a quote doubled) when it holds a comma, a quote or a newline. The
+// cluster's name and the profile's codec specs reach the CSV; a comma in one shifted the columns
+// after it (the plot then read the strategy id from another column).
+static void put_csv(FILE *f, const char *s) {
+  if (!strpbrk(s, ",\"\n\r")) {
+    fputs(s, f);
+    return;
+  }
+  fputc('"', f);
+  for (; *s; s++) {
+    if (*s == '"') {
+      fputc('"', f);
+    }
+    fputc(*s, f);
+  }
+  fputc('"', f);
+}
+
 // gnuplot: tokens/s and efficiency against ranks, one line per strategy, from the CSV.
 static int plot(const char *png, const char *csv, char labels[][96], int nstrat) {
   FILE *g = popen("gnuplot", "w");
@@ -400,10 +418,13 @@ int main(int argc, char **argv) {
                  r.ranks, r.nodes, r.step_ms, r.compute_ms, r.grad_exposed_ms, r.moe_exposed_ms,
                  r.attn_ship_ms, r.attn_imbalance, r.tokens_per_s, eff);
           if (csv) {
-            fprintf(csv, "%d,%d,%.4f,%.4f,%.4f,%.0f,%.4f,%.4f,%.4f,%.1f,%.4f,%.4f,%s,%d,%s,%.4f\n",
-                    r.ranks, r.nodes, r.step_ms, r.compute_ms, r.grad_exposed_ms, r.grad_bytes,
-                    r.moe_a2a_ms, r.moe_exposed_ms, r.attn_ship_ms, r.tokens_per_s, eff,
-                    r.attn_imbalance, c.name, sid, label, r.moe_imbalance);
+            fprintf(csv, "%d,%d,%.4f,%.4f,%.4f,%.0f,%.4f,%.4f,%.4f,%.1f,%.4f,%.4f,", r.ranks,
+                    r.nodes, r.step_ms, r.compute_ms, r.grad_exposed_ms, r.grad_bytes, r.moe_a2a_ms,
+                    r.moe_exposed_ms, r.attn_ship_ms, r.tokens_per_s, eff, r.attn_imbalance);
+            put_csv(csv, c.name);
+            fprintf(csv, ",%d,", sid);
+            put_csv(csv, label);
+            fprintf(csv, ",%.4f\n", r.moe_imbalance);
           }
         }
       }

@@ -588,6 +588,33 @@ static void test_png_labels(void) {
           WIFEXITED(rc) ? WEXITSTATUS(rc) : -1);
   }
   unlink(mark);
+  // A comma in the cluster's name or a codec spec stays inside its CSV field (quoted): every row
+  // has the header's 16 fields.
+  write_text(clus, "name a,b\nnodes 1\nranks_per_node 2\ncores_per_node 2\nintra 2 47\n");
+  cd[0].compressor = "x,y";
+  CHECK(loom_sim_profile_save(prof, &p) == LOOM_OK, "save: %s", loom_last_error(NULL));
+  snprintf(cmd, sizeof cmd,
+           "'%s' --profile '%s' --cluster '%s' --ranks 1,2 --attn off --csv '%s' >/dev/null 2>&1",
+           tool, prof, clus, csv);
+  rc = system(cmd);
+  long len = 0;
+  char *text = read_all(csv, &len);
+  int rows = 0, bad_rows = 0;
+  for (long i = 0, fields = 1, quoted = 0; text && i < len; i++) {
+    if (text[i] == '"') {
+      quoted = !quoted;
+    } else if (text[i] == ',' && !quoted) {
+      fields++;
+    } else if (text[i] == '\n' && !quoted) {
+      rows++;
+      bad_rows += fields != 16;
+      fields = 1;
+    }
+  }
+  CHECK(WIFEXITED(rc) && WEXITSTATUS(rc) == 0 && rows > 1 && bad_rows == 0,
+        "CSV with commas in names: exit %d, %d of %d rows without 16 fields",
+        WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, bad_rows, rows);
+  free(text);
 }
 
 // loom_sim's default strategies are none, plan and every codec of the profile: all 20 of a
