@@ -70,7 +70,7 @@ typedef struct loom_sim_cluster {
                     // long (context switches, caches refilled; tests/bench/timeshare_perf)
 } loom_sim_cluster_t;
 
-// Parse a cluster description (lines "key value...", '#' comments):
+// Parse a cluster description (lines "key value...", '#' starts a comment to the end of a line):
 //   name NAME / nodes N / ranks_per_node R / cores_per_node C
 //   intra ALPHA_US GBPS [shared] / inter ALPHA_US GBPS [shared] / timeshare F (default 0)
 // A missing key or a bad value is LOOM_ERR_INVALID_ARG naming the line and the fix.

@@ -443,8 +443,12 @@ loom_status_t loom_sim_cluster_load(const char *path, loom_sim_cluster_t *c) {
       bad = 1;
       break;
     }
+    char *hash = strchr(line, '#'); // a comment runs to the end of its line
+    if (hash) {
+      *hash = 0;
+    }
     char *key = strtok_r(line, " \t\r\n", &r.save);
-    if (!key || key[0] == '#') {
+    if (!key) {
       continue;
     }
     if (!strcmp(key, "name")) {

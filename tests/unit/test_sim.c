@@ -228,6 +228,15 @@ static void test_cluster_file(void) {
   write_text(path, "nodes 1\nranks_per_node 4\ncores_per_node 2\nintra 2 47\ntimeshare 0.048\n");
   CHECK(loom_sim_cluster_load(path, &c) == LOOM_OK && fabs(c.timeshare - 0.048) < 1e-12,
         "timeshare: %s", loom_last_error(NULL));
+  // README's example, comments after the values included (they once stopped it: "'#' after
+  // the link: only 'shared'").
+  write_text(path, "name example-64x8-100g\nnodes 64\nranks_per_node 8\ncores_per_node 8\n"
+                   "intra 1 100          # alpha_us Gbit/s inside a node\n"
+                   "inter 5 100 shared   # between nodes; shared: the node's ranks split the NIC\n"
+                   "timeshare 0          # optional: what sharing a core costs\n");
+  CHECK(loom_sim_cluster_load(path, &c) == LOOM_OK && c.nodes == 64 && c.inter.gbps == 100 &&
+            c.inter_shared && !c.intra_shared && !strcmp(c.name, "example-64x8-100g"),
+        "README's cluster: %s", loom_last_error(NULL));
   quiet_begin();
   write_text(path, "nodes 1\nranks_per_node 4\ncores_per_node 2\nintra 2 47\ntimeshare -1\n");
   CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG, "timeshare -1 accepted");
