@@ -152,6 +152,20 @@ static char *word(reader_t *r, const char *what) {
   return s;
 }
 
+// Nothing may follow a record's fields: 0, or -1 (error set). (A line break turned into a space
+// joined two records into one line, and the second was dropped as trailing text.)
+static int line_end(reader_t *r, const char *key) {
+  const char *tok = strtok_r(NULL, " \t\r\n", &r->save);
+  if (tok) {
+    r->err = loom_error(NULL, r->code,
+                        "%s line %d: '%.32s' after the fields of '%s' (one record a line: a line "
+                        "break lost?)",
+                        r->path, r->line, tok, key);
+    return -1;
+  }
+  return 0;
+}
+
 // Grow *arr (elements of size) to hold n + 1 entries, up to max. 0 or -1 (error set).
 static int grow(reader_t *r, void **arr, int n, int *cap, size_t size, int max, const char *what) {
   if (n >= max) {
@@ -322,7 +336,7 @@ static int read_record(reader_t *r, const char *key, loom_sim_profile_t *p, int 
         loom_error(NULL, r->code, "profile %s line %d: unknown record '%s'", r->path, r->line, key);
     return -1;
   }
-  return 0;
+  return line_end(r, key);
 }
 
 loom_status_t loom_sim_profile_load(const char *path, loom_sim_profile_t *p) {
@@ -476,6 +490,7 @@ loom_status_t loom_sim_cluster_load(const char *path, loom_sim_cluster_t *c) {
                          path, r.line, key);
       bad = 1;
     }
+    bad = bad || line_end(&r, key) != 0;
   }
   fclose(f);
   if (bad) {

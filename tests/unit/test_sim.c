@@ -205,6 +205,16 @@ static void test_roundtrip_and_damage(void) {
             q.batch_end[0] == 2 && q.batch_end[1] == 3,
         "empty batch lines among batches: %d docs in %d batches", q.ndocs, q.nbatches);
   loom_sim_profile_free(&q);
+  // Two records on one line (a line break turned into a space): the second was dropped as
+  // trailing text; now the line is corrupt, naming what follows the first record's fields.
+  write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\ntensor a 100 5 tensor b 200 6\nend\n");
+  CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT &&
+            strstr(loom_last_error(NULL), "line 3: 'tensor' after the fields of 'tensor'"),
+        "two tensors on one line: %d tensors (%s)", q.ntensors, loom_last_error(NULL));
+  loom_sim_profile_free(&q);
+  write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\nattn 2 100 16 16 0 1 9\nend\n");
+  CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "an attn line of 7 fields accepted");
+  loom_sim_profile_free(&q);
   write_text(bad, "loom-profile 2\nend\n");
   CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "version 2 accepted");
   write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\nmoe 2 0 0 0 1 0.5\nend\n");
@@ -246,6 +256,10 @@ static void test_cluster_file(void) {
   CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG, "0 Gbit/s accepted");
   write_text(path, "nodes 4\nranks_per_node 8\ncores_per_node 8\nintra 1 10 fast\n");
   CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG, "'fast' accepted");
+  write_text(path, "nodes 4 ranks_per_node 8\nranks_per_node 8\ncores_per_node 8\nintra 1 1\n");
+  CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG &&
+            strstr(loom_last_error(NULL), "line 1: 'ranks_per_node' after the fields of 'nodes'"),
+        "two keys on one line: %s", loom_last_error(NULL));
   write_text(path, "nodez 4\n");
   CHECK(loom_sim_cluster_load(path, &c) == LOOM_ERR_INVALID_ARG, "unknown key accepted");
   quiet_end();
