@@ -396,11 +396,13 @@ loom_status_t loom_sim_profile_load(const char *path, loom_sim_profile_t *p) {
                        seen[0] ? "end" : "run");
     bad = 1;
   }
-  if (!bad && p->moe_layers > 0 && (p->moe_experts < 1 || p->moe_topk < 1 || p->moe_hidden < 1)) {
-    r.err = loom_error(
-        NULL, LOOM_ERR_CORRUPT,
-        "profile %s: %d MoE layers but experts %d, top-k %d, hidden %d (all must be >= 1)", path,
-        p->moe_layers, p->moe_experts, p->moe_topk, p->moe_hidden);
+  if (!bad && p->moe_layers > 0 &&
+      (p->moe_experts < 1 || p->moe_topk < 1 || p->moe_topk > p->moe_experts ||
+       p->moe_hidden < 1)) {
+    r.err = loom_error(NULL, LOOM_ERR_CORRUPT,
+                       "profile %s: %d MoE layers but experts %d, top-k %d, hidden %d (all must be "
+                       ">= 1, top-k at most the experts, as a layer takes them)",
+                       path, p->moe_layers, p->moe_experts, p->moe_topk, p->moe_hidden);
     bad = 1;
   }
   if (bad) {

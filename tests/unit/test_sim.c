@@ -219,6 +219,9 @@ static void test_roundtrip_and_damage(void) {
   CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "version 2 accepted");
   write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\nmoe 2 0 0 0 1 0.5\nend\n");
   CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "MoE layers without experts accepted");
+  write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\nmoe 2 4 8 64 1 0.5\nend\n");
+  CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "top-8 of 4 experts accepted");
+  loom_sim_profile_free(&q);
   path_of(bad, sizeof bad, "missing.txt");
   CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_SYSTEM, "a missing file is not SYSTEM");
   CHECK(loom_sim_profile_load(NULL, &q) == LOOM_ERR_INVALID_ARG, "NULL path accepted");
