@@ -31,9 +31,26 @@
 //   batch LEN LEN ...           (the documents of one rank's batch, drawn whole; one per line;
 //                                without lengths, no batch)
 //   end
+// A name the loader reads back as one field: 1 .. LOOM_NAME_MAX - 1 characters, no white space.
+static int field_ok(const char *s) {
+  return s && *s && strlen(s) < LOOM_NAME_MAX && !strpbrk(s, " \t\r\n\v\f");
+}
+
 loom_status_t loom_sim_profile_save(const char *path, const loom_sim_profile_t *p) {
   if (!path || !p) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_sim_profile_save: path or profile is NULL");
+  }
+  for (int i = 0; i < p->ntensors + p->ncodecs; i++) { // (before the file is touched)
+    const int t = i < p->ntensors;
+    const char *name = t ? p->tensors[i].name : p->codecs[i - p->ntensors].compressor;
+    if ((name || !t) && !field_ok(name)) {
+      return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "loom_sim_profile_save: %s %d is '%.96s': a profile holds names of 1 to "
+                        "%d characters without spaces (the loader reads a line's fields apart "
+                        "at spaces); rename it",
+                        t ? "tensor" : "codec", t ? i : i - p->ntensors, name ? name : "(null)",
+                        LOOM_NAME_MAX - 1);
+    }
   }
   FILE *f = fopen(path, "w");
   if (!f) {

@@ -215,6 +215,14 @@ static void test_roundtrip_and_damage(void) {
   write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\nattn 2 100 16 16 0 1 9\nend\n");
   CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "an attn line of 7 fields accepted");
   loom_sim_profile_free(&q);
+  // A name with a space would save a profile its loader refuses: save refuses it, naming it.
+  static const char *const spaced = "grad h0";
+  loom_plan_tensor_t keep = t[1];
+  t[1].name = spaced;
+  CHECK(loom_sim_profile_save(bad, &p) == LOOM_ERR_INVALID_ARG &&
+            strstr(loom_last_error(NULL), "tensor 1 is 'grad h0'"),
+        "saved a tensor named 'grad h0': %s", loom_last_error(NULL));
+  t[1] = keep;
   write_text(bad, "loom-profile 2\nend\n");
   CHECK(loom_sim_profile_load(bad, &q) == LOOM_ERR_CORRUPT, "version 2 accepted");
   write_text(bad, "loom-profile 1\nrun 1 5 128 10 10 0\nmoe 2 0 0 0 1 0.5\nend\n");
