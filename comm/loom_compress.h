@@ -23,7 +23,9 @@ extern "C" {
 //                   which the trainers' non-finite guard (LOOM_NONFINITE) then catches: use
 //                   bf16 (the f32 range) for gradients that large
 //   int8[:sr]       one f32 scale (max |x| / 127) and one signed byte a value; ":sr" rounds
-//                   stochastically (unbiased; the random stream comes from the seed)
+//                   stochastically (one encode is unbiased; the random stream comes from the
+//                   seed, so ranks that pass one seed round alike, and a collective's sum of
+//                   them is not quite unbiased: a known limitation)
 //   topk:RATIO      the k = ceil(RATIO * n) values of largest magnitude, with their indices
 //                   (ties go to the lower index), RATIO in (0, 1]
 //   randomk:RATIO   k = ceil(RATIO * n) values at indices drawn from the seed: every rank that
