@@ -52,16 +52,6 @@ static int masked_finite(const float *s, int rows, int cols, int64_t end0) {
   return finite_all(&acc);
 }
 
-// 1 when rows [r0, r1) of D floats (row stride ld) are finite.
-LOOM_CPU_CLONES
-static int rows_finite(const float *x, int64_t ld, int64_t r0, int64_t r1, int D) {
-  finite_acc_t acc = {{0}};
-  for (int64_t r = r0; r < r1; r++) {
-    finite_add(&acc, x + r * ld, D);
-  }
-  return finite_all(&acc);
-}
-
 // The masked entries of the tile s set to 0.
 static void zero_masked(float *s, int rows, int cols, int64_t end0) {
   for (int r = 0; r < rows && end0 + r < cols; r++) {
@@ -163,7 +153,8 @@ static void fwd_head(float *o,       // (Lq, ...) row stride ldq: head h of the 
         m[r] = m_new;
       }
       const int64_t end0 = (int64_t)i0 + lk - lq + 1 - j0;
-      if (causal && end0 < cols && !rows_finite(v + j0 * ldk, ldk, end0 < 0 ? 0 : end0, cols, D)) {
+      if (causal && end0 < cols &&
+          !loom_cpu_rows_finite(v + j0 * ldk, ldk, end0 < 0 ? 0 : end0, cols, D)) {
         for (int r = 0; r < rows; r++) { // a masked value is not finite: only the keys seen
           const int e = row_cols(r, cols, causal, end0);
           if (e > 0) {

@@ -239,11 +239,14 @@ static void mask_row(float *sr, int e, int pad) {
 // micro-kernels' order (of k, then of the six rows). Measured: the corner computed this way in
 // every strip instead cost 5-9% of the backward (perf: 5.6% of fwd + bwd in the corner loops).
 
-// 1 when rows [r0, r1) of D floats (row stride ld) are finite.
-LOOM_CPU_CLONES
-static int rows_finite(const float *x, int64_t ld, int r0, int r1, int D) {
+// One definition for both paths (attention_short_cpu.h), and without clones: a static clone in
+// each file gave clang two global resolvers of one name, and clang 14 names a cloned function's
+// ifunc NAME.ifunc, which callers in another file do not find. It reads at most a strip's 6 rows
+// of D floats against the strip's 6 x Lk x D products (an estimate, not measured: well under 1%
+// of attention in its baseline build).
+int loom_cpu_rows_finite(const float *x, int64_t ld, int64_t r0, int64_t r1, int D) {
   finite_acc_t acc = {{0}};
-  for (int r = r0; r < r1; r++) {
+  for (int64_t r = r0; r < r1; r++) {
     finite_add(&acc, x + r * ld, D);
   }
   return finite_all(&acc);
@@ -371,7 +374,7 @@ void loom_cpu_attn_short_fwd(float *out, float *lse, const float *q, const float
       kn.matmul(round16(st.kend), D, qs, D, kt, lkp, s, lkp);
       softmax_rows(s, lkp, &st, s2, m, l);
       const int e0 = row_end(&st, 0); // keys every row of the strip sees; then the corner
-      if (e0 < st.kend && !rows_finite(vh, ldk, e0, st.kend, D)) {
+      if (e0 < st.kend && !loom_cpu_rows_finite(vh, ldk, e0, st.kend, D)) {
         kn.matmul(D, e0, s, lkp, vh, ldk, os, D);
         corner_matmul(os, D, s, lkp, vh, ldk, &st, e0, D);
       } else {

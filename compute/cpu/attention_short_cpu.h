@@ -38,6 +38,10 @@ extern int loom_attn_short_max;
 // 16-wide kernels and LOOM_ATTN_SHORT_MAX with the 8-wide ones.
 int loom_cpu_attn_short_limit(void);
 
+// 1 when rows [r0, r1) of D floats (row stride ld) are all finite (both attention paths check
+// the rows that meet masked entries with it).
+int loom_cpu_rows_finite(const float *x, int64_t ld, int64_t r0, int64_t r1, int D);
+
 // The micro-kernels' vector width: 16 floats where the CPU has AVX-512, else 8. A test or
 // benchmark sets loom_attn_vector_width = 8 to run the 8-wide kernels on an AVX-512 CPU (0, the
 // default: the widest the CPU has); the library never writes it. Both widths give the same bits.
