@@ -521,15 +521,24 @@ static void test_doc_limits(void) {
   quiet_end();
 }
 
+// The loom_sim binary in LOOM_BUILDDIR (or .) into tool; 0, with a failed check, when it is not
+// built.
+static int sim_tool(char *tool, size_t size) {
+  const char *bdir = getenv("LOOM_BUILDDIR");
+  snprintf(tool, size, "%s/loom_sim", bdir ? bdir : ".");
+  if (access(tool, X_OK) != 0) {
+    CHECK(0, "%s is not built (set LOOM_BUILDDIR)", tool);
+    return 0;
+  }
+  return 1;
+}
+
 // The loom_sim program's --ranks: a count it cannot use is one line naming the list's form, and
 // counts beyond the cluster are refused before anything is printed, naming the cluster's size
 // (100000 once printed the summary and the table header, then failed with a library log line).
 static void test_ranks_flag(void) {
-  const char *bdir = getenv("LOOM_BUILDDIR");
   char tool[1024], prof[128], clus[128], out[128], err[128], cmd[2048];
-  snprintf(tool, sizeof tool, "%s/loom_sim", bdir ? bdir : ".");
-  if (access(tool, X_OK) != 0) {
-    CHECK(0, "%s is not built (set LOOM_BUILDDIR)", tool);
+  if (!sim_tool(tool, sizeof tool)) {
     return;
   }
   path_of(prof, sizeof prof, "ranks.profile");
@@ -589,11 +598,8 @@ static void test_ranks_flag(void) {
 // go into gnuplot quoted; a quote in a spec once ended the string and the rest of it ran as
 // gnuplot commands, system() included.
 static void test_png_labels(void) {
-  const char *bdir = getenv("LOOM_BUILDDIR");
   char tool[1024], prof[128], clus[128], csv[128], png[128], mark[128], cmd[2048];
-  snprintf(tool, sizeof tool, "%s/loom_sim", bdir ? bdir : ".");
-  if (access(tool, X_OK) != 0) {
-    CHECK(0, "%s is not built (set LOOM_BUILDDIR)", tool);
+  if (!sim_tool(tool, sizeof tool)) {
     return;
   }
   path_of(prof, sizeof prof, "png.profile");
@@ -654,11 +660,8 @@ static void test_png_labels(void) {
 // loom_sim's default strategies are none, plan and every codec of the profile: all 20 of a
 // profile of 20 codecs (the program once kept the first 14, silently).
 static void test_every_codec(void) {
-  const char *bdir = getenv("LOOM_BUILDDIR");
   char tool[1024], prof[128], clus[128], out[128], cmd[2048];
-  snprintf(tool, sizeof tool, "%s/loom_sim", bdir ? bdir : ".");
-  if (access(tool, X_OK) != 0) {
-    CHECK(0, "%s is not built (set LOOM_BUILDDIR)", tool);
+  if (!sim_tool(tool, sizeof tool)) {
     return;
   }
   path_of(prof, sizeof prof, "codecs.profile");
