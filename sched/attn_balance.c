@@ -71,6 +71,10 @@ typedef struct bal {
   double *load; // (nranks) cost on each rank
 } bal_t;
 
+// The largest row_cost taken: far above any kernel's per-row work (a few thousand pairs), low
+// enough that costs and the squares solved for split points stay finite.
+#define ROW_COST_MAX 1e12
+
 // The cost of query rows [lo, hi) of document doc: its pairs plus row_cost per row.
 static double cost_of(int64_t lo, int64_t hi, int64_t len, int causal, double row_cost) {
   double pairs = loom_attn_task_cost(lo, hi, len, causal);
@@ -396,11 +400,11 @@ static loom_status_t check_args(const loom_attn_doc_t *docs, int ndocs, int nran
                       "servers_first <= nranks (0 or nranks: in-place)",
                       o->servers_first, nranks);
   }
-  if (!(o->row_cost >= 0) || isinf(o->row_cost)) {
+  if (!(o->row_cost >= 0) || !(o->row_cost <= ROW_COST_MAX)) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "attention balancer: row_cost = %g: need a finite value >= 0 (0: pairs "
-                      "only; loom_attn_measure_row_cost measures it)",
-                      o->row_cost);
+                      "attention balancer: row_cost = %g: need 0 <= row_cost <= %g pairs per "
+                      "row (0: pairs only; loom_attn_measure_row_cost measures it)",
+                      o->row_cost, ROW_COST_MAX);
   }
   if (!(o->bytes_per_q_row >= 0) || !(o->bytes_per_kv_row >= 0) || isinf(o->bytes_per_q_row) ||
       isinf(o->bytes_per_kv_row)) {

@@ -51,7 +51,7 @@ typedef struct loom_attn_balance_opts {
   // their ratio steers the plan; their scale is bytes_moved's. For the forward and backward
   // of loom_attn_exec (heads H, kv_heads Hkv, head_dim D, f32) set 4 (4 H D + H) and 4 (4 Hkv D).
   double bytes_per_q_row, bytes_per_kv_row;
-  // What one query row costs besides its pairs, in pairs (>= 0; default 0: pairs only). A task
+  // What one query row costs besides its pairs, in pairs (0 to 1e12; default 0: pairs only). A task
   // of q rows then costs pairs + row_cost * q: the kernel's per-row work (softmax, output, LSE,
   // loading Q) and its per-document tiles, which dominate short documents. Measure it for a
   // head layout with loom_attn_measure_row_cost.

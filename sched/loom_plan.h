@@ -92,10 +92,11 @@ LOOM_API loom_status_t loom_plan_simulate(const loom_plan_problem_t *p,
                                           const loom_plan_choice_t *choice,
                                           loom_plan_result_t *out);
 
-// ByteComp's greedy selection: tensors by size, largest first; a tensor whose uncompressed
-// communication already hides in the compute keeps none; otherwise every option (none, and each
-// codec x scheme that applies, encoded on the compute lane; on a GPU problem on the GPU lane and,
-// with host_lanes, the CPU lane) is simulated with the choices made so far and the best kept.
+// ByteComp's greedy selection: tensors by size, largest first; for each, every option (none, and
+// each codec x scheme that applies, encoded on the compute lane; on a GPU problem on the GPU lane
+// and, with host_lanes, the CPU lane) is simulated with the choices made so far, and an option is
+// kept only where it shortens the predicted step (so a tensor whose communication hides in the
+// compute keeps none); the search stops once no communication is exposed.
 // Then encodings are moved to the worker lane (on a GPU problem with host_lanes: the CPU),
 // farthest from the output first, while that shortens the step. choice receives ntensors
 // entries.

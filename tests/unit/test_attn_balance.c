@@ -549,6 +549,7 @@ static void test_invalid(void) {
       {"row_cost < 0", 2, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, 768, -1},
       {"row_cost infinite", 2, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, 768, INFINITY},
       {"row_cost NaN", 2, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, 768, NAN},
+      {"row_cost 1e300 (sums overflow)", 2, 2, 1, 200, 0.1, 64, 0, 1, 0, 0, 768, 1e300},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     loom_attn_balance_opts_init(&o);
