@@ -84,10 +84,31 @@ loom_status_t loom_moe_tune(loom_ctx_t *ctx, const loom_group_t *ep, const loom_
   memset(&y, 0, sizeof y);
   memset(&dy, 0, sizeof dy);
   memset(&dx, 0, sizeof dx);
-  LOOM_CHECK(loom_tensor_alloc(&x, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "x"));
-  LOOM_CHECK(loom_tensor_alloc(&y, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "y"));
-  LOOM_CHECK(loom_tensor_alloc(&dy, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "dy"));
-  LOOM_CHECK(loom_tensor_alloc(&dx, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "dx"));
+  status = loom_tensor_alloc(&x, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "x");
+  if (status == LOOM_OK) {
+    status = loom_tensor_alloc(&y, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "y");
+  }
+  if (status == LOOM_OK) {
+    status = loom_tensor_alloc(&dy, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "dy");
+  }
+  if (status == LOOM_OK) {
+    status = loom_tensor_alloc(&dx, LOOM_F32, LOOM_DEVICE_HOST, 2, shape, "dx");
+  }
+  // Every rank times the same layers together: one that could not allocate stops them all
+  // (alone it would leave the others waiting in loom_moe_create until LOOM_TIMEOUT).
+  int failed = status != LOOM_OK;
+  if (np > 1) {
+    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, loom_group_comm(ep));
+  }
+  if (failed) {
+    if (status == LOOM_OK) {
+      status = loom_error(NULL, LOOM_ERR_NOMEM,
+                          "loom_moe_tune: another rank could not allocate its %lld x %lld "
+                          "buffers: see its message (fewer tokens need less)",
+                          (long long)tokens, (long long)c.hidden);
+    }
+    goto fail;
+  }
   float *xp = x.data, *dyp = dy.data;
   uint64_t r = 0x9E3779B97F4A7C15ull * (uint64_t)(me + 1);
   for (int64_t i = 0; i < tokens * c.hidden; i++) { // tokens that route like real ones

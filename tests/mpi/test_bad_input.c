@@ -1828,6 +1828,19 @@ static void t_plan(loom_ctx_t *ctx, FILE *sink) {
   IS(loom_moe_tuned(NULL, NULL, &bad_cfg, 0, 0) == 0);
 }
 
+// loom_moe_tune where one rank cannot allocate its buffers (4 TB: more than any host here) and
+// the others can: every rank returns an error, none waits in loom_moe_create for the one that
+// left. Run alone (BAD_INPUT_OOM set), with ASAN_OPTIONS allocator_may_return_null=1.
+static void t_moe_tune_oom(loom_ctx_t *ctx) {
+  const loom_group_t *ep = loom_group(ctx, LOOM_GROUP_WORLD); // (the EP group may be one rank)
+  loom_moe_config_t cfg = moe_cfg(loom_group_size(ep));
+  loom_moe_tuning_t best;
+  const int me = loom_group_rank(ep);
+  const int64_t tokens = me == 1 ? ((int64_t)1 << 40) / cfg.hidden : 8;
+  BADS(loom_moe_tune(ctx, ep, &cfg, tokens, 1, NULL, &best), LOOM_ERR_NOMEM,
+       me == 1 ? "" : "another rank could not allocate");
+}
+
 // ---- sched/loom_attn_plan.h
 // -----------------------------------------------------------------------
 
@@ -1902,17 +1915,21 @@ int main(int argc, char **argv) {
     perror("/dev/null");
     return 1;
   }
-  t_core(ctx, sink);
-  t_tensor();
-  t_checkpoint();
-  t_comm(ctx);
-  t_compress(ctx);
-  t_moe(ctx);
-  t_attn(ctx);
-  t_compute();
-  t_sched(ctx);
-  t_plan(ctx, sink);
-  t_attn_plan();
+  if (getenv("BAD_INPUT_OOM")) {
+    t_moe_tune_oom(ctx);
+  } else {
+    t_core(ctx, sink);
+    t_tensor();
+    t_checkpoint();
+    t_comm(ctx);
+    t_compress(ctx);
+    t_moe(ctx);
+    t_attn(ctx);
+    t_compute();
+    t_sched(ctx);
+    t_plan(ctx, sink);
+    t_attn_plan();
+  }
   fclose(sink);
 
   // Nothing above sent a message: a correct allreduce right after gives the right sum.
