@@ -2,6 +2,7 @@
  * and B on the comm lane, compute A then B on the compute lane, finish A and B on the comm lane. */
 #include "config.h"
 
+#include <limits.h>
 #include <stdio.h>
 
 #include "error.h"
@@ -37,6 +38,12 @@ loom_status_t loom_sched_add_attn_pingpong(loom_sched_t *s, loom_attn_nano_t nan
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "%s: s, nano, nano[0].x, nano[1].x and ids must be set (two executors, one "
                       "per nano-batch)",
+                      op);
+  }
+  if (priority == INT_MAX) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                      "%s: priority = INT_MAX: nano-batch A's compute takes priority + 1, so pass "
+                      "at most INT_MAX - 1",
                       op);
   }
   if (nano[0].x == nano[1].x) {

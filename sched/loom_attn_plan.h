@@ -102,10 +102,11 @@ typedef struct loom_attn_nano {
 // NAME.finish.A, NAME.finish.B (comm lane: complete when the results are in out and lse). So
 // B's shipments travel while A's kernel runs (the scheduler's progress thread moves them) and
 // A's results travel while B's runs; the timeline shows the six on their lanes. ship A depends
-// on task `after` (-1: none); priority is the compute tasks' (A gets priority + 1). The graph
-// keeps pointers to nano[0] and nano[1] and the tensors they name: they must outlive it (the
-// executors may be replanned and the tensors' contents change between steps). NAME: "attn" when
-// NULL. Every rank adds the same tasks in the same order (the comm lane's order is collective).
+// on task `after` (-1: none); priority is the compute tasks' (A gets priority + 1, so at most
+// INT_MAX - 1). The graph keeps pointers to nano[0] and nano[1] and the tensors they name: they
+// must outlive it (the executors may be replanned and the tensors' contents change between steps).
+// NAME: "attn" when NULL. Every rank adds the same tasks in the same order (the comm lane's order
+// is collective).
 LOOM_API loom_status_t loom_sched_add_attn_pingpong(loom_sched_t *s, loom_attn_nano_t nano[2],
                                                     int after, int priority, const char *name,
                                                     int ids[6]);

@@ -1218,6 +1218,7 @@ static void t_attn(loom_ctx_t *ctx) {
   BAD(loom_sched_add_attn_pingpong(sc, NULL, -1, 0, NULL, ids), "must be set");
   BAD(loom_sched_add_attn_pingpong(sc, nano, -1, 0, NULL, NULL), "must be set");
   BAD(loom_sched_add_attn_pingpong(sc, nano, -1, 0, NULL, ids), "share one executor");
+  BAD(loom_sched_add_attn_pingpong(sc, nano, -1, INT_MAX, NULL, ids), "priority = INT_MAX");
   nano[1].x = NULL;
   BAD(loom_sched_add_attn_pingpong(sc, nano, -1, 0, NULL, ids), "must be set");
   loom_sched_destroy(sc);
