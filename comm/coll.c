@@ -167,12 +167,27 @@ static loom_status_t started(loom_status_t status, loom_request_t *r, loom_reque
   return LOOM_OK;
 }
 
+// Whether this thread's current collective call got as far as enter() (see refuse()).
+static _Thread_local int entered_call;
+
+// A collective call returns status: one that failed before entering (its arguments, or memory)
+// still takes part in LOOM_CHECK_CONSISTENCY's check of the members, marked refused, so that
+// they return an error naming this rank instead of waiting for it (loom_consistency_refuse).
+static loom_status_t refuse(const loom_group_t *g, enum loom_op_kind kind, const loom_tensor_t *t,
+                            loom_status_t status) {
+  if (status != LOOM_OK && !entered_call) {
+    loom_consistency_refuse(g, kind, t ? t->name : NULL, status);
+  }
+  return status;
+}
+
 // This rank enters the operation d on g: the watchdog (LOOM_TIMEOUT) watches r from now on, and
 // under LOOM_CHECK_CONSISTENCY the members compare their calls before anything is posted.
 // counted: a collective (every member enters it, in the same order); send/recv are not.
 static loom_status_t enter(loom_request_t *r, const loom_group_t *g, enum loom_op_kind kind,
                            const loom_tensor_t *t, int64_t count, int redop, int root,
                            uint64_t extra, int counted) {
+  entered_call = 1;
   struct loom_op_desc d;
   loom_op_desc_set(&d, kind, t->name, (int)t->dtype, count, redop, root, extra);
   loom_watch_enter(&r->watch, g, &d, counted);
@@ -198,8 +213,9 @@ static int64_t *even_counts(const char *op, int64_t count, int n) {
 
 // ---- reductions ---------------------------------------------------------------------------------
 
-static loom_status_t iallreduce(const char *op, const loom_group_t *g, const loom_tensor_t *send,
-                                loom_tensor_t *recv, loom_redop_t redop, loom_request_t **req) {
+static loom_status_t iallreduce_checked(const char *op, const loom_group_t *g,
+                                        const loom_tensor_t *send, loom_tensor_t *recv,
+                                        loom_redop_t redop, loom_request_t **req) {
   TRY(check_req(op, req));
   TRY(loom_comm_check_group(op, g));
   TRY(check_tensor(op, "send", send, NULL));
@@ -223,6 +239,12 @@ static loom_status_t iallreduce(const char *op, const loom_group_t *g, const loo
   return started(status, r, req);
 }
 
+static loom_status_t iallreduce(const char *op, const loom_group_t *g, const loom_tensor_t *send,
+                                loom_tensor_t *recv, loom_redop_t redop, loom_request_t **req) {
+  entered_call = 0;
+  return refuse(g, LOOM_OPK_ALLREDUCE, send, iallreduce_checked(op, g, send, recv, redop, req));
+}
+
 loom_status_t loom_iallreduce(const loom_group_t *g, const loom_tensor_t *send, loom_tensor_t *recv,
                               loom_redop_t op, loom_request_t **req) {
   return iallreduce("loom_iallreduce", g, send, recv, op, req);
@@ -234,10 +256,10 @@ loom_status_t loom_allreduce(const loom_group_t *g, const loom_tensor_t *send, l
   return finish(iallreduce("loom_allreduce", g, send, recv, op, &r), &r);
 }
 
-static loom_status_t ireduce_scatter(const char *op, const loom_group_t *g,
-                                     const loom_tensor_t *send, loom_tensor_t *recv,
-                                     const int64_t *counts, loom_redop_t redop,
-                                     loom_request_t **req) {
+static loom_status_t ireduce_scatter_checked(const char *op, const loom_group_t *g,
+                                             const loom_tensor_t *send, loom_tensor_t *recv,
+                                             const int64_t *counts, loom_redop_t redop,
+                                             loom_request_t **req) {
   TRY(check_req(op, req));
   TRY(loom_comm_check_group(op, g));
   TRY(check_tensor(op, "send", send, NULL));
@@ -283,6 +305,15 @@ static loom_status_t ireduce_scatter(const char *op, const loom_group_t *g,
   return status;
 }
 
+static loom_status_t ireduce_scatter(const char *op, const loom_group_t *g,
+                                     const loom_tensor_t *send, loom_tensor_t *recv,
+                                     const int64_t *counts, loom_redop_t redop,
+                                     loom_request_t **req) {
+  entered_call = 0;
+  return refuse(g, LOOM_OPK_REDUCE_SCATTER, send,
+                ireduce_scatter_checked(op, g, send, recv, counts, redop, req));
+}
+
 loom_status_t loom_ireduce_scatter(const loom_group_t *g, const loom_tensor_t *send,
                                    loom_tensor_t *recv, const int64_t *counts, loom_redop_t op,
                                    loom_request_t **req) {
@@ -298,9 +329,10 @@ loom_status_t loom_reduce_scatter(const loom_group_t *g, const loom_tensor_t *se
 // ---- gathers ------------------------------------------------------------------------------------
 
 // variable = 0: allgather (counts NULL); else allgatherv with counts.
-static loom_status_t iallgatherv(const char *op, const loom_group_t *g, const loom_tensor_t *send,
-                                 loom_tensor_t *recv, const int64_t *counts, int variable,
-                                 loom_request_t **req) {
+static loom_status_t iallgatherv_checked(const char *op, const loom_group_t *g,
+                                         const loom_tensor_t *send, loom_tensor_t *recv,
+                                         const int64_t *counts, int variable,
+                                         loom_request_t **req) {
   TRY(check_req(op, req));
   TRY(loom_comm_check_group(op, g));
   TRY(check_tensor(op, "send", send, NULL));
@@ -335,6 +367,14 @@ static loom_status_t iallgatherv(const char *op, const loom_group_t *g, const lo
   return started(status, r, req);
 }
 
+static loom_status_t iallgatherv(const char *op, const loom_group_t *g, const loom_tensor_t *send,
+                                 loom_tensor_t *recv, const int64_t *counts, int variable,
+                                 loom_request_t **req) {
+  entered_call = 0;
+  return refuse(g, variable ? LOOM_OPK_ALLGATHERV : LOOM_OPK_ALLGATHER, send,
+                iallgatherv_checked(op, g, send, recv, counts, variable, req));
+}
+
 loom_status_t loom_iallgather(const loom_group_t *g, const loom_tensor_t *send, loom_tensor_t *recv,
                               loom_request_t **req) {
   return iallgatherv("loom_iallgather", g, send, recv, NULL, 0, req);
@@ -359,8 +399,8 @@ loom_status_t loom_allgatherv(const loom_group_t *g, const loom_tensor_t *send, 
 
 // ---- broadcast ----------------------------------------------------------------------------------
 
-static loom_status_t ibroadcast(const char *op, const loom_group_t *g, loom_tensor_t *buf, int root,
-                                loom_request_t **req) {
+static loom_status_t ibroadcast_checked(const char *op, const loom_group_t *g, loom_tensor_t *buf,
+                                        int root, loom_request_t **req) {
   TRY(check_req(op, req));
   TRY(loom_comm_check_group(op, g));
   TRY(check_tensor(op, "buf", buf, NULL));
@@ -379,6 +419,12 @@ static loom_status_t ibroadcast(const char *op, const loom_group_t *g, loom_tens
   return started(status, r, req);
 }
 
+static loom_status_t ibroadcast(const char *op, const loom_group_t *g, loom_tensor_t *buf, int root,
+                                loom_request_t **req) {
+  entered_call = 0;
+  return refuse(g, LOOM_OPK_BROADCAST, buf, ibroadcast_checked(op, g, buf, root, req));
+}
+
 loom_status_t loom_ibroadcast(const loom_group_t *g, loom_tensor_t *buf, int root,
                               loom_request_t **req) {
   return ibroadcast("loom_ibroadcast", g, buf, root, req);
@@ -392,9 +438,10 @@ loom_status_t loom_broadcast(const loom_group_t *g, loom_tensor_t *buf, int root
 // ---- all-to-all ---------------------------------------------------------------------------------
 
 // send_counts NULL: equal blocks (then recv_counts is NULL too).
-static loom_status_t ialltoallv(const char *op, const loom_group_t *g, const loom_tensor_t *send,
-                                const int64_t *send_counts, loom_tensor_t *recv,
-                                const int64_t *recv_counts, int variable, loom_request_t **req) {
+static loom_status_t ialltoallv_checked(const char *op, const loom_group_t *g,
+                                        const loom_tensor_t *send, const int64_t *send_counts,
+                                        loom_tensor_t *recv, const int64_t *recv_counts,
+                                        int variable, loom_request_t **req) {
   TRY(check_req(op, req));
   TRY(loom_comm_check_group(op, g));
   TRY(check_tensor(op, "send", send, NULL));
@@ -440,6 +487,14 @@ static loom_status_t ialltoallv(const char *op, const loom_group_t *g, const loo
                                            recv_counts, send->dtype, send->device, r));
   }
   return started(status, r, req);
+}
+
+static loom_status_t ialltoallv(const char *op, const loom_group_t *g, const loom_tensor_t *send,
+                                const int64_t *send_counts, loom_tensor_t *recv,
+                                const int64_t *recv_counts, int variable, loom_request_t **req) {
+  entered_call = 0;
+  return refuse(g, variable ? LOOM_OPK_ALLTOALLV : LOOM_OPK_ALLTOALL, send,
+                ialltoallv_checked(op, g, send, send_counts, recv, recv_counts, variable, req));
 }
 
 loom_status_t loom_ialltoall(const loom_group_t *g, const loom_tensor_t *send, loom_tensor_t *recv,

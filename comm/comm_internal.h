@@ -60,6 +60,8 @@ struct loom_op_desc {
   uint64_t name_hash;          // of the whole tensor name
   uint64_t extra;              // hash of what else must agree (counts arrays, compressor, seed)
   char name[LOOM_OP_NAME_MAX]; // the tensor name's first characters
+  int32_t refused;             // a loom_status_t: this rank refused its call; 0: it makes it
+  int32_t reserved;            // (zero)
 };
 
 // Fill d (the group fields are set by loom_watch_enter).
@@ -112,6 +114,13 @@ int loom_watch_probe(struct loom_watch *w, int source, int tag, MPI_Comm comm, M
 // LOOM_ERR_INVALID_ARG on every rank, with a message naming both sides. LOOM_OK at once when the
 // check is off.
 loom_status_t loom_check_consistency(struct loom_watch *w);
+// Under LOOM_CHECK_CONSISTENCY, a collective call that this rank refused (its arguments, or
+// memory: status `why`) before it entered it still takes part in the members' check, as operation
+// `kind` on tensor `name` marked refused, so that they return LOOM_ERR_INVALID_ARG naming this
+// rank instead of waiting for it until LOOM_TIMEOUT. Leaves this thread's last error as it was.
+// Nothing when the check is off, g is not usable or has one member.
+void loom_consistency_refuse(const loom_group_t *g, enum loom_op_kind kind, const char *name,
+                             loom_status_t why);
 // For alltoallv under LOOM_CHECK_CONSISTENCY: what each rank sends each peer must be what that
 // peer expects to receive from it.
 loom_status_t loom_check_alltoallv_counts(struct loom_watch *w, const int64_t *send_counts,

@@ -441,6 +441,38 @@ static const char *hidden_difference(const struct loom_op_desc *a, const struct 
   return "";
 }
 
+// Every member's descriptor of w's operation into all (w->g->size of them): an MPI code.
+static int gather_descs(struct loom_watch *w, struct loom_op_desc *all) {
+  MPI_Request req = MPI_REQUEST_NULL;
+  int rc = MPI_Iallgather(&w->d, (int)sizeof w->d, MPI_BYTE, all, (int)sizeof w->d, MPI_BYTE,
+                          w->g->comm, &req);
+  if (rc == MPI_SUCCESS) {
+    rc = wait_progressing(w, &req);
+  }
+  return rc;
+}
+
+void loom_consistency_refuse(const loom_group_t *g, enum loom_op_kind kind, const char *name,
+                             loom_status_t why) {
+  if (!g || !g->check_consistency || g->size <= 1 || g->rank < 0 || g->comm == MPI_COMM_NULL ||
+      why == LOOM_OK) {
+    return;
+  }
+  char mine[LOOM_ERROR_MAX];
+  snprintf(mine, sizeof mine, "%s", loom_last_error(NULL));
+  struct loom_op_desc d;
+  loom_op_desc_set(&d, kind, name, -1, -1, -1, -1, 0);
+  d.refused = (int32_t)why;
+  struct loom_watch w;
+  loom_watch_enter(&w, g, &d, 1); // (numbered like the members' call: the next ones line up)
+  struct loom_op_desc *all = malloc(sizeof *all * (size_t)g->size);
+  if (all) { // (without memory the members wait, as they would have before: the watchdog ends it)
+    (void)gather_descs(&w, all);
+    free(all);
+  }
+  loom_error_set_quiet(mine); // (progress meanwhile may have recorded another request's error)
+}
+
 loom_status_t loom_check_consistency(struct loom_watch *w) {
   const loom_group_t *g = w->g;
   if (!g->check_consistency || g->size <= 1) {
@@ -451,19 +483,26 @@ loom_status_t loom_check_consistency(struct loom_watch *w) {
   if (!all) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "LOOM_CHECK_CONSISTENCY: out of memory");
   }
-  MPI_Request req = MPI_REQUEST_NULL;
-  int rc = MPI_Iallgather(&w->d, (int)sizeof w->d, MPI_BYTE, all, (int)sizeof w->d, MPI_BYTE,
-                          g->comm, &req);
-  if (rc == MPI_SUCCESS) {
-    rc = wait_progressing(w, &req);
-  }
-  if (rc != MPI_SUCCESS) {
+  if (gather_descs(w, all) != MPI_SUCCESS) {
     free(all);
     return loom_error(NULL, LOOM_ERR_MPI, "LOOM_CHECK_CONSISTENCY: the allgather of %s failed",
                       op_name(w->d.kind));
   }
   loom_status_t status = LOOM_OK;
-  for (int r = 1; r < np; r++) {
+  for (int r = 0; r < np && status == LOOM_OK; r++) { // a rank that refused its call
+    if (all[r].refused != LOOM_OK) {
+      char b[160], group[64];
+      all[r].name[LOOM_OP_NAME_MAX - 1] = '\0';
+      format_desc(&all[r], b, sizeof b);
+      format_group(g, group, sizeof group);
+      status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                          "LOOM_CHECK_CONSISTENCY: rank %d refused its call of %s on %s (%s; its "
+                          "own message says why), so no rank starts this one: fix that rank's "
+                          "call",
+                          r, b, group, loom_strerror((loom_status_t)all[r].refused));
+    }
+  }
+  for (int r = 1; r < np && status == LOOM_OK; r++) {
     if (!same(&all[0], &all[r])) {
       char a[160], b[160], group[64];
       all[0].name[LOOM_OP_NAME_MAX - 1] = all[r].name[LOOM_OP_NAME_MAX - 1] = '\0';

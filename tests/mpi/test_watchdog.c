@@ -217,6 +217,19 @@ static void expect_mismatch(int on, loom_status_t st, const char *what, const ch
   }
 }
 
+// Under the check, a call the last rank refused (its arguments): it returns its own error, which
+// names the problem (mine), and every other rank LOOM_ERR_INVALID_ARG naming it (want), at once.
+static void expect_refused(loom_status_t st, int me_last, const char *what, const char *mine,
+                           const char *want) {
+  const char *msg = loom_last_error(NULL);
+  CHECK(st == LOOM_ERR_INVALID_ARG, "%s: status %d (%s)", what, st, msg);
+  CHECK(strstr(msg, me_last ? mine : want) != NULL, "%s: message lacks \"%s\": %s", what,
+        me_last ? mine : want, msg);
+  if (rank == 0 && st == LOOM_ERR_INVALID_ARG) {
+    printf("%s: %s\n", what, msg);
+  }
+}
+
 static void consistency(loom_ctx_t *ctx) {
   const char *v = loom_tunable(ctx, "LOOM_CHECK_CONSISTENCY");
   const int on = v && !strcmp(v, "1");
@@ -226,6 +239,7 @@ static void consistency(loom_ctx_t *ctx) {
   loom_tensor_t a = mk(LOOM_F32, 1024, "grad.h0"), b = mk(LOOM_F32, 1024, "grad.h1");
   loom_tensor_t big = mk(LOOM_F32, 1024 * size, "grad.big");
   loom_tensor_t h = mk(LOOM_F16, 1024, "grad.h0"), i32 = mk(LOOM_I32, 1024, "grad.h0");
+  loom_tensor_t b2k = mk(LOOM_F32, 1000 * size + 7, "grad.odd"); // a count no call here expects
 
   // Consistent calls of every collective pass.
   int64_t *counts = malloc(sizeof(int64_t) * (size_t)size);
@@ -303,6 +317,29 @@ static void consistency(loom_ctx_t *ctx) {
     st = loom_compressed_allreduce(w, c, LOOM_SCHEME_INDIVISIBLE, NULL, &a, LOOM_SUM,
                                    me_last ? 12 : 11, NULL);
     expect_mismatch(on, st, "compressed seed", "with a different compressor, scheme or seed");
+    // Calls the last rank refuses (bad arguments there only): the others do not wait for it.
+    snprintf(want, sizeof want, "rank %d refused its call of allreduce('grad.h0') on group world",
+             last);
+    st = loom_allreduce(w, &a, me_last ? &b2k : &a, LOOM_SUM);
+    expect_refused(st, me_last, "refused allreduce", "recv", want);
+    snprintf(want, sizeof want, "rank %d refused its call of broadcast('grad.h0')", last);
+    st = loom_broadcast(w, &a, me_last ? size : 0);
+    expect_refused(st, me_last, "refused broadcast", "root", want);
+    snprintf(want, sizeof want, "rank %d refused its call of reduce_scatter('grad.big')", last);
+    st = loom_reduce_scatter(w, &big, me_last ? &b2k : &blk, NULL, LOOM_SUM);
+    expect_refused(st, me_last, "refused reduce_scatter", "recv", want);
+    snprintf(want, sizeof want, "rank %d refused its call of allgather('rs.out')", last);
+    st = loom_allgather(w, &blk, me_last ? &b2k : &big);
+    expect_refused(st, me_last, "refused allgather", "recv", want);
+    snprintf(want, sizeof want, "rank %d refused its call of allgatherv('gv.part')", last);
+    st = loom_allgatherv(w, &mine, &all, me_last ? NULL : counts);
+    expect_refused(st, me_last, "refused allgatherv", "counts", want);
+    snprintf(want, sizeof want, "rank %d refused its call of alltoall('grad.big')", last);
+    st = loom_alltoall(w, &big, me_last ? &b2k : &big2);
+    expect_refused(st, me_last, "refused alltoall", "recv", want);
+    snprintf(want, sizeof want, "rank %d refused its call of alltoallv('a2av')", last);
+    st = loom_alltoallv(w, &vs, me_last ? NULL : sc, &vr, rc);
+    expect_refused(st, me_last, "refused alltoallv", "send_counts", want);
   }
   // The group still works after the refused calls.
   OK(loom_allreduce(w, &a, &a, LOOM_SUM));
@@ -311,8 +348,8 @@ static void consistency(loom_ctx_t *ctx) {
   free(counts);
   free(sc);
   free(rc);
-  test_free_tensors((loom_tensor_t *[]){&a, &b, &big, &big2, &h, &i32, &mine, &all, &blk, &vs, &vr},
-                    11);
+  test_free_tensors(
+      (loom_tensor_t *[]){&a, &b, &big, &big2, &h, &i32, &mine, &all, &blk, &vs, &vr, &b2k}, 12);
 }
 
 int main(int argc, char **argv) {
