@@ -641,14 +641,27 @@ static loom_status_t wrap(loom_tensor_t *t, void *p, loom_dtype_t dt, int64_t a,
 }
 
 // This rank enters a forward or backward of the layer on the ep group: the watchdog
-// (LOOM_TIMEOUT) watches its exchanges from now on.
-static void enter(loom_moe_t *m, enum loom_op_kind kind, const loom_tensor_t *t) {
+// (LOOM_TIMEOUT) watches its exchanges from now on, and under LOOM_CHECK_CONSISTENCY the members
+// compare their calls (the operation and the tensor's name; the rows may differ) first.
+static loom_status_t enter(loom_moe_t *m, enum loom_op_kind kind, const loom_tensor_t *t) {
   memset(&m->watch, 0, sizeof m->watch);
-  if (m->ep) {
-    struct loom_op_desc d;
-    loom_op_desc_set(&d, kind, t->name, LOOM_F32, -1, -1, -1, 0);
-    loom_watch_enter(&m->watch, m->ep, &d, 1);
+  if (!m->ep) {
+    return LOOM_OK;
   }
+  struct loom_op_desc d;
+  loom_op_desc_set(&d, kind, t->name, LOOM_F32, -1, -1, -1, 0);
+  loom_watch_enter(&m->watch, m->ep, &d, 1);
+  return loom_check_consistency(&m->watch);
+}
+
+// A call this rank refused before entering it (status): under LOOM_CHECK_CONSISTENCY it still
+// takes part in the members' check, so that they return an error instead of waiting for it.
+static loom_status_t refused(const loom_moe_t *m, enum loom_op_kind kind, const loom_tensor_t *t,
+                             loom_status_t status) {
+  if (m->ep) {
+    loom_consistency_refuse(m->ep, kind, t ? t->name : NULL, status);
+  }
+  return status;
 }
 
 loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tensor_t *y,
@@ -661,17 +674,22 @@ loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tenso
   }
   const int64_t H = m->cfg.hidden, F = m->cfg.ffn, E = m->cfg.num_experts;
   const int K = m->cfg.top_k;
-  LOOM_CHECK(check_rows(m, op, "x", x, H, &T));
-  LOOM_CHECK(check_rows(m, op, "y", y, H, &Ty));
-  if (Ty != T) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: y holds %lld rows, x %lld", op,
-                      (long long)Ty, (long long)T);
+  status = check_rows(m, op, "x", x, H, &T);
+  if (status == LOOM_OK) {
+    status = check_rows(m, op, "y", y, H, &Ty);
   }
-  enter(m, LOOM_OPK_MOE_FORWARD, x);
+  if (status == LOOM_OK && Ty != T) {
+    status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: y holds %lld rows, x %lld", op,
+                        (long long)Ty, (long long)T);
+  }
+  if (status != LOOM_OK) {
+    return refused(m, LOOM_OPK_MOE_FORWARD, x, status);
+  }
+  m->fwd_pending = 0; // until this forward succeeds
+  LOOM_CHECK(enter(m, LOOM_OPK_MOE_FORWARD, x));
   const double t0 = MPI_Wtime();
   m->comm_ms = m->compute_ms = 0.0;
   m->t = T;
-  m->fwd_pending = 0; // until this forward succeeds
   LOOM_CHECK(reserve_routing(m, op, T));
   if (m->device != LOOM_DEVICE_HOST) { // (only with NCCL: loom_moe_create refuses it else)
 #ifdef LOOM_HAVE_NCCL
@@ -750,22 +768,27 @@ loom_status_t loom_moe_backward(loom_moe_t *m, const loom_tensor_t *dy, loom_ten
   }
   const int64_t H = m->cfg.hidden, F = m->cfg.ffn, E = m->cfg.num_experts;
   const int K = m->cfg.top_k;
-  LOOM_CHECK(check_rows(m, op, "dy", dy, H, &T));
-  LOOM_CHECK(check_rows(m, op, "dx", dx, H, &Tx));
-  if (!m->fwd_pending) { // its gradients would be added a second time, or to nothing
-    return loom_error(NULL, LOOM_ERR_STATE,
-                      "%s: no forward to take back (none ran, the last one failed, or its "
-                      "backward already ran): call loom_moe_forward before each backward",
-                      op);
+  status = check_rows(m, op, "dy", dy, H, &T);
+  if (status == LOOM_OK) {
+    status = check_rows(m, op, "dx", dx, H, &Tx);
   }
-  if (T != m->t || Tx != m->t) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                      "%s: dy holds %lld rows and dx %lld, the last forward %lld: call the "
-                      "backward of the last forward",
-                      op, (long long)T, (long long)Tx, (long long)m->t);
+  if (status == LOOM_OK && !m->fwd_pending) { // its gradients would be added twice, or to nothing
+    status = loom_error(NULL, LOOM_ERR_STATE,
+                        "%s: no forward to take back (none ran, the last one failed, or its "
+                        "backward already ran): call loom_moe_forward before each backward",
+                        op);
+  }
+  if (status == LOOM_OK && (T != m->t || Tx != m->t)) {
+    status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
+                        "%s: dy holds %lld rows and dx %lld, the last forward %lld: call the "
+                        "backward of the last forward",
+                        op, (long long)T, (long long)Tx, (long long)m->t);
+  }
+  if (status != LOOM_OK) {
+    return refused(m, LOOM_OPK_MOE_BACKWARD, dy, status);
   }
   m->fwd_pending = 0;
-  enter(m, LOOM_OPK_MOE_BACKWARD, dy);
+  LOOM_CHECK(enter(m, LOOM_OPK_MOE_BACKWARD, dy));
   const double t0 = MPI_Wtime();
   m->comm_ms = m->compute_ms = 0.0;
   if (m->device != LOOM_DEVICE_HOST) { // (only with NCCL: loom_moe_create refuses it else)

@@ -512,7 +512,7 @@ loom_status_t loom_check_consistency(struct loom_watch *w) {
       status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
                           "LOOM_CHECK_CONSISTENCY: rank 0 calls %s but rank %d calls %s%s on "
                           "%s: every rank must make the same collective calls in the same order",
-                          a, r, b, hidden_difference(&all[0], &all[r]), group);
+                          a, r, b, strcmp(a, b) ? "" : hidden_difference(&all[0], &all[r]), group);
       break;
     }
   }

@@ -22,6 +22,8 @@
 //                           while the group's private communicator is created).
 //   skip-moe R              an MoE forward on the ep group that rank R skips.
 //   skip-attn R             an attention-server forward on world that rank R skips.
+//   moe-consistency         LOOM_CHECK_CONSISTENCY=1 with an MoE layer on every rank: calls
+//                           the last rank refuses or names differently fail on every rank.
 //   lost-recv               rank 0 receives a message rank 1 never sends.
 //   diverge                 after one common allreduce, rank 0 allreduces 'grad.x' and rank 1
 //                           starts one of 'grad.y' and sleeps: both entered operation #2, in
@@ -230,6 +232,62 @@ static void expect_refused(loom_status_t st, int me_last, const char *what, cons
   }
 }
 
+// LOOM_CHECK_CONSISTENCY=1 with an MoE layer on an ep group of every rank: consistent forwards
+// and backwards pass; a forward or backward the last rank refuses (a wrong row count there) is
+// an error on every rank at once, and so is a forward under another tensor name; the layer
+// works after each.
+static void moe_consistency(loom_ctx_t *ctx) {
+  const loom_group_t *ep = loom_group(ctx, LOOM_GROUP_EP);
+  const int last = size - 1, me_last = rank == last;
+  CHECK(loom_group_size(ep) == size, "run with LOOM_EP_SIZE=%d", size);
+  loom_moe_config_t cfg;
+  loom_moe_config_init(&cfg);
+  cfg.num_experts = 2 * size;
+  cfg.top_k = 2;
+  cfg.hidden = 8;
+  cfg.ffn = 8;
+  cfg.seed = 3;
+  loom_moe_t *m = NULL;
+  OK(loom_moe_create(ctx, ep, &cfg, &m));
+  int64_t shape[2] = {4, 8}, short_shape[2] = {3, 8};
+  loom_tensor_t x = test_tensor(LOOM_F32, 2, shape, "moe.x"),
+                y = test_tensor(LOOM_F32, 2, shape, "moe.y");
+  loom_tensor_t z = test_tensor(LOOM_F32, 2, shape, "moe.z");
+  loom_tensor_t dy = test_tensor(LOOM_F32, 2, shape, "moe.dy"),
+                dx = test_tensor(LOOM_F32, 2, shape, "moe.dx");
+  loom_tensor_t y3 = test_tensor(LOOM_F32, 2, short_shape, "moe.y");
+  for (int i = 0; i < 32; i++) {
+    ((float *)x.data)[i] = ((float *)z.data)[i] = (float)((i * 7 + rank) % 5) - 2.0f;
+    ((float *)dy.data)[i] = 0.01f * (float)(i % 3);
+  }
+  char want[256];
+  OK(loom_moe_forward(m, &x, &y, NULL));
+  OK(loom_moe_backward(m, &dy, &dx));
+  // The last rank's y has 3 rows for x's 4.
+  snprintf(want, sizeof want, "rank %d refused its call of moe_forward('moe.x') on group ep", last);
+  loom_status_t st = loom_moe_forward(m, &x, me_last ? &y3 : &y, NULL);
+  expect_refused(st, me_last, "refused MoE forward", "y holds 3 rows", want);
+  // No rank has a forward to take back now: every rank refuses, each with its own reason.
+  st = loom_moe_backward(m, &dy, &dx);
+  CHECK(st == LOOM_ERR_STATE, "backward after the refused forward: %s", loom_last_error(NULL));
+  // Another tensor name on the last rank.
+  st = loom_moe_forward(m, me_last ? &z : &x, &y, NULL);
+  snprintf(want, sizeof want,
+           "rank 0 calls moe_forward('moe.x', f32) but rank %d calls moe_forward('moe.z', f32)",
+           last);
+  expect_mismatch(1, st, "MoE forward name", want);
+  // A backward the last rank refuses (dx with 3 rows), after a forward every rank made.
+  OK(loom_moe_forward(m, &x, &y, NULL));
+  snprintf(want, sizeof want, "rank %d refused its call of moe_backward('moe.dy')", last);
+  st = loom_moe_backward(m, &dy, me_last ? &y3 : &dx);
+  expect_refused(st, me_last, "refused MoE backward", "dx 3", want);
+  // The layer still works.
+  OK(loom_moe_forward(m, &x, &y, NULL));
+  OK(loom_moe_backward(m, &dy, &dx));
+  loom_moe_destroy(m);
+  test_free_tensors((loom_tensor_t *[]){&x, &y, &z, &dy, &dx, &y3}, 6);
+}
+
 static void consistency(loom_ctx_t *ctx) {
   const char *v = loom_tunable(ctx, "LOOM_CHECK_CONSISTENCY");
   const int on = v && !strcmp(v, "1");
@@ -371,6 +429,8 @@ int main(int argc, char **argv) {
     if (!skip_moe(ctx, arg)) {
       return 0;
     }
+  } else if (!strcmp(mode, "moe-consistency")) {
+    moe_consistency(ctx);
   } else if (!strcmp(mode, "skip-attn")) {
     if (!skip_attn(ctx, arg)) {
       return 0;
