@@ -35,6 +35,21 @@ static uint64_t shard_seed(uint64_t seed, int i) {
   return loom_mix64(seed ^ ((uint64_t)(i + 1) << 32));
 }
 
+// The seed rank's encode at stage (ENC_FIRST: its own values; ENC_SUM: the owner's re-encode of
+// a summed shard) passes to the encoder: int8:sr's random stream is salted by both, so that no
+// two encodes of one value share their rounding (with one stream, the ranks' rounding errors did
+// not cancel, and the owner's re-encode rounded in step with the first: the sum was biased).
+// Only int8:sr's encoder reads it (its decoder ignores the seed), so the decoders keep the
+// unsalted seed; randomk's seed is returned as is (every rank must pick the same indices).
+enum { ENC_FIRST = 0, ENC_SUM = 1 };
+static uint64_t encode_seed(const loom_compressor_t *c, uint64_t seed, int rank, int stage) {
+  if (c->kind != LOOM_CODEC_INT8 || !c->stochastic) {
+    return seed;
+  }
+  const uint64_t salt = ((uint64_t)(uint32_t)rank << 1 | (uint64_t)stage) + 0x73722d73616c74ull;
+  return loom_mix64(seed ^ loom_mix64(salt)); // "sr-salt"
+}
+
 // Shard i of len values cut into np nearly equal parts: [*lo, *lo + *cnt).
 static void shard_range(int64_t len, int np, int i, int64_t *lo, int64_t *cnt) {
   const int64_t base = len / np, extra = len % np;
@@ -221,7 +236,7 @@ static void flat_release(loom_request_t *r) {
 
 // Encode chunk k of x into dst (np shard blocks, or one block).
 static void encode_chunk(flat_t *f, int k, uint8_t *dst) {
-  const int np = loom_group_size(f->g);
+  const int np = loom_group_size(f->g), me = loom_group_rank(f->g);
   int64_t lo, len;
   chunk_range(f, k, &lo, &len);
   const uint64_t seed = f->seed + (uint64_t)k;
@@ -234,15 +249,16 @@ static void encode_chunk(flat_t *f, int k, uint8_t *dst) {
     return;
   }
   if (!f->divisible) {
-    flat_fail(
-        f, encode_block(f->c, f->res ? f->res + lo : NULL, y, f->x + lo, len, seed, dst, f->bsize));
+    flat_fail(f, encode_block(f->c, f->res ? f->res + lo : NULL, y, f->x + lo, len,
+                              encode_seed(f->c, seed, me, ENC_FIRST), dst, f->bsize));
     return;
   }
   for (int i = 0; i < np; i++) {
     int64_t slo, cnt;
     shard_range(len, np, i, &slo, &cnt);
     flat_fail(f, encode_block(f->c, f->res ? f->res + lo + slo : NULL, y, f->x + lo + slo, cnt,
-                              shard_seed(seed, i), dst + (size_t)i * f->bsize, f->bsize));
+                              encode_seed(f->c, shard_seed(seed, i), me, ENC_FIRST),
+                              dst + (size_t)i * f->bsize, f->bsize));
   }
 }
 
@@ -279,7 +295,8 @@ static void sum_shard(flat_t *f, int k) {
         f, decode_block(f->c, f->recv[k & 1] + (size_t)i * f->bsize, f->bsize, cnt, seed, f->acc));
   }
   if (f->status == LOOM_OK) {
-    flat_fail(f, encode_block(f->c, NULL, NULL, f->acc, cnt, seed, mine, f->bsize));
+    flat_fail(f, encode_block(f->c, NULL, NULL, f->acc, cnt, encode_seed(f->c, seed, me, ENC_SUM),
+                              mine, f->bsize));
   } else {
     const uint64_t failed = LEN_FAILED;
     memcpy(mine, &failed, LEN_BYTES);
@@ -760,6 +777,10 @@ int64_t loom_compress_chunk_values(const loom_group_t *g, const loom_compressor_
 
 uint64_t loom_compress_shard_seed(uint64_t seed, int i) {
   return shard_seed(seed, i);
+}
+
+uint64_t loom_compress_encode_seed(const loom_compressor_t *c, uint64_t seed, int rank, int sum) {
+  return encode_seed(c, seed, rank, sum ? ENC_SUM : ENC_FIRST);
 }
 
 void loom_compress_shard_range(int64_t len, int np, int i, int64_t *lo, int64_t *cnt) {

@@ -380,7 +380,8 @@ static loom_status_t run_chunk(dflat_t *f, int k) {
   chunk_range(f, k, &lo, &len);
   const uint64_t seed = f->seed + (uint64_t)k;
   if (!f->divisible) {
-    dflat_fail(f, encode_block(f, f->res ? f->res + lo : NULL, f->x + lo, len, seed, f->send));
+    dflat_fail(f, encode_block(f, f->res ? f->res + lo : NULL, f->x + lo, len,
+                               loom_compress_encode_seed(f->c, seed, f->me, 0), f->send));
     LOOM_CHECK(loom_nccl_exchange_blocks("loom_compressed_allreduce", f->g, f->device, f->send,
                                          f->recv, f->bsize, 0));
     decode_chunk(f, k, f->recv);
@@ -389,8 +390,10 @@ static loom_status_t run_chunk(dflat_t *f, int k) {
   for (int i = 0; i < f->np; i++) {
     int64_t slo, cnt;
     loom_compress_shard_range(len, f->np, i, &slo, &cnt);
-    dflat_fail(f, encode_block(f, f->res ? f->res + lo + slo : NULL, f->x + lo + slo, cnt,
-                               loom_compress_shard_seed(seed, i), f->send + (size_t)i * f->bsize));
+    dflat_fail(f, encode_block(
+                      f, f->res ? f->res + lo + slo : NULL, f->x + lo + slo, cnt,
+                      loom_compress_encode_seed(f->c, loom_compress_shard_seed(seed, i), f->me, 0),
+                      f->send + (size_t)i * f->bsize));
   }
   LOOM_CHECK(loom_nccl_exchange_blocks("loom_compressed_allreduce", f->g, f->device, f->send,
                                        f->recv, f->bsize, 1));
@@ -407,7 +410,8 @@ static loom_status_t run_chunk(dflat_t *f, int k) {
                  decode_block(f, f->recv + (size_t)i * f->bsize, f->lens[i], mcnt, mseed, f->acc));
     }
     if (f->status == LOOM_OK) {
-      dflat_fail(f, encode_block(f, NULL, f->acc, mcnt, mseed, f->mine));
+      dflat_fail(f, encode_block(f, NULL, f->acc, mcnt,
+                                 loom_compress_encode_seed(f->c, mseed, f->me, 1), f->mine));
     } else {
       fail_block(f->mine);
     }

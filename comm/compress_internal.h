@@ -121,6 +121,13 @@ size_t loom_compress_block_bytes(const loom_compressor_t *c, int64_t n);
 int64_t loom_compress_chunk_values(const loom_group_t *g, const loom_compressor_t *c, int64_t n);
 // Seed of shard i of a chunk encoded with seed (every rank derives the same one).
 uint64_t loom_compress_shard_seed(uint64_t seed, int i);
+// The seed that the encode by group rank rank of a chunk or shard of seed passes to the encoder
+// (sum 0: its own values; 1: the owner's re-encode of its summed shard, divisible). int8:sr's
+// random stream is salted by both, so that the ranks' rounding errors cancel and the re-encode
+// rounds independently of the first encode: the summed result is unbiased. Every other codec
+// gets seed as is (randomk: every rank must pick the same indices). Decoders take the unsalted
+// seed (int8's ignores it), so every rank decodes every payload alike.
+uint64_t loom_compress_encode_seed(const loom_compressor_t *c, uint64_t seed, int rank, int sum);
 // Shard i of len values cut into np nearly equal parts: [*lo, *lo + *cnt).
 void loom_compress_shard_range(int64_t len, int np, int i, int64_t *lo, int64_t *cnt);
 // The hierarchical scheme's sub-groups of g (created on first use, collective over g, kept in

@@ -23,9 +23,11 @@ extern "C" {
 //                   which the trainers' non-finite guard (LOOM_NONFINITE) then catches: use
 //                   bf16 (the f32 range) for gradients that large
 //   int8[:sr]       one f32 scale (max |x| / 127) and one signed byte a value; ":sr" rounds
-//                   stochastically (one encode is unbiased; the random stream comes from the
-//                   seed, so ranks that pass one seed round alike, and a collective's sum of
-//                   them is not quite unbiased: a known limitation)
+//                   stochastically (unbiased; the random stream comes from the seed, which
+//                   decoding ignores). loom_compressed_allreduce salts the seed of each encode
+//                   by the group rank and by the stage (a rank's own values, or the divisible
+//                   scheme owner's re-encode of a summed shard), so that the ranks' rounding
+//                   errors cancel and the summed result is unbiased too
 //   topk:RATIO      the k = ceil(RATIO * n) values of largest magnitude, with their indices
 //                   (ties go to the lower index), RATIO in (0, 1]
 //   randomk:RATIO   k = ceil(RATIO * n) values at indices drawn from the seed: every rank that
@@ -59,7 +61,8 @@ LOOM_API int loom_compressor_lowrank(const loom_compressor_t *c);
 LOOM_API size_t loom_compressor_max_bytes(const loom_compressor_t *c, int64_t n);
 
 // Encode x[0..n) into payload (cap bytes available); *bytes is the size written. seed selects
-// the random stream of int8:sr and the indices of randomk (pass the same seed on every rank).
+// the random stream of int8:sr and the indices of randomk (randomk: pass the same seed on every
+// rank; int8:sr: encodes with one seed round alike, so pass each encode its own to sum them).
 LOOM_API loom_status_t loom_compressor_encode(const loom_compressor_t *c, const float *x, int64_t n,
                                               uint64_t seed, void *payload, size_t cap,
                                               size_t *bytes);
@@ -154,8 +157,9 @@ LOOM_API loom_status_t loom_scheme_parse(const char *name, loom_scheme_t *out);
 
 // Allreduce t in place through compressor c. With ef non-NULL the encoding of this rank's
 // tensor uses error feedback keyed by t's name (the name must be set). seed must be equal on
-// every rank (advance it every step: randomk draws its indices from it). When bytes_sent is
-// non-NULL it receives the bytes this rank sent.
+// every rank (advance it every step: randomk draws its indices from it; int8:sr its random
+// streams, salted by rank and stage). When bytes_sent is non-NULL it receives the bytes this rank
+// sent.
 LOOM_API loom_status_t loom_compressed_allreduce(const loom_group_t *g, const loom_compressor_t *c,
                                                  loom_scheme_t scheme, loom_ef_t *ef,
                                                  loom_tensor_t *t, loom_redop_t op, uint64_t seed,

@@ -20,7 +20,8 @@
 #include "gpu_test.h"
 
 // What is checked, at the np of the run (one GPU per rank: NCCL refuses two ranks on one GPU):
-// - for none, fp16, int8, topk:0.01, randomk:0.01 and efsign, the three schemes, sizes 0, 1, 5,
+// - for none, fp16, int8, int8:sr (its encode seeds salted by rank and stage, as on the host),
+//   topk:0.01, randomk:0.01 and efsign, the three schemes, sizes 0, 1, 5,
 //   3 np + 1, 1000 and 100003 (LOOM_COMPRESS_CHUNK is 40000 bytes unless set: the larger sizes
 //   run as several chunks, top-k excepted), three steps with error feedback (one of them
 //   LOOM_AVG), each rank's own inputs: the device result has the host result's bits, the bytes
@@ -59,7 +60,8 @@ static const char *kTest = "test_gpu_compress_coll";
 
 #ifdef LOOM_HAVE_NCCL
 
-static const char *const kSpecs[] = {"none", "fp16", "int8", "topk:0.01", "randomk:0.01", "efsign"};
+static const char *const kSpecs[] = {"none",      "fp16",         "int8",  "int8:sr",
+                                     "topk:0.01", "randomk:0.01", "efsign"};
 #define NSPECS ((int)(sizeof kSpecs / sizeof kSpecs[0]))
 
 static int g_rank, g_gpu;
