@@ -504,13 +504,15 @@ loom_status_t loom_ef_encode(const loom_compressor_t *c, float *res, float *y, c
   if (status != LOOM_OK) {
     return status; // the residual is unchanged
   }
-  // residual = y - decode(payload): decode into the residual, then subtract.
+  // residual = y - decode(payload): decode into y (scratch), so that a failed decode (randomk
+  // out of memory for its indices) leaves the residual as it was; then y again as x + residual
+  // (the same sum as above, so the same bits as subtracting from y itself).
   if (n > 0) {
-    memset(res, 0, (size_t)n * sizeof(float));
+    memset(y, 0, (size_t)n * sizeof(float));
   }
-  status = loom_codec_decode_add(c, payload, *bytes, n, seed, res);
+  status = loom_codec_decode_add(c, payload, *bytes, n, seed, y);
   for (int64_t i = 0; i < n && status == LOOM_OK; i++) {
-    float r = y[i] - res[i];
+    float r = (x[i] + res[i]) - y[i];
     res[i] = isfinite(r) ? r : 0.0f; // a non-finite gradient must not poison every later step
   }
   return status;

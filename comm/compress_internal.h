@@ -57,7 +57,9 @@ loom_status_t loom_codec_decode_add(const loom_compressor_t *c, const uint8_t *p
                                     size_t bytes, int64_t n, uint64_t seed, float *acc);
 
 // Encode with error feedback on res (n floats; NULL: plain encode): y = x + res (y is n floats
-// of scratch); payload = encode(y); res = y - decode(payload), non-finite entries dropped.
+// of scratch, apart from x and res); payload = encode(y); res = y - decode(payload), non-finite
+// entries dropped. On an error (the encode's, or the decode's: randomk out of memory) res is
+// unchanged.
 loom_status_t loom_ef_encode(const loom_compressor_t *c, float *res, float *y, const float *x,
                              int64_t n, uint64_t seed, uint8_t *payload, size_t cap, size_t *bytes);
 

@@ -108,7 +108,9 @@ LOOM_API loom_status_t loom_ef_state_entry(const loom_ef_t *ef, int i, const cha
 LOOM_API loom_status_t loom_ef_state_set(loom_ef_t *ef, const char *name, const float *data,
                                          int64_t n);
 // Encode with error feedback: y = x + residual(name); payload = encode(y);
-// residual(name) = y - decode(payload). With ef NULL it is loom_compressor_encode.
+// residual(name) = y - decode(payload). With ef NULL it is loom_compressor_encode. On an error
+// (of the encode, or of the decode that computes the residual: randomk out of memory) the
+// residual is unchanged.
 LOOM_API loom_status_t loom_compressor_encode_ef(const loom_compressor_t *c, loom_ef_t *ef,
                                                  const char *name, const float *x, int64_t n,
                                                  uint64_t seed, void *payload, size_t cap,

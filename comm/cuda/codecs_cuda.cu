@@ -380,10 +380,11 @@ __global__ void ef_sum_kernel(const float *x, const float *res, float *y, int64_
   }
 }
 
-// res = y - decode(payload) (res holds the decode); a non-finite difference becomes 0.
-__global__ void ef_residual_kernel(const float *y, float *res, int64_t n) {
+// res = (x + res) - decode(payload) (d holds the decode; x + res is y, summed again as
+// ef_sum_kernel does); a non-finite difference becomes 0.
+__global__ void ef_residual_kernel(const float *x, float *res, const float *d, int64_t n) {
   for (int64_t i = first_index(); i < n; i += grid_stride()) {
-    float r = __fsub_rn(y[i], res[i]);
+    float r = __fsub_rn(__fadd_rn(x[i], res[i]), d[i]); // x, res, d: (n)
     res[i] = isfinite(r) ? r : 0.0f;
   }
 }
@@ -939,13 +940,14 @@ extern "C" loom_status_t loom_cuda_ef_encode(const loom_compressor_t *c, float *
     LOOM_CHECK(loom_cuda_launch_check("ef_sum_kernel"));
   }
   LOOM_CHECK(loom_cuda_codec_encode(c, y, n, seed, payload, cap, bytes_host)); // res unchanged
-  // residual = y - decode(payload): decode into the residual, then subtract.
+  // residual = y - decode(payload): decode into y (scratch), so that a failed decode (randomk's
+  // host indices out of memory) leaves the residual as it was; then subtract from x + residual.
   if (n > 0) {
-    LOOM_CHECK_CUDA(NULL, cudaMemsetAsync(res, 0, (size_t)n * sizeof(float), loom_cuda_stream()));
+    LOOM_CHECK_CUDA(NULL, cudaMemsetAsync(y, 0, (size_t)n * sizeof(float), loom_cuda_stream()));
   }
-  LOOM_CHECK(loom_cuda_codec_decode_add(c, payload, *bytes_host, n, seed, res));
+  LOOM_CHECK(loom_cuda_codec_decode_add(c, payload, *bytes_host, n, seed, y));
   if (n > 0) {
-    ef_residual_kernel<<<blocks_for(n), kThreads, 0, loom_cuda_stream()>>>(y, res, n);
+    ef_residual_kernel<<<blocks_for(n), kThreads, 0, loom_cuda_stream()>>>(x, res, y, n);
     LOOM_CHECK(loom_cuda_launch_check("ef_residual_kernel"));
   }
   return LOOM_OK;

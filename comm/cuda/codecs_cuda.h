@@ -29,7 +29,8 @@ loom_status_t loom_cuda_codec_encode(const loom_compressor_t *c, const float *x,
 loom_status_t loom_cuda_codec_decode_add(const loom_compressor_t *c, const uint8_t *payload,
                                          size_t bytes, int64_t n, uint64_t seed, float *acc);
 // As loom_ef_encode on device memory: y = x + res; payload = encode(y); res = y - decode(payload)
-// (non-finite entries dropped). res may be NULL (plain encode into y's scratch).
+// (non-finite entries dropped; on an error of the encode or the decode res is unchanged). res
+// may be NULL (plain encode into y's scratch).
 loom_status_t loom_cuda_ef_encode(const loom_compressor_t *c, float *res, float *y, const float *x,
                                   int64_t n, uint64_t seed, uint8_t *payload, size_t cap,
                                   size_t *bytes_host);
