@@ -599,9 +599,10 @@ fail:
 
 // Checks shared by the blocking and non-blocking entry points; *res is the residual of t (or
 // NULL without error feedback).
-static loom_status_t prepare(const char *name, const loom_group_t *g, const loom_compressor_t *c,
-                             loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t, loom_redop_t op,
-                             float **res) {
+static loom_status_t prepare_checked(const char *name, const loom_group_t *g,
+                                     const loom_compressor_t *c, loom_scheme_t scheme,
+                                     loom_ef_t *ef, loom_tensor_t *t, loom_redop_t op,
+                                     float **res) {
   loom_status_t status = LOOM_OK;
   *res = NULL;
   LOOM_CHECK(loom_comm_check_group(name, g));
@@ -631,6 +632,18 @@ static loom_status_t prepare(const char *name, const loom_group_t *g, const loom
     LOOM_CHECK(loom_ef_residual(ef, t->name, loom_tensor_numel(t), res));
   }
 fail:
+  return status;
+}
+
+// prepare_checked; a call it refuses still takes part in LOOM_CHECK_CONSISTENCY's check of the
+// members, marked refused, so that they return an error instead of waiting for this rank.
+static loom_status_t prepare(const char *name, const loom_group_t *g, const loom_compressor_t *c,
+                             loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t, loom_redop_t op,
+                             float **res) {
+  loom_status_t status = prepare_checked(name, g, c, scheme, ef, t, op, res);
+  if (status != LOOM_OK) {
+    loom_consistency_refuse(g, LOOM_OPK_COMPRESSED_ALLREDUCE, t ? t->name : NULL, status);
+  }
   return status;
 }
 
@@ -727,7 +740,9 @@ loom_status_t loom_icompressed_allreduce(const loom_group_t *g, const loom_compr
   float *res = NULL;
   loom_request_t *r = NULL;
   if (!req) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: req is NULL", name);
+    loom_status_t status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: req is NULL", name);
+    loom_consistency_refuse(g, LOOM_OPK_COMPRESSED_ALLREDUCE, t ? t->name : NULL, status);
+    return status;
   }
   *req = NULL;
   struct loom_watch w;

@@ -398,6 +398,11 @@ static void consistency(loom_ctx_t *ctx) {
     snprintf(want, sizeof want, "rank %d refused its call of alltoallv('a2av')", last);
     st = loom_alltoallv(w, &vs, me_last ? NULL : sc, &vr, rc);
     expect_refused(st, me_last, "refused alltoallv", "send_counts", want);
+    snprintf(want, sizeof want, "rank %d refused its call of compressed_allreduce('grad.h0')",
+             last);
+    st = loom_compressed_allreduce(w, c, LOOM_SCHEME_INDIVISIBLE, NULL, &a,
+                                   me_last ? LOOM_MAX : LOOM_SUM, 11, NULL);
+    expect_refused(st, me_last, "refused compressed allreduce", "LOOM_SUM or LOOM_AVG", want);
   }
   // The group still works after the refused calls.
   OK(loom_allreduce(w, &a, &a, LOOM_SUM));
