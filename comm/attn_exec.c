@@ -597,6 +597,22 @@ static void enter(loom_attn_exec_t *x, enum loom_op_kind kind, const char *name)
   loom_watch_enter(&x->watch, x->g, &d, 1);
 }
 
+// As enter, for the phases that start an exchange (ship, backward): under
+// LOOM_CHECK_CONSISTENCY the members compare the phase and the tensor's name first.
+static loom_status_t enter_checked(loom_attn_exec_t *x, enum loom_op_kind kind, const char *name) {
+  enter(x, kind, name);
+  return loom_check_consistency(&x->watch);
+}
+
+// A phase this rank refused before entering it (status): under LOOM_CHECK_CONSISTENCY it still
+// takes part in the members' check, so that they return an error instead of waiting for its
+// messages.
+static loom_status_t refused(const loom_attn_exec_t *x, enum loom_op_kind kind,
+                             const loom_tensor_t *t, loom_status_t status) {
+  loom_consistency_refuse(x->g, kind, t ? t->name : NULL, status);
+  return status;
+}
+
 // Make *buf hold at least bytes (kept between calls and steps: a fresh buffer per message costs
 // a page fault per 4 KiB on every use). 0 when out of memory (*buf unchanged).
 static int reserve(uint8_t **buf, size_t *cap, size_t bytes) {
@@ -826,22 +842,31 @@ loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
   }
   const double t_busy = now_ms();
   const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
-  LOOM_CHECK(check_rows(op, "q", q, x->rows, hd));
-  LOOM_CHECK(check_rows(op, "k", k, x->rows, kvd));
-  LOOM_CHECK(check_rows(op, "v", v, x->rows, kvd));
-  LOOM_CHECK(check_broken(x, op));
-  if (x->phase != 0) { // a second shipment would be taken for the results of the first
-    return loom_error(NULL, LOOM_ERR_STATE,
-                      "%s: the last forward is not finished: call loom_attn_exec_compute and "
-                      "loom_attn_exec_finish first (every rank ships, computes and finishes, in "
-                      "that order)",
-                      op);
+  status = check_rows(op, "q", q, x->rows, hd);
+  if (status == LOOM_OK) {
+    status = check_rows(op, "k", k, x->rows, kvd);
+  }
+  if (status == LOOM_OK) {
+    status = check_rows(op, "v", v, x->rows, kvd);
+  }
+  if (status == LOOM_OK) {
+    status = check_broken(x, op);
+  }
+  if (status == LOOM_OK && x->phase != 0) { // a second shipment would be taken for the results
+    status = loom_error(NULL, LOOM_ERR_STATE,
+                        "%s: the last forward is not finished: call loom_attn_exec_compute and "
+                        "loom_attn_exec_finish first (every rank ships, computes and finishes, "
+                        "in that order)",
+                        op);
+  }
+  if (status != LOOM_OK) {
+    return refused(x, LOOM_OPK_ATTN_SHIP, q, status);
   }
   retire_ship_requests(x);
-  x->phase = 1;
   x->batch_ready = 0;
   snprintf(x->name, sizeof x->name, "%.*s", (int)sizeof x->name - 1, q->name);
-  enter(x, LOOM_OPK_ATTN_SHIP, x->name);
+  LOOM_CHECK(enter_checked(x, LOOM_OPK_ATTN_SHIP, x->name)); // (a mismatch: nothing posted)
+  x->phase = 1;
   memset(&x->st, 0, sizeof x->st);
   x->q_in = q->data;
   x->k_in = k->data;
@@ -1285,7 +1310,10 @@ loom_status_t loom_attn_exec_forward(loom_attn_exec_t *x, const loom_tensor_t *q
   }
   // out and lse too before anything is sent: a bad one found at the finish would leave the
   // results the servers sent unreceived.
-  LOOM_CHECK(check_results(op, out, lse, x->rows, (int64_t)x->H * x->D, x->H));
+  status = check_results(op, out, lse, x->rows, (int64_t)x->H * x->D, x->H);
+  if (status != LOOM_OK) {
+    return refused(x, LOOM_OPK_ATTN_SHIP, q, status);
+  }
   LOOM_CHECK(loom_attn_exec_ship(x, q, k, v));
   LOOM_CHECK(loom_attn_exec_compute(x));
   LOOM_CHECK(loom_attn_exec_finish(x, out, lse));
@@ -1306,7 +1334,8 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   const int64_t hd = (int64_t)x->H * x->D, kvd = (int64_t)x->Hkv * x->D;
   const float **in = calloc((size_t)x->np, sizeof(float *));
   const int64_t *task_q = x->task_q, *task_k = x->task_k;
-  int posted = 0; // from here on a failure leaves peers waiting: they get a notice
+  int posted = 0;  // from here on a failure leaves peers waiting: they get a notice
+  int entered = 0; // before: a refused call (LOOM_CHECK_CONSISTENCY tells the members)
   if (!in) {
     status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: out of memory", op);
     goto fail;
@@ -1326,7 +1355,8 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
                         "%s: run the forward first (ship, compute, finish with this plan)", op);
     goto fail;
   }
-  enter(x, LOOM_OPK_ATTN_BACKWARD, dout->name);
+  entered = 1;
+  LOOM_CHECK(enter_checked(x, LOOM_OPK_ATTN_BACKWARD, dout->name)); // (a mismatch: nothing posted)
   memset(x->notified, 0, (size_t)x->np);
   posted = 1;
   // The receives first: the output gradients of the tasks this rank serves, and the gradients
@@ -1460,6 +1490,9 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   }
   wait_sends(x); // every send done before the buffers are reused or freed
 fail:
+  if (status != LOOM_OK && !entered) {
+    refused(x, LOOM_OPK_ATTN_BACKWARD, dout, status);
+  }
   if (status != LOOM_OK && posted) { // peers still waiting for this rank get a failure notice
     send_failed(x, PH_BSHIP, status);
     send_failed(x, PH_BRETURN, status);

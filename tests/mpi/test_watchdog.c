@@ -24,6 +24,7 @@
 //   skip-attn R             an attention-server forward on world that rank R skips.
 //   moe-consistency         LOOM_CHECK_CONSISTENCY=1 with an MoE layer on every rank: calls
 //                           the last rank refuses or names differently fail on every rank.
+//   attn-consistency        the same with an attention-server executor on world.
 //   lost-recv               rank 0 receives a message rank 1 never sends.
 //   diverge                 after one common allreduce, rank 0 allreduces 'grad.x' and rank 1
 //                           starts one of 'grad.y' and sleeps: both entered operation #2, in
@@ -288,6 +289,59 @@ static void moe_consistency(loom_ctx_t *ctx) {
   test_free_tensors((loom_tensor_t *[]){&x, &y, &z, &dy, &dx, &y3}, 6);
 }
 
+// LOOM_CHECK_CONSISTENCY=1 with an attention-server executor on world (rank r's document is
+// served by the next rank): a ship or backward the last rank refuses (a wrong row count there),
+// or ships under another name, fails on every rank at once; the executor works after each.
+static void attn_consistency(loom_ctx_t *ctx) {
+  const loom_group_t *w = loom_group(ctx, LOOM_GROUP_WORLD);
+  const int last = size - 1, me_last = rank == last;
+  enum { H = 2, D = 4, ROWS = 6 };
+  loom_attn_doc_t *docs = calloc((size_t)size, sizeof *docs);
+  loom_attn_task_t *tasks = calloc((size_t)size, sizeof *tasks);
+  for (int r = 0; r < size; r++) {
+    docs[r] = (loom_attn_doc_t){.owner = r, .len = ROWS};
+    tasks[r] =
+        (loom_attn_task_t){.doc = r, .q_lo = 0, .q_hi = ROWS, .owner = r, .server = (r + 1) % size};
+  }
+  loom_attn_exec_t *x = NULL;
+  OK(loom_attn_exec_create(w, docs, size, tasks, size, H, H, D, 1, 0.0f, &x));
+  int64_t sq[3] = {ROWS, H, D}, s5[3] = {ROWS - 1, H, D}, sl[2] = {H, ROWS};
+  loom_tensor_t q = test_tensor_f32(3, sq, "attn.q"), k = test_tensor_f32(3, sq, "attn.k");
+  loom_tensor_t v = test_tensor_f32(3, sq, "attn.v"), o = test_tensor_f32(3, sq, "attn.out");
+  loom_tensor_t q2 = test_tensor_f32(3, sq, "attn.q2"), q5 = test_tensor_f32(3, s5, "attn.q");
+  loom_tensor_t l = test_tensor_f32(2, sl, "attn.lse"), dout = test_tensor_f32(3, sq, "attn.dout");
+  loom_tensor_t dq = test_tensor_f32(3, sq, "attn.dq"), dk = test_tensor_f32(3, sq, "attn.dk");
+  loom_tensor_t dv = test_tensor_f32(3, sq, "attn.dv");
+  test_rng_t rng = test_rng(5u + (uint64_t)rank);
+  test_fill_uniform(&rng, test_floats(&q), ROWS * H * D, -1, 1);
+  test_fill_uniform(&rng, test_floats(&k), ROWS * H * D, -1, 1);
+  test_fill_uniform(&rng, test_floats(&v), ROWS * H * D, -1, 1);
+  test_fill_uniform(&rng, test_floats(&dout), ROWS * H * D, -1, 1);
+  memcpy(q2.data, q.data, sizeof(float) * ROWS * H * D);
+  char want[256];
+  OK(loom_attn_exec_forward(x, &q, &k, &v, &o, &l));
+  OK(loom_attn_exec_backward(x, &dout, &dq, &dk, &dv));
+  snprintf(want, sizeof want, "rank %d refused its call of attn_ship('attn.q') on group world",
+           last);
+  loom_status_t st = loom_attn_exec_forward(x, me_last ? &q5 : &q, &k, &v, &o, &l);
+  expect_refused(st, me_last, "refused attention ship", "q ", want);
+  snprintf(want, sizeof want,
+           "rank 0 calls attn_ship('attn.q', f32) but rank %d calls attn_ship('attn.q2', f32)",
+           last);
+  st = loom_attn_exec_forward(x, me_last ? &q2 : &q, &k, &v, &o, &l);
+  expect_mismatch(1, st, "attention ship name", want);
+  OK(loom_attn_exec_forward(x, &q, &k, &v, &o, &l));
+  snprintf(want, sizeof want, "rank %d refused its call of attn_backward('attn.dout')", last);
+  st = loom_attn_exec_backward(x, &dout, me_last ? &q5 : &dq, &dk, &dv);
+  expect_refused(st, me_last, "refused attention backward", "dq ", want);
+  OK(loom_attn_exec_forward(x, &q, &k, &v, &o, &l));
+  OK(loom_attn_exec_backward(x, &dout, &dq, &dk, &dv));
+  loom_attn_exec_destroy(x);
+  free(docs);
+  free(tasks);
+  test_free_tensors((loom_tensor_t *[]){&q, &k, &v, &o, &q2, &q5, &l, &dout, &dq, &dk, &dv}, 11);
+}
+
 static void consistency(loom_ctx_t *ctx) {
   const char *v = loom_tunable(ctx, "LOOM_CHECK_CONSISTENCY");
   const int on = v && !strcmp(v, "1");
@@ -434,6 +488,8 @@ int main(int argc, char **argv) {
     if (!skip_moe(ctx, arg)) {
       return 0;
     }
+  } else if (!strcmp(mode, "attn-consistency")) {
+    attn_consistency(ctx);
   } else if (!strcmp(mode, "moe-consistency")) {
     moe_consistency(ctx);
   } else if (!strcmp(mode, "skip-attn")) {
