@@ -120,18 +120,28 @@ static int skip_moe(loom_ctx_t *ctx, int skipper) {
   return 1;
 }
 
+// An attention-server executor on w (causal, H heads of D): rank r's one document of rows rows
+// is served by the next rank.
+static loom_attn_exec_t *ring_executor(const loom_group_t *w, int H, int D, int rows) {
+  loom_attn_doc_t *docs = calloc((size_t)size, sizeof *docs);
+  loom_attn_task_t *tasks = calloc((size_t)size, sizeof *tasks);
+  loom_attn_exec_t *x = NULL;
+  CHECK(docs && tasks, "out of memory");
+  for (int r = 0; docs && tasks && r < size; r++) {
+    docs[r] = (loom_attn_doc_t){.owner = r, .len = rows};
+    tasks[r] =
+        (loom_attn_task_t){.doc = r, .q_lo = 0, .q_hi = rows, .owner = r, .server = (r + 1) % size};
+  }
+  OK(loom_attn_exec_create(w, docs, size, tasks, size, H, H, D, 1, 0.0f, &x));
+  free(docs); // (the executor keeps its own copy of the plan)
+  free(tasks);
+  return x;
+}
+
 static int skip_attn(loom_ctx_t *ctx, int skipper) {
   const loom_group_t *w = loom_group(ctx, LOOM_GROUP_WORLD);
   enum { H = 2, D = 4, ROWS = 6 };
-  loom_attn_doc_t *docs = calloc((size_t)size, sizeof *docs);
-  loom_attn_task_t *tasks = calloc((size_t)size, sizeof *tasks);
-  for (int r = 0; r < size; r++) { // rank r's document is served by the next rank
-    docs[r] = (loom_attn_doc_t){.owner = r, .len = ROWS};
-    tasks[r] =
-        (loom_attn_task_t){.doc = r, .q_lo = 0, .q_hi = ROWS, .owner = r, .server = (r + 1) % size};
-  }
-  loom_attn_exec_t *x = NULL;
-  OK(loom_attn_exec_create(w, docs, size, tasks, size, H, H, D, 1, 0.0f, &x));
+  loom_attn_exec_t *x = ring_executor(w, H, D, ROWS);
   int64_t sq[3] = {ROWS, H, D}, sl[2] = {H, ROWS};
   loom_tensor_t q = test_tensor_f32(3, sq, "attn.q"), k = test_tensor_f32(3, sq, "attn.k");
   loom_tensor_t v = test_tensor_f32(3, sq, "attn.v"), o = test_tensor_f32(3, sq, "attn.out");
@@ -296,15 +306,7 @@ static void attn_consistency(loom_ctx_t *ctx) {
   const loom_group_t *w = loom_group(ctx, LOOM_GROUP_WORLD);
   const int last = size - 1, me_last = rank == last;
   enum { H = 2, D = 4, ROWS = 6 };
-  loom_attn_doc_t *docs = calloc((size_t)size, sizeof *docs);
-  loom_attn_task_t *tasks = calloc((size_t)size, sizeof *tasks);
-  for (int r = 0; r < size; r++) {
-    docs[r] = (loom_attn_doc_t){.owner = r, .len = ROWS};
-    tasks[r] =
-        (loom_attn_task_t){.doc = r, .q_lo = 0, .q_hi = ROWS, .owner = r, .server = (r + 1) % size};
-  }
-  loom_attn_exec_t *x = NULL;
-  OK(loom_attn_exec_create(w, docs, size, tasks, size, H, H, D, 1, 0.0f, &x));
+  loom_attn_exec_t *x = ring_executor(w, H, D, ROWS);
   int64_t sq[3] = {ROWS, H, D}, s5[3] = {ROWS - 1, H, D}, sl[2] = {H, ROWS};
   loom_tensor_t q = test_tensor_f32(3, sq, "attn.q"), k = test_tensor_f32(3, sq, "attn.k");
   loom_tensor_t v = test_tensor_f32(3, sq, "attn.v"), o = test_tensor_f32(3, sq, "attn.out");
@@ -337,8 +339,6 @@ static void attn_consistency(loom_ctx_t *ctx) {
   OK(loom_attn_exec_forward(x, &q, &k, &v, &o, &l));
   OK(loom_attn_exec_backward(x, &dout, &dq, &dk, &dv));
   loom_attn_exec_destroy(x);
-  free(docs);
-  free(tasks);
   test_free_tensors((loom_tensor_t *[]){&q, &k, &v, &o, &q2, &q5, &l, &dout, &dq, &dk, &dv}, 11);
 }
 
