@@ -365,17 +365,11 @@ static loom_status_t agree_copied(const char *name, const loom_group_t *g, struc
   return LOOM_OK;
 }
 
-// The call: checks, entry, the copy in, and the host scheme (begun, or for hierarchical and
-// powersgd run to completion after agree_copied); *req completes with the copy back. *sent grows by
-// the bytes this rank sends.
-static loom_status_t start(const char *name, const loom_group_t *g, const loom_compressor_t *c,
-                           loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
-                           loom_host_stage_t *s, loom_redop_t op, uint64_t seed, size_t *sent,
-                           loom_request_t **req) {
+// The tensor and the stage: present, f32, on the stage's device, no larger than the stage.
+static loom_status_t check_staged(const char *name, const loom_tensor_t *t,
+                                  const loom_host_stage_t *s) {
   loom_status_t status = LOOM_OK;
-  loom_request_t *r = NULL;
   char shape[LOOM_SHAPE_STR_MAX];
-  *req = NULL;
   if (!t || !s) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "%s: %s is NULL: pass the tensor and a stage from loom_host_stage_create",
@@ -400,6 +394,25 @@ static loom_status_t start(const char *name, const loom_group_t *g, const loom_c
                       "stage for the largest tensor it serves",
                       name, t->name, loom_shape_str(t, shape), (long long)loom_tensor_numel(t),
                       (long long)s->cap);
+  }
+fail:
+  return status;
+}
+
+// The call: checks, entry, the copy in, and the host scheme (begun, or for hierarchical and
+// powersgd run to completion after agree_copied); *req completes with the copy back. *sent grows by
+// the bytes this rank sends.
+static loom_status_t start(const char *name, const loom_group_t *g, const loom_compressor_t *c,
+                           loom_scheme_t scheme, loom_ef_t *ef, loom_tensor_t *t,
+                           loom_host_stage_t *s, loom_redop_t op, uint64_t seed, size_t *sent,
+                           loom_request_t **req) {
+  loom_status_t status = LOOM_OK;
+  loom_request_t *r = NULL;
+  *req = NULL;
+  status = check_staged(name, t, s);
+  if (status != LOOM_OK) { // (under LOOM_CHECK_CONSISTENCY the members learn it at once)
+    loom_consistency_refuse(g, LOOM_OPK_COMPRESSED_ALLREDUCE, t ? t->name : NULL, status);
+    return status;
   }
   // The host copy: the stage's memory under t's name and shape (error feedback, checks, messages).
   loom_tensor_t h;

@@ -457,6 +457,16 @@ static void consistency(loom_ctx_t *ctx) {
     st = loom_compressed_allreduce(w, c, LOOM_SCHEME_INDIVISIBLE, NULL, &a,
                                    me_last ? LOOM_MAX : LOOM_SUM, 11, NULL);
     expect_refused(st, me_last, "refused compressed allreduce", "LOOM_SUM or LOOM_AVG", want);
+    // The staged form: the last rank's tensor is larger than its stage.
+    loom_host_stage_t *stage = NULL;
+    OK(loom_host_stage_create(LOOM_DEVICE_HOST, 1024, &stage));
+    snprintf(want, sizeof want, "rank %d refused its call of compressed_allreduce('grad.", last);
+    st = loom_compressed_allreduce_staged(w, c, LOOM_SCHEME_INDIVISIBLE, NULL, me_last ? &big : &a,
+                                          stage, LOOM_SUM, 11, NULL);
+    expect_refused(st, me_last, "refused staged compressed allreduce", "the stage holds", want);
+    OK(loom_compressed_allreduce_staged(w, c, LOOM_SCHEME_INDIVISIBLE, NULL, &a, stage, LOOM_SUM,
+                                        11, NULL));
+    loom_host_stage_destroy(stage);
   }
   // The group still works after the refused calls.
   OK(loom_allreduce(w, &a, &a, LOOM_SUM));
