@@ -347,9 +347,11 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
     [LOOM_P_CHECK_CONSISTENCY] = {"LOOM_CHECK_CONSISTENCY", "check_consistency",
                                   INT_FIELD(check_consistency), "0", "0|1", 0, 1,
                                   parse_check_consistency,
-                                  "1: before each collective the ranks compare operation, tensor "
-                                  "name, count, dtype, op/root and group, and a mismatch is an "
-                                  "error naming both sides (one small allgather per call)"},
+                                  "1: before each collective (MoE and attention-server calls "
+                                  "too) the ranks compare operation, tensor name, count, dtype, "
+                                  "op/root and group; a mismatch, or a call one rank refuses, is "
+                                  "an error on every rank naming it (one small allgather per "
+                                  "call)"},
     [LOOM_P_NONFINITE] = {"LOOM_NONFINITE", "nonfinite", STR_FIELD(nonfinite), "abort",
                           "abort|skip", 0, 0, parse_nonfinite,
                           "what a training loop does when the averaged gradient holds a NaN or "
