@@ -146,33 +146,40 @@ loom_status_t loom_tensor_alloc(loom_tensor_t *t, loom_dtype_t dtype, int device
   int64_t numel = 0;
   size_t bytes = 0;
   void *data = NULL;
+  loom_tensor_t d; // the new description, made before *t is cleared: shape and name may point
+                   // into *t (a tensor re-described in place from its own shape or name)
   if (t == NULL) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_tensor_alloc: t is NULL");
   }
+  memset(&d, 0, sizeof d);
+  status = check_desc("loom_tensor_alloc", dtype, device, ndim, shape, name, &numel, &bytes);
+  if (status == LOOM_OK) {
+    set_desc(&d, dtype, device, ndim, shape, name);
+  }
   memset(t, 0, sizeof *t);
   t->device = LOOM_DEVICE_HOST; // a failed alloc leaves an empty host tensor: free is safe
-  LOOM_CHECK(check_desc("loom_tensor_alloc", dtype, device, ndim, shape, name, &numel, &bytes));
+  LOOM_CHECK(status);
   if (device == LOOM_DEVICE_HOST) {
     if (bytes > 0) {
       data = loom_host_alloc(bytes);
       if (data == NULL) {
         return loom_error(NULL, LOOM_ERR_NOMEM,
                           "allocating %zu bytes of host memory for tensor '%s' failed", bytes,
-                          name != NULL ? name : "");
+                          d.name);
       }
       memset(data, 0, bytes);
     }
   } else {
     LOOM_CHECK(loom_device_alloc(device, bytes, &data)); // checks the device even for 0 bytes
   }
-  set_desc(t, dtype, device, ndim, shape, name);
-  t->data = data;
-  t->owns_data = 1;
+  d.data = data;
+  d.owns_data = 1;
+  *t = d;
   if (loom_log_level >= LOOM_LOG_TRACE) {
     char buf[SHAPE_STR_MAX];
     LOOM_TRACE(LOOM_SUB_MEM,
                "tensor '%s' %s %s (%" PRId64 " elements) on device %d: %zu bytes at %p", t->name,
-               loom_dtype_name(dtype), shape_str(buf, ndim, shape), numel, device, bytes, data);
+               loom_dtype_name(dtype), shape_str(buf, ndim, t->shape), numel, device, bytes, data);
   }
   return LOOM_OK;
 
@@ -185,21 +192,27 @@ loom_status_t loom_tensor_wrap(loom_tensor_t *t, void *data, loom_dtype_t dtype,
   loom_status_t status = LOOM_OK;
   int64_t numel = 0;
   size_t bytes = 0;
+  loom_tensor_t d; // made before *t is cleared: shape and name may point into *t (as in alloc)
   if (t == NULL) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_tensor_wrap: t is NULL");
   }
+  memset(&d, 0, sizeof d);
+  status = check_desc("loom_tensor_wrap", dtype, device, ndim, shape, name, &numel, &bytes);
+  if (status == LOOM_OK) {
+    set_desc(&d, dtype, device, ndim, shape, name);
+  }
   memset(t, 0, sizeof *t);
   t->device = LOOM_DEVICE_HOST;
-  LOOM_CHECK(check_desc("loom_tensor_wrap", dtype, device, ndim, shape, name, &numel, &bytes));
+  LOOM_CHECK(status);
   LOOM_CHECK(loom_device_check(device));
   if (data == NULL && numel > 0) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG,
                       "loom_tensor_wrap: tensor '%s' has %" PRId64 " elements but data is NULL",
-                      name != NULL ? name : "", numel);
+                      d.name, numel);
   }
-  set_desc(t, dtype, device, ndim, shape, name);
-  t->data = data;
-  t->owns_data = 0;
+  d.data = data;
+  d.owns_data = 0;
+  *t = d;
   return LOOM_OK;
 
 fail:

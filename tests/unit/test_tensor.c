@@ -158,6 +158,24 @@ static void test_alloc_wrap_free(void) {
   expect_status(loom_tensor_wrap(&t, NULL, LOOM_F32, LOOM_DEVICE_HOST, 2, s23, "null"),
                 LOOM_ERR_INVALID_ARG, "wrap NULL data with 6 elements");
   CHECK(loom_tensor_wrap(&t, NULL, LOOM_F32, LOOM_DEVICE_HOST, 2, empty, "null") == LOOM_OK);
+
+  // Re-describing a tensor in place, from its own shape and name (a reshaped view keeps its
+  // name, the stable identity of compression state and checkpoints): both are read before t is
+  // cleared (the name came out empty, the shape all zeros: a 0-element tensor, without error).
+  CHECK(loom_tensor_wrap(&t, buf, LOOM_F32, LOOM_DEVICE_HOST, 2, s23, "grad.w") == LOOM_OK);
+  int64_t s6 = 6;
+  CHECK(loom_tensor_wrap(&t, t.data, t.dtype, t.device, 1, &s6, t.name) == LOOM_OK);
+  CHECK(strcmp(t.name, "grad.w") == 0 && t.ndim == 1 && t.shape[0] == 6 && t.data == buf);
+  CHECK(loom_tensor_wrap(&t, t.data, LOOM_I32, t.device, t.ndim, t.shape, t.name) == LOOM_OK);
+  CHECK(strcmp(t.name, "grad.w") == 0 && loom_tensor_numel(&t) == 6 && t.dtype == LOOM_I32);
+  loom_tensor_t a;
+  CHECK(loom_tensor_alloc(&a, LOOM_F32, LOOM_DEVICE_HOST, 3, shape, "moments") == LOOM_OK);
+  loom_tensor_t keep = a; // owns the memory; a is about to be reused for a second buffer
+  CHECK(loom_tensor_alloc(&a, LOOM_F16, LOOM_DEVICE_HOST, a.ndim, a.shape, a.name) == LOOM_OK);
+  CHECK(strcmp(a.name, "moments") == 0 && a.ndim == 3 && loom_tensor_numel(&a) == 30 &&
+        a.data != NULL && a.data != keep.data);
+  loom_tensor_free(&a);
+  loom_tensor_free(&keep);
 }
 
 static void test_bad_args(void) {
