@@ -300,6 +300,30 @@ loom_status_t loom_finalize(loom_ctx_t *ctx) {
                       "loom_wait each one (or loom_test it until done) first; nothing was freed",
                       in_flight);
   }
+  int mpi_down = 0;
+  MPI_Finalized(&mpi_down);
+  if (mpi_down) {
+    // The caller finalized MPI first: loom's communicators and windows went with it, and
+    // freeing one now aborts the process (Open MPI). Release what needs no MPI, then say so.
+    loom_status_t status =
+        loom_error(NULL, LOOM_ERR_STATE,
+                   "loom_finalize called after MPI_Finalize: loom's communicators could not be "
+                   "freed. Call loom_finalize before MPI_Finalize (for every context)");
+    for (int k = 0; k < LOOM_GROUP_COUNT; k++) {
+      struct loom_group *g = &ctx->groups[k];
+      if (g->watch_win == MPI_WIN_NULL) { // else the window's memory, gone with MPI
+        free(g->watch_slot);
+      }
+      free(g->world_ranks);
+    }
+    loom_topo_destroy(&ctx->topo);
+    free(ctx);
+    if (__atomic_sub_fetch(&live_contexts, 1, __ATOMIC_ACQ_REL) == 0) {
+      loom_log_set_rank(-1);
+      loom_log_close();
+    }
+    return status;
+  }
   int owns = ctx->owns_mpi;
   loom_groups_free(ctx);
   loom_topo_destroy(&ctx->topo);

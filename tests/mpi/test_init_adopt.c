@@ -1,6 +1,9 @@
 /* test_init_adopt.c — loom_init adopting an MPI the caller initialised: the granted thread
  * level is recorded, loom_finalize leaves MPI running, and the caller finalizes it. */
+#include <string.h>
+
 #include "../check_mpi.h"
+#include "../quiet.h"
 #include "loom.h"
 
 int main(int argc, char **argv) {
@@ -30,7 +33,22 @@ int main(int argc, char **argv) {
   int size;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   CHECK(sum == size, "MPI usable after loom_finalize");
+  // The caller finalizing MPI before loom_finalize: loom's communicators went with MPI, so
+  // loom_finalize says how to order the calls (was: MPI_Comm_free after MPI_Finalize, which
+  // Open MPI answers by aborting the process).
+  loom_ctx_t *late = NULL;
+  CHECK(loom_init(&argc, &argv, &cfg, &late) == LOOM_OK, "second adopting init: %s",
+        loom_last_error(NULL));
   int rc = check_exit_all("test_init_adopt");
   MPI_Finalize();
-  return rc;
+  if (late) {
+    quiet_begin();
+    st = loom_finalize(late);
+    quiet_end();
+    CHECK(st == LOOM_ERR_STATE && strstr(loom_last_error(NULL), "after MPI_Finalize") &&
+              strstr(loom_last_error(NULL), "before MPI_Finalize"),
+          "loom_finalize after the caller's MPI_Finalize: %s: %s", loom_strerror(st),
+          loom_last_error(NULL));
+  }
+  return check_failures ? check_exit("test_init_adopt") : rc;
 }
