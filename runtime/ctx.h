@@ -58,6 +58,7 @@ struct loom_ctx {
   int role; // loom_role_t bits
   struct loom_group groups[LOOM_GROUP_COUNT];
   char last_error[LOOM_ERROR_MAX];
+  struct loom_ctx *next_live; // init.c's list of the process's live contexts
 };
 
 // The scheduler's spin window in microseconds as it applies on this rank: LOOM_SCHED_SPIN_US,

@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -188,6 +189,10 @@ int loom_live_requests;
 // Contexts of this process not yet finalized, and whether the one that initialised MPI was
 // finalized while others were live (then the last one finalizes MPI).
 static int live_contexts, mpi_finalize_owed;
+// The same contexts, linked through next_live: loom_finalize refuses a pointer that is not one
+// of them (finalized already) without reading it.
+static loom_ctx_t *live_list;
+static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
 
 loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_ctx_t **out) {
   loom_status_t status = LOOM_OK;
@@ -273,6 +278,10 @@ loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_
   loom_error_clear();
   ctx->last_error[0] = '\0';
   loom_error_quiet(0);
+  pthread_mutex_lock(&live_lock);
+  ctx->next_live = live_list;
+  live_list = ctx;
+  pthread_mutex_unlock(&live_lock);
   __atomic_add_fetch(&live_contexts, 1, __ATOMIC_ACQ_REL);
   *out = ctx;
   return LOOM_OK;
@@ -291,15 +300,31 @@ loom_status_t loom_finalize(loom_ctx_t *ctx) {
   if (!ctx) {
     return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_finalize: ctx is NULL");
   }
+  pthread_mutex_lock(&live_lock);
+  loom_ctx_t **link = &live_list;
+  while (*link && *link != ctx) {
+    link = &(*link)->next_live;
+  }
+  if (!*link) {
+    pthread_mutex_unlock(&live_lock);
+    return loom_error(NULL, LOOM_ERR_STATE,
+                      "loom_finalize: ctx %p is not a live context: it was finalized already (or "
+                      "did not come from loom_init). Finalize each context once, and use none "
+                      "after",
+                      (void *)ctx);
+  }
   // Requests are counted per process: with other contexts live, theirs would count too, and a
   // correct program must never be refused, so the check holds for the only live context.
   const int in_flight = __atomic_load_n(&loom_live_requests, __ATOMIC_RELAXED);
   if (in_flight > 0 && __atomic_load_n(&live_contexts, __ATOMIC_ACQUIRE) == 1) {
+    pthread_mutex_unlock(&live_lock);
     return loom_error(ctx, LOOM_ERR_STATE,
                       "loom_finalize: %d request(s) of this process are still in flight: "
                       "loom_wait each one (or loom_test it until done) first; nothing was freed",
                       in_flight);
   }
+  *link = ctx->next_live;
+  pthread_mutex_unlock(&live_lock);
   int mpi_down = 0;
   MPI_Finalized(&mpi_down);
   if (mpi_down) {

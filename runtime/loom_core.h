@@ -103,7 +103,8 @@ LOOM_API loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *c
 // it first (checked when ctx is the process's only live context: requests are counted per
 // process, and another context's would count too).
 // A caller that initialised MPI calls it before MPI_Finalize: after it, loom_finalize can only
-// release ctx's host memory and returns LOOM_ERR_STATE saying so.
+// release ctx's host memory and returns LOOM_ERR_STATE saying so. ctx is invalid afterwards:
+// finalizing it again is LOOM_ERR_STATE.
 LOOM_API loom_status_t loom_finalize(loom_ctx_t *ctx);
 // Ends every process of the job with exit code `code` (1..255; anything else is 1), after
 // logging why (NULL: loom_last_error) with this rank: for an error one rank meets while its

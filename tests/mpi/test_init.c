@@ -1,6 +1,7 @@
 /* test_init.c — loom_init owning MPI: ranks and sizes match MPI, the thread level is recorded,
  * nodes and local ranks are consistent, a second context adopts MPI, finalize refuses while a
- * request is in flight, and MPI ends with the last context finalized. */
+ * request is in flight or when the context was finalized already, and MPI ends with the last
+ * context finalized. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -42,6 +43,13 @@ int main(int argc, char **argv) {
     int finalized = 0;
     MPI_Finalized(&finalized);
     CHECK(!finalized, "finalizing the adopting context keeps MPI alive");
+    // Finalizing it again (a cleanup path that runs twice) is refused, reading nothing of the
+    // freed context (was: a read and a second free of freed memory).
+    quiet_begin();
+    st = loom_finalize(second);
+    quiet_end();
+    CHECK(st == LOOM_ERR_STATE && strstr(loom_last_error(NULL), "not a live context"),
+          "second finalize of a context: %s: %s", loom_strerror(st), loom_last_error(NULL));
   }
   CHECK(loom_finalize(NULL) == LOOM_ERR_INVALID_ARG, "finalize(NULL) rejected");
 
