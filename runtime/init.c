@@ -154,6 +154,17 @@ static loom_status_t place(loom_ctx_t *ctx) {
   int gpus = ctx->topo.pub.gpus;
   ctx->gpu = -1;
   if (p->gpu >= 0) {
+    if (gpus == 0) { // no index to offer
+#ifdef LOOM_HAVE_CUDA
+      const char *why = "no driver, no GPU, or CUDA_VISIBLE_DEVICES hides them";
+#else
+      const char *why = "loom was built without CUDA; reconfigure with --with-cuda for GPUs";
+#endif
+      status = loom_error(ctx, LOOM_ERR_INVALID_ARG,
+                          "LOOM_GPU=%d but this process sees no CUDA device (%s): use auto or none",
+                          p->gpu, why);
+      goto fail;
+    }
     if (p->gpu >= gpus) {
       status = loom_error(ctx, LOOM_ERR_INVALID_ARG,
                           "LOOM_GPU=%d but this process sees %d CUDA device(s): use auto, none or "
