@@ -41,10 +41,14 @@ int loom_parse_subsys_list(const char *text, unsigned *mask, char *err, size_t e
     snprintf(err, errlen, "empty subsystem list");
     return -1;
   }
-  while (*p) {
+  for (;;) { // every item, the last one included after a trailing comma
     const char *comma = strchr(p, ',');
     size_t n = comma ? (size_t)(comma - p) : strlen(p);
     int found = 0;
+    if (n == 0) {
+      snprintf(err, errlen, "empty item in '%s' (a stray comma)", text);
+      return -1;
+    }
     if (n == 3 && strncasecmp(p, "ALL", 3) == 0) {
       bits |= LOOM_SUB_ALL;
       found = 1;
@@ -60,7 +64,10 @@ int loom_parse_subsys_list(const char *text, unsigned *mask, char *err, size_t e
       snprintf(err, errlen, "unknown subsystem '%.*s'", (int)n, p);
       return -1;
     }
-    p += n + (comma ? 1 : 0);
+    if (!comma) {
+      break;
+    }
+    p = comma + 1;
   }
   *mask = exclude ? (LOOM_SUB_ALL & ~bits) : bits;
   return 0;

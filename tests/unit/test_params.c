@@ -195,6 +195,12 @@ int main(void) {
   char err[128];
   CHECK(loom_parse_subsys_list("all", &mask, err, sizeof err) == 0 && mask == LOOM_SUB_ALL, "all");
   CHECK(loom_parse_subsys_list("INIT,,TOPO", &mask, err, sizeof err) != 0, "empty item");
+  // An empty item at either end too (",INIT" was refused but "INIT," accepted).
+  CHECK(loom_parse_subsys_list("INIT,", &mask, err, sizeof err) != 0 && strstr(err, "empty"),
+        "trailing comma: %s", err);
+  CHECK(loom_parse_subsys_list("^COLL,", &mask, err, sizeof err) != 0, "trailing comma after ^");
+  CHECK(loom_parse_subsys_list(",INIT", &mask, err, sizeof err) != 0 && strstr(err, "empty"),
+        "leading comma: %s", err);
   // The scheduler's spin as it applies: 0 when left at its default with more ranks than cores
   // on the host (what loom_info says under its table), the value otherwise.
   static loom_ctx_t sctx; // (large: not on the stack)
