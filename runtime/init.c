@@ -225,7 +225,11 @@ loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_
   MPI_Finalized(&finalized);
   if (finalized) {
     free(ctx);
-    return loom_error(NULL, LOOM_ERR_STATE, "loom_init called after MPI_Finalize");
+    return loom_error(NULL, LOOM_ERR_STATE,
+                      "loom_init called after MPI_Finalize (the caller's, or loom_finalize's of "
+                      "the last live context), and MPI cannot be initialised twice in a process: "
+                      "keep a context live while loom is in use, or call MPI_Init_thread first "
+                      "(loom_init adopts it, loom_finalize leaves it) and MPI_Finalize at exit");
   }
   if (initialized) {
     LOOM_CHECK_MPI(ctx, MPI_Query_thread(&ctx->thread_level));

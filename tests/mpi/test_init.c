@@ -98,5 +98,13 @@ int main(int argc, char **argv) {
   }
   MPI_Finalized(&finalized);
   CHECK(finalized, "the last context's finalize ended MPI, which the first had initialised");
+  // A loom_init after that cannot initialise MPI again: the message says how to keep MPI up.
+  loom_ctx_t *after = NULL;
+  quiet_begin();
+  st = loom_init(NULL, NULL, NULL, &after);
+  quiet_end();
+  CHECK(st == LOOM_ERR_STATE && !after && strstr(loom_last_error(NULL), "MPI_Init_thread") &&
+            strstr(loom_last_error(NULL), "adopts"),
+        "loom_init after MPI_Finalize: %s: %s", loom_strerror(st), loom_last_error(NULL));
   return any ? 1 : check_exit("test_init");
 }
