@@ -26,7 +26,7 @@ unknown() {
     fail=1
   fi
 }
-progs="loom_info loom_timeline_merge tests/bench/gemm_perf tests/bench/coll_perf"
+progs="loom_info loom_timeline_merge tests/bench/gemm_perf tests/bench/coll_perf tests/bench/plan_perf"
 [ -x "$b/tests/bench/gpu_attn_perf" ] && progs="$progs tests/bench/gpu_attn_perf" # --with-cuda
 for p in $progs; do
   [ -x "$b/$p" ] || { echo "FAIL: $b/$p is not built"; fail=1; continue; }
@@ -34,7 +34,7 @@ for p in $progs; do
   help "$p" -h
 done
 help loom_sim --help
-for p in tests/bench/gemm_perf tests/bench/gpu_attn_perf; do
+for p in tests/bench/gemm_perf tests/bench/gpu_attn_perf tests/bench/plan_perf; do
   [ -x "$b/$p" ] && unknown "$p" --x
 done
 # (the merge tool's usage with -f first is help too, not an unknown option)
