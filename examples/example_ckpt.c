@@ -270,13 +270,17 @@ static int load_extra(const char *prog, const char *path, int rank, const loom_t
   const int is_res = !strncmp(v->name, "ef:", 3), is_state = !strncmp(v->name, "efq:", 4);
   if (is_res || is_state) { // residuals and codec state come back by name
     const char *key = v->name + (is_res ? 3 : 4);
-    if (!ef || v->dtype != LOOM_F32 || v->ndim != 1 ||
-        (is_res ? loom_ef_set(ef, key, v->data, v->shape[0])
-                : loom_ef_state_set(ef, key, v->data, v->shape[0])) != LOOM_OK) {
+    if (!ef || v->dtype != LOOM_F32 || v->ndim != 1) {
       fprintf(stderr,
               "%s: --resume: rank %d: %s holds error-feedback residuals but this run %s: "
               "resume with the --compress it was saved with\n",
               prog, rank, path, ef ? "cannot take them" : "compresses nothing");
+      return -1;
+    }
+    if ((is_res ? loom_ef_set(ef, key, v->data, v->shape[0])
+                : loom_ef_state_set(ef, key, v->data, v->shape[0])) != LOOM_OK) {
+      fprintf(stderr, "%s: --resume: rank %d: %s: entry '%s' is refused: %s\n", prog, rank, path,
+              v->name, loom_last_error(NULL)); // the library's reason (a non-finite residual...)
       return -1;
     }
     return 0;

@@ -68,6 +68,16 @@ mkdir -p "$tmp/stale" && cp -r "$ck/step-00000004" "$ck/step-00000008" "$ck/late
 refused stale 2 "--steps 12 --ckpt $tmp/stale --resume" \
   "rank-00001.ckpt holds step 4, not 8" "a file of another save"
 
+# A residual holding NaN (CRCs right: ckpt_edit rewrites the file whole) is refused with the
+# library's reason, not only a guess that --compress changed (it did not).
+rm -rf "$tmp/ck_nan" && cp -r "$ck" "$tmp/ck_nan" || fail=1
+for r in 0 1; do
+  f="$tmp/ck_nan/step-00000008/rank-0000$r.ckpt"
+  "$b/tests/mpi/ckpt_edit" "$f" "$f.new" fill ef:grad.embed nan && mv "$f.new" "$f" || fail=1
+done
+refused nan_residual 2 "--steps 12 --ckpt $tmp/ck_nan --resume" \
+  "ckpt: entry .ef:grad.embed. is refused: loom_ef_set: .grad.embed. value 0 of" "a NaN residual"
+
 # A damaged file is refused on every rank with a message, and nothing trains.
 printf 'X' | dd of="$ck/step-00000008/rank-00001.ckpt" bs=1 seek=200 conv=notrunc 2>/dev/null
 refused damaged 2 "--steps 12 --ckpt $ck --resume" \
