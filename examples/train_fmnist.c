@@ -958,6 +958,10 @@ int main(int argc, char **argv) {
   if (sched) { // its stats, timeline and failure messages count the steps as this loop does
     EX_CHECK(loom_sched_set_step(sched, step));
   }
+  // --compress auto profiles the steps from auto_from, then plans: from step 0, or, resumed past
+  // those steps from a checkpoint without a plan (saved under another --compress), from the
+  // resumed step (else it would never plan, and train uncompressed).
+  const long auto_from = planned || step < EX_AUTO_PROFILE_STEPS ? 0 : step;
 
   // ---- train
   int epoch = (int)(step / per_epoch);
@@ -985,9 +989,9 @@ int main(int argc, char **argv) {
         sent_sum += (double)st.sent;
         loom_step_stats_t ss;
         EX_CHECK(loom_sched_step_stats(sched, &ss));
-        if (use_auto && step < EX_AUTO_PROFILE_STEPS) {
-          ex_auto_record(&plan_auto, step, st.ready, ss.compute_ms);
-          if (step == EX_AUTO_PROFILE_STEPS - 1) {
+        if (use_auto && !planned && step - auto_from < EX_AUTO_PROFILE_STEPS) {
+          ex_auto_record(&plan_auto, step - auto_from, st.ready, ss.compute_ms);
+          if (step - auto_from == EX_AUTO_PROFILE_STEPS - 1) {
             double p0 = MPI_Wtime();
             EX_CHECK(ex_auto_plan(&plan_auto, ctx, dp));
             apply_plan(&st, &plan_auto);   // (stages made here: set-up too)

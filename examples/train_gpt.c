@@ -1663,6 +1663,10 @@ int main(int argc, char **argv) {
   if (sched) { // its stats, timeline and failure messages count the steps as this loop does
     EX_CHECK(loom_sched_set_step(sched, start));
   }
+  // --compress auto profiles the steps from auto_from, then plans: from step 0, or, resumed past
+  // those steps from a checkpoint without a plan (saved under another --compress), from the
+  // resumed step (else it would never plan, and train uncompressed).
+  const long auto_from = planned || start < EX_AUTO_PROFILE_STEPS ? 0 : start;
 
   // ---- train
   long nonfinite_steps = 0;
@@ -1709,12 +1713,12 @@ int main(int argc, char **argv) {
       EX_CHECK(loom_sched_run(sched));
       loom_step_stats_t ss;
       EX_CHECK(loom_sched_step_stats(sched, &ss));
-      if (use_auto && step < EX_AUTO_PROFILE_STEPS) {
+      if (use_auto && !planned && step - auto_from < EX_AUTO_PROFILE_STEPS) {
         for (int k = 0; k < nslots; k++) {
           slot_ready[k] = st.ready[slot[k]];
         }
-        ex_auto_record(&plan_auto, step, slot_ready, ss.compute_ms);
-        if (step == EX_AUTO_PROFILE_STEPS - 1) {
+        ex_auto_record(&plan_auto, step - auto_from, slot_ready, ss.compute_ms);
+        if (step - auto_from == EX_AUTO_PROFILE_STEPS - 1) {
           double p0 = MPI_Wtime();
           EX_CHECK(ex_auto_plan(&plan_auto, ctx, dp));
           apply_plan(&st, &plan_auto, slot, nslots); // (stages made here: set-up too)

@@ -35,6 +35,16 @@ for c in int8 powersgd:2; do
     echo "FAIL: $c: the resumed parameters differ from the straight run's"; fail=1
   fi
 done
+# --compress auto resumed from a checkpoint without a plan (PowerSGD's, step 10, past the steps
+# auto profiles from the start) profiles from the resumed step and plans (it trained
+# uncompressed, calling the plan one "from the checkpoint").
+spec auto "--hidden 32 --batch 2500 --steps 17 --ckpt $tmp/ck --resume --compress auto" pass
+if grep -q "^compression plan (auto): " "$tmp/auto.log" &&
+  ! grep -q "plan: from the checkpoint" "$tmp/auto.log"; then
+  echo "ok: --compress auto resumed from a PowerSGD checkpoint profiles and plans"
+else
+  cat "$tmp/auto.log"; echo "FAIL: --compress auto resumed from a PowerSGD checkpoint"; fail=1
+fi
 # A checkpoint at or past the last step: said so, nothing trained, a clean exit.
 spec past "--hidden 32 --batch 2500 --steps 8 --ckpt $tmp/ck --resume --compress powersgd:2 \
   --json $tmp/past.json" pass

@@ -61,6 +61,17 @@ else
   cat "$tmp/past.log" "$tmp/past.json"; echo "FAIL: a resume at the last step"; fail=1
 fi
 
+# Resumed under --compress auto from a checkpoint of another --compress (no plan in it), past
+# the steps auto profiles from the start: it profiles from the resumed step and plans (it never
+# planned, trained uncompressed, and called the plan one "from the checkpoint").
+run auto_resumed 2 --ckpt "$ck" --resume --compress auto --steps 16
+if grep -q "^compression plan (auto): " "$tmp/auto_resumed.log" &&
+  ! grep -q "plan: from the checkpoint" "$tmp/auto_resumed.log"; then
+  echo "ok: --compress auto resumed from an int8 checkpoint profiles and plans"
+else
+  cat "$tmp/auto_resumed.log"; echo "FAIL: --compress auto resumed from an int8 checkpoint"; fail=1
+fi
+
 # A file copied in from another save (rank 1's of step 4 in the folder of step 8) is refused,
 # naming the step it holds: loaded, the replicas would train apart without a word.
 mkdir -p "$tmp/stale" && cp -r "$ck/step-00000004" "$ck/step-00000008" "$ck/latest" "$tmp/stale/" &&
