@@ -31,6 +31,10 @@ int ex_parse_ckpt(const char *flag, const char *v, ex_ckpt_opts_t *o, char *err,
 }
 
 int ex_check_ckpt(const ex_ckpt_opts_t *o, char *err, size_t errlen) {
+  if (o->dir && !*o->dir) { // "" + "/latest" would be the root folder's /latest
+    snprintf(err, errlen, "--ckpt wants a directory, got an empty path");
+    return -1;
+  }
   if ((o->save_every > 0 || o->resume) && !o->dir) {
     snprintf(err, errlen, "--save-every and --resume need --ckpt DIR (where checkpoints live)");
     return -1;

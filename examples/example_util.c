@@ -116,6 +116,10 @@ int ex_check_output(const char *flag, const char *path, char *err, size_t errlen
   if (!path) {
     return 0;
   }
+  if (!*path) { // (--json= or an unset shell variable): fopen would fail only at the end
+    snprintf(err, errlen, "%s wants a file path, got an empty one", flag);
+    return -1;
+  }
   struct stat st;
   if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
     snprintf(err, errlen, "%s %s is a directory: give a file path", flag, path);
