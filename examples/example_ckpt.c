@@ -260,6 +260,21 @@ void ex_ckpt_set_add_plan(ex_ckpt_set_t *cs, const int *codec, const loom_scheme
   }
 }
 
+void ex_ckpt_set_add_flags(ex_ckpt_set_t *cs, const ex_ckpt_flag_t *flags, int n) {
+  for (int i = 0; i < n; i++) {
+    char name[LOOM_NAME_MAX];
+    int64_t one = 1;
+    loom_tensor_t v;
+    snprintf(name, sizeof name, "flag:%s", flags[i].name);
+    if (loom_tensor_wrap(&v, (void *)&flags[i].value, LOOM_I64, LOOM_DEVICE_HOST, 1, &one, name) !=
+        LOOM_OK) {
+      fprintf(stderr, "checkpoint: %s: %s\n", name, loom_last_error(NULL));
+      MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    ex_ckpt_set_add(cs, &v, name);
+  }
+}
+
 void ex_ckpt_set_free(ex_ckpt_set_t *cs) {
   free(cs->t);
   free(cs->p);
@@ -270,7 +285,21 @@ void ex_ckpt_set_free(ex_ckpt_set_t *cs) {
 // One entry beyond the fixed tensors: a residual or half of a plan. Returns 0, or -1 (printed).
 static int load_extra(const char *prog, const char *path, int rank, const loom_tensor_t *v,
                       loom_ef_t *ef, int *codec, loom_scheme_t *scheme, int *lane, int n, int ncand,
-                      int *planned) {
+                      int *planned, const ex_ckpt_flag_t *flags, int nflags) {
+  for (int k = 0; !strncmp(v->name, "flag:", 5) && k < nflags; k++) {
+    if (strcmp(v->name + 5, flags[k].name) != 0) {
+      continue;
+    }
+    const int whole = v->dtype == LOOM_I64 && v->ndim == 1 && v->shape[0] == 1;
+    if (!whole || *(const int64_t *)v->data != flags[k].value) {
+      fprintf(stderr,
+              "%s: --resume: rank %d: %s was saved with %s %lld, this run has %s %lld: resume "
+              "with the %s it was saved with\n",
+              prog, rank, path, flags[k].name, whole ? (long long)*(const int64_t *)v->data : -1LL,
+              flags[k].name, (long long)flags[k].value, flags[k].name);
+      return -1;
+    }
+  }
   const int is_res = !strncmp(v->name, "ef:", 3), is_state = !strncmp(v->name, "efq:", 4);
   if (is_res || is_state) { // residuals and codec state come back by name
     const char *key = v->name + (is_res ? 3 : 4);
@@ -360,7 +389,8 @@ static int plans_agree(const char *prog, const char *path, const loom_group_t *g
 
 int ex_ckpt_load(const char *prog, const char *dir, const loom_group_t *g, long step,
                  const ex_ckpt_set_t *fixed, loom_ef_t *ef, int *codec, loom_scheme_t *scheme,
-                 int *lane, int n, int ncand, int *planned) {
+                 int *lane, int n, int ncand, int *planned, const ex_ckpt_flag_t *flags,
+                 int nflags) {
   const int rank = loom_group_rank(g);
   char path[4096];
   loom_ckpt_info_t me = {.world_size = loom_group_size(g), .rank = rank};
@@ -385,7 +415,8 @@ int ex_ckpt_load(const char *prog, const char *dir, const loom_group_t *g, long 
   for (int i = 0; !bad && i < loom_checkpoint_count(ck); i++) {
     loom_tensor_t v;
     bad = loom_checkpoint_entry(ck, i, &v) != LOOM_OK ||
-          load_extra(prog, path, rank, &v, ef, codec, scheme, lane, n, ncand, planned) != 0;
+          load_extra(prog, path, rank, &v, ef, codec, scheme, lane, n, ncand, planned, flags,
+                     nflags) != 0;
   }
   loom_checkpoint_close(ck);
   if (!bad && (*planned == 1 || *planned == 2)) { // lanes come with a device plan, or not at all

@@ -64,14 +64,25 @@ void ex_ckpt_set_add_plan(ex_ckpt_set_t *cs, const int *codec, const loom_scheme
                           const int *lane, int n);
 void ex_ckpt_set_free(ex_ckpt_set_t *cs);
 
+// A flag the model depends on beyond its tensors' shapes (train_gpt's --heads: the same
+// parameters split into other heads): saved as "flag:NAME" (i64), compared at a resume.
+typedef struct ex_ckpt_flag {
+  const char *name; // "--heads"
+  int64_t value;
+} ex_ckpt_flag_t;
+// Add every flag as "flag:NAME" (views of flags[i].value: keep flags until the save).
+void ex_ckpt_set_add_flags(ex_ckpt_set_t *cs, const ex_ckpt_flag_t *flags, int n);
+
 // Load this rank's checkpoint of step: the tensors of fixed (every one must be in the file with
 // its dtype and shape), then every "ef:NAME" residual into ef and a plan into codec/scheme/lane
 // (n parts, codec indices below ncand; *planned = 1 when the file holds one; lane may be NULL,
 // and a plan saved without lanes, or with a value that is no lane, leaves lane[k] at 0: the GPU
-// lane of a device run). Collective over g: 0 on every rank, or -1 on every rank after the
-// failing ones printed why (prog: the trainer).
+// lane of a device run); a "flag:NAME" entry of one of flags[0..nflags) must hold its value (a
+// file without it, from before flags were saved, is not checked). Collective over g: 0 on every
+// rank, or -1 on every rank after the failing ones printed why (prog: the trainer).
 int ex_ckpt_load(const char *prog, const char *dir, const loom_group_t *g, long step,
                  const ex_ckpt_set_t *fixed, loom_ef_t *ef, int *codec, loom_scheme_t *scheme,
-                 int *lane, int n, int ncand, int *planned);
+                 int *lane, int n, int ncand, int *planned, const ex_ckpt_flag_t *flags,
+                 int nflags);
 
 #endif

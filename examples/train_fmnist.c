@@ -933,7 +933,7 @@ int main(int argc, char **argv) {
       if (ex_ckpt_load("train_fmnist", o.ck.dir, dp, latest, &fixed, st.ef,
                        use_auto ? plan_auto.codec : NULL, use_auto ? plan_auto.scheme : NULL,
                        use_auto ? plan_auto.lane : NULL, 3, use_auto ? plan_auto.ncand : 0,
-                       &planned) != 0) {
+                       &planned, NULL, 0) != 0) {
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
       ex_ckpt_set_free(&fixed);

@@ -1222,13 +1222,15 @@ static int dump_params(const opts_t *o, const gpt_model_t *m, const loom_group_t
 
 // What a checkpoint of this rank holds: the flat parameters and AdamW moments ("params",
 // "adam_m", "adam_v"), each MoE layer's parameters and moments ("moeL.P", "moeL.P.m", "moeL.P.v"),
-// the error-feedback residuals ("ef:NAME") and, once --compress auto has planned, the plan.
+// the error-feedback residuals ("ef:NAME"), once --compress auto has planned, the plan, and the
+// flags the parameters depend on beyond their shapes (a save's "flag:--heads").
 // Nothing else is needed: the data rows, the learning rate, Adam's step count and the
 // compression seeds all follow from the step number.
 static void ckpt_collect(ex_ckpt_set_t *cs, const gpt_model_t *m, const loom_ef_t *ef,
-                         const ex_auto_t *plan, int nslots) {
+                         const ex_auto_t *plan, int nslots, const ex_ckpt_flag_t *flags,
+                         int nflags) {
   const int L = m->cfg.layers;
-  ex_ckpt_set_init(cs, 3 + 3 * L * LOOM_MOE_PARAM_COUNT, ef, nslots);
+  ex_ckpt_set_init(cs, 3 + 3 * L * LOOM_MOE_PARAM_COUNT + nflags, ef, nslots);
   ex_ckpt_set_add(cs, &m->flat_t[0], "params");
   ex_ckpt_set_add(cs, &m->flat_t[2], "adam_m");
   ex_ckpt_set_add(cs, &m->flat_t[3], "adam_v");
@@ -1248,6 +1250,7 @@ static void ckpt_collect(ex_ckpt_set_t *cs, const gpt_model_t *m, const loom_ef_
     ex_ckpt_set_add_plan(cs, plan->codec, plan->scheme,
                          plan->device != LOOM_DEVICE_HOST ? plan->lane : NULL, nslots);
   }
+  ex_ckpt_set_add_flags(cs, flags, nflags);
 }
 
 // The trainers tell dedicated attention servers that the training is over (or never started):
@@ -1618,6 +1621,9 @@ int main(int argc, char **argv) {
   }
 
   // ---- resume
+  // The heads split the same parameters otherwise: a resume with other --heads is refused.
+  const ex_ckpt_flag_t ck_flags[] = {{"--heads", o.cfg.heads}};
+  const int nck_flags = (int)(sizeof ck_flags / sizeof ck_flags[0]);
   long start = 0;
   int planned = 0; // --compress auto has its plan (made after profiling, or from a checkpoint)
   if (o.ck.resume) {
@@ -1627,11 +1633,11 @@ int main(int argc, char **argv) {
     }
     if (latest >= 0) {
       ex_ckpt_set_t fixed;
-      ckpt_collect(&fixed, &m, NULL, NULL, nslots);
+      ckpt_collect(&fixed, &m, NULL, NULL, nslots, NULL, 0);
       int bad = ex_ckpt_load("train_gpt", o.ck.dir, dp, latest, &fixed, st.ef,
                              use_auto ? plan_auto.codec : NULL, use_auto ? plan_auto.scheme : NULL,
                              use_auto ? plan_auto.lane : NULL, nslots,
-                             use_auto ? plan_auto.ncand : 0, &planned);
+                             use_auto ? plan_auto.ncand : 0, &planned, ck_flags, nck_flags);
       ex_ckpt_set_free(&fixed);
       if (bad) {
         if (rank == 0) {
@@ -1839,7 +1845,7 @@ int main(int argc, char **argv) {
     if (o.ck.save_every > 0 && (step + 1) % o.ck.save_every == 0) { // (not training time either)
       double c0 = MPI_Wtime();
       ex_ckpt_set_t cs;
-      ckpt_collect(&cs, &m, st.ef, planned ? &plan_auto : NULL, nslots);
+      ckpt_collect(&cs, &m, st.ef, planned ? &plan_auto : NULL, nslots, ck_flags, nck_flags);
       long drop = step + 1 - 2 * o.ck.save_every; // keep the two newest
       if (ex_ckpt_save(o.ck.dir, dp, step + 1, drop > 0 ? drop : -1, cs.p, cs.n) != 0) {
         MPI_Abort(MPI_COMM_WORLD, 1);

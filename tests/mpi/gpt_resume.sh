@@ -1,8 +1,8 @@
 #!/bin/sh
 # gpt_resume.sh — checkpoint and resume are bit-exact: 2N steps straight equal N steps, a SIGKILL
 # of every rank in the middle of step N+k, and a --resume to 2N (np 2, int8 compression with
-# error feedback, so the residuals must survive); a damaged checkpoint, another world size and
-# files whose --compress auto plans differ, or whose plan is damaged, are refused, not loaded.
+# error feedback, so the residuals must survive); a damaged checkpoint, another world size or
+# --heads and files whose --compress auto plans differ, or whose plan is damaged, are refused.
 set -u
 export LOOM_COMPRESS=none
 . "${srcdir:-.}/tests/mpi/gpt_lib.sh" # $b, $exe, $tmp/corpus, run, run_env, same
@@ -78,6 +78,11 @@ mkdir -p "$tmp/stale" && cp -r "$ck/step-00000004" "$ck/step-00000008" "$ck/late
   cp "$tmp/stale/step-00000004/rank-00001.ckpt" "$tmp/stale/step-00000008/rank-00001.ckpt"
 refused stale 2 "--steps 12 --ckpt $tmp/stale --resume" \
   "rank-00001.ckpt holds step 4, not 8" "a file of another save"
+
+# Other --heads split the same parameters into other heads: refused, naming the flag (a
+# checkpoint holds "flag:--heads"; the shapes alone let it train on as another model).
+refused heads 2 "--heads 4 --steps 12 --ckpt $ck --resume" \
+  "was saved with --heads 2, this run has --heads 4" "a resume with other --heads"
 
 # A residual holding NaN (CRCs right: ckpt_edit rewrites the file whole) is refused with the
 # library's reason, not only a guess that --compress changed (it did not).
