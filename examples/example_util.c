@@ -423,6 +423,15 @@ double ex_median(double *x, long n) {
   return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
+const char *ex_json_num(char *buf, size_t cap, double v, int decimals) {
+  if (isfinite(v)) {
+    snprintf(buf, cap, "%.*f", decimals, v);
+  } else {
+    snprintf(buf, cap, "null");
+  }
+  return buf;
+}
+
 // argv[1..argc) joined by NULs into a new buffer of *len bytes (NULL when out of memory).
 static char *join_args(int argc, char **argv, int *len) {
   size_t n = 0;

@@ -110,6 +110,10 @@ loom_status_t ex_cpu_lane_stage(loom_host_stage_t **stage, const loom_tensor_t *
 // The median of x[0..n) (sorts x in place); 0 when n is 0.
 double ex_median(double *x, long n);
 
+// v as a JSON number with the given decimals in buf, or "null" when it is NaN or infinite (a
+// diverged loss: printf's "nan" and "inf" are not JSON). Returns buf.
+const char *ex_json_num(char *buf, size_t cap, double v, int decimals);
+
 // This process's resident set size in MiB (/proc/self/statm), or -1 where it cannot be read.
 double ex_rss_mib(void);
 

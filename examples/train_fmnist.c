@@ -64,7 +64,8 @@ static void usage(FILE *out) {
       "  --seed N            seed of the weight init and the shuffle (default 42)\n"
       "  --data DIR          directory of the IDX .gz files (default %s)\n"
       "  --log-every N       a progress line every N steps, 0 = only per epoch (default 0)\n"
-      "  --json FILE         write the final numbers as JSON (rank 0; default none)\n"
+      "  --json FILE         write the final numbers as JSON (rank 0; a loss that is not\n"
+      "                      finite is null; default none)\n"
       "  --dump-params FILE  write every parameter as raw little-endian f32 at the end, in\n"
       "                      the order w1 b1 w2 b2 w3 b3; rank 0 only, or every rank when FILE\n"
       "                      contains %%r (replaced by the rank) (default none)\n"
@@ -1120,17 +1121,19 @@ int main(int argc, char **argv) {
   }
   if (o.json && rank == 0) {
     FILE *f = fopen(o.json, "w");
-    if (!f ||
-        fprintf(f,
-                "{\"epochs\": %d, \"steps\": %ld, \"train_loss\": %.6f, \"test_loss\": "
-                "%.6f, \"test_acc\": %.6f, \"samples_per_s\": %.1f, \"train_time_s\": "
-                "%.3f, \"np\": %d, \"batch\": %d, \"global_batch\": %d, \"hidden\": %d, "
-                "\"lr\": %g, \"seed\": %ld, \"overlap\": %s, \"compress\": \"%s\", "
-                "\"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s}\n",
-                epoch, step, epoch_loss, test_loss, acc, samples_per_s, train_time, np, o.batch,
-                o.batch * np, o.hidden, o.lr, o.seed, o.no_overlap ? "false" : "true",
-                st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
-                run_steps > 0 ? sent_sum / (double)run_steps : -1.0, sched_json) < 0) {
+    char train_loss[32], test_loss_s[32]; // null where not finite (a diverged run)
+    if (!f || fprintf(f,
+                      "{\"epochs\": %d, \"steps\": %ld, \"train_loss\": %s, \"test_loss\": "
+                      "%s, \"test_acc\": %.6f, \"samples_per_s\": %.1f, \"train_time_s\": "
+                      "%.3f, \"np\": %d, \"batch\": %d, \"global_batch\": %d, \"hidden\": %d, "
+                      "\"lr\": %g, \"seed\": %ld, \"overlap\": %s, \"compress\": \"%s\", "
+                      "\"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s}\n",
+                      epoch, step, ex_json_num(train_loss, sizeof train_loss, epoch_loss, 6),
+                      ex_json_num(test_loss_s, sizeof test_loss_s, test_loss, 6), acc,
+                      samples_per_s, train_time, np, o.batch, o.batch * np, o.hidden, o.lr, o.seed,
+                      o.no_overlap ? "false" : "true",
+                      st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
+                      run_steps > 0 ? sent_sum / (double)run_steps : -1.0, sched_json) < 0) {
       fprintf(stderr, "train_fmnist: --json: writing %s failed: %s\n", o.json, strerror(errno));
       rc = 1;
     }

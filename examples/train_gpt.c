@@ -119,7 +119,8 @@ static void usage(FILE *out) {
       "  --sgemm-every N     sample the rate again every N steps (the best of min(3, reps),\n"
       "                      ~0.2 s, not training time) for the MFU against the rates sampled\n"
       "                      through the run; 0 = the start and the end only (default 20)\n"
-      "  --json FILE         final numbers as JSON (rank 0; -1 where a number was not measured)\n"
+      "  --json FILE         final numbers as JSON (rank 0; -1 where a number was not measured,\n"
+      "                      null where a loss is not finite)\n"
       "  --profile FILE      write a profile for loom_sim (rank 0): per-step compute, gradient\n"
       "                      sizes and ready times, attention and MoE time, document lengths\n"
       "                      and codec costs; medians (timers: means) after the first steps\n"
@@ -1972,11 +1973,11 @@ int main(int argc, char **argv) {
     rc |= dump_params(&o, &m, ep, rank) != 0;
   }
   if (o.json && rank == 0) {
-    char text[3072];
+    char text[3072], train_loss[32], aux[32]; // null where not finite (a diverged run)
     snprintf(text, sizeof text,
              "{\"steps\": %ld, \"np\": %d, \"batch\": %d, \"ctx\": %d, \"layers\": %d, "
              "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
-             "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %.6f, \"val_loss\": "
+             "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %s, \"val_loss\": "
              "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
              "\"mfu_sampled\": %.4f, \"mfu_attn_sampled\": %.4f, \"sgemm_samples\": %d, "
              "\"sgemm_median_gflops\": %.2f, "
@@ -1986,14 +1987,15 @@ int main(int argc, char **argv) {
              "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
              "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s, "
              "\"moe_experts\": %d, \"moe_every\": %d, \"moe_topk\": %d, \"moe_ffn\": %d, "
-             "\"moe_params\": %lld, \"moe_aux\": %.6f, \"attn_servers\": \"%s\", "
+             "\"moe_params\": %lld, \"moe_aux\": %s, \"attn_servers\": \"%s\", "
              "\"doc_lengths\": \"%s\", \"attn_max_over_mean_before\": %.4f, "
              "\"attn_max_over_mean\": %.4f, \"device\": \"%s\", \"nonfinite_steps\": %ld, "
              "\"rss_mib\": %.1f, \"step_ms_median\": %.3f, \"attn_wait_ms_median\": %.3f, "
              "\"attn_kernel_ms_median\": %.3f, \"attn_busy_ms_median\": %.3f}\n",
              o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
              (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active),
-             tokens_per_s, trained ? 1e3 * train_time / n_steps : -1.0, last_train_loss,
+             tokens_per_s, trained ? 1e3 * train_time / n_steps : -1.0,
+             ex_json_num(train_loss, sizeof train_loss, last_train_loss, 6),
              isfinite(val_loss) ? val_loss : -1.0, corpus.unigram_entropy, mfu, mfu_attn,
              mfu_sampled, mfu_attn_sampled, have_mfu ? meter->samples : 0,
              have_mfu ? sgemm_median / 1e9 : -1.0, have_mfu ? sgemm / 1e9 : -1.0,
@@ -2003,7 +2005,7 @@ int main(int argc, char **argv) {
              st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
              trained ? sent_sum / n_steps : -1.0, sched_json, nmoe ? o.cfg.moe_experts : 0,
              nmoe ? o.cfg.moe_every : 0, nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0,
-             (long long)moe_params, nmoe ? last_aux : 0.0,
+             (long long)moe_params, ex_json_num(aux, sizeof aux, nmoe ? last_aux : 0.0, 6),
              o.attn_servers == 1   ? "inplace"
              : o.attn_servers == 2 ? o.attn_spec_eff
                                    : "off",
