@@ -32,6 +32,9 @@ int main(int argc, char **argv) {
   // The data-parallel group: every training rank. Its rank and size pick this rank's data.
   const loom_group_t *dp = loom_group(ctx, LOOM_GROUP_DP);
   int rank = loom_group_rank(dp), np = loom_group_size(dp);
+  if (rank < 0) { // a dedicated attention server (LOOM_ATTN_SERVERS=N): it trains nothing
+    return loom_finalize(ctx) == LOOM_OK ? 0 : 1;
+  }
 
   // The existing model and loop use plain floats. loom only needs to see the buffer it reduces:
   // wrap it (no copy) as a 3-element tensor {dL/dw, dL/db, loss}.
