@@ -1623,7 +1623,8 @@ int main(int argc, char **argv) {
 
   // ---- resume
   // The heads split the same parameters otherwise: a resume with other --heads is refused.
-  const ex_ckpt_flag_t ck_flags[] = {{"--heads", o.cfg.heads}};
+  // The seed picks the held-out documents: a resume with another --seed would train on them.
+  const ex_ckpt_flag_t ck_flags[] = {{"--heads", o.cfg.heads}, {"--seed", o.seed}};
   const int nck_flags = (int)(sizeof ck_flags / sizeof ck_flags[0]);
   long start = 0;
   int planned = 0; // --compress auto has its plan (made after profiling, or from a checkpoint)

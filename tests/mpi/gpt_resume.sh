@@ -2,7 +2,7 @@
 # gpt_resume.sh — checkpoint and resume are bit-exact: 2N steps straight equal N steps, a SIGKILL
 # of every rank in the middle of step N+k, and a --resume to 2N (np 2, int8 compression with
 # error feedback, so the residuals must survive); a damaged checkpoint, another world size or
-# --heads and files whose --compress auto plans differ, or whose plan is damaged, are refused.
+# --heads or --seed and files whose --compress auto plans differ, or whose plan is damaged, are refused.
 set -u
 export LOOM_COMPRESS=none
 . "${srcdir:-.}/tests/mpi/gpt_lib.sh" # $b, $exe, $tmp/corpus, run, run_env, same
@@ -83,6 +83,11 @@ refused stale 2 "--steps 12 --ckpt $tmp/stale --resume" \
 # checkpoint holds "flag:--heads"; the shapes alone let it train on as another model).
 refused heads 2 "--heads 4 --steps 12 --ckpt $ck --resume" \
   "was saved with --heads 2, this run has --heads 4" "a resume with other --heads"
+
+# Another --seed picks other held-out documents (the run would train on validation ones):
+# refused the same way.
+refused seed 2 "--seed 6 --steps 12 --ckpt $ck --resume" \
+  "was saved with --seed 5, this run has --seed 6" "a resume with another --seed"
 
 # A residual holding NaN (CRCs right: ckpt_edit rewrites the file whole) is refused with the
 # library's reason, not only a guess that --compress changed (it did not).
