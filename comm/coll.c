@@ -173,11 +173,14 @@ static _Thread_local int entered_call;
 // A collective call returns status: one that failed before entering (its arguments, or memory)
 // still takes part in LOOM_CHECK_CONSISTENCY's check of the members, marked refused, so that
 // they return an error naming this rank instead of waiting for it (loom_consistency_refuse).
+// outer: entered_call as the caller's call had it (a call started by progress made while an
+// outer call waits must not clear the outer call's mark), restored here.
 static loom_status_t refuse(const loom_group_t *g, enum loom_op_kind kind, const loom_tensor_t *t,
-                            loom_status_t status) {
+                            loom_status_t status, int outer) {
   if (status != LOOM_OK && !entered_call) {
     loom_consistency_refuse(g, kind, t ? t->name : NULL, status);
   }
+  entered_call = outer;
   return status;
 }
 
@@ -241,8 +244,10 @@ static loom_status_t iallreduce_checked(const char *op, const loom_group_t *g,
 
 static loom_status_t iallreduce(const char *op, const loom_group_t *g, const loom_tensor_t *send,
                                 loom_tensor_t *recv, loom_redop_t redop, loom_request_t **req) {
+  const int outer = entered_call;
   entered_call = 0;
-  return refuse(g, LOOM_OPK_ALLREDUCE, send, iallreduce_checked(op, g, send, recv, redop, req));
+  return refuse(g, LOOM_OPK_ALLREDUCE, send, iallreduce_checked(op, g, send, recv, redop, req),
+                outer);
 }
 
 loom_status_t loom_iallreduce(const loom_group_t *g, const loom_tensor_t *send, loom_tensor_t *recv,
@@ -309,9 +314,10 @@ static loom_status_t ireduce_scatter(const char *op, const loom_group_t *g,
                                      const loom_tensor_t *send, loom_tensor_t *recv,
                                      const int64_t *counts, loom_redop_t redop,
                                      loom_request_t **req) {
+  const int outer = entered_call;
   entered_call = 0;
   return refuse(g, LOOM_OPK_REDUCE_SCATTER, send,
-                ireduce_scatter_checked(op, g, send, recv, counts, redop, req));
+                ireduce_scatter_checked(op, g, send, recv, counts, redop, req), outer);
 }
 
 loom_status_t loom_ireduce_scatter(const loom_group_t *g, const loom_tensor_t *send,
@@ -370,9 +376,10 @@ static loom_status_t iallgatherv_checked(const char *op, const loom_group_t *g,
 static loom_status_t iallgatherv(const char *op, const loom_group_t *g, const loom_tensor_t *send,
                                  loom_tensor_t *recv, const int64_t *counts, int variable,
                                  loom_request_t **req) {
+  const int outer = entered_call;
   entered_call = 0;
   return refuse(g, variable ? LOOM_OPK_ALLGATHERV : LOOM_OPK_ALLGATHER, send,
-                iallgatherv_checked(op, g, send, recv, counts, variable, req));
+                iallgatherv_checked(op, g, send, recv, counts, variable, req), outer);
 }
 
 loom_status_t loom_iallgather(const loom_group_t *g, const loom_tensor_t *send, loom_tensor_t *recv,
@@ -421,8 +428,9 @@ static loom_status_t ibroadcast_checked(const char *op, const loom_group_t *g, l
 
 static loom_status_t ibroadcast(const char *op, const loom_group_t *g, loom_tensor_t *buf, int root,
                                 loom_request_t **req) {
+  const int outer = entered_call;
   entered_call = 0;
-  return refuse(g, LOOM_OPK_BROADCAST, buf, ibroadcast_checked(op, g, buf, root, req));
+  return refuse(g, LOOM_OPK_BROADCAST, buf, ibroadcast_checked(op, g, buf, root, req), outer);
 }
 
 loom_status_t loom_ibroadcast(const loom_group_t *g, loom_tensor_t *buf, int root,
@@ -492,9 +500,11 @@ static loom_status_t ialltoallv_checked(const char *op, const loom_group_t *g,
 static loom_status_t ialltoallv(const char *op, const loom_group_t *g, const loom_tensor_t *send,
                                 const int64_t *send_counts, loom_tensor_t *recv,
                                 const int64_t *recv_counts, int variable, loom_request_t **req) {
+  const int outer = entered_call;
   entered_call = 0;
   return refuse(g, variable ? LOOM_OPK_ALLTOALLV : LOOM_OPK_ALLTOALL, send,
-                ialltoallv_checked(op, g, send, send_counts, recv, recv_counts, variable, req));
+                ialltoallv_checked(op, g, send, send_counts, recv, recv_counts, variable, req),
+                outer);
 }
 
 loom_status_t loom_ialltoall(const loom_group_t *g, const loom_tensor_t *send, loom_tensor_t *recv,
