@@ -604,15 +604,6 @@ static loom_status_t enter_checked(loom_attn_exec_t *x, enum loom_op_kind kind, 
   return loom_check_consistency(&x->watch);
 }
 
-// A phase this rank refused before entering it (status): under LOOM_CHECK_CONSISTENCY it still
-// takes part in the members' check, so that they return an error instead of waiting for its
-// messages.
-static loom_status_t refused(const loom_attn_exec_t *x, enum loom_op_kind kind,
-                             const loom_tensor_t *t, loom_status_t status) {
-  loom_consistency_refuse(x->g, kind, t ? t->name : NULL, status);
-  return status;
-}
-
 // Make *buf hold at least bytes (kept between calls and steps: a fresh buffer per message costs
 // a page fault per 4 KiB on every use). 0 when out of memory (*buf unchanged).
 static int reserve(uint8_t **buf, size_t *cap, size_t bytes) {
@@ -860,7 +851,7 @@ loom_status_t loom_attn_exec_ship(loom_attn_exec_t *x, const loom_tensor_t *q,
                         op);
   }
   if (status != LOOM_OK) {
-    return refused(x, LOOM_OPK_ATTN_SHIP, q, status);
+    return loom_consistency_refuse(x->g, LOOM_OPK_ATTN_SHIP, q, status); // (the peers learn it)
   }
   retire_ship_requests(x);
   x->batch_ready = 0;
@@ -1312,7 +1303,7 @@ loom_status_t loom_attn_exec_forward(loom_attn_exec_t *x, const loom_tensor_t *q
   // results the servers sent unreceived.
   status = check_results(op, out, lse, x->rows, (int64_t)x->H * x->D, x->H);
   if (status != LOOM_OK) {
-    return refused(x, LOOM_OPK_ATTN_SHIP, q, status);
+    return loom_consistency_refuse(x->g, LOOM_OPK_ATTN_SHIP, q, status);
   }
   LOOM_CHECK(loom_attn_exec_ship(x, q, k, v));
   LOOM_CHECK(loom_attn_exec_compute(x));
@@ -1491,7 +1482,7 @@ loom_status_t loom_attn_exec_backward(loom_attn_exec_t *x, const loom_tensor_t *
   wait_sends(x); // every send done before the buffers are reused or freed
 fail:
   if (status != LOOM_OK && !entered) {
-    refused(x, LOOM_OPK_ATTN_BACKWARD, dout, status);
+    loom_consistency_refuse(x->g, LOOM_OPK_ATTN_BACKWARD, dout, status);
   }
   if (status != LOOM_OK && posted) { // peers still waiting for this rank get a failure notice
     send_failed(x, PH_BSHIP, status);

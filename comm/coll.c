@@ -178,7 +178,7 @@ static _Thread_local int entered_call;
 static loom_status_t refuse(const loom_group_t *g, enum loom_op_kind kind, const loom_tensor_t *t,
                             loom_status_t status, int outer) {
   if (status != LOOM_OK && !entered_call) {
-    loom_consistency_refuse(g, kind, t ? t->name : NULL, status);
+    loom_consistency_refuse(g, kind, t, status);
   }
   entered_call = outer;
   return status;

@@ -116,11 +116,12 @@ int loom_watch_probe(struct loom_watch *w, int source, int tag, MPI_Comm comm, M
 loom_status_t loom_check_consistency(struct loom_watch *w);
 // Under LOOM_CHECK_CONSISTENCY, a collective call that this rank refused (its arguments, or
 // memory: status `why`) before it entered it still takes part in the members' check, as operation
-// `kind` on tensor `name` marked refused, so that they return LOOM_ERR_INVALID_ARG naming this
-// rank instead of waiting for it until LOOM_TIMEOUT. Leaves this thread's last error as it was.
-// Nothing when the check is off, g is not usable or has one member.
-void loom_consistency_refuse(const loom_group_t *g, enum loom_op_kind kind, const char *name,
-                             loom_status_t why);
+// `kind` on tensor t (NULL: unnamed) marked refused, so that they return LOOM_ERR_INVALID_ARG
+// naming this rank instead of waiting for it until LOOM_TIMEOUT. Leaves this thread's last error
+// as it was, and returns why. Nothing more when the check is off, g is NULL, not usable or has
+// one member.
+loom_status_t loom_consistency_refuse(const loom_group_t *g, enum loom_op_kind kind,
+                                      const loom_tensor_t *t, loom_status_t why);
 // For alltoallv under LOOM_CHECK_CONSISTENCY: what each rank sends each peer must be what that
 // peer expects to receive from it.
 loom_status_t loom_check_alltoallv_counts(struct loom_watch *w, const int64_t *send_counts,

@@ -642,7 +642,7 @@ static loom_status_t prepare(const char *name, const loom_group_t *g, const loom
                              float **res) {
   loom_status_t status = prepare_checked(name, g, c, scheme, ef, t, op, res);
   if (status != LOOM_OK) {
-    loom_consistency_refuse(g, LOOM_OPK_COMPRESSED_ALLREDUCE, t ? t->name : NULL, status);
+    loom_consistency_refuse(g, LOOM_OPK_COMPRESSED_ALLREDUCE, t, status);
   }
   return status;
 }
@@ -740,9 +740,8 @@ loom_status_t loom_icompressed_allreduce(const loom_group_t *g, const loom_compr
   float *res = NULL;
   loom_request_t *r = NULL;
   if (!req) {
-    loom_status_t status = loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: req is NULL", name);
-    loom_consistency_refuse(g, LOOM_OPK_COMPRESSED_ALLREDUCE, t ? t->name : NULL, status);
-    return status;
+    return loom_consistency_refuse(g, LOOM_OPK_COMPRESSED_ALLREDUCE, t,
+                                   loom_error(NULL, LOOM_ERR_INVALID_ARG, "%s: req is NULL", name));
   }
   *req = NULL;
   struct loom_watch w;

@@ -411,8 +411,7 @@ static loom_status_t start(const char *name, const loom_group_t *g, const loom_c
   *req = NULL;
   status = check_staged(name, t, s);
   if (status != LOOM_OK) { // (under LOOM_CHECK_CONSISTENCY the members learn it at once)
-    loom_consistency_refuse(g, LOOM_OPK_COMPRESSED_ALLREDUCE, t ? t->name : NULL, status);
-    return status;
+    return loom_consistency_refuse(g, LOOM_OPK_COMPRESSED_ALLREDUCE, t, status);
   }
   // The host copy: the stage's memory under t's name and shape (error feedback, checks, messages).
   loom_tensor_t h;

@@ -654,16 +654,6 @@ static loom_status_t enter(loom_moe_t *m, enum loom_op_kind kind, const loom_ten
   return loom_check_consistency(&m->watch);
 }
 
-// A call this rank refused before entering it (status): under LOOM_CHECK_CONSISTENCY it still
-// takes part in the members' check, so that they return an error instead of waiting for it.
-static loom_status_t refused(const loom_moe_t *m, enum loom_op_kind kind, const loom_tensor_t *t,
-                             loom_status_t status) {
-  if (m->ep) {
-    loom_consistency_refuse(m->ep, kind, t ? t->name : NULL, status);
-  }
-  return status;
-}
-
 loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tensor_t *y,
                                float *aux) {
   static const char op[] = "loom_moe_forward";
@@ -683,7 +673,7 @@ loom_status_t loom_moe_forward(loom_moe_t *m, const loom_tensor_t *x, loom_tenso
                         (long long)Ty, (long long)T);
   }
   if (status != LOOM_OK) {
-    return refused(m, LOOM_OPK_MOE_FORWARD, x, status);
+    return loom_consistency_refuse(m->ep, LOOM_OPK_MOE_FORWARD, x, status); // (peers learn it)
   }
   m->fwd_pending = 0; // until this forward succeeds
   LOOM_CHECK(enter(m, LOOM_OPK_MOE_FORWARD, x));
@@ -785,7 +775,7 @@ loom_status_t loom_moe_backward(loom_moe_t *m, const loom_tensor_t *dy, loom_ten
                         op, (long long)T, (long long)Tx, (long long)m->t);
   }
   if (status != LOOM_OK) {
-    return refused(m, LOOM_OPK_MOE_BACKWARD, dy, status);
+    return loom_consistency_refuse(m->ep, LOOM_OPK_MOE_BACKWARD, dy, status);
   }
   m->fwd_pending = 0;
   LOOM_CHECK(enter(m, LOOM_OPK_MOE_BACKWARD, dy));

@@ -452,16 +452,16 @@ static int gather_descs(struct loom_watch *w, struct loom_op_desc *all) {
   return rc;
 }
 
-void loom_consistency_refuse(const loom_group_t *g, enum loom_op_kind kind, const char *name,
-                             loom_status_t why) {
+loom_status_t loom_consistency_refuse(const loom_group_t *g, enum loom_op_kind kind,
+                                      const loom_tensor_t *t, loom_status_t why) {
   if (!g || !g->check_consistency || g->size <= 1 || g->rank < 0 || g->comm == MPI_COMM_NULL ||
       why == LOOM_OK) {
-    return;
+    return why;
   }
   char mine[LOOM_ERROR_MAX];
   snprintf(mine, sizeof mine, "%s", loom_last_error(NULL));
   struct loom_op_desc d;
-  loom_op_desc_set(&d, kind, name, -1, -1, -1, -1, 0);
+  loom_op_desc_set(&d, kind, t ? t->name : NULL, -1, -1, -1, -1, 0);
   d.refused = (int32_t)why;
   struct loom_watch w;
   loom_watch_enter(&w, g, &d, 1); // (numbered like the members' call: the next ones line up)
@@ -471,6 +471,7 @@ void loom_consistency_refuse(const loom_group_t *g, enum loom_op_kind kind, cons
     free(all);
   }
   loom_error_set_quiet(mine); // (progress meanwhile may have recorded another request's error)
+  return why;
 }
 
 loom_status_t loom_check_consistency(struct loom_watch *w) {
