@@ -304,6 +304,10 @@ fail:
   loom_error_quiet(0);
   loom_groups_free(ctx);
   loom_topo_destroy(&ctx->topo);
+  if (__atomic_load_n(&live_contexts, __ATOMIC_ACQUIRE) == 0) { // (else the live ones log there)
+    loom_log_set_rank(-1);
+    loom_log_close(); // a LOOM_DEBUG_FILE opened above, with the failure's message in it
+  }
   if (ctx->owns_mpi) {
     MPI_Finalize();
   }
