@@ -33,6 +33,26 @@ int loom_parse_int_range(const char *text, long min, long max, long *value) {
   return 0;
 }
 
+int loom_parse_real(const char *text, double *value) {
+  if (strpbrk(text, "xXnNiI")) { // decimal only: no hex (0x10 once read as 16), inf or nan
+    return -1;
+  }
+  char *end = NULL;
+  errno = 0;
+  double x = strtod(text, &end); // (skips leading white space)
+  if (end == text) {
+    return -1;
+  }
+  while (isspace((unsigned char)*end)) { // and trailing, as the integers do
+    end++;
+  }
+  if (*end != '\0' || errno == ERANGE) {
+    return -1;
+  }
+  *value = x;
+  return 0;
+}
+
 int loom_parse_subsys_list(const char *text, unsigned *mask, char *err, size_t errlen) {
   int exclude = text[0] == '^';
   const char *p = text + exclude;
@@ -127,11 +147,11 @@ static void canonical_text(const struct loom_param_desc *d, const char *text, ch
     p += n + (bar ? 1 : 0);
   }
   long v = 0;
-  char *end = NULL;
+  double x = 0.0;
   if (loom_parse_int_range(text, -2147483647L - 1, 2147483647L, &v) == 0) {
     snprintf(out, size, "%ld", v);
-  } else if (!strpbrk(text, "xXnN") && strtod(text, &end) >= 0 && end != text && !*end) {
-    snprintf(out, size, "%.15g", strtod(text, NULL)); // a real number: "1e2", "100.0" -> "100"
+  } else if (loom_parse_real(text, &x) == 0 && x >= 0.0) {
+    snprintf(out, size, "%.15g", x); // a real number: "1e2", "100.0 " -> "100"
   }
 }
 

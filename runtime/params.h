@@ -115,6 +115,8 @@ int loom_params_warn_unknown_env(void);
 
 // Parsers used by the table (also unit-tested directly).
 int loom_parse_int_range(const char *text, long min, long max, long *value);
+// A decimal real number with optional white space around it (no hex, inf or nan): 0, or -1.
+int loom_parse_real(const char *text, double *value);
 int loom_parse_subsys_list(const char *text, unsigned *mask, char *err, size_t errlen);
 
 #endif

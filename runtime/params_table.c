@@ -130,9 +130,8 @@ static int parse_compress(const struct loom_param_desc *d, const char *text,
 }
 
 static int parse_nonneg(const char *text, double hi, double *out, char *err, size_t errlen) {
-  char *end = NULL;
-  double x = strtod(text, &end);
-  if (!*text || *end || strpbrk(text, "xX") || !(x >= 0.0) || x > hi) { // decimal only, no hex
+  double x = 0.0;
+  if (loom_parse_real(text, &x) != 0 || !(x >= 0.0) || x > hi) {
     snprintf(err, errlen, "not a number in 0..%g", hi);
     return -1;
   }

@@ -183,6 +183,21 @@ int main(void) {
             !strcmp(p.text[LOOM_P_NET_GBPS], "100"),
         "LOOM_NET_GBPS=1e2 is 100, and reads '100' as 100.0 does: '%s'", p.text[LOOM_P_NET_GBPS]);
   unset_all();
+  // White space around a real number, as around an integer (was: " 10" read, "10 " refused).
+  setenv("LOOM_NET_GBPS", " 2.5 ", 1);
+  setenv("LOOM_NET_ALPHA_US", "30\t", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK && p.net_gbps == 2.5 && p.net_alpha_us == 30.0 &&
+            !strcmp(p.text[LOOM_P_NET_GBPS], "2.5") && !strcmp(p.text[LOOM_P_NET_ALPHA_US], "30"),
+        "LOOM_NET_GBPS=' 2.5 ', LOOM_NET_ALPHA_US='30\\t': '%s' '%s'", p.text[LOOM_P_NET_GBPS],
+        p.text[LOOM_P_NET_ALPHA_US]);
+  unset_all();
+  for (int i = 0; i < 5; i++) {
+    const char *bad[] = {" ", "inf", "nan", "1e999", "2 .5"};
+    setenv("LOOM_NET_GBPS", bad[i], 1);
+    CHECK(loom_params_resolve(NULL, &p) == LOOM_ERR_INVALID_ARG, "LOOM_NET_GBPS='%s' refused",
+          bad[i]);
+    unset_all();
+  }
   setenv("LOOM_COMPRESS", "int8\t", 1);
   CHECK(loom_params_resolve(NULL, &p) == LOOM_ERR_INVALID_ARG, "LOOM_COMPRESS with a tab refused");
   unset_all();
