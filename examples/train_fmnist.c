@@ -814,6 +814,22 @@ int main(int argc, char **argv) {
   if (o.steps > 0 && o.steps < total) {
     total = o.steps;
   }
+  // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans. Every
+  // rank reads the same flags and tunables, so every rank stops here alike (was: MPI_Abort).
+  const char *spec =
+      ex_compress_spec("train_fmnist", o.compress, ctx, loom_group_size(dp), !o.no_overlap, rank);
+  if (spec && strcmp(spec, "none") != 0 && o.no_overlap) {
+    if (rank == 0) {
+      fprintf(stderr,
+              "train_fmnist: compression (%s) needs the overlapped step: drop --no-overlap\n",
+              spec);
+    }
+    free(perm);
+    fmnist_free(&train);
+    fmnist_free(&test);
+    loom_finalize(ctx);
+    return 2;
+  }
 
   // ---- model: the same seeded init everywhere, then rank 0's copy to make sure
   mlp_t m;
@@ -852,21 +868,9 @@ int main(int argc, char **argv) {
                .clip = (float)o.clip,
                .momentum = o.momentum > 0};
   EX_CHECK(loom_tensor_wrap(&st.loss_t, &st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
-  // Compression: --compress, else LOOM_COMPRESS; auto profiles the first steps and plans.
-  const char *spec =
-      ex_compress_spec("train_fmnist", o.compress, ctx, loom_group_size(dp), !o.no_overlap, rank);
   const int use_auto = spec && !strcmp(spec, "auto");
   const loom_tensor_t *layer_t[3] = {&m.gbuf[0], &m.gbuf[1], &m.gbuf[2]};
   ex_auto_t plan_auto;
-  if (spec && strcmp(spec, "none") != 0 && o.no_overlap) {
-    if (rank == 0) {
-      fprintf(stderr,
-              "train_fmnist: compression (%s) needs the overlapped step: drop "
-              "--no-overlap\n",
-              spec);
-    }
-    MPI_Abort(MPI_COMM_WORLD, 2);
-  }
   if (use_auto) {
     if (ex_auto_init(&plan_auto, 3, layer_t) != 0) {
       fprintf(stderr, "train_fmnist: --compress auto: %s\n", loom_last_error(NULL));
