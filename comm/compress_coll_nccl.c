@@ -312,6 +312,10 @@ static loom_status_t wait_stream(cudaStream_t stream, struct loom_watch *w) {
 static loom_status_t read_lengths(dflat_t *f, const uint8_t *blocks) {
   loom_status_t status = LOOM_OK;
   const cudaStream_t stream = loom_cuda_stream();
+  // A copy to pageable host memory (f->lens) returns only once it has completed, that is after
+  // the exchange queued before it: waited for inside CUDA, a peer that never comes would hang
+  // this rank past LOOM_TIMEOUT. Poll for the exchange first, under the watchdog.
+  LOOM_CHECK(wait_stream(stream, f->watch));
   if (f->bsize <= (size_t)INT32_MAX) { // one strided copy (a pitch is at most 2^31 - 1)
     LOOM_CHECK_CUDA(NULL, cudaMemcpy2DAsync(f->lens, LEN_BYTES, blocks, f->bsize, LEN_BYTES,
                                             (size_t)f->np, cudaMemcpyDeviceToHost, stream));
@@ -321,7 +325,7 @@ static loom_status_t read_lengths(dflat_t *f, const uint8_t *blocks) {
                                             cudaMemcpyDeviceToHost, stream));
     }
   }
-  LOOM_CHECK(wait_stream(stream, f->watch)); // after the exchange: a peer may never come
+  LOOM_CHECK(wait_stream(stream, f->watch)); // the copies (the stream is idle: at once)
 fail:
   return status;
 }
