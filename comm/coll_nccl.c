@@ -396,7 +396,8 @@ static pthread_mutex_t p2p_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct p2p_op *p2p_head; // queued, in call order
 
 struct p2p_req {
-  struct nccl_req base; // base.done is recorded at launch
+  struct nccl_req base; // base.done: recorded on the caller's stream when queued (the send or
+                        // receive waits for it at launch), recorded again after the launch
   struct p2p_op *op;    // while queued; NULL once launched
   loom_status_t launch; // how the launch went
 };
@@ -443,9 +444,11 @@ static loom_status_t launch_queued_locked(void) {
   grouped = 1;
   for (struct p2p_op *op = ops; op; op = op->next) {
     struct nccl_group *ng = op->ng;
+    struct p2p_req *s = op->r->state;
     LOOM_CHECK_CUDA(NULL, cudaSetDevice(ng->device));
-    LOOM_CHECK_CUDA(NULL, cudaEventRecord(ng->ready, loom_cuda_stream()));
-    LOOM_CHECK_CUDA(NULL, cudaStreamWaitEvent(ng->stream, ng->ready, 0));
+    // After the work queued on the stream that was current where loom_isend/loom_irecv was
+    // called (not the stream of the thread that tests first: another thread, or a lane's).
+    LOOM_CHECK_CUDA(NULL, cudaStreamWaitEvent(ng->stream, s->base.done, 0));
     if (op->count > 0 && op->is_send) {
       LOOM_CHECK_NCCL(NULL, ncclSend(op->buf, (size_t)op->count, nccl_dtype(op->dtype), op->peer,
                                      ng->comm, ng->stream));
@@ -459,7 +462,6 @@ static loom_status_t launch_queued_locked(void) {
   for (struct p2p_op *op = ops; op; op = op->next) {
     struct p2p_req *s = op->r->state;
     LOOM_CHECK_CUDA(NULL, cudaSetDevice(op->ng->device));
-    LOOM_CHECK_CUDA(NULL, cudaEventCreateWithFlags(&s->base.done, cudaEventDisableTiming));
     LOOM_CHECK_CUDA(NULL, cudaEventRecord(s->base.done, op->ng->stream));
   }
 fail:
@@ -497,6 +499,7 @@ static loom_status_t poll_p2p(loom_request_t *r, int block, int *done) {
 static loom_status_t queue_p2p(const loom_group_t *g, void *buf, int64_t count, loom_dtype_t dtype,
                                int peer, int is_send, int device, loom_request_t *r) {
   struct nccl_group *ng = NULL;
+  int prev_device = -1;
   loom_status_t status = get_nccl_group(r->op, g, device, 0, &ng);
   if (status != LOOM_OK) {
     return status;
@@ -511,6 +514,12 @@ static loom_status_t queue_p2p(const loom_group_t *g, void *buf, int64_t count, 
   *op = (struct p2p_op){r, ng, buf, count, dtype, peer, is_send, NULL};
   s->base.comm = ng->comm;
   s->base.device = device;
+  // The launch waits for this point of the caller's current stream (the kernels that wrote buf).
+  LOOM_CHECK_CUDA(NULL, cudaGetDevice(&prev_device));
+  LOOM_CHECK_CUDA(NULL, cudaSetDevice(device));
+  LOOM_CHECK_CUDA(NULL, cudaEventCreateWithFlags(&s->base.done, cudaEventDisableTiming));
+  LOOM_CHECK_CUDA(NULL, cudaEventRecord(s->base.done, loom_cuda_stream()));
+  LOOM_CHECK_CUDA(NULL, cudaSetDevice(prev_device));
   s->op = op;
   r->state = s;
   r->release = release_p2p;
@@ -523,6 +532,16 @@ static loom_status_t queue_p2p(const loom_group_t *g, void *buf, int64_t count, 
   *tail = op;
   pthread_mutex_unlock(&p2p_lock);
   return LOOM_OK;
+fail:
+  if (s->base.done) {
+    cudaEventDestroy(s->base.done);
+  }
+  if (prev_device >= 0) {
+    cudaSetDevice(prev_device);
+  }
+  free(s);
+  free(op);
+  return status;
 }
 
 loom_status_t loom_nccl_isend(const loom_group_t *g, const void *buf, int64_t count,
