@@ -249,6 +249,12 @@ fail:
 
 #define ELEM(p, i, es) ((char *)(p) + (size_t)(i) * (es))
 
+// LOOM_ERR_NCCL for one call of a grouped sequence: what failed (call, block or peer i), why.
+static loom_status_t grouped_error(const char *op, const char *what, int i, ncclResult_t rc) {
+  return loom_error(NULL, LOOM_ERR_NCCL, "%s: %s %d failed: %s; set NCCL_DEBUG=INFO for details",
+                    op, what, i, ncclGetErrorString(rc));
+}
+
 // ---- reductions ---------------------------------------------------------------------------------
 
 loom_status_t loom_nccl_iallreduce(const loom_group_t *g, const void *send, void *recv,
@@ -284,11 +290,12 @@ loom_status_t loom_nccl_ireduce_scatter(const loom_group_t *g, const void *send,
   } else if (!equal) {
     LOOM_CHECK_NCCL(NULL, ncclGroupStart());
     int64_t displ = 0;
+    ncclResult_t nrc = ncclSuccess;
     for (int i = 0; i < n && status == LOOM_OK; i++) {
-      if (counts[i] > 0 &&
-          ncclReduce(ELEM(send, displ, es), i == g->rank ? recv : NULL, (size_t)counts[i],
-                     nccl_dtype(dtype), nccl_op(op), i, l.ng->comm, l.ng->stream) != ncclSuccess) {
-        status = loom_error(NULL, LOOM_ERR_NCCL, "%s: ncclReduce of block %d failed", r->op, i);
+      if (counts[i] > 0 && (nrc = ncclReduce(ELEM(send, displ, es), i == g->rank ? recv : NULL,
+                                             (size_t)counts[i], nccl_dtype(dtype), nccl_op(op), i,
+                                             l.ng->comm, l.ng->stream)) != ncclSuccess) {
+        status = grouped_error(r->op, "ncclReduce of block", i, nrc);
       }
       displ += counts[i];
     }
@@ -316,11 +323,12 @@ loom_status_t loom_nccl_iallgatherv(const loom_group_t *g, const void *send, voi
   } else {
     LOOM_CHECK_NCCL(NULL, ncclGroupStart());
     int64_t displ = 0;
+    ncclResult_t nrc = ncclSuccess;
     for (int i = 0; i < g->size && status == LOOM_OK; i++) {
       if (counts[i] > 0 &&
-          ncclBroadcast(send, ELEM(recv, displ, es), (size_t)counts[i], nccl_dtype(dtype), i,
-                        l.ng->comm, l.ng->stream) != ncclSuccess) {
-        status = loom_error(NULL, LOOM_ERR_NCCL, "%s: ncclBroadcast of block %d failed", r->op, i);
+          (nrc = ncclBroadcast(send, ELEM(recv, displ, es), (size_t)counts[i], nccl_dtype(dtype), i,
+                               l.ng->comm, l.ng->stream)) != ncclSuccess) {
+        status = grouped_error(r->op, "ncclBroadcast of block", i, nrc);
       }
       displ += counts[i];
     }
@@ -356,15 +364,17 @@ loom_status_t loom_nccl_ialltoallv(const loom_group_t *g, const void *send, void
   LOOM_CHECK(begin(r, g, device, 1, &l));
   LOOM_CHECK_NCCL(NULL, ncclGroupStart());
   int64_t sd = 0, rd = 0;
+  ncclResult_t nrc = ncclSuccess;
   for (int j = 0; j < g->size && status == LOOM_OK; j++) {
     int64_t sc = send_counts ? send_counts[j] : block, rc = recv_counts ? recv_counts[j] : block;
-    if (sc > 0 &&
-        ncclSend(ELEM(send, sd, es), (size_t)sc, dt, j, l.ng->comm, l.ng->stream) != ncclSuccess) {
-      status = loom_error(NULL, LOOM_ERR_NCCL, "%s: ncclSend to rank %d failed", r->op, j);
+    if (sc > 0 && (nrc = ncclSend(ELEM(send, sd, es), (size_t)sc, dt, j, l.ng->comm,
+                                  l.ng->stream)) != ncclSuccess) {
+      status = grouped_error(r->op, "ncclSend to rank", j, nrc);
     }
     if (rc > 0 && status == LOOM_OK &&
-        ncclRecv(ELEM(recv, rd, es), (size_t)rc, dt, j, l.ng->comm, l.ng->stream) != ncclSuccess) {
-      status = loom_error(NULL, LOOM_ERR_NCCL, "%s: ncclRecv from rank %d failed", r->op, j);
+        (nrc = ncclRecv(ELEM(recv, rd, es), (size_t)rc, dt, j, l.ng->comm, l.ng->stream)) !=
+            ncclSuccess) {
+      status = grouped_error(r->op, "ncclRecv from rank", j, nrc);
     }
     sd += sc;
     rd += rc;
