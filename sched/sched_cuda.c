@@ -79,6 +79,10 @@ void loom_sched_gpu_destroy(struct loom_sched_gpu *g) {
   if (!g) {
     return;
   }
+  int prev = -1; // the caller's device, set again at the end
+  if (cudaGetDevice(&prev) != cudaSuccess) {
+    prev = -1;
+  }
   cudaSetDevice(g->device);
   for (int i = 0; i < g->ntasks; i++) {
     if (g->start && g->start[i]) {
@@ -102,6 +106,9 @@ void loom_sched_gpu_destroy(struct loom_sched_gpu *g) {
   free(g->end);
   free(g->stream_index);
   free(g);
+  if (prev >= 0) {
+    cudaSetDevice(prev);
+  }
 }
 
 loom_status_t loom_sched_gpu_step_begin(struct loom_sched_gpu *g) {
