@@ -276,6 +276,16 @@ static int run_pingpong(const opts_t *o, loom_ctx_t *ctx, const loom_group_t *g,
   return rc;
 }
 
+// v with the given decimals, or null where it is not finite (JSON has no nan: the ping-pong of
+// an np 1 run is never measured).
+static const char *json_num(char *buf, size_t cap, double v, int decimals) {
+  if (!isfinite(v)) {
+    return "null";
+  }
+  snprintf(buf, cap, "%.*f", decimals, v);
+  return buf;
+}
+
 static int parse(int argc, char **argv, opts_t *o) {
   *o = (opts_t){.lognormal = 1,
                 .docs = 16,
@@ -454,11 +464,15 @@ int main(int argc, char **argv) {
                   i ? ", " : "", res[i].mode, res[i].work_ratio, res[i].time_ratio, res[i].bytes,
                   res[i].phase_ms);
         }
-        fprintf(f,
-                "], \"pingpong\": {\"serial_ms\": %.3f, \"serial_wait_ms\": %.3f, "
-                "\"pingpong_ms\": %.3f, \"pingpong_wait_ms\": %.3f, \"sched_ms\": %.3f, "
-                "\"sched_wait_ms\": %.3f}}\n",
-                pp[0], pp[1], pp[2], pp[3], pp[4], pp[5]);
+        char num[6][32];
+        fprintf(
+            f,
+            "], \"pingpong\": {\"serial_ms\": %s, \"serial_wait_ms\": %s, "
+            "\"pingpong_ms\": %s, \"pingpong_wait_ms\": %s, \"sched_ms\": %s, "
+            "\"sched_wait_ms\": %s}}\n",
+            json_num(num[0], sizeof num[0], pp[0], 3), json_num(num[1], sizeof num[1], pp[1], 3),
+            json_num(num[2], sizeof num[2], pp[2], 3), json_num(num[3], sizeof num[3], pp[3], 3),
+            json_num(num[4], sizeof num[4], pp[4], 3), json_num(num[5], sizeof num[5], pp[5], 3));
         rc = ferror(f) | fclose(f) ? 1 : 0;
       } else {
         rc = 1;

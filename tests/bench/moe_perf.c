@@ -173,6 +173,16 @@ static int parse(int argc, char **argv, opts_t *o) {
   return 0;
 }
 
+// v with the given decimals, or null where it is not finite (JSON has no nan or inf: without
+// `none` among the modes there is no T_seq, and at np 1 T_comm can be 0).
+static const char *json_num(char *buf, size_t cap, double v, int decimals) {
+  if (!isfinite(v)) {
+    return "null";
+  }
+  snprintf(buf, cap, "%.*f", decimals, v);
+  return buf;
+}
+
 static int by_value(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -307,22 +317,28 @@ int main(int argc, char **argv) {
         perror(o.json);
         rc = 1;
       } else {
+        char n1[32], n2[32], n3[32];
         fprintf(f,
                 "{\"np\": %d, \"tokens\": %lld, \"hidden\": %lld, \"ffn\": %lld, \"experts\": %d, "
-                "\"topk\": %d, \"iters\": %d, \"poll\": %s, \"t_comp_ms\": %.3f, "
-                "\"t_comm_ms\": %.3f, \"t_seq_ms\": %.3f, \"modes\": [",
+                "\"topk\": %d, \"iters\": %d, \"poll\": %s, \"t_comp_ms\": %s, "
+                "\"t_comm_ms\": %s, \"t_seq_ms\": %s, \"modes\": [",
                 np, (long long)o.tokens, (long long)o.hidden, (long long)o.ffn, o.experts, o.topk,
-                o.iters, o.no_poll ? "false" : "true", t_comp, t_comm, t_seq);
+                o.iters, o.no_poll ? "false" : "true", json_num(n1, sizeof n1, t_comp, 3),
+                json_num(n2, sizeof n2, t_comm, 3), json_num(n3, sizeof n3, t_seq, 3));
         for (int i = 0; i < o.nmodes; i++) {
           const result_t *r = &res[i];
           fprintf(f,
                   "%s{\"mode\": \"%s\", \"wall_ms\": %.3f, \"wait_ms\": %.3f, \"busy_ms\": %.3f, "
-                  "\"hidden\": %.4f, \"speedup\": %.4f, \"chunks\": %d, \"slices\": %d}",
+                  "\"hidden\": %s, \"speedup\": %s, \"chunks\": %d, \"slices\": %d}",
                   i ? ", " : "", loom_moe_overlap_name(r->mode), r->wall, r->comm, r->compute,
-                  1.0 - (r->wall - t_comp) / t_comm, t_seq / r->wall, r->chunks, r->slices);
+                  json_num(n1, sizeof n1, 1.0 - (r->wall - t_comp) / t_comm, 4),
+                  json_num(n2, sizeof n2, t_seq / r->wall, 4), r->chunks, r->slices);
         }
         fprintf(f, "]}\n");
-        fclose(f);
+        if (ferror(f) | fclose(f)) {
+          fprintf(stderr, "moe_perf: writing %s failed\n", o.json);
+          rc = 1;
+        }
       }
     }
   }
