@@ -163,7 +163,7 @@ int main(int argc, char **argv) {
       printf("  %5d  %5d  %5d  %8.3f  %8.3f  %8.3f\n", one.n, one.iters, r, t1, tk, f[r]);
     }
     qsort(f, (size_t)rounds, sizeof f[0], cmp_double);
-    per_size[z] = f[rounds / 2] - 1.0;
+    per_size[z] = (rounds % 2 ? f[rounds / 2] : 0.5 * (f[rounds / 2 - 1] + f[rounds / 2])) - 1.0;
     printf("# n %d: %.3f\n", one.n, per_size[z]);
   }
   qsort(per_size, (size_t)nsizes, sizeof per_size[0], cmp_double);

@@ -1,0 +1,31 @@
+#!/bin/sh
+# timeshare_median.sh — timeshare_perf's per-size value is the median of its rounds minus 1; with
+# an even --rounds, the mean of the two middle rounds (it took the upper one). Tiny products.
+set -u
+b=${LOOM_BUILDDIR:-.}
+p=$b/tests/bench/timeshare_perf
+[ -x "$p" ] || { echo "FAIL: $p is not built"; exit 99; }
+out=$(mktemp) || exit 99
+trap 'rm -f "$out"' EXIT
+if ! timeout 60 "$p" --rounds 4 --n 16 --iters 1 >"$out" 2>&1; then
+  cat "$out"
+  grep -q 'cannot pin to core' "$out" && { echo "SKIP: core 0 is not ours to pin to"; exit 77; }
+  echo "FAIL: timeshare_perf exited non-zero"
+  exit 1
+fi
+# the rounds' T_K / (K T_1), sorted; the printed "# n 16: F"; F must be their median - 1
+if awk '$1 == 16 && NF == 6 { f[n++] = $6 }
+        /^# n 16:/ { got = $4 }
+        END {
+          if (n != 4 || got == "") exit 1
+          for (i = 0; i < n; i++) for (j = i + 1; j < n; j++) if (f[j] < f[i]) { t = f[i]; f[i] = f[j]; f[j] = t }
+          want = (f[1] + f[2]) / 2 - 1
+          d = got - want
+          exit !(d <= 0.0011 && d >= -0.0011)
+        }' "$out"; then
+  echo "ok: the median of an even number of rounds is the mean of the middle two"
+else
+  cat "$out"
+  echo "FAIL: the printed value is not the median of the rounds minus 1"
+  exit 1
+fi
