@@ -25,7 +25,7 @@ static int plan_one(int nt) {
     return 1;
   }
   for (int i = 0; i < nt; i++) {
-    t[i] = (loom_plan_tensor_t){"grad", 1000 + (int64_t)(i * 7919 % 100000), 10.0 * i};
+    t[i] = (loom_plan_tensor_t){"grad", 1000 + (int64_t)i * 7919 % 100000, 10.0 * i};
   }
   const loom_codec_cost_t codecs[3] = {{"fp16", 5, 0.3, 5, 0.3, 2, 0},
                                        {"int8", 5, 0.5, 5, 0.5, 1, 4},
