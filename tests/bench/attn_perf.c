@@ -31,6 +31,8 @@
 // --row-cost: the balancer's cost of a query row besides its pairs (0: pairs only, the default;
 // auto: rank 0 measures it with loom_attn_measure_row_cost); work is then that cost.
 
+#define MAX_DOCS 4096 // documents of the whole workload (the arrays below)
+
 typedef struct opts {
   int lognormal, docs, heads, head_dim, iters, servers;
   int64_t mean_len, long_len;
@@ -129,9 +131,9 @@ static int plan_for(const opts_t *o, int mode, const loom_attn_doc_t *d, int nd,
 
 static int run_mode(const opts_t *o, const loom_group_t *g, int mode, result_t *res) {
   static const char *const names[] = {"off", "inplace", "dedicated"};
-  loom_attn_doc_t d[4096];
+  loom_attn_doc_t d[MAX_DOCS];
   const int owners = mode == 2 ? np - o->servers : np;
-  const int nd = make_docs(o, owners, d, 4096);
+  const int nd = make_docs(o, owners, d, MAX_DOCS);
   loom_attn_plan_t p;
   memset(&p, 0, sizeof p);
   if (plan_for(o, mode, d, nd, &p)) {
@@ -198,8 +200,8 @@ static int run_mode(const opts_t *o, const loom_group_t *g, int mode, result_t *
 
 // Ping-pong of two nano-batches (documents alternately in A and B) under the inplace plan.
 static int run_pingpong(const opts_t *o, loom_ctx_t *ctx, const loom_group_t *g, double out[6]) {
-  loom_attn_doc_t d[4096], half[2][4096];
-  const int nd = make_docs(o, np, d, 4096);
+  loom_attn_doc_t d[MAX_DOCS], half[2][MAX_DOCS];
+  const int nd = make_docs(o, np, d, MAX_DOCS);
   int nh[2] = {0, 0}, rc = 0;
   for (int i = 0; i < nd; i++) {
     half[i % 2][nh[i % 2]++] = d[i];
@@ -385,6 +387,11 @@ static int parse(int argc, char **argv, opts_t *o) {
       o->servers >= np || o->tolerance < 0) {
     fprintf(stderr, "attn_perf: --docs >= 1, --mean-len in 16..4194304, --long in 1..4194304, "
                     "--heads, --head-dim, --iters >= 1, --servers in 0..np-1, --tolerance >= 0\n");
+    return 2;
+  }
+  if ((int64_t)o->docs * np + 1 > MAX_DOCS) { // (make_docs stopped there: ranks lost documents)
+    fprintf(stderr, "attn_perf: --docs %d at np %d: at most %d documents per rank\n", o->docs, np,
+            (MAX_DOCS - 1) / np);
     return 2;
   }
   if (test_output_writable("attn_perf", "--json", o->json) != 0) { // now, not after the runs
