@@ -61,7 +61,7 @@ static loom_ef_t *compress_ef; // error feedback for powersgd (it needs one)
 
 // ---- options ------------------------------------------------------------------------------------
 
-// A size in bytes with an optional K, M or G suffix (powers of 1024); -1 for anything else
+// A size in bytes with an optional K, M, G or T suffix (powers of 1024); -1 for anything else
 // (no digits, trailing characters, not finite, below 1 byte or above 2^40).
 static int parse_size(const char *s, size_t *out) {
   char *end = NULL;
@@ -70,6 +70,10 @@ static int parse_size(const char *s, size_t *out) {
     return -1;
   }
   switch (*end ? *end : ' ') {
+  case 'T':
+  case 't':
+    v *= 1024.0;
+    // fallthrough
   case 'G':
   case 'g':
     v *= 1024.0;
