@@ -19,7 +19,9 @@
 //          [-o sum] [--op allreduce|reduce_scatter|allgather|broadcast|alltoall|all]
 //          [--raw-mpi] [--group world|node|dp|ep] [--json FILE] [--fusion-test]
 // Sizes follow nccl-tests: allreduce and broadcast move size bytes per rank; reduce_scatter and
-// alltoall send size bytes per rank; allgather receives size bytes. busbw = algbw x factor:
+// alltoall send size bytes per rank; allgather receives size bytes. The count column is the
+// count of the call, as nccl-tests prints it: size / n per rank (reduce_scatter's received
+// block, allgather's sent block, alltoall's block per peer). busbw = algbw x factor:
 // allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; broadcast 1. Times are the
 // mean over ranks of each rank's mean time per iteration. Exits 1 when any result is wrong.
 
@@ -49,7 +51,7 @@ struct opts {
 struct row {
   const char *coll, *type, *redop;
   size_t bytes;
-  int64_t count;
+  int64_t count; // the call's count: size / n elements for reduce_scatter, allgather, alltoall
   double us, algbw, busbw;
   long long wrong; // -1: not checked
 };
@@ -508,7 +510,7 @@ static int run_coll(const struct opts *o, const loom_group_t *g, enum coll c, lo
                        type_names[dt],
                        reduction ? redop_names[op] : "none",
                        bytes,
-                       count,
+                       c == ALLREDUCE || c == BROADCAST ? count : count / n,
                        sec * 1e6,
                        0,
                        0,
@@ -518,7 +520,7 @@ static int run_coll(const struct opts *o, const loom_group_t *g, enum coll c, lo
     if (rank0) {
       char w[24];
       snprintf(w, sizeof w, wrong < 0 ? "N/A" : "%lld", wrong);
-      printf("%12zu  %12lld  %8s  %6s  %9.2f  %6.2f  %6.2f  %6s\n", bytes, (long long)count,
+      printf("%12zu  %12lld  %8s  %6s  %9.2f  %6.2f  %6.2f  %6s\n", bytes, (long long)rw->count,
              rw->type, rw->redop, rw->us, rw->algbw, rw->busbw, w);
       if (o->codec) {
         double ring = 2.0 * (n - 1) / n * (double)bytes;
