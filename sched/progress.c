@@ -35,7 +35,9 @@ static void *progress_main(void *arg) {
     while (atomic_load_explicit(&p->active, memory_order_acquire)) {
       loom_comm_progress();
       atomic_fetch_add_explicit(&p->polls, 1, memory_order_relaxed);
-      struct timespec ts = {0, p->interval_ns};
+      // tv_nsec must stay below 1 s (LOOM_SCHED_PROGRESS_US goes up to 1000000): else
+      // nanosleep fails with EINVAL at once and the thread polls back to back.
+      struct timespec ts = {p->interval_ns / 1000000000L, p->interval_ns % 1000000000L};
       nanosleep(&ts, NULL);
     }
     pthread_mutex_lock(&p->lock);

@@ -210,7 +210,11 @@ static void test_progress_thread(loom_ctx_t *ctx, const loom_group_t *g, int ran
   MPI_Query_thread(&level);
   const char *env = getenv("LOOM_SCHED_PROGRESS_US");
   // At np 1 the allreduce may finish before the sleep starts: no claim either way.
-  int expect_thread = level == MPI_THREAD_MULTIPLE && !(env && atoi(env) == 0);
+  long interval_us = env ? atol(env) : 1000;
+  int expect_thread = level == MPI_THREAD_MULTIPLE && interval_us != 0;
+  // A round every interval at most (the thread sleeps that long between its polls); an interval
+  // longer than the 30 ms task may leave a step without any round (the thread still sleeps).
+  int expect_polls = expect_thread && interval_us <= 10000;
   struct quiet q = {.g = g};
   int64_t count = BUCKET;
   CHECK(loom_tensor_alloc(&q.t, LOOM_F32, LOOM_DEVICE_HOST, 1, &count, "quiet") == LOOM_OK,
@@ -236,10 +240,16 @@ static void test_progress_thread(loom_ctx_t *ctx, const loom_group_t *g, int ran
           loom_last_error(ctx));
     loom_step_stats_t ss;
     loom_sched_step_stats(s, &ss);
-    CHECK(n == 1 || (expect_thread ? ss.progress_polls > 0 : ss.progress_polls == 0),
+    CHECK(n == 1 || (expect_polls     ? ss.progress_polls > 0
+                     : !expect_thread ? ss.progress_polls == 0
+                                      : 1),
           "rank %d step %d: %lld progress-thread polls during a 30 ms task that never polls (a "
           "thread is %sexpected: np %d, MPI thread level %d)",
           rank, step, (long long)ss.progress_polls, expect_thread ? "" : "not ", n, level);
+    CHECK(!expect_thread || ss.progress_polls <= 2 + (int64_t)(ss.wall_ms * 1000 / interval_us),
+          "rank %d step %d: %lld progress-thread polls in a %.1f ms step with "
+          "LOOM_SCHED_PROGRESS_US=%ld (the thread must sleep that long between polls)",
+          rank, step, (long long)ss.progress_polls, ss.wall_ms, interval_us);
     const float *x = q.t.data;
     int64_t wrong = 0;
     for (int64_t i = 0; i < BUCKET; i++) {
