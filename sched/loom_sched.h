@@ -126,7 +126,8 @@ LOOM_API loom_status_t loom_sched_set_step(loom_sched_t *s, int64_t step);
 // Statistics of the last step (zeros before the first run).
 LOOM_API loom_status_t loom_sched_step_stats(const loom_sched_t *s, loom_step_stats_t *out);
 // Write the events recorded so far to the timeline file, which is then valid JSON (a no-op when
-// the timeline is off). Events are also written every 64k events and at destroy.
+// the timeline is off). Events are also written every 64k events and at destroy. May be called
+// from any task, a worker task's thread included: the events are written under a lock.
 LOOM_API loom_status_t loom_sched_timeline_flush(loom_sched_t *s);
 // Write the rest of the timeline, stop the worker threads and free everything. Returns the
 // status of the timeline write; everything is freed either way. NULL is fine.

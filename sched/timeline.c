@@ -28,6 +28,9 @@ struct tl_event {
 };
 
 struct loom_timeline {
+  // Guards the buffer and the file: loom_sched_timeline_flush may come from a worker task while
+  // the compute lane records events.
+  pthread_mutex_t mu;
   loom_ctx_t *ctx;
   FILE *f;
   char path[TL_PATH_MAX];
@@ -224,6 +227,7 @@ loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank,
   *out = NULL;
   tl = calloc(1, sizeof *tl);
   LOOM_CHECK_SYS(ctx, tl != NULL, "calloc(timeline)");
+  pthread_mutex_init(&tl->mu, NULL);
   tl->ctx = ctx;
   tl->rank = rank;
   tl->origin_ns = origin_ns;
@@ -336,17 +340,17 @@ fail:
   }
   if (tl) {
     free(tl->ev);
+    pthread_mutex_destroy(&tl->mu);
   }
   free(tl);
   return status;
 }
 
-loom_status_t loom_timeline_flush(struct loom_timeline *tl) {
+// loom_timeline_flush with tl->mu held.
+static loom_status_t flush_locked(struct loom_timeline *tl) {
   loom_status_t status = LOOM_OK;
-  if (!tl || tl->broken) {
-    return tl ? loom_error(tl->ctx, LOOM_ERR_SYSTEM, "timeline %s: an earlier write failed",
-                           tl->path)
-              : LOOM_OK;
+  if (tl->broken) {
+    return loom_error(tl->ctx, LOOM_ERR_SYSTEM, "timeline %s: an earlier write failed", tl->path);
   }
   if (tl->nev == 0) {
     return LOOM_OK;
@@ -370,17 +374,34 @@ fail:
   return status;
 }
 
+loom_status_t loom_timeline_flush(struct loom_timeline *tl) {
+  if (!tl) {
+    return LOOM_OK;
+  }
+  pthread_mutex_lock(&tl->mu);
+  loom_status_t status = flush_locked(tl);
+  pthread_mutex_unlock(&tl->mu);
+  return status;
+}
+
 void loom_timeline_event(struct loom_timeline *tl, const char *name, const char *cat, int tid,
                          int64_t t0_ns, int64_t t1_ns, size_t bytes, int64_t step) {
-  if (!tl || tl->broken) {
+  if (!tl) {
     return;
   }
-  if (tl->nev == TL_BUFFER_EVENTS && loom_timeline_flush(tl) != LOOM_OK) {
+  pthread_mutex_lock(&tl->mu);
+  if (tl->broken) {
+    pthread_mutex_unlock(&tl->mu);
+    return;
+  }
+  if (tl->nev == TL_BUFFER_EVENTS && flush_locked(tl) != LOOM_OK) {
     LOOM_WARN(LOOM_SUB_SCHED, "timeline %s: writing failed (%s); recording stops", tl->path,
               tl->ctx ? loom_last_error(tl->ctx) : loom_last_error(NULL));
+    pthread_mutex_unlock(&tl->mu);
     return;
   }
   tl->ev[tl->nev++] = (struct tl_event){name, cat, tid, t0_ns, t1_ns, bytes, step};
+  pthread_mutex_unlock(&tl->mu);
 }
 
 loom_status_t loom_timeline_close(struct loom_timeline *tl) {
@@ -398,6 +419,7 @@ loom_status_t loom_timeline_close(struct loom_timeline *tl) {
     LOOM_INFO(LOOM_SUB_SCHED, "timeline: wrote %s", tl->path);
   }
   free(tl->ev);
+  pthread_mutex_destroy(&tl->mu);
   free(tl);
   return status;
 }

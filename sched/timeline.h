@@ -35,7 +35,8 @@ loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank,
 // out when it is full; a write failure is logged once and turns the timeline off.
 void loom_timeline_event(struct loom_timeline *tl, const char *name, const char *cat, int tid,
                          int64_t t0_ns, int64_t t1_ns, size_t bytes, int64_t step);
-// Write the buffered events; the file is then complete JSON.
+// Write the buffered events; the file is then complete JSON. Event and flush may come from
+// different threads (a lock per timeline guards the buffer and the file).
 loom_status_t loom_timeline_flush(struct loom_timeline *tl);
 // Flush, close and free (NULL is fine). Returns the flush status.
 loom_status_t loom_timeline_close(struct loom_timeline *tl);

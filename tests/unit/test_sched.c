@@ -4,6 +4,7 @@
 #include "config.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -823,6 +824,81 @@ static void test_timeline_shared_file(void) {
   rmdir(dir);
 }
 
+// loom_sched_timeline_flush from a worker task while the compute lane records events: the flush
+// and the recording shared the event buffer without a lock (events lost between the write and
+// the reset of the count, the file's end rewritten by two threads).
+#define FLUSH_NC 500 // trivial compute tasks, each an event recorded while the worker flushes
+
+struct flusher {
+  loom_sched_t *s;
+  atomic_int computed; // compute tasks done this step
+  atomic_int started;  // the worker task runs
+  int flushes, failed;
+};
+
+static loom_status_t count_run(void *arg) {
+  struct flusher *f = arg;
+  // The first waits until the worker task flushes, each takes a few microseconds: the events
+  // are recorded while the worker flushes.
+  int64_t until = now_ns() + (atomic_load(&f->computed) == 0 ? 2000000000LL : 5000);
+  while (now_ns() < until && !(atomic_load(&f->computed) == 0 && atomic_load(&f->started))) {
+  }
+  atomic_fetch_add(&f->computed, 1);
+  return LOOM_OK;
+}
+
+static loom_status_t flush_run(void *arg) {
+  struct flusher *f = arg;
+  int64_t give_up = now_ns() + 10 * 1000000000LL;
+  atomic_store(&f->started, 1);
+  while (atomic_load(&f->computed) < FLUSH_NC && now_ns() < give_up) {
+    f->failed += loom_sched_timeline_flush(f->s) != LOOM_OK;
+    f->flushes++;
+    sched_yield();
+  }
+  return LOOM_OK;
+}
+
+static void test_timeline_flush_from_worker(void) {
+  char dir[] = "/tmp/loom_test_sched_XXXXXX";
+  if (!mkdtemp(dir)) {
+    CHECK(0, "mkdtemp failed");
+    return;
+  }
+  char path[256];
+  snprintf(path, sizeof path, "%s/tl.json", dir);
+  loom_sched_opts_t o = {.workers = 1, .timeline = path};
+  struct flusher f = {0};
+  CHECK(loom_sched_create(NULL, &o, &f.s) == LOOM_OK, "create: %s", loom_last_error(NULL));
+  if (!f.s) {
+    return;
+  }
+  loom_task_desc_t fd = {.name = "flush", .lane = LOOM_LANE_WORKER, .run = flush_run, .arg = &f};
+  int id = -1;
+  CHECK(loom_sched_add(f.s, &fd, &id) == LOOM_OK, "add the flushing worker task");
+  for (int i = 0; i < FLUSH_NC; i++) {
+    loom_task_desc_t cd = {.lane = LOOM_LANE_COMPUTE, .run = count_run, .arg = &f};
+    CHECK(loom_sched_add(f.s, &cd, &id) == LOOM_OK, "add compute task %d", i);
+  }
+  const int steps = 8;
+  for (int step = 0; step < steps; step++) {
+    atomic_store(&f.computed, 0);
+    atomic_store(&f.started, 0);
+    CHECK(loom_sched_run(f.s) == LOOM_OK, "step %d: %s", step, loom_last_error(NULL));
+  }
+  CHECK(f.failed == 0, "%d of %d flushes from the worker task failed", f.failed, f.flushes);
+  CHECK(loom_sched_destroy(f.s) == LOOM_OK, "destroy: %s", loom_last_error(NULL));
+  char *t = slurp(path);
+  int want = steps * (FLUSH_NC + 1);
+  CHECK(t && balanced(t) && count(t, "\"ph\":\"X\"") == want,
+        "%s holds all %d events as JSON after %d flushes from a worker task (%d events, %s)", path,
+        want, f.flushes, t ? count(t, "\"ph\":\"X\"") : 0,
+        t ? (balanced(t) ? "balanced" : "not JSON") : "missing");
+  free(t);
+  remove(path);
+  rmdir(dir);
+}
+
 int main(void) {
   test_dependencies();
   test_priorities_and_replay();
@@ -832,5 +908,6 @@ int main(void) {
   test_workers();
   test_timeline();
   test_timeline_shared_file();
+  test_timeline_flush_from_worker();
   return check_exit("test_sched");
 }
