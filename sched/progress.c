@@ -21,6 +21,19 @@ struct loom_progress {
   atomic_llong polls; // loom_comm_progress calls, all time
 };
 
+// The time interval_ns from now on the condition variable's clock (CLOCK_MONOTONIC).
+static struct timespec deadline(long interval_ns) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  t.tv_sec += interval_ns / 1000000000L;
+  t.tv_nsec += interval_ns % 1000000000L;
+  if (t.tv_nsec >= 1000000000L) {
+    t.tv_sec++;
+    t.tv_nsec -= 1000000000L;
+  }
+  return t;
+}
+
 static void *progress_main(void *arg) {
   struct loom_progress *p = arg;
   pthread_mutex_lock(&p->lock);
@@ -29,18 +42,17 @@ static void *progress_main(void *arg) {
       pthread_cond_wait(&p->wake, &p->lock);
       continue;
     }
-    pthread_mutex_unlock(&p->lock);
-    // Poll until the scheduler says nothing is in flight; sleep between polls so that the
-    // thread takes a few microseconds of a core per interval, not the core.
-    while (atomic_load_explicit(&p->active, memory_order_acquire)) {
-      loom_comm_progress();
-      atomic_fetch_add_explicit(&p->polls, 1, memory_order_relaxed);
-      // tv_nsec must stay below 1 s (LOOM_SCHED_PROGRESS_US goes up to 1000000): else
-      // nanosleep fails with EINVAL at once and the thread polls back to back.
-      struct timespec ts = {p->interval_ns / 1000000000L, p->interval_ns % 1000000000L};
-      nanosleep(&ts, NULL);
+    // One poll, under the lock: loom_progress_activate(p, 0) returns between polls, so no poll
+    // runs after the scheduler switched the thread off (into a caller's MPI_Finalize, say).
+    loom_comm_progress();
+    atomic_fetch_add_explicit(&p->polls, 1, memory_order_relaxed);
+    // Then sleep the interval, so that the thread takes a few microseconds of a core per
+    // interval, not the core; on the condition variable, so that loom_progress_destroy wakes it
+    // at once (was nanosleep: destroy waited out up to a whole LOOM_SCHED_PROGRESS_US, 1 s).
+    const struct timespec until = deadline(p->interval_ns);
+    while (!p->stop && atomic_load_explicit(&p->active, memory_order_acquire) &&
+           pthread_cond_timedwait(&p->wake, &p->lock, &until) == 0) {
     }
-    pthread_mutex_lock(&p->lock);
   }
   pthread_mutex_unlock(&p->lock);
   return NULL;
@@ -54,7 +66,11 @@ loom_status_t loom_progress_create(loom_ctx_t *ctx, long interval_us, struct loo
   }
   p->interval_ns = interval_us * 1000;
   pthread_mutex_init(&p->lock, NULL);
-  pthread_cond_init(&p->wake, NULL);
+  pthread_condattr_t attr; // timed waits on the monotonic clock: a clock step cannot stretch one
+  pthread_condattr_init(&attr);
+  pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+  pthread_cond_init(&p->wake, &attr);
+  pthread_condattr_destroy(&attr);
   int rc = pthread_create(&p->thread, NULL, progress_main, p);
   if (rc != 0) {
     pthread_cond_destroy(&p->wake);
@@ -73,13 +89,13 @@ void loom_progress_activate(struct loom_progress *p, int on) {
   if (!p) {
     return;
   }
-  if (!on) {
-    atomic_store_explicit(&p->active, 0, memory_order_release);
-    return;
+  // Under the lock: switching on, the wake-up cannot fall between the thread's check and its
+  // wait; switching off, this returns between two polls (none runs after).
+  pthread_mutex_lock(&p->lock);
+  atomic_store_explicit(&p->active, on ? 1 : 0, memory_order_release);
+  if (on) {
+    pthread_cond_signal(&p->wake);
   }
-  pthread_mutex_lock(&p->lock); // so the wake-up cannot fall between its check and its wait
-  atomic_store_explicit(&p->active, 1, memory_order_release);
-  pthread_cond_signal(&p->wake);
   pthread_mutex_unlock(&p->lock);
 }
 

@@ -262,7 +262,18 @@ static void test_progress_thread(loom_ctx_t *ctx, const loom_group_t *g, int ran
              (long long)ss.progress_polls, ss.wall_ms, expect_thread ? "some" : "none");
     }
   }
+  // Destroying wakes the thread out of its sleep between polls (was: destroy waited out the
+  // rest of an interval, up to the whole second at LOOM_SCHED_PROGRESS_US=1000000).
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
   CHECK(loom_sched_destroy(s) == LOOM_OK, "destroy: %s", loom_last_error(ctx));
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  const double destroy_ms = (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+  CHECK(
+      interval_us < 500000 || destroy_ms < 250.0,
+      "rank %d: loom_sched_destroy took %.1f ms with LOOM_SCHED_PROGRESS_US=%ld (it must wake the "
+      "progress thread, not wait out its interval)",
+      rank, destroy_ms, interval_us);
   loom_tensor_free(&q.t);
 }
 
