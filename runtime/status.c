@@ -2,6 +2,7 @@
  * loom_error_at records what failed and logs it at WARN with the file and line. */
 #include "config.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -45,6 +46,16 @@ const char *loom_version(void) {
   return LOOM_VERSION_STRING;
 }
 
+// ctx->last_error is written by whichever thread fails (the compute lane, a worker task, a
+// progress callback): one writer at a time, so a message is never two messages interleaved.
+static pthread_mutex_t ctx_error_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void set_ctx_error(loom_ctx_t *ctx, const char *msg) {
+  pthread_mutex_lock(&ctx_error_lock);
+  snprintf(ctx->last_error, sizeof ctx->last_error, "%s", msg);
+  pthread_mutex_unlock(&ctx_error_lock);
+}
+
 loom_status_t loom_error_at(loom_ctx_t *ctx, loom_status_t status, const char *file, int line,
                             const char *fmt, ...) {
   char msg[LOOM_ERROR_MAX];
@@ -54,7 +65,7 @@ loom_status_t loom_error_at(loom_ctx_t *ctx, loom_status_t status, const char *f
   va_end(ap);
   snprintf(thread_last_error, sizeof thread_last_error, "%s", msg);
   if (ctx) {
-    snprintf(ctx->last_error, sizeof ctx->last_error, "%s", msg);
+    set_ctx_error(ctx, msg);
   }
   if (!errors_quiet) {
     loom_log_write(LOOM_LOG_WARN, LOOM_SUB_ALL, file, line, "%s: %s", loom_strerror(status), msg);
@@ -72,7 +83,7 @@ void loom_error_clear(void) {
 
 void loom_error_to_ctx(loom_ctx_t *ctx) {
   if (ctx) {
-    snprintf(ctx->last_error, sizeof ctx->last_error, "%s", thread_last_error);
+    set_ctx_error(ctx, thread_last_error);
   }
 }
 
