@@ -37,7 +37,11 @@ extern "C" {
 //   200 us). That wait is the exposed communication of the step.
 // - A failing task ends the step: no new task starts, what is in flight (requests, worker
 //   tasks) is completed, and loom_sched_run returns the first failure. The next run starts a
-//   fresh step on the same graph.
+//   fresh step on the same graph. Only this rank stopped: the other ranks post the step's
+//   remaining collectives, which this rank never joins, so running on would pair one step's
+//   collectives with the next one's (wrong sums, or a LOOM_TIMEOUT abort). After a failed run,
+//   run again only when every rank failed alike (agree on it, e.g. an allreduce of a flag);
+//   otherwise stop the job (MPI_Abort), as the example trainers do.
 
 typedef enum loom_lane {
   LOOM_LANE_COMPUTE = 0, // runs on the thread calling loom_sched_run
