@@ -52,7 +52,8 @@ struct loom_ctx {
   char hostname[256];
   struct loom_params params;
   struct loom_topo topo;
-  int bind_first, bind_count; // cores this rank is bound to
+  int bind_first, bind_count; // cores this rank is bound to: the lowest, how many
+  char bind_cores[64];        // and which, as text ("0-3", "1,3")
   int blas_threads;
   int gpu;  // -1 none
   int role; // loom_role_t bits

@@ -8,6 +8,7 @@
 #include "ctx.h"
 #include "error.h"
 #include "groups.h"
+#include "topology.h"
 #include "layout.h"
 #include "log.h"
 
@@ -27,6 +28,7 @@ loom_status_t loom_groups_find_nodes(loom_ctx_t *ctx) {
                                           MPI_INFO_NULL, &host));
   LOOM_CHECK_MPI(ctx, MPI_Comm_rank(host, &ctx->host_rank));
   LOOM_CHECK_MPI(ctx, MPI_Comm_size(host, &ctx->host_size));
+  LOOM_CHECK(loom_topo_launch_cores(ctx, &ctx->topo, host));
   int k = ctx->params.node_size;
   if (k > 0) { // emulated nodes of k consecutive world ranks
     ctx->node = ctx->rank / k;

@@ -123,7 +123,8 @@ static loom_status_t place(loom_ctx_t *ctx) {
   loom_status_t status = LOOM_OK;
   struct loom_params *p = &ctx->params;
   LOOM_CHECK(loom_topo_bind(ctx, &ctx->topo, p->bind, ctx->host_rank, ctx->host_size,
-                            &ctx->bind_first, &ctx->bind_count));
+                            &ctx->bind_first, &ctx->bind_count, ctx->bind_cores,
+                            sizeof ctx->bind_cores));
   int share = ctx->bind_count;
   if (p->bind != LOOM_BIND_CORE) { // ranks sharing the NUMA node or host split it
     int sharers = p->bind == LOOM_BIND_NUMA
@@ -481,9 +482,8 @@ loom_status_t loom_describe_placement(const loom_ctx_t *ctx, char *buf, size_t l
     snprintf(gpu, sizeof gpu, "%d", ctx->gpu);
   }
   snprintf(buf, len,
-           "host %s node %d/%d local %d/%d bind=%s cores %d-%d blas_threads %d blas_core %s gpu %s",
+           "host %s node %d/%d local %d/%d bind=%s cores %s blas_threads %d blas_core %s gpu %s",
            ctx->hostname, ctx->node, ctx->num_nodes, ctx->local_rank, ctx->local_size,
-           modes[ctx->params.bind], ctx->bind_first, ctx->bind_first + ctx->bind_count - 1,
-           ctx->blas_threads, loom_blas_core(), gpu);
+           modes[ctx->params.bind], ctx->bind_cores, ctx->blas_threads, loom_blas_core(), gpu);
   return LOOM_OK;
 }

@@ -133,9 +133,11 @@ typedef struct loom_topology {
 } loom_topology_t;
 
 LOOM_API const loom_topology_t *loom_topology(const loom_ctx_t *ctx);
-// Cores (by hwloc logical index) this rank is bound to: [first, first + count). With
-// LOOM_BIND=numa or none the range is the NUMA node's or the whole host's. A NULL output is
-// skipped; a NULL ctx gives 0 and 0.
+// Cores (by hwloc logical index) this rank is bound to: the lowest (first) and how many (count);
+// they are [first, first + count) unless the job started within a non-contiguous set of cores
+// (taskset -c 0,2: see README, Binding), and loom_describe_placement lists them. With
+// LOOM_BIND=numa or none they are the NUMA node's or the whole host's. A NULL output is skipped;
+// a NULL ctx gives 0 and 0.
 LOOM_API void loom_bound_cores(const loom_ctx_t *ctx, int *first, int *count);
 LOOM_API int loom_blas_threads(const loom_ctx_t *ctx); // BLAS threads set for this rank
 LOOM_API int loom_gpu(const loom_ctx_t *ctx);          // CUDA device of this rank, -1 if none

@@ -281,7 +281,8 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                            "write log lines to this file instead of stderr"},
     [LOOM_P_BIND] = {"LOOM_BIND", "bind", STR_FIELD(bind), "core", "core|numa|none", 0, 0,
                      parse_bind,
-                     "bind each local rank to its share of cores, to a NUMA node, or not at all"},
+                     "bind each local rank to its share of cores (of those the job started on; "
+                     "see README), to a NUMA node, or not at all"},
     [LOOM_P_BLAS_THREADS] = {"LOOM_BLAS_THREADS", "blas_threads", INT_FIELD(blas_threads), "0",
                              "0..1024", 0, 1024, parse_blas_threads,
                              "BLAS threads per rank; 0 = the rank's share of cores"},

@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "ctx.h"
 #include "error.h"
@@ -18,6 +19,7 @@ static int count_type(hwloc_topology_t topo, hwloc_obj_type_t type) {
 loom_status_t loom_topo_discover(loom_ctx_t *ctx, struct loom_topo *t) {
   loom_status_t status = LOOM_OK;
   t->topo = NULL;
+  t->launch_cores = NULL;
   if (hwloc_topology_init(&t->topo) != 0) {
     t->topo = NULL;
     status = loom_error(ctx, LOOM_ERR_SYSTEM, "hwloc_topology_init failed: cannot read topology");
@@ -49,6 +51,8 @@ fail:
 }
 
 void loom_topo_destroy(struct loom_topo *t) {
+  free(t->launch_cores);
+  t->launch_cores = NULL;
   if (t->topo) {
     hwloc_topology_destroy(t->topo);
     t->topo = NULL;

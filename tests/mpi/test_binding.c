@@ -1,6 +1,7 @@
 /* test_binding.c — each rank's binding matches its report: the OS affinity mask has the PUs
  * of the reported cores, ranks on one host do not overlap while cores suffice, and the BLAS
- * thread count equals the rank's share. */
+ * thread count equals the rank's share. BINDING_TEST_CPUS (a list of OS CPUs, set by
+ * binding_taskset.sh) is the set the job started on: every rank's mask must lie within it. */
 #define _GNU_SOURCE
 #include <sched.h>
 #include <stdlib.h>
@@ -27,6 +28,31 @@ int main(int argc, char **argv) {
   CHECK(sched_getaffinity(0, sizeof set, &set) == 0, "sched_getaffinity");
   int pus_per_core = t->pus / t->cores;
   int rank = loom_rank(ctx), size = loom_size(ctx);
+  // The starting set, when the job was started within one: "3" or "2,3" (OS CPU numbers).
+  const char *expect = getenv("BINDING_TEST_CPUS");
+  int expect_cores = t->cores; // cores the ranks may spread over
+  if (expect) {
+    cpu_set_t want;
+    CPU_ZERO(&want);
+    for (const char *p = expect; *p;) {
+      char *end = NULL;
+      long c = strtol(p, &end, 10);
+      if (end == p || c < 0 || c >= CPU_SETSIZE) {
+        CHECK(0, "BINDING_TEST_CPUS='%s' is not a comma list of CPUs", expect);
+        break;
+      }
+      CPU_SET((int)c, &want);
+      p = *end == ',' ? end + 1 : end;
+    }
+    cpu_set_t outside;
+    CPU_XOR(&outside, &set, &want);
+    CPU_AND(&outside, &outside, &set);
+    CHECK(CPU_COUNT(&outside) == 0,
+          "rank %d: bound to %d CPU(s) outside the %s the job started on (LOOM_BIND=%s)", rank,
+          CPU_COUNT(&outside), expect, mode);
+    expect_cores = CPU_COUNT(&want) / (pus_per_core > 0 ? pus_per_core : 1);
+    expect_cores = expect_cores > 0 ? expect_cores : 1;
+  }
   if (!strcmp(mode, "core")) {
     CHECK(CPU_COUNT(&set) == count * pus_per_core, "affinity has %d PUs, want %d", CPU_COUNT(&set),
           count * pus_per_core);
@@ -41,7 +67,7 @@ int main(int argc, char **argv) {
     }
     if (size <= 64) {
       MPI_Allgather(mine, sizeof mine, MPI_BYTE, all, sizeof mine, MPI_BYTE, MPI_COMM_WORLD);
-      for (int r = 0; r < size && size <= t->cores; r++) {
+      for (int r = 0; r < size && size <= expect_cores; r++) {
         for (int b = 0; r != rank && b < (int)sizeof mine; b++) {
           CHECK((mine[b] & all[r][b]) == 0, "rank %d overlaps rank %d", rank, r);
         }
