@@ -1095,8 +1095,8 @@ int main(int argc, char **argv) {
     for (int l = 0; l < NPARAM / 2; l++) {
       full += (double)loom_tensor_bytes(&m.gbuf[l]);
     }
-    printf("compression: %s (%s): %.0f bytes sent per rank per step (uncompressed ring "
-           "allreduce: %.0f)\n",
+    printf("compression: %s (%s): %.0f bytes sent per rank per step by the compressed "
+           "allreduces (uncompressed ring allreduce of every layer: %.0f)\n",
            st.codec ? loom_compressor_name(st.codec) : "auto",
            st.codec ? loom_scheme_name(o.scheme) : "per layer", sent_sum / (double)run_steps,
            np > 1 ? 2.0 * (np - 1) / np * full : 0.0);
