@@ -1596,9 +1596,12 @@ int main(int argc, char **argv) {
     if (!have_mfu) {
       printf("sgemm: not measured (--sgemm-reps 0): no MFU\n");
     } else if (sgemm_kernels[1] > 0.0) {
+      // (Means over the ranks: the rate is each rank's faster kernel, so with several ranks it
+      // can lie above both kernels' means.)
       printf("sgemm (1024^3, %d BLAS thread(s) per rank): %.1f GFLOP/s per rank, the faster of "
-             "the BLAS's sgemm (%.1f) and loom's kernel (%.1f)\n",
-             loom_blas_threads(ctx), sgemm / 1e9, sgemm_kernels[0] / 1e9, sgemm_kernels[1] / 1e9);
+             "the BLAS's sgemm (%.1f) and loom's kernel (%.1f)%s\n",
+             loom_blas_threads(ctx), sgemm / 1e9, sgemm_kernels[0] / 1e9, sgemm_kernels[1] / 1e9,
+             np > 1 ? " on each rank, means over the ranks" : "");
     } else {
       printf("sgemm (1024^3, %d BLAS thread(s) per rank): %.1f GFLOP/s per rank\n",
              loom_blas_threads(ctx), sgemm / 1e9);
