@@ -82,8 +82,12 @@ static double rel_err(const float *a, const float *b, int64_t n) {
     if (isinf(b[i]) && a[i] == b[i]) {
       continue;
     }
+    const double d = fabs((double)a[i] - (double)b[i]);
+    if (isnan(d)) { // fmax would drop it: a NaN (or inf against a finite value) is never close
+      return INFINITY;
+    }
     big = fmax(big, fabs((double)b[i]));
-    worst = fmax(worst, fabs((double)a[i] - (double)b[i]));
+    worst = fmax(worst, d);
   }
   return worst / big;
 }

@@ -128,8 +128,13 @@ static void run_layer(loom_ctx_t *ctx, const loom_group_t *ep, const loom_moe_co
 static int close_rel(const float *a, const float *b, int64_t n, double tol, double *err) {
   double big = 1e-3, worst = 0.0;
   for (int64_t i = 0; i < n; i++) {
+    const double d = fabs((double)a[i] - (double)b[i]);
+    if (isnan(d)) { // fmax would drop it: a NaN in either is never close
+      *err = NAN;
+      return 0;
+    }
     big = fmax(big, fabs((double)b[i]));
-    worst = fmax(worst, fabs((double)a[i] - (double)b[i]));
+    worst = fmax(worst, d);
   }
   *err = worst / big;
   return isfinite(worst) && worst <= tol * big;
