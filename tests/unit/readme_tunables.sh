@@ -11,7 +11,12 @@ section() {
   want=$(env -u LOOM_NODE_SIZE -u LOOM_EP_SIZE -u LOOM_ATTN_SERVERS "$@") || {
     echo "FAIL: '$*' failed"; fail=1; return; }
   have=$(sed -n "/<!-- $name:begin -->/,/<!-- $name:end -->/p" "$readme" | sed '1d;$d')
-  if [ "$want" != "$have" ]; then
+  # Both empty would compare equal: a silent loom_info against a README without the block.
+  if [ -z "$want" ] || [ -z "$have" ]; then
+    echo "FAIL: block '$name': $([ -z "$want" ] && echo "'$*' printed nothing" ||
+      echo "README.md has no <!-- $name:begin --> ... <!-- $name:end --> block, or it is empty")"
+    fail=1
+  elif [ "$want" != "$have" ]; then
     echo "FAIL: README.md block '$name' differs from: $*"
     printf '%s\n' "$want" > readme_want.$$; printf '%s\n' "$have" > readme_have.$$
     diff readme_have.$$ readme_want.$$; rm -f readme_want.$$ readme_have.$$
