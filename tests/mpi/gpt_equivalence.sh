@@ -5,7 +5,7 @@
 set -u
 # Uncompressed unless a run asks: LOOM_COMPRESS defaults to auto, whose plan depends on timing.
 export LOOM_COMPRESS=none
-. "${srcdir:-.}/tests/mpi/gpt_lib.sh" # $b, $exe, $tmp/corpus, run, run_env, same, close
+. "${srcdir:-.}/tests/mpi/gpt_lib.sh" # $b, $exe, $tmp/corpus, run, run_env, same, same_ranks, close
 # A high constant learning rate and clipping keep every update large and exercise the clip,
 # which must see the averaged gradient on every rank. --adam-eps 1e-5: Adam divides by sqrt(v),
 # so a gradient element that is only summation noise (~1e-9, its sign set by the order of the
@@ -22,9 +22,9 @@ run np2_fused 2 --batch 2 --sync fused --dump-params "$tmp/np2f_%r.bin"
 run np3 3 --batch 2 --dump-params "$tmp/np3_%r.bin"
 run np4 4 --batch 1 --dump-params "$tmp/np4_%r.bin"
 
-same "np 2 ranks hold bitwise identical parameters" "$tmp/np2_0.bin" "$tmp/np2_1.bin"
-same "np 3 ranks 0 and 2 bitwise identical" "$tmp/np3_0.bin" "$tmp/np3_2.bin"
-same "np 4 ranks 0 and 3 bitwise identical" "$tmp/np4_0.bin" "$tmp/np4_3.bin"
+same_ranks "np 2 replicas bitwise identical" "$tmp/np2" 2
+same_ranks "np 3 replicas bitwise identical" "$tmp/np3" 3
+same_ranks "np 4 replicas bitwise identical" "$tmp/np4" 4
 same "np 2: --sync fused equals --sync overlap bitwise" "$tmp/np2_0.bin" "$tmp/np2f_0.bin"
 close "np 1 --batch 4 equals np 2 --batch 2" "$tmp/np1_b4.bin" "$tmp/np2_0.bin"
 close "np 1 --batch 4 equals np 4 --batch 1" "$tmp/np1_b4.bin" "$tmp/np4_0.bin"
@@ -34,8 +34,8 @@ close "np 1 --batch 6 equals np 3 --batch 2" "$tmp/np1_b6.bin" "$tmp/np3_0.bin"
 # compressed path equals the plain allreduce up to the order of the sum.
 run np3_int8 3 --batch 2 --compress int8 --dump-params "$tmp/np3i_%r.bin"
 run np3_none 3 --batch 2 --compress none --compress-scheme indivisible --dump-params "$tmp/np3n_%r.bin"
-same "np 3 --compress int8: ranks 0 and 2 bitwise identical" "$tmp/np3i_0.bin" "$tmp/np3i_2.bin"
-same "np 3 --compress none: ranks 0 and 1 bitwise identical" "$tmp/np3n_0.bin" "$tmp/np3n_1.bin"
+same_ranks "np 3 --compress int8: replicas bitwise identical" "$tmp/np3i" 3
+same_ranks "np 3 --compress none: replicas bitwise identical" "$tmp/np3n" 3
 close "np 3 --compress none equals np 3 uncompressed" "$tmp/np3_0.bin" "$tmp/np3n_0.bin"
 if cmp -s "$tmp/np3_0.bin" "$tmp/np3i_0.bin"; then
   echo "FAIL: --compress int8 gave the uncompressed parameters bit for bit"

@@ -48,6 +48,13 @@ same() { # what file-a file-b: bitwise
     fail=1
   fi
 }
+same_ranks() { # what prefix np: every rank's PREFIX_R.bin equals rank 0's, bitwise
+  sr_r=1
+  while [ "$sr_r" -lt "$3" ]; do
+    same "$1: rank $sr_r equals rank 0" "$2_0.bin" "$2_$sr_r.bin"
+    sr_r=$((sr_r + 1))
+  done
+}
 close() { # what file-a file-b [rtol]: parameters within a relative tolerance (default 1e-5)
   if "$exe" --compare "$2" "$3" --rtol "${4:-1e-5}"; then
     echo "ok: $1 within rtol ${4:-1e-5}"
