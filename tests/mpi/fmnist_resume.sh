@@ -14,8 +14,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # 12 steps per epoch (--batch 2500 at np 2 of 60000 rows): the resume crosses into epoch 2.
 fail=0
-spec() { # name args expect: write and run one mpirun spec
-  printf "np=2\nprog=examples/train_fmnist\nargs='%s'\nexpect=%s\n" "$2" "$3" >"$tmp/$1.mpi"
+spec() { # name args expect [grep]: write and run one mpirun spec
+  printf "np=2\nprog=examples/train_fmnist\nargs='%s'\nexpect=%s\ngrep='%s'\n" "$2" "$3" "${4:-}" \
+    >"$tmp/$1.mpi"
   "$sh" "$b/tests/mpirun.sh" "$tmp/$1.mpi" >"$tmp/$1.log" 2>&1 ||
     { cat "$tmp/$1.log"; echo "FAIL: the $1 run"; exit 1; }
 }
@@ -23,7 +24,7 @@ for c in int8 powersgd:2; do
   rm -rf "$tmp/ck"
   common="--hidden 32 --batch 2500 --steps 16 --seed 9 --lr 0.05 --compress $c"
   spec straight "$common --dump-params $tmp/straight.bin" pass
-  spec killed "$common --ckpt $tmp/ck --save-every 10 --die-at 13" fail
+  spec killed "$common --ckpt $tmp/ck --save-every 10 --die-at 13" fail "exited on signal 9"
   [ "$(cat "$tmp/ck/latest" 2>/dev/null)" = 10 ] && echo "ok: $c: the killed run left step 10" ||
     { echo "FAIL: $c: no checkpoint of step 10"; exit 1; }
   spec resumed "$common --ckpt $tmp/ck --save-every 10 --resume --dump-params $tmp/resumed.bin" pass

@@ -34,6 +34,7 @@ np=2
 prog=examples/train_gpt
 args='$common --ckpt $ck --save-every 4 --die-at 6'
 expect=fail
+grep='exited on signal 9'
 SPEC
 "$sh" "$b/tests/mpirun.sh" "$tmp/killed.mpi" >"$tmp/killed.log" 2>&1 ||
   { cat "$tmp/killed.log"; echo "FAIL: the killed run did not end as expected"; exit 1; }
@@ -75,7 +76,8 @@ fi
 # A file copied in from another save (rank 1's of step 4 in the folder of step 8) is refused,
 # naming the step it holds: loaded, the replicas would train apart without a word.
 mkdir -p "$tmp/stale" && cp -r "$ck/step-00000004" "$ck/step-00000008" "$ck/latest" "$tmp/stale/" &&
-  cp "$tmp/stale/step-00000004/rank-00001.ckpt" "$tmp/stale/step-00000008/rank-00001.ckpt"
+  cp "$tmp/stale/step-00000004/rank-00001.ckpt" "$tmp/stale/step-00000008/rank-00001.ckpt" ||
+  { echo "FAIL: could not prepare the checkpoint with a stale file"; fail=1; }
 refused stale 2 "--steps 12 --ckpt $tmp/stale --resume" \
   "rank-00001.ckpt holds step 4, not 8" "a file of another save"
 
@@ -91,10 +93,12 @@ refused seed 2 "--seed 6 --steps 12 --ckpt $ck --resume" \
 
 # A residual holding NaN (CRCs right: ckpt_edit rewrites the file whole) is refused with the
 # library's reason, not only a guess that --compress changed (it did not).
-rm -rf "$tmp/ck_nan" && cp -r "$ck" "$tmp/ck_nan" || fail=1
+rm -rf "$tmp/ck_nan" && cp -r "$ck" "$tmp/ck_nan" ||
+  { echo "FAIL: could not copy the checkpoint for the NaN residual"; fail=1; }
 for r in 0 1; do
   f="$tmp/ck_nan/step-00000008/rank-0000$r.ckpt"
-  "$b/tests/mpi/ckpt_edit" "$f" "$f.new" fill ef:grad.embed nan && mv "$f.new" "$f" || fail=1
+  "$b/tests/mpi/ckpt_edit" "$f" "$f.new" fill ef:grad.embed nan && mv "$f.new" "$f" ||
+    { echo "FAIL: ckpt_edit could not write a NaN residual into $f"; fail=1; }
 done
 refused nan_residual 2 "--steps 12 --ckpt $tmp/ck_nan --resume" \
   "ckpt: entry .ef:grad.embed. is refused: loom_ef_set: .grad.embed. value 0 of" "a NaN residual"
@@ -117,10 +121,12 @@ refused mixed 2 "--compress auto --steps 10 --ckpt $tmp/ck_slow --resume" \
 # A plan whose codec index is out of range, or with its codecs but not its schemes: refused as
 # damaged (the files' CRCs are right: ckpt_edit rewrites them whole).
 edited() { # NAME OP ENTRY [VALUE]: ck_slow's step 8 with both ranks' files edited, in $tmp/NAME
-  rm -rf "$tmp/$1" && cp -r "$tmp/ck_slow" "$tmp/$1" || fail=1
+  rm -rf "$tmp/$1" && cp -r "$tmp/ck_slow" "$tmp/$1" ||
+    { echo "FAIL: could not copy the checkpoint for $1"; fail=1; }
   for r in 0 1; do
     f="$tmp/$1/step-00000008/rank-0000$r.ckpt"
-    "$b/tests/mpi/ckpt_edit" "$f" "$f.new" "$2" "$3" ${4:+"$4"} && mv "$f.new" "$f" || fail=1
+    "$b/tests/mpi/ckpt_edit" "$f" "$f.new" "$2" "$3" ${4:+"$4"} && mv "$f.new" "$f" ||
+      { echo "FAIL: ckpt_edit $2 $3 on $f"; fail=1; }
   done
 }
 edited ck_codec fill auto.codec 99

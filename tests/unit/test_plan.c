@@ -725,6 +725,9 @@ static void test_greedy_vs_brute(void) {
     hist[p->ntensors]++;
   }
   double secs = (now_us() - t0) / 1e6;
+  // The instances are seeded: all 100 compare (a greedy step time that is not finite skips
+  // one). A loop that compares nothing must not pass.
+  CHECK(done >= 95, "greedy vs brute force: only %d of 100 instances compared", done);
   printf("greedy vs brute force: %d instances (%.1f tensors on average, %d tensors dropped to fit "
          "2e6 combinations; by tensor count 1..8: %d %d %d %d %d %d %d %d), greedy optimal on %d, "
          "worst greedy/brute %.4f, mean %.4f, %.1f s\n",
