@@ -265,6 +265,17 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     fprintf(stderr, "coll_perf: need -f a number in 2..1e6 and -b <= -e\n");
     return 2;
   }
+  // MPI takes int counts: past 2^31 - 1 elements a --raw-mpi count would wrap (the smallest type
+  // swept gives the most elements).
+  const size_t es = o->dtype >= 0 ? loom_dtype_size((loom_dtype_t)o->dtype) : 1;
+  if (o->raw && o->max_bytes / es > (size_t)INT_MAX) {
+    fprintf(stderr,
+            "coll_perf: --raw-mpi: -e %zu bytes is %zu elements of %s, more than MPI's int count "
+            "holds (%d): lower -e\n",
+            o->max_bytes, o->max_bytes / es, o->dtype >= 0 ? type_names[o->dtype] : "uint8",
+            INT_MAX);
+    return 2;
+  }
   if (test_output_writable("coll_perf", "--json", o->json) != 0) { // now, not after the sweep
     return 2;
   }
