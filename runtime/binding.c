@@ -87,45 +87,42 @@ static int launch_core_list(const struct loom_topo *t, int *list) {
   return n;
 }
 
-// Cores list[0..count) as an hwloc cpuset (all their PUs), and as text ("0-3", "1,3").
-static hwloc_bitmap_t cores_cpuset(hwloc_topology_t topo, const int *list, int count, char *text,
-                                   size_t len) {
+// Cores list[0..count) as an hwloc cpuset (all their PUs).
+static hwloc_bitmap_t cores_cpuset(hwloc_topology_t topo, const int *list, int count) {
   hwloc_bitmap_t set = hwloc_bitmap_alloc();
   if (!set) {
     return NULL;
   }
   hwloc_obj_type_t type =
       hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_CORE) > 0 ? HWLOC_OBJ_CORE : HWLOC_OBJ_PU;
-  size_t used = 0;
-  text[0] = '\0';
   for (int i = 0; i < count; i++) {
     hwloc_obj_t core = hwloc_get_obj_by_type(topo, type, (unsigned)list[i]);
     if (core) {
       hwloc_bitmap_or(set, set, core->cpuset);
     }
-    int run_end = i; // a run of consecutive cores prints as "a-b"
-    while (run_end + 1 < count && list[run_end + 1] == list[run_end] + 1) {
-      run_end++;
-    }
-    if (used < len) {
-      int w = run_end > i ? snprintf(text + used, len - used, "%s%d-%d", used ? "," : "", list[i],
-                                     list[run_end])
-                          : snprintf(text + used, len - used, "%s%d", used ? "," : "", list[i]);
-      used += w > 0 ? (size_t)w : 0;
-    }
-    for (int k = i + 1; k <= run_end; k++) {
-      core = hwloc_get_obj_by_type(topo, type, (unsigned)list[k]);
-      if (core) {
-        hwloc_bitmap_or(set, set, core->cpuset);
-      }
-    }
-    i = run_end;
   }
   return set;
 }
 
+// The ascending core indices list[0..count) as text, runs as ranges: "0-3", "1,3".
+static void cores_text(const int *list, int count, char *text, size_t len) {
+  size_t used = 0;
+  text[0] = '\0';
+  for (int i = 0; i < count && used < len; i++) {
+    int end = i;
+    while (end + 1 < count && list[end + 1] == list[end] + 1) {
+      end++;
+    }
+    int w = end > i
+                ? snprintf(text + used, len - used, "%s%d-%d", used ? "," : "", list[i], list[end])
+                : snprintf(text + used, len - used, "%s%d", used ? "," : "", list[i]);
+    used += w > 0 ? (size_t)w : 0;
+    i = end;
+  }
+}
+
 loom_status_t loom_topo_bind(loom_ctx_t *ctx, struct loom_topo *t, int mode, int local_rank,
-                             int local_size, int *first, int *count, char *cores_text,
+                             int local_size, int *first, int *count, char *cores_text_out,
                              size_t text_len) {
   loom_status_t status = LOOM_OK;
   hwloc_bitmap_t set = NULL;
@@ -139,7 +136,7 @@ loom_status_t loom_topo_bind(loom_ctx_t *ctx, struct loom_topo *t, int mode, int
   }
   *first = 0;
   *count = ncores;
-  snprintf(cores_text, text_len, "0-%d", ncores - 1);
+  snprintf(cores_text_out, text_len, "0-%d", ncores - 1);
   if (mode == LOOM_BIND_NONE) {
     LOOM_INFO(LOOM_SUB_TOPO, "LOOM_BIND=none: leaving the binding set by the launcher");
     free(list);
@@ -161,7 +158,8 @@ loom_status_t loom_topo_bind(loom_ctx_t *ctx, struct loom_topo *t, int mode, int
     }
     *first = list[f];
     *count = c;
-    set = cores_cpuset(t->topo, list + f, c, cores_text, text_len);
+    set = cores_cpuset(t->topo, list + f, c);
+    cores_text(list + f, c, cores_text_out, text_len);
   } else { // NUMA: ranks are spread over NUMA nodes in blocks
     int nnuma = t->pub.numa_nodes;
     int which = (int)((long)local_rank * nnuma / local_size);
@@ -176,10 +174,7 @@ loom_status_t loom_topo_bind(loom_ctx_t *ctx, struct loom_topo *t, int mode, int
     }
     *first = n > 0 ? list[0] : 0;
     *count = n > 0 ? n : ncores;
-    if (n > 0) {
-      hwloc_bitmap_t same = cores_cpuset(t->topo, list, n, cores_text, text_len);
-      hwloc_bitmap_free(same); // (the text only: the node's set stays the binding)
-    }
+    cores_text(list, n, cores_text_out, text_len);
   }
   if (!set) {
     status = loom_error(ctx, LOOM_ERR_NOMEM, "cannot allocate an hwloc cpuset");
