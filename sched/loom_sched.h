@@ -119,7 +119,8 @@ LOOM_API loom_status_t loom_sched_depend(loom_sched_t *s, int task, int after);
 LOOM_API loom_status_t loom_sched_run(loom_sched_t *s);
 // Called from inside a long compute task: test outstanding requests and start comm tasks whose
 // turn has come, so communication progresses during the task. Only on the thread running
-// loom_sched_run; elsewhere (or outside a run) it does nothing.
+// loom_sched_run; elsewhere, outside a run, or from inside a comm task's start function (which
+// would start later comm tasks out of their order) it does nothing.
 LOOM_API void loom_sched_poll(loom_sched_t *s);
 // Number the next run `step` (the following ones count up from it, up to INT64_MAX, where the
 // count stays): a loop that resumed at step

@@ -59,6 +59,7 @@ struct loom_sched {
 
   // The step in progress:
   int running;
+  int starting; // inside a comm task's start: loom_sched_poll from there does nothing
   pthread_t run_thread;
   int next_comm; // index into comm_seq of the next comm task to start
   int remaining, tasks_run;
@@ -519,7 +520,9 @@ static void launch_comm(loom_sched_t *s) {
     }
 #endif
     if (st == LOOM_OK) {
+      s->starting = 1;
       st = t->d.start(t->d.arg, &t->req);
+      s->starting = 0;
     }
     int slot = free_slot(s);
     if (st != LOOM_OK || !t->req) { // failed, or completed at once
@@ -644,7 +647,9 @@ static void run_compute(loom_sched_t *s, int id) {
 }
 
 void loom_sched_poll(loom_sched_t *s) {
-  if (!s || !s->running || !pthread_equal(pthread_self(), s->run_thread)) {
+  // From inside a comm task's start (an operation that polls while it starts), launch_comm
+  // would start the next comm tasks before this one, out of the comm order every rank follows.
+  if (!s || !s->running || s->starting || !pthread_equal(pthread_self(), s->run_thread)) {
     return;
   }
   poll_lanes(s);

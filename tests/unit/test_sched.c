@@ -265,6 +265,40 @@ static void test_comm_order(void) {
   CHECK(loom_sched_destroy(s) == LOOM_OK, "destroy");
 }
 
+// A comm task whose start polls the scheduler (an operation that makes progress as it starts):
+// the comm tasks after it must not start from inside it, out of the comm order.
+static int start_depth, start_depth_max;
+
+static loom_status_t polling_start(void *arg, loom_request_t **req) {
+  struct rec *r = arg;
+  start_depth++;
+  start_depth_max = start_depth > start_depth_max ? start_depth : start_depth_max;
+  log_start(r);
+  loom_sched_poll(r->s);
+  *req = NULL;
+  start_depth--;
+  return LOOM_OK;
+}
+
+static void test_poll_from_start(void) {
+  loom_sched_t *s = new_sched(0);
+  struct rec m[3] = {{.s = s}, {.s = s}, {.s = s}};
+  for (int i = 0; i < 3; i++) {
+    loom_task_desc_t d = {
+        .name = "m", .lane = LOOM_LANE_COMM, .start = polling_start, .arg = &m[i]};
+    CHECK(loom_sched_add(s, &d, &m[i].id) == LOOM_OK, "add: %s", loom_last_error(NULL));
+  }
+  norder = start_depth = start_depth_max = 0;
+  CHECK(loom_sched_run(s) == LOOM_OK, "run: %s", loom_last_error(NULL));
+  CHECK(start_depth_max == 1, "a comm task started inside another's start (depth %d)",
+        start_depth_max);
+  CHECK(norder == 3 && position(m[0].id) < position(m[1].id) &&
+            position(m[1].id) < position(m[2].id),
+        "comm order broken: %d tasks started, positions %d %d %d", norder, position(m[0].id),
+        position(m[1].id), position(m[2].id));
+  CHECK(loom_sched_destroy(s) == LOOM_OK, "destroy");
+}
+
 // ---- errors ----------------------------------------------------------------------------------
 
 static void test_cycle_and_bad_args(void) {
@@ -903,6 +937,7 @@ int main(void) {
   test_dependencies();
   test_priorities_and_replay();
   test_comm_order();
+  test_poll_from_start();
   test_cycle_and_bad_args();
   test_failure();
   test_workers();
