@@ -32,7 +32,31 @@ struct nccl_group {
   cudaStream_t stream; // the group's communication stream (non-blocking)
   cudaEvent_t ready;   // recorded on the current stream before each operation
   int device;          // CUDA device the communicator lives on
+  int aborted;         // after an asynchronous NCCL error (atomic): comm is gone
+  ncclResult_t why;    // that error
 };
+
+// After an asynchronous error (a peer or the network failed) NCCL's kernels of this
+// communicator may never finish: abort it, so that they end and the device is usable for the
+// rest of the process, instead of destroying it later (ncclCommDestroy waits for those kernels).
+// Every later operation on the group is refused. The first caller aborts; others return.
+static void abort_nccl_group(struct nccl_group *ng, ncclResult_t why) {
+  if (__atomic_exchange_n(&ng->aborted, 1, __ATOMIC_ACQ_REL)) {
+    return;
+  }
+  ng->why = why;
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(ng->device);
+  ncclCommAbort(ng->comm);
+  if (prev >= 0) {
+    cudaSetDevice(prev);
+  }
+  LOOM_WARN(LOOM_SUB_COLL,
+            "NCCL communicator on CUDA device %d failed (%s) and was aborted: every later device "
+            "operation of its group fails",
+            ng->device, ncclGetErrorString(why));
+}
 
 static void nccl_group_destroy(void *p) {
   struct nccl_group *ng = p;
@@ -42,8 +66,8 @@ static void nccl_group_destroy(void *p) {
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(ng->device);
-  if (ng->comm) {
-    ncclCommDestroy(ng->comm);
+  if (ng->comm && !__atomic_load_n(&ng->aborted, __ATOMIC_ACQUIRE)) {
+    ncclCommDestroy(ng->comm); // an aborted one was freed by ncclCommAbort
   }
   if (ng->ready) {
     cudaEventDestroy(ng->ready);
@@ -70,7 +94,13 @@ static loom_status_t get_nccl_group(const char *op, const loom_group_t *g, int d
   pthread_mutex_lock(&create_lock);
   if (g->nccl) {
     ng = g->nccl;
-    if (ng->device != device) {
+    if (__atomic_load_n(&ng->aborted, __ATOMIC_ACQUIRE)) {
+      status = loom_error(NULL, LOOM_ERR_NCCL,
+                          "%s: group %s's NCCL communicator was aborted after an asynchronous "
+                          "error (%s): its device operations cannot run any more; stop the job "
+                          "(NCCL_DEBUG=INFO tells what failed)",
+                          op, loom_group_kind_name(g->kind), ncclGetErrorString(ng->why));
+    } else if (ng->device != device) {
       status = loom_error(NULL, LOOM_ERR_INVALID_ARG,
                           "%s: group %s communicates on CUDA device %d, but the tensors are on "
                           "device %d: use one device per rank",
@@ -161,9 +191,8 @@ static ncclRedOp_t nccl_op(loom_redop_t op) {
 // ---- requests -----------------------------------------------------------------------------------
 
 struct nccl_req {
-  cudaEvent_t done; // recorded on the group's stream after the operation
-  ncclComm_t comm;  // for asynchronous NCCL errors
-  int device;
+  cudaEvent_t done;      // recorded on the group's stream after the operation
+  struct nccl_group *ng; // for asynchronous NCCL errors (it outlives its requests)
 };
 
 static void release_req(loom_request_t *r) {
@@ -191,8 +220,19 @@ static loom_status_t poll_req(loom_request_t *r, int block, int *done) {
   }
   if (rc == cudaErrorNotReady) {
     ncclResult_t async = ncclSuccess;
-    LOOM_CHECK_NCCL(NULL, ncclCommGetAsyncError(s->comm, &async));
-    LOOM_CHECK_NCCL(NULL, async);
+    if (__atomic_load_n(&s->ng->aborted, __ATOMIC_ACQUIRE)) { // by another request's poll
+      async = s->ng->why;
+    } else {
+      LOOM_CHECK_NCCL(NULL, ncclCommGetAsyncError(s->ng->comm, &async));
+    }
+    if (async != ncclSuccess && async != ncclInProgress) {
+      abort_nccl_group(s->ng, async);
+      return loom_error(NULL, LOOM_ERR_NCCL,
+                        "%s: NCCL failed asynchronously (%s): a peer or the network failed; the "
+                        "group's communicator was aborted, so this and every later device "
+                        "operation on the group fail; stop the job (NCCL_DEBUG=INFO tells more)",
+                        r->op, ncclGetErrorString(async));
+    }
     return LOOM_OK;
   }
   LOOM_CHECK_CUDA(NULL, rc);
@@ -233,8 +273,7 @@ static loom_status_t end(loom_request_t *r, struct launch *l, loom_status_t stat
     status = loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate the request state", r->op);
     goto fail;
   }
-  s->comm = l->ng->comm;
-  s->device = l->ng->device;
+  s->ng = l->ng;
   r->state = s;
   r->release = release_req;
   r->poll = poll_req;
@@ -522,8 +561,7 @@ static loom_status_t queue_p2p(const loom_group_t *g, void *buf, int64_t count, 
     return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate the request state", r->op);
   }
   *op = (struct p2p_op){r, ng, buf, count, dtype, peer, is_send, NULL};
-  s->base.comm = ng->comm;
-  s->base.device = device;
+  s->base.ng = ng;
   // The launch waits for this point of the caller's current stream (the kernels that wrote buf).
   LOOM_CHECK_CUDA(NULL, cudaGetDevice(&prev_device));
   LOOM_CHECK_CUDA(NULL, cudaSetDevice(device));
