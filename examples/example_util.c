@@ -216,6 +216,11 @@ uint64_t ex_splitmix64(uint64_t *state) {
   return z ^ (z >> 31);
 }
 
+uint64_t ex_compress_seed(uint64_t step, int tensor) {
+  uint64_t state = (step << 20) ^ (uint64_t)(uint32_t)tensor; // distinct below 2^20 tensors
+  return ex_splitmix64(&state);
+}
+
 float ex_uniform(uint64_t *state) {
   return (float)(ex_splitmix64(state) >> 40) / (float)(1 << 24);
 }

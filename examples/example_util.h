@@ -72,6 +72,10 @@ const char *ex_compress_spec(const char *prog, const char *flag, const loom_ctx_
 // ---- seeded random numbers (the same on every rank for the same seed)
 
 uint64_t ex_splitmix64(uint64_t *state);
+// The seed of gradient tensor (or bucket) `tensor`'s compressed allreduce at `step`: the same on
+// every rank, different for every (step, tensor), so that int8:sr's rounding and randomk's
+// indices are drawn independently for each tensor rather than repeated across them.
+uint64_t ex_compress_seed(uint64_t step, int tensor);
 float ex_uniform(uint64_t *state); // [0, 1), 24 bits
 float ex_normal(uint64_t *state);  // standard normal (Box-Muller)
 

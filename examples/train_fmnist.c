@@ -553,7 +553,7 @@ typedef struct step {
   double t_step;   // MPI_Wtime at the step start
   loom_ef_t *ef;   // its error feedback, keyed by gradient name
   loom_scheme_t scheme;
-  uint64_t seed;      // of the step's compressed allreduces (the step number)
+  uint64_t seed;      // the step number: ex_compress_seed(seed, layer) per compressed allreduce
   int die;            // --die-at: this step ends the process (SIGKILL) after the forward
   int inject_nan;     // --inject-nan: rank 0 poisons its last layer's gradient in this step
   int skip;           // the averaged gradient is not finite: no update (LOOM_NONFINITE)
@@ -599,16 +599,17 @@ static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   st->ready[l] = 1e3 * (MPI_Wtime() - st->t_step);
   if (st->layer_codec[l] && st->layer_stage[l]) { // the CPU lane: see set_cpu_lane
     size_t sent = 0;
-    loom_status_t status =
-        loom_icompressed_allreduce_staged(st->dp, st->layer_codec[l], st->layer_scheme[l], st->ef,
-                                          g, st->layer_stage[l], LOOM_AVG, st->seed, &sent, req);
+    loom_status_t status = loom_icompressed_allreduce_staged(
+        st->dp, st->layer_codec[l], st->layer_scheme[l], st->ef, g, st->layer_stage[l], LOOM_AVG,
+        ex_compress_seed(st->seed, l), &sent, req);
     st->sent += sent;
     return status;
   }
   if (st->layer_codec[l]) { // encoded now; the rest moves as the request is advanced
     size_t sent = 0;
-    loom_status_t status = loom_icompressed_allreduce(
-        st->dp, st->layer_codec[l], st->layer_scheme[l], st->ef, g, LOOM_AVG, st->seed, &sent, req);
+    loom_status_t status =
+        loom_icompressed_allreduce(st->dp, st->layer_codec[l], st->layer_scheme[l], st->ef, g,
+                                   LOOM_AVG, ex_compress_seed(st->seed, l), &sent, req);
     st->sent += sent;
     return status;
   }

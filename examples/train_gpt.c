@@ -477,7 +477,7 @@ typedef struct step {
   int inject_nan;                 // --inject-nan: rank 0 poisons a gradient before the allreduce
   int nonfinite_skip;             // LOOM_NONFINITE=skip: the updates wait for the norm
   int skip;                       // the averaged gradient is not finite: no update this step
-  uint64_t seed;                  // of the step's compressed allreduces (the step number)
+  uint64_t seed;                  // the step: ex_compress_seed(seed, part) per compressed allreduce
   size_t sent;                    // bytes the step's compressed allreduces sent from this rank
   // attention servers (--attn-servers): the world group, the ranks that train (the rest are
   // dedicated servers), one executor per block (made at the first step, replanned every step),
@@ -728,16 +728,17 @@ static loom_status_t task_grad_allreduce(void *arg, loom_request_t **req) {
   }
   if (st->part_codec && st->part_codec[i] && st->part_stage[i]) { // the CPU lane: see below
     size_t sent = 0;
-    loom_status_t status =
-        loom_icompressed_allreduce_staged(st->dp, st->part_codec[i], st->part_scheme[i], st->ef, g,
-                                          st->part_stage[i], LOOM_AVG, st->seed, &sent, req);
+    loom_status_t status = loom_icompressed_allreduce_staged(
+        st->dp, st->part_codec[i], st->part_scheme[i], st->ef, g, st->part_stage[i], LOOM_AVG,
+        ex_compress_seed(st->seed, i), &sent, req);
     st->sent += sent;
     return status;
   }
   if (st->part_codec && st->part_codec[i]) { // encoded now; the rest moves as it is advanced
     size_t sent = 0;
-    loom_status_t status = loom_icompressed_allreduce(st->dp, st->part_codec[i], st->part_scheme[i],
-                                                      st->ef, g, LOOM_AVG, st->seed, &sent, req);
+    loom_status_t status =
+        loom_icompressed_allreduce(st->dp, st->part_codec[i], st->part_scheme[i], st->ef, g,
+                                   LOOM_AVG, ex_compress_seed(st->seed, i), &sent, req);
     st->sent += sent;
     return status;
   }

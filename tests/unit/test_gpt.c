@@ -420,6 +420,25 @@ static void test_mfu_meter(void) {
   CHECK(ex_mfu_meter_median(&m) == 1.0, "median %g", ex_mfu_meter_median(&m));
 }
 
+// The compressed allreduces' seeds: one per (step, tensor), the same for the same pair.
+static void test_compress_seeds(void) {
+  enum { STEPS = 64, TENSORS = 64 };
+  static uint64_t seen[STEPS * TENSORS];
+  int n = 0, dup = 0;
+  for (int step = 0; step < STEPS; step++) {
+    for (int t = 0; t < TENSORS; t++) {
+      const uint64_t x = ex_compress_seed((uint64_t)step, t);
+      for (int i = 0; i < n && !dup; i++) {
+        dup = seen[i] == x;
+      }
+      seen[n++] = x;
+    }
+  }
+  CHECK(!dup, "two (step, tensor) pairs share a compression seed");
+  CHECK(ex_compress_seed(7, 3) == seen[7 * TENSORS + 3],
+        "the seed of (7, 3) changed between calls");
+}
+
 // --compare: equal dumps pass, all-zero ones included (0 vs 0 is no relative difference); a
 // changed element or a NaN fails.
 static void test_compare(void) {
@@ -448,6 +467,7 @@ int main(void) {
   test_gradients();
   test_moe_layout();
   test_mfu_meter();
+  test_compress_seeds();
   test_compare();
   char cmd[600];
   snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
