@@ -79,6 +79,25 @@ static void fill(loom_tensor_t *t, int r, int salt) {
   }
 }
 
+// Outputs start as 0xA5 bytes, not the zeros of loom_tensor_alloc, so that an element a call
+// never writes cannot pass for a result: no value() nor reduction of them has these bits (u8 165,
+// i8 -91, i32 -1515870811, i64 -6.5e18, f32 and bf16 -2.9e-16, f16 -0.0222, while the floats
+// are multiples of 0.25, the i32 values lie in -3008..400008 and the i64 ones in 0..2^37).
+static void poison(loom_tensor_t *t) {
+  if (loom_tensor_bytes(t) > 0) {
+    memset(t->data, 0xA5, loom_tensor_bytes(t));
+  }
+}
+
+// A copy of t's bytes (to check later that a call left an input unchanged).
+static void *snapshot(const loom_tensor_t *t) {
+  void *p = malloc(loom_tensor_bytes(t) + 1);
+  if (loom_tensor_bytes(t) > 0) {
+    memcpy(p, t->data, loom_tensor_bytes(t));
+  }
+  return p;
+}
+
 // Bytes of got equal want; names the first differing element.
 static void same(const char *what, const loom_tensor_t *got, const void *want) {
   size_t es = loom_dtype_size(got->dtype);
@@ -157,6 +176,10 @@ static void t_allreduce(const loom_group_t *g, loom_dtype_t dt, loom_redop_t op,
   int n = loom_group_size(g), me = loom_group_rank(g), salt = (int)(count % 13) + op;
   loom_tensor_t send = mk(dt, count, "send"), recv = inplace ? send : mk(dt, count, "recv");
   fill(&send, me, salt);
+  if (!inplace) {
+    poison(&recv);
+  }
+  void *send0 = snapshot(&send);
   void *want = malloc(loom_tensor_bytes(&send) + 1);
   for (int64_t i = 0; i < count; i++) {
     test_put(dt, want, i, reduced(dt, op, n, i, salt));
@@ -169,7 +192,7 @@ static void t_allreduce(const loom_group_t *g, loom_dtype_t dt, loom_redop_t op,
     OK(loom_iallreduce(g, S, R, op, &req));
     OK(complete(&req, mode == 2));
   }
-  dev_out(&send, S, inplace); // in place, recv is send: the result lands in both
+  dev_out(&send, S, 1); // in place the result (recv is send), else send as it must stay
   if (!inplace) {
     dev_out(&recv, R, 1);
   }
@@ -177,6 +200,12 @@ static void t_allreduce(const loom_group_t *g, loom_dtype_t dt, loom_redop_t op,
   snprintf(what, sizeof what, "allreduce %s count %lld%s mode %d", op_names[op], (long long)count,
            inplace ? " in place" : "", mode);
   same(what, &recv, want);
+  if (!inplace) {
+    snprintf(what, sizeof what, "allreduce %s count %lld mode %d: send changed", op_names[op],
+             (long long)count, mode);
+    same(what, &send, send0);
+  }
+  free(send0);
   free(want);
   loom_tensor_free(&send);
   if (!inplace) {
@@ -194,6 +223,8 @@ static void t_reduce_scatter(const loom_group_t *g, loom_dtype_t dt, loom_redop_
   }
   loom_tensor_t send = mk(dt, total, "send"), recv = mk(dt, mine, "recv");
   fill(&send, me, salt);
+  poison(&recv);
+  void *send0 = snapshot(&send);
   void *want = malloc(loom_tensor_bytes(&recv) + 1);
   for (int64_t i = 0; i < mine; i++) {
     test_put(dt, want, i, reduced(dt, op, n, displ + i, salt));
@@ -206,12 +237,16 @@ static void t_reduce_scatter(const loom_group_t *g, loom_dtype_t dt, loom_redop_
     OK(loom_ireduce_scatter(g, S, R, counts, op, &req));
     OK(complete(&req, mode == 2));
   }
-  dev_out(&send, S, 0);
+  dev_out(&send, S, 1);
   dev_out(&recv, R, 1);
   char what[96];
   snprintf(what, sizeof what, "reduce_scatter %s total %lld %s counts", op_names[op],
            (long long)total, counts ? "explicit" : "even");
   same(what, &recv, want);
+  snprintf(what, sizeof what, "reduce_scatter %s total %lld: send changed", op_names[op],
+           (long long)total);
+  same(what, &send, send0);
+  free(send0);
   free(want);
   TEST_FREE(&send, &recv);
 }
@@ -367,6 +402,8 @@ static void t_allgather(const loom_group_t *g, loom_dtype_t dt, int64_t count,
   }
   loom_tensor_t send = mk(dt, counts ? counts[me] : count, "send"), recv = mk(dt, total, "recv");
   fill(&send, me, salt);
+  poison(&recv);
+  void *send0 = snapshot(&send);
   void *want = malloc(loom_tensor_bytes(&recv) + 1);
   int64_t o = 0;
   for (int r = 0; r < n; r++) {
@@ -390,9 +427,11 @@ static void t_allgather(const loom_group_t *g, loom_dtype_t dt, int64_t count,
   if (mode) {
     OK(complete(&req, mode == 2));
   }
-  dev_out(&send, S, 0);
+  dev_out(&send, S, 1);
   dev_out(&recv, R, 1);
   same(counts ? "allgatherv" : "allgather", &recv, want);
+  same(counts ? "allgatherv: send changed" : "allgather: send changed", &send, send0);
+  free(send0);
   free(want);
   TEST_FREE(&send, &recv);
 }
@@ -400,7 +439,11 @@ static void t_allgather(const loom_group_t *g, loom_dtype_t dt, int64_t count,
 static void t_broadcast(const loom_group_t *g, loom_dtype_t dt, int64_t count, int root, int mode) {
   int me = loom_group_rank(g), salt = 5 + root;
   loom_tensor_t buf = mk(dt, count, "buf");
-  fill(&buf, me == root ? root : me + 100, salt);
+  if (me == root) {
+    fill(&buf, root, salt);
+  } else {
+    poison(&buf); // (another rank's values could equal the root's: u8 ones repeat every 17 ranks)
+  }
   void *want = malloc(loom_tensor_bytes(&buf) + 1);
   for (int64_t i = 0; i < count; i++) {
     test_put(dt, want, i, value(dt, root, i, salt));
@@ -414,7 +457,9 @@ static void t_broadcast(const loom_group_t *g, loom_dtype_t dt, int64_t count, i
     OK(complete(&req, mode == 2));
   }
   dev_out(&buf, B, 1);
-  same("broadcast", &buf, want);
+  char what[64];
+  snprintf(what, sizeof what, "broadcast from root %d count %lld", root, (long long)count);
+  same(what, &buf, want);
   free(want);
   loom_tensor_free(&buf);
 }
@@ -442,6 +487,8 @@ static void t_alltoall(const loom_group_t *g, loom_dtype_t dt, int64_t block, in
   }
   loom_tensor_t send = mk(dt, stotal, "send"), recv = mk(dt, rtotal, "recv");
   fill(&send, me, salt);
+  poison(&recv);
+  void *send0 = snapshot(&send);
   void *want = malloc(loom_tensor_bytes(&recv) + 1);
   int64_t o = 0;
   for (int j = 0; j < n; j++) { // block from j: j's elements sent to me, at j's send offset
@@ -469,9 +516,11 @@ static void t_alltoall(const loom_group_t *g, loom_dtype_t dt, int64_t block, in
   if (mode) {
     OK(complete(&req, mode == 2));
   }
-  dev_out(&send, S, 0);
+  dev_out(&send, S, 1);
   dev_out(&recv, R, 1);
   same(variable ? "alltoallv" : "alltoall", &recv, want);
+  same(variable ? "alltoallv: send changed" : "alltoall: send changed", &send, send0);
+  free(send0);
   free(want);
   free(sc);
   free(rc);
@@ -486,6 +535,8 @@ static void t_ring(const loom_group_t *g, loom_dtype_t dt, int64_t count, int bl
   int next = (me + 1) % n, prev = (me - 1 + n) % n;
   loom_tensor_t send = mk(dt, count, "send"), recv = mk(dt, count, "recv");
   fill(&send, me, salt);
+  poison(&recv);
+  void *send0 = snapshot(&send);
   void *want = malloc(loom_tensor_bytes(&recv) + 1);
   for (int64_t i = 0; i < count; i++) {
     test_put(dt, want, i, value(dt, prev, i, salt));
@@ -506,9 +557,11 @@ static void t_ring(const loom_group_t *g, loom_dtype_t dt, int64_t count, int bl
     OK(loom_wait_all(reqs, 3)); // reqs[1] is NULL: skipped
     CHECK(!reqs[0] && !reqs[2], "loom_wait_all left requests behind");
   }
-  dev_out(&send, S, 0);
+  dev_out(&send, S, 1);
   dev_out(&recv, R, 1);
   same(blocking ? "send/recv ring" : "isend/irecv ring", &recv, want);
+  same(blocking ? "send/recv ring: send changed" : "isend/irecv ring: send changed", &send, send0);
+  free(send0);
   free(want);
   TEST_FREE(&send, &recv);
 }
