@@ -17,12 +17,9 @@
 
 #define SPECS "none, fp16, bf16, int8, int8:sr, topk:RATIO, randomk:RATIO, efsign, powersgd:RANK"
 
-static loom_status_t bad_spec(const char *spec, const char *why) {
-  return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                    "compressor '%s': %s; valid compressors: " SPECS
-                    " (RATIO in (0, 1], RANK >= 1), e.g. topk:0.01",
-                    spec ? spec : "(null)", why);
-}
+// A bad spec's message: the spec, why, and the valid ones.
+#define BAD_SPEC                                                                                   \
+  "compressor '%s': %s; valid compressors: " SPECS " (RATIO in (0, 1], RANK >= 1), e.g. topk:0.01"
 
 // RATIO after "name:" in (0, 1].
 static int parse_ratio(const char *s, double *out) {
@@ -36,66 +33,80 @@ static int parse_ratio(const char *s, double *out) {
   return 1;
 }
 
-loom_status_t loom_compressor_create(const char *spec, loom_compressor_t **out) {
-  if (!out) {
-    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_compressor_create: out is NULL");
+// c->name for topk:RATIO and randomk:RATIO: the shortest decimal that parses back to the same
+// double ("%g" alone would round it, and another rank parsing the rounded name would keep a
+// different number of values).
+static void name_ratio(loom_compressor_t *c) {
+  char num[32] = "";
+  for (int digits = 1; digits <= 17; digits++) {
+    snprintf(num, sizeof num, "%.*g", digits, c->ratio);
+    if (strtod(num, NULL) == c->ratio) {
+      break;
+    }
   }
-  *out = NULL;
+  snprintf(c->name, sizeof c->name, "%s:%s", c->kind == LOOM_CODEC_TOPK ? "topk" : "randomk", num);
+}
+
+// Parse spec into *c (zeroed by the caller). Returns NULL, or why spec is not a compressor.
+static const char *parse_spec(const char *spec, loom_compressor_t *c) {
   if (!spec || !*spec) {
-    return bad_spec(spec, "empty");
+    return "empty";
   }
-  loom_compressor_t c = {0};
   const char *colon = strchr(spec, ':');
   size_t base = colon ? (size_t)(colon - spec) : strlen(spec);
   const char *arg = colon ? colon + 1 : NULL;
 #define IS(word) (base == strlen(word) && strncmp(spec, word, base) == 0)
   if (IS("none") && !arg) {
-    c.kind = LOOM_CODEC_NONE;
-    snprintf(c.name, sizeof c.name, "none");
+    c->kind = LOOM_CODEC_NONE;
+    snprintf(c->name, sizeof c->name, "none");
   } else if (IS("fp16") && !arg) {
-    c.kind = LOOM_CODEC_FP16;
-    snprintf(c.name, sizeof c.name, "fp16");
+    c->kind = LOOM_CODEC_FP16;
+    snprintf(c->name, sizeof c->name, "fp16");
   } else if (IS("bf16") && !arg) {
-    c.kind = LOOM_CODEC_BF16;
-    snprintf(c.name, sizeof c.name, "bf16");
+    c->kind = LOOM_CODEC_BF16;
+    snprintf(c->name, sizeof c->name, "bf16");
   } else if (IS("int8")) {
     if (arg && strcmp(arg, "sr") != 0) {
-      return bad_spec(spec, "int8 takes no option or ':sr' (stochastic rounding)");
+      return "int8 takes no option or ':sr' (stochastic rounding)";
     }
-    c.kind = LOOM_CODEC_INT8;
-    c.stochastic = arg != NULL;
-    snprintf(c.name, sizeof c.name, "%s", arg ? "int8:sr" : "int8");
+    c->kind = LOOM_CODEC_INT8;
+    c->stochastic = arg != NULL;
+    snprintf(c->name, sizeof c->name, "%s", arg ? "int8:sr" : "int8");
   } else if (IS("topk") || IS("randomk")) {
-    c.kind = IS("topk") ? LOOM_CODEC_TOPK : LOOM_CODEC_RANDOMK;
-    if (!arg || !parse_ratio(arg, &c.ratio)) {
-      return bad_spec(spec, "topk and randomk need a ratio in (0, 1] after ':'");
+    c->kind = IS("topk") ? LOOM_CODEC_TOPK : LOOM_CODEC_RANDOMK;
+    if (!arg || !parse_ratio(arg, &c->ratio)) {
+      return "topk and randomk need a ratio in (0, 1] after ':'";
     }
-    // The shortest decimal that parses back to the same double: "%g" alone would round it,
-    // and another rank parsing the rounded name would keep a different number of values.
-    char num[32] = "";
-    for (int digits = 1; digits <= 17; digits++) {
-      snprintf(num, sizeof num, "%.*g", digits, c.ratio);
-      if (strtod(num, NULL) == c.ratio) {
-        break;
-      }
-    }
-    snprintf(c.name, sizeof c.name, "%s:%s", c.kind == LOOM_CODEC_TOPK ? "topk" : "randomk", num);
+    name_ratio(c);
   } else if (IS("efsign") && !arg) {
-    c.kind = LOOM_CODEC_EFSIGN;
-    snprintf(c.name, sizeof c.name, "efsign");
+    c->kind = LOOM_CODEC_EFSIGN;
+    snprintf(c->name, sizeof c->name, "efsign");
   } else if (IS("powersgd")) {
     char *end = NULL;
     long r = arg ? strtol(arg, &end, 10) : 0;
     if (!arg || end == arg || *end || r < 1 || r > 1024) {
-      return bad_spec(spec, "powersgd needs a rank in 1..1024 after ':'");
+      return "powersgd needs a rank in 1..1024 after ':'";
     }
-    c.kind = LOOM_CODEC_POWERSGD;
-    c.rank = (int)r;
-    snprintf(c.name, sizeof c.name, "powersgd:%d", c.rank);
+    c->kind = LOOM_CODEC_POWERSGD;
+    c->rank = (int)r;
+    snprintf(c->name, sizeof c->name, "powersgd:%d", c->rank);
   } else {
-    return bad_spec(spec, arg ? "unknown name or an option it does not take" : "unknown name");
+    return arg ? "unknown name or an option it does not take" : "unknown name";
   }
 #undef IS
+  return NULL;
+}
+
+loom_status_t loom_compressor_create(const char *spec, loom_compressor_t **out) {
+  if (!out) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, "loom_compressor_create: out is NULL");
+  }
+  *out = NULL;
+  loom_compressor_t c = {0};
+  const char *why = parse_spec(spec, &c);
+  if (why) {
+    return loom_error(NULL, LOOM_ERR_INVALID_ARG, BAD_SPEC, spec ? spec : "(null)", why);
+  }
   loom_compressor_t *p = malloc(sizeof *p);
   if (!p) {
     return loom_error(NULL, LOOM_ERR_NOMEM, "loom_compressor_create: out of memory");
@@ -103,6 +114,13 @@ loom_status_t loom_compressor_create(const char *spec, loom_compressor_t **out) 
   *p = c;
   *out = p;
   return LOOM_OK;
+}
+
+loom_status_t loom_compressor_check(const char *spec) {
+  loom_compressor_t c = {0};
+  const char *why = parse_spec(spec, &c);
+  return why ? loom_error_unlogged(LOOM_ERR_INVALID_ARG, BAD_SPEC, spec ? spec : "(null)", why)
+             : LOOM_OK;
 }
 
 void loom_compressor_destroy(loom_compressor_t *c) {
@@ -539,7 +557,8 @@ loom_status_t loom_scheme_parse(const char *name, loom_scheme_t *out) {
       return LOOM_OK;
     }
   }
-  return loom_error(NULL, LOOM_ERR_INVALID_ARG,
-                    "scheme '%s': valid schemes are indivisible, divisible and hierarchical",
-                    name ? name : "(null)");
+  return loom_error_unlogged(LOOM_ERR_INVALID_ARG,
+                             "scheme '%s': valid schemes are indivisible, divisible and "
+                             "hierarchical",
+                             name ? name : "(null)");
 }

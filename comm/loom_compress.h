@@ -47,8 +47,12 @@ extern "C" {
 // the output.
 typedef struct loom_compressor loom_compressor_t;
 
-// Parse spec; LOOM_ERR_INVALID_ARG names the valid specs when it is not one.
+// Parse spec; LOOM_ERR_INVALID_ARG names the valid specs when it is not one (logged at WARN).
 LOOM_API loom_status_t loom_compressor_create(const char *spec, loom_compressor_t **out);
+// Check spec as loom_compressor_create does, creating nothing: LOOM_OK, or LOOM_ERR_INVALID_ARG
+// with the same message in loom_last_error(NULL) but not logged, for a program that checks a
+// spec its user gave (a flag, a setting) and reports a bad one itself.
+LOOM_API loom_status_t loom_compressor_check(const char *spec);
 LOOM_API void loom_compressor_destroy(loom_compressor_t *c);
 // The canonical spec ("topk:0.01", "int8:sr"), for logs and plans.
 LOOM_API const char *loom_compressor_name(const loom_compressor_t *c);
@@ -154,7 +158,9 @@ typedef enum loom_scheme {
 } loom_scheme_t;
 
 LOOM_API const char *loom_scheme_name(loom_scheme_t s); // "indivisible", ... or "invalid"
-// Parse "indivisible", "divisible" or "hierarchical".
+// Parse "indivisible", "divisible" or "hierarchical". Another name is LOOM_ERR_INVALID_ARG with
+// the valid ones in loom_last_error(NULL), not logged: the caller, which knows where the name
+// came from (a flag, a setting), reports it.
 LOOM_API loom_status_t loom_scheme_parse(const char *name, loom_scheme_t *out);
 
 // Allreduce t in place through compressor c. With ef non-NULL the encoding of this rank's

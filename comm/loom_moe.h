@@ -93,7 +93,8 @@ typedef enum loom_moe_param {
 LOOM_API loom_tensor_t *loom_moe_param(loom_moe_t *moe, loom_moe_param_t which);
 LOOM_API loom_tensor_t *loom_moe_grad(loom_moe_t *moe, loom_moe_param_t which);
 LOOM_API const char *loom_moe_overlap_name(int overlap); // "none", "coarse", "fine"
-// Parse "none", "coarse" or "fine".
+// Parse "none", "coarse" or "fine". Another name is LOOM_ERR_INVALID_ARG with the valid ones in
+// loom_last_error(NULL), not logged: the caller, which knows where the name came from, reports it.
 LOOM_API loom_status_t loom_moe_overlap_parse(const char *name, int *out);
 
 // Forward for this rank's T tokens, x (T, H) -> y (T, H); T may differ between ranks and be 0.

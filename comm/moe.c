@@ -39,8 +39,8 @@ loom_status_t loom_moe_overlap_parse(const char *name, int *out) {
       return LOOM_OK;
     }
   }
-  return loom_error(NULL, LOOM_ERR_INVALID_ARG, "MoE overlap '%s': use none, coarse or fine",
-                    name ? name : "(null)");
+  return loom_error_unlogged(LOOM_ERR_INVALID_ARG, "MoE overlap '%s': use none, coarse or fine",
+                             name ? name : "(null)");
 }
 
 void loom_moe_config_init(loom_moe_config_t *cfg) {

@@ -92,12 +92,10 @@ int ex_parse_double(const char *flag, const char *v, double lo, double hi, doubl
 int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_scheme_t *scheme,
                       char *err, size_t errlen) {
   if (!strcmp(flag, "--compress")) {
-    loom_compressor_t *c = NULL;
-    if (strcmp(v, "auto") != 0 && loom_compressor_create(v, &c) != LOOM_OK) {
+    if (strcmp(v, "auto") != 0 && loom_compressor_check(v) != LOOM_OK) {
       snprintf(err, errlen, "--compress: %s", loom_last_error(NULL));
       return -1;
     }
-    loom_compressor_destroy(c);
     *spec = v;
     return 1;
   }
@@ -155,15 +153,13 @@ int ex_check_compress_env(const char *flag, const loom_ctx_t *ctx, char *err, si
   if (flag || !spec || !strcmp(spec, "none") || !strcmp(spec, "auto")) {
     return 0;
   }
-  loom_compressor_t *c = NULL;
-  if (loom_compressor_create(spec, &c) != LOOM_OK) {
+  if (loom_compressor_check(spec) != LOOM_OK) {
     snprintf(err, errlen,
              "LOOM_COMPRESS=%s: %s (set it to none, auto or a compressor spec, or "
              "pass --compress)",
              spec, loom_last_error(NULL));
     return -1;
   }
-  loom_compressor_destroy(c);
   return 0;
 }
 

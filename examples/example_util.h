@@ -43,7 +43,7 @@ int ex_parse_int(const char *flag, const char *v, int lo, int hi, int *out, char
                  size_t errlen);
 int ex_parse_double(const char *flag, const char *v, double lo, double hi, double *out, char *err,
                     size_t errlen);
-// --compress auto|SPEC (SPEC checked with loom_compressor_create) and --compress-scheme S: returns
+// --compress auto|SPEC (SPEC checked with loom_compressor_check) and --compress-scheme S: returns
 // 1 when flag is one of them (value parsed into *spec or *scheme, or -1 with a message in err),
 // else 0.
 int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_scheme_t *scheme,
@@ -53,7 +53,7 @@ int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_s
 // the work, so that results are not lost to a bad path at the end.
 int ex_check_output(const char *flag, const char *path, char *err, size_t errlen);
 // LOOM_COMPRESS checked at start, when no --compress (flag) overrides it: 0 when it is none,
-// auto or a spec loom_compressor_create takes; else -1 with err naming the variable and the fix.
+// auto or a spec loom_compressor_check takes; else -1 with err naming the variable and the fix.
 int ex_check_compress_env(const char *flag, const loom_ctx_t *ctx, char *err, size_t errlen);
 // Right after loom_init, on every rank: 0 when no rank's arguments were bad (bad, with err) and
 // every rank was started with rank 0's command line; else 2, after the lowest rank concerned

@@ -25,6 +25,11 @@ loom_status_t loom_error_at(loom_ctx_t *ctx, loom_status_t status, const char *f
                             const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 #define loom_error(ctx, status, ...) loom_error_at((ctx), (status), __FILE__, __LINE__, __VA_ARGS__)
 
+// Record status and a formatted message on this thread, as loom_error does, without logging it:
+// for the parsers of names a program takes from its user, whose caller reports a bad one.
+loom_status_t loom_error_unlogged(loom_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 // Clear the thread's last error (loom_init does this on entry).
 void loom_error_clear(void);
 // While on (1), errors are recorded on this thread and ctx but not logged: loom_init's checks,

@@ -73,6 +73,16 @@ loom_status_t loom_error_at(loom_ctx_t *ctx, loom_status_t status, const char *f
   return status;
 }
 
+loom_status_t loom_error_unlogged(loom_status_t status, const char *fmt, ...) {
+  char msg[LOOM_ERROR_MAX]; // (not formatted in place: an argument may be the last error)
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  snprintf(thread_last_error, sizeof thread_last_error, "%s", msg);
+  return status;
+}
+
 void loom_error_quiet(int on) {
   errors_quiet = on;
 }

@@ -315,6 +315,57 @@ static void test_specs(void) {
   loom_compressor_destroy(NULL);
 }
 
+// The parsers of names a user gives (loom_compressor_check, loom_scheme_parse,
+// loom_moe_overlap_parse) record why a name is bad without logging it, so that a program that
+// reports a bad flag itself shows one message; loom_compressor_create still logs its WARN line.
+static void test_parsers_unlogged(void) {
+  char path[] = "/tmp/test_compress_stderr.XXXXXX";
+  int fd = mkstemp(path), saved = dup(STDERR_FILENO);
+  CHECK(fd >= 0 && saved >= 0, "a temporary file for stderr");
+  if (fd < 0 || saved < 0) {
+    return;
+  }
+  fflush(stderr);
+  dup2(fd, STDERR_FILENO);
+  const char *bad[] = {"bogus", "topk:2", "", NULL};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    loom_compressor_t *c = NULL;
+    loom_status_t created = loom_compressor_create(bad[i], &c);
+    char want[512];
+    snprintf(want, sizeof want, "%s", loom_last_error(NULL));
+    (void)loom_scheme_parse("not-a-scheme", &(loom_scheme_t){0}); // leave another message
+    loom_status_t st = loom_compressor_check(bad[i]);
+    CHECK(created == LOOM_ERR_INVALID_ARG && st == LOOM_ERR_INVALID_ARG &&
+              strcmp(loom_last_error(NULL), want) == 0,
+          "check(%s) = %s \"%s\", want create's \"%s\"", bad[i] ? bad[i] : "NULL",
+          loom_strerror(st), loom_last_error(NULL), want);
+  }
+  const char *good[] = {"none", "fp16", "int8:sr", "topk:0.01", "powersgd:4"};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    CHECK(loom_compressor_check(good[i]) == LOOM_OK, "check(%s): %s", good[i],
+          loom_last_error(NULL));
+  }
+  int overlap = 0;
+  CHECK(loom_moe_overlap_parse("tight", &overlap) == LOOM_ERR_INVALID_ARG &&
+            strstr(loom_last_error(NULL), "'tight'"),
+        "moe_overlap_parse(\"tight\"): %s", loom_last_error(NULL));
+  fflush(stderr);
+  dup2(saved, STDERR_FILENO);
+  close(saved);
+  char text[8192] = "";
+  ssize_t got = pread(fd, text, sizeof text - 1, 0);
+  text[got > 0 ? got : 0] = '\0';
+  close(fd);
+  unlink(path);
+  // create logged one WARN line per bad spec (4); check and the name parsers none.
+  int warns = 0;
+  for (const char *p = strstr(text, "LOOM WARN"); p; p = strstr(p + 1, "LOOM WARN")) {
+    warns++;
+  }
+  CHECK(warns == 4 && !strstr(text, "scheme 'not-a-scheme'") && !strstr(text, "'tight'"),
+        "%d WARN line(s), want the 4 of loom_compressor_create only:\n%s", warns, text);
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Round trips
 
@@ -1801,6 +1852,7 @@ int main(void) {
   quiet_begin(); // the invalid specs below log a WARN line each
   test_specs();
   quiet_end();
+  test_parsers_unlogged();
   test_name_reparse();
   test_round_trips();
   test_topk_ties();
