@@ -70,6 +70,47 @@ static const char *source_name(int source) {
   return source == LOOM_SRC_ENV ? "env" : source == LOOM_SRC_CONFIG ? "config" : "default";
 }
 
+// ---------------------------------------------------------------------------------------------
+// The tunables table: variable, value, default and source, each column as wide as its longest
+// entry (header included), so that a long name or value does not push the rest of its row out.
+
+enum { COL_VARIABLE, COL_VALUE, COL_DEFAULT, COL_SOURCE, COL_COUNT };
+
+static const char *const col_header[COL_COUNT] = {"variable", "value", "default", "source"};
+
+// Tunable i's entry in column col (an empty one shown as "").
+static const char *tunable_cell(const loom_ctx_t *ctx, int i, int col) {
+  const struct loom_param_desc *d = &loom_param_table[i];
+  const char *text = col == COL_VARIABLE  ? d->env
+                     : col == COL_VALUE   ? (ctx ? ctx->params.text[i] : d->def)
+                     : col == COL_DEFAULT ? d->def
+                                          : (ctx ? source_name(ctx->params.source[i]) : "-");
+  return text[0] ? text : "\"\"";
+}
+
+static void tunable_widths(const loom_ctx_t *ctx, int width[COL_COUNT]) {
+  for (int col = 0; col < COL_COUNT; col++) {
+    width[col] = (int)strlen(col_header[col]);
+    for (int i = 0; i < LOOM_P_COUNT; i++) {
+      int n = (int)strlen(tunable_cell(ctx, i, col));
+      width[col] = n > width[col] ? n : width[col];
+    }
+  }
+}
+
+static void print_tunables(const loom_ctx_t *ctx, FILE *out) {
+  int w[COL_COUNT];
+  tunable_widths(ctx, w);
+  fprintf(out, "  %-*s  %-*s  %-*s  %-*s  %s\n", w[0], col_header[0], w[1], col_header[1], w[2],
+          col_header[2], w[3], col_header[3], "help");
+  for (int i = 0; i < LOOM_P_COUNT; i++) {
+    const struct loom_param_desc *d = &loom_param_table[i];
+    fprintf(out, "  %-*s  %-*s  %-*s  %-*s  %s [%s]\n", w[0], tunable_cell(ctx, i, COL_VARIABLE),
+            w[1], tunable_cell(ctx, i, COL_VALUE), w[2], tunable_cell(ctx, i, COL_DEFAULT), w[3],
+            tunable_cell(ctx, i, COL_SOURCE), d->help, d->valid);
+  }
+}
+
 void loom_print_info(const loom_ctx_t *ctx, FILE *out) {
   if (!out) {
     return;
@@ -86,14 +127,7 @@ void loom_print_info(const loom_ctx_t *ctx, FILE *out) {
             ctx->num_nodes, ctx->thread_level, MPI_THREAD_MULTIPLE);
   }
   fprintf(out, "tunables (environment overrides the config struct):\n");
-  fprintf(out, "  %-20s %-12s %-10s %-8s %s\n", "variable", "value", "default", "source", "help");
-  for (int i = 0; i < LOOM_P_COUNT; i++) {
-    const struct loom_param_desc *d = &loom_param_table[i];
-    const char *value = ctx ? ctx->params.text[i] : d->def;
-    fprintf(out, "  %-20s %-12s %-10s %-8s %s [%s]\n", d->env, value[0] ? value : "\"\"",
-            d->def[0] ? d->def : "\"\"", ctx ? source_name(ctx->params.source[i]) : "-", d->help,
-            d->valid);
-  }
+  print_tunables(ctx, out);
   int forced = 0;
   if (ctx) {
     loom_sched_spin_us_effective(ctx, &forced);

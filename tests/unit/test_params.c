@@ -37,6 +37,54 @@ static void unset_all(void) {
   }
 }
 
+// Offsets at which the first five blank-separated fields of line start (-1 for a missing one).
+static void field_starts(const char *line, int at[5]) {
+  int n = 0;
+  for (int i = 0; line[i] && line[i] != '\n' && n < 5; i++) {
+    if (line[i] != ' ' && (i == 0 || line[i - 1] == ' ')) {
+      at[n++] = i;
+    }
+  }
+  while (n < 5) {
+    at[n++] = -1;
+  }
+}
+
+// loom_info's tunables table (loom_print_info): one row per tunable, and in every row the value,
+// default, source and help start at the offsets of their headers (a name of 21 characters or
+// more, or a long value, shifted the rest of its row).
+static void check_info_columns(const loom_ctx_t *ctx, const char *what) {
+  FILE *f = tmpfile();
+  CHECK(f != NULL, "%s: tmpfile", what);
+  if (!f) {
+    return;
+  }
+  loom_print_info(ctx, f);
+  rewind(f);
+  char line[4096];
+  int header[5] = {-1, -1, -1, -1, -1}, rows = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (header[0] < 0) {
+      if (!strncmp(line, "  variable ", 11)) {
+        field_starts(line, header);
+      }
+      continue;
+    }
+    if (strncmp(line, "  LOOM_", 7) != 0) {
+      break; // (the note under the table)
+    }
+    int at[5];
+    field_starts(line, at);
+    rows++;
+    CHECK(!memcmp(at, header, sizeof at),
+          "%s: columns at %d %d %d %d %d, the header's at %d %d %d %d %d: %s", what, at[0], at[1],
+          at[2], at[3], at[4], header[0], header[1], header[2], header[3], header[4], line);
+  }
+  fclose(f);
+  CHECK(header[4] > 0 && rows == LOOM_P_COUNT, "%s: header at %d, %d rows, want %d", what,
+        header[0], rows, LOOM_P_COUNT);
+}
+
 int main(void) {
   struct loom_params p;
   unset_all();
@@ -231,6 +279,15 @@ int main(void) {
   CHECK(loom_params_resolve(NULL, &sctx.params) == LOOM_OK, "%s", loom_last_error(NULL));
   CHECK(loom_sched_spin_us_effective(&sctx, &forced) == 500 && forced == 0, "set: it holds");
   unsetenv("LOOM_SCHED_SPIN_US");
+
+  // loom_info's table keeps its columns: the defaults (LOOM_FUSION_THRESHOLD and
+  // LOOM_CHECK_CONSISTENCY are the longest names), and a context with a value longer than any
+  // default, set in the environment.
+  check_info_columns(NULL, "loom_print_info(NULL)");
+  setenv("LOOM_TIMELINE", "/tmp/a-timeline-path-longer-than-the-defaults.%r.json", 1);
+  CHECK(loom_params_resolve(NULL, &sctx.params) == LOOM_OK, "%s", loom_last_error(NULL));
+  check_info_columns(&sctx, "loom_print_info(ctx) with a long LOOM_TIMELINE");
+  unsetenv("LOOM_TIMELINE");
 
   // LOOM_ variables loom does not read: one warning each, naming the closest tunable; tunables
   // and the few other names loom and its tools read are not reported.
