@@ -64,8 +64,10 @@ int ex_check_compress_env(const char *flag, const loom_ctx_t *ctx, char *err, si
 int ex_agree_start(const char *prog, int bad, const char *err, int argc, char **argv);
 // The compression a trainer applies: flag (--compress) when given, else LOOM_COMPRESS (default
 // auto). auto becomes none when there is nothing to plan for: one data-parallel rank, or a step
-// without the overlapped gradient sync (overlap_ok 0); rank 0 says so when auto was asked for
-// with --compress. Any other spec is returned as it is (the trainer rejects what it cannot run).
+// without the overlapped gradient sync (overlap_ok 0). Rank 0 says so when --compress auto meets
+// one data-parallel rank (the flag parsers refuse --compress auto without the overlapped sync, so
+// only LOOM_COMPRESS=auto gets here with overlap_ok 0, silently). Any other spec is returned as it
+// is (the trainer rejects what it cannot run).
 const char *ex_compress_spec(const char *prog, const char *flag, const loom_ctx_t *ctx, int dp_size,
                              int overlap_ok, int rank);
 
