@@ -280,7 +280,8 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
     return 2;
   }
   if (o->compress) {
-    if (loom_compressor_create(o->compress, &o->codec) != LOOM_OK) {
+    if (loom_compressor_check(o->compress) != LOOM_OK || // said once, here, not logged too
+        loom_compressor_create(o->compress, &o->codec) != LOOM_OK) {
       fprintf(stderr, "coll_perf: --compress: %s\n", loom_last_error(NULL));
       return 2;
     }
