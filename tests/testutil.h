@@ -218,19 +218,47 @@ static inline void test_put(loom_dtype_t dt, void *p, int64_t i, double v) {
   }
 }
 
+// A benchmark's output file (the path given to flag) opened with mode; NULL after saying why.
+static inline FILE *test_output_open(const char *prog, const char *flag, const char *path,
+                                     const char *mode) {
+  FILE *f = fopen(path, mode);
+  if (!f) {
+    fprintf(stderr, "%s: %s %s: %s: give a writable file path\n", prog, flag, path,
+            strerror(errno));
+  }
+  return f;
+}
+
 // A benchmark's output file, checked before its runs so that their results are not lost at the
 // end: opened for appending (and created when missing). 0, or -1 after saying why.
 static inline int test_output_writable(const char *prog, const char *flag, const char *path) {
-  FILE *f = path ? fopen(path, "a") : NULL;
+  FILE *f = path ? test_output_open(prog, flag, path, "a") : NULL;
   if (path && !f) {
-    fprintf(stderr, "%s: %s %s: %s: give a writable file path\n", prog, flag, path,
-            strerror(errno));
     return -1;
   }
   if (f) {
     fclose(f);
   }
   return 0;
+}
+
+// Closes a benchmark's output file after its writes: 0, or -1 after naming the file and the
+// error (a full disk, an I/O error), so that a truncated file never passes for a written one.
+static inline int test_output_close(const char *prog, const char *flag, const char *path, FILE *f) {
+  int failed = fflush(f) != 0; // what is still buffered; errno says why it failed
+  int err = errno;
+  failed |= ferror(f) != 0; // an earlier write failed (errno is still its reason)
+  if (fclose(f) != 0 && !failed) {
+    failed = 1;
+    err = errno;
+  }
+  if (failed) {
+    fprintf(stderr,
+            "%s: %s %s: writing failed: %s: the file is incomplete; free space or give "
+            "another path\n",
+            prog, flag, path, err ? strerror(err) : "a write error");
+  }
+  return failed ? -1 : 0;
 }
 
 // A whole-number command-line value: digits only (a sign allowed), no overflow of 64 bits;

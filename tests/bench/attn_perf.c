@@ -5,7 +5,6 @@
 #include <getopt.h>
 #include <math.h>
 #include <stdint.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -460,7 +459,7 @@ int main(int argc, char **argv) {
              pp[1] > 0 ? 1.0 - pp[5] / pp[1] : 0.0);
     }
     if (o.json) {
-      FILE *f = fopen(o.json, "w");
+      FILE *f = test_output_open("attn_perf", "--json", o.json, "w");
       if (f) {
         fprintf(f, "{\"np\": %d, \"workload\": \"%s\", \"row_cost\": %.3f, \"modes\": [", np,
                 o.lognormal ? "lognormal" : "onelong", o.row_cost);
@@ -480,12 +479,9 @@ int main(int argc, char **argv) {
             json_num(num[0], sizeof num[0], pp[0], 3), json_num(num[1], sizeof num[1], pp[1], 3),
             json_num(num[2], sizeof num[2], pp[2], 3), json_num(num[3], sizeof num[3], pp[3], 3),
             json_num(num[4], sizeof num[4], pp[4], 3), json_num(num[5], sizeof num[5], pp[5], 3));
-        rc = ferror(f) | fclose(f) ? 1 : 0;
+        rc = test_output_close("attn_perf", "--json", o.json, f) != 0;
       } else {
         rc = 1;
-      }
-      if (rc) {
-        fprintf(stderr, "attn_perf: cannot write %s: %s\n", o.json, strerror(errno));
       }
     }
   }

@@ -6,7 +6,6 @@
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -620,9 +619,8 @@ static int fusion_test(const struct opts *o, loom_ctx_t *ctx, const loom_group_t
 // 0, or -1 when the file could not be written (said).
 static int write_json(const struct opts *o, const loom_group_t *g, const struct row *rows,
                       int nrows, double avg) {
-  FILE *f = fopen(o->json, "w");
+  FILE *f = test_output_open("coll_perf", "--json", o->json, "w");
   if (!f) {
-    fprintf(stderr, "coll_perf: cannot write %s: %s\n", o->json, strerror(errno));
     return -1;
   }
   fprintf(f, "{\"ranks\": %d, \"group\": \"%s\", \"backend\": \"%s\", \"iters\": %d, ",
@@ -638,11 +636,7 @@ static int write_json(const struct opts *o, const loom_group_t *g, const struct 
             r->algbw, r->busbw, r->wrong);
   }
   fprintf(f, "\n]}\n");
-  if (ferror(f) | fclose(f)) {
-    fprintf(stderr, "coll_perf: writing %s failed\n", o->json);
-    return -1;
-  }
-  return 0;
+  return test_output_close("coll_perf", "--json", o->json, f);
 }
 
 int main(int argc, char **argv) {

@@ -18,7 +18,7 @@
 // Times are medians over ITERS timed runs after WARMUP untimed ones. Attention always runs on one
 // BLAS thread (the benchmark sets it); the GEMM table runs on GEMM_THREADS (default 1). The exit
 // status is non-zero when a result is wrong (loom_gemm differs from sgemm, or attention produces
-// a non-finite value), never because a goal is missed.
+// a non-finite value) or the JSON file could not be written whole, never because a goal is missed.
 
 #define D_HEAD  64
 #define PT_SEED 104 // the seed of the (4) lengths; torch_attention.py uses the same
@@ -304,12 +304,11 @@ typedef struct results {
   double mem_delta_mib, mem_tensors_mib, mem_scores_mib, mem_ms;
 } results_t;
 
-static void write_json(const results_t *r, const opts_t *o) {
-  FILE *f = fopen(o->json, "w");
+// 0, or -1 when the file could not be written whole (said).
+static int write_json(const results_t *r, const opts_t *o) {
+  FILE *f = test_output_open("compute_perf", "--json", o->json, "w");
   if (!f) {
-    fprintf(stderr, "compute_perf: cannot write %s\n", o->json);
-    wrong_total++;
-    return;
+    return -1;
   }
   fprintf(f, "{\n  \"iters\": %d, \"warmup\": %d, \"quick\": %d, \"gemm_threads\": %d,\n", o->iters,
           o->warmup, o->quick, o->gemm_threads);
@@ -347,7 +346,7 @@ static void write_json(const results_t *r, const opts_t *o) {
           r->mem_T, r->mem_H, D_HEAD, r->mem_delta_mib, r->mem_tensors_mib, r->mem_scores_mib,
           r->mem_ms);
   fprintf(f, "  \"wrong\": %d\n}\n", wrong_total);
-  fclose(f);
+  return test_output_close("compute_perf", "--json", o->json, f);
 }
 
 static const char *mark(double value, double goal) {
@@ -586,8 +585,6 @@ int main(int argc, char **argv) {
   }
 
   print_report(&r, &o);
-  if (o.json) {
-    write_json(&r, &o);
-  }
-  return wrong_total ? 1 : 0;
+  const int unwritten = o.json && write_json(&r, &o) != 0;
+  return wrong_total || unwritten ? 1 : 0;
 }

@@ -176,9 +176,8 @@ int main(int argc, char **argv) {
          "loom GF/s", "ratio", "wrong");
   double block_blas = 0, block_loom = 0;
   int wrong = 0;
-  FILE *jf = json ? fopen(json, "w") : NULL;
+  FILE *jf = json ? test_output_open("gemm_perf", "--json", json, "w") : NULL;
   if (json && !jf) {
-    fprintf(stderr, "gemm_perf: cannot write %s\n", json);
     return 2;
   }
   if (jf) {
@@ -206,10 +205,10 @@ int main(int argc, char **argv) {
          block_blas, block_loom, block_loom / block_blas);
   if (jf) {
     fprintf(jf, "], \"block_blas_ms\": %.3f, \"block_loom_ms\": %.3f}\n", block_blas, block_loom);
-    fclose(jf);
   }
+  const int unwritten = jf && test_output_close("gemm_perf", "--json", json, jf) != 0;
   if (wrong) {
     fprintf(stderr, "gemm_perf: %d results differ between the BLAS and loom's kernel\n", wrong);
   }
-  return wrong ? 1 : 0;
+  return wrong || unwritten ? 1 : 0;
 }

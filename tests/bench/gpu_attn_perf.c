@@ -268,12 +268,12 @@ static double gemm_ms(const opts_t *o, const char **how) {
   return m;
 }
 
-static void write_json(const opts_t *o, const char *device, const char *gemm_how, double gemm_t,
-                       double gemm_tflops, const attn_row_t *rows, int n) {
-  FILE *f = fopen(o->json, "w");
+// 0, or -1 when the file could not be written whole (said).
+static int write_json(const opts_t *o, const char *device, const char *gemm_how, double gemm_t,
+                      double gemm_tflops, const attn_row_t *rows, int n) {
+  FILE *f = test_output_open("gpu_attn_perf", "--json", o->json, "w");
   if (!f) {
-    fprintf(stderr, "gpu_attn_perf: cannot write %s\n", o->json);
-    exit(1);
+    return -1;
   }
   fprintf(f, "{\n  \"device\": \"%s\",\n  \"iters\": %d,\n  \"warmup\": %d,\n", device, o->iters,
           o->warmup);
@@ -296,7 +296,7 @@ static void write_json(const opts_t *o, const char *device, const char *gemm_how
             r->padded_ms, r->padded_ms / (r->fwd_ms + r->bwd_ms), i + 1 < n ? "," : "");
   }
   fprintf(f, "  ]\n}\n");
-  fclose(f);
+  return test_output_close("gpu_attn_perf", "--json", o->json, f);
 }
 
 static int run(const opts_t *o) {
@@ -327,8 +327,8 @@ static int run(const opts_t *o) {
   printf("# TF/s: forward + backward (FlashAttention FLOP count); /gemm: against the bf16 GEMM; "
          "padded: forward + backward ms with every document padded to maxlen; pad/pf: padded over "
          "padding-free time\n");
-  if (o->json) {
-    write_json(o, device, gemm_how, gemm_t, gemm_tflops, rows, 2);
+  if (o->json && write_json(o, device, gemm_how, gemm_t, gemm_tflops, rows, 2) != 0) {
+    ok = 0;
   }
   return ok ? 0 : 1;
 }

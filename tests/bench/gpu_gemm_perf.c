@@ -231,9 +231,8 @@ int main(int argc, char **argv) {
     }
   }
   if (o.json) {
-    FILE *f = fopen(o.json, "w");
+    FILE *f = test_output_open("gpu_gemm_perf", "--json", o.json, "w");
     if (!f) {
-      fprintf(stderr, "gpu_gemm_perf: cannot write %s\n", o.json);
       return 1;
     }
     fprintf(f, "{\n  \"device\": \"%s\", \"iters\": %d, \"warmup\": %d,\n  \"gemm\": [", device,
@@ -246,7 +245,9 @@ int main(int argc, char **argv) {
               rows[i].wrong);
     }
     fprintf(f, "\n  ]\n}\n");
-    fclose(f);
+    if (test_output_close("gpu_gemm_perf", "--json", o.json, f) != 0) {
+      return 1;
+    }
   }
   return wrong ? 1 : 0;
 }

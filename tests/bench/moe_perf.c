@@ -312,9 +312,8 @@ int main(int argc, char **argv) {
     }
     printf("T_comp %.2f ms  T_comm %.2f ms  T_seq %.2f ms\n", t_comp, t_comm, t_seq);
     if (o.json) {
-      FILE *f = fopen(o.json, "w");
+      FILE *f = test_output_open("moe_perf", "--json", o.json, "w");
       if (!f) {
-        perror(o.json);
         rc = 1;
       } else {
         char n1[32], n2[32], n3[32];
@@ -335,8 +334,7 @@ int main(int argc, char **argv) {
                   json_num(n2, sizeof n2, t_seq / r->wall, 4), r->chunks, r->slices);
         }
         fprintf(f, "]}\n");
-        if (ferror(f) | fclose(f)) {
-          fprintf(stderr, "moe_perf: writing %s failed\n", o.json);
+        if (test_output_close("moe_perf", "--json", o.json, f) != 0) {
           rc = 1;
         }
       }
