@@ -456,7 +456,12 @@ int main(int argc, char **argv) {
       o.gemm_threads = parse_int(i + 1 < argc ? argv[++i] : NULL, 1, "-t");
     } else if (!strcmp(argv[i], "--quick")) {
       o.quick = 1;
-    } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
+    } else if (!strcmp(argv[i], "--json")) {
+      if (i + 1 == argc) {
+        fprintf(stderr, "compute_perf: --json needs a value (the file to write)\n");
+        usage(stderr);
+        return 2;
+      }
       o.json = argv[++i];
     } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
       usage(stdout);

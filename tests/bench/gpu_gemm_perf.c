@@ -196,7 +196,12 @@ int main(int argc, char **argv) {
       o.iters = parse_int(i + 1 < argc ? argv[++i] : NULL, 1, "-n");
     } else if (!strcmp(argv[i], "-w")) {
       o.warmup = parse_int(i + 1 < argc ? argv[++i] : NULL, 0, "-w");
-    } else if (!strcmp(argv[i], "--json") && i + 1 < argc) {
+    } else if (!strcmp(argv[i], "--json")) {
+      if (i + 1 == argc) {
+        fprintf(stderr, "gpu_gemm_perf: --json needs a value (the file to write)\n");
+        usage(stderr);
+        return 2;
+      }
       o.json = argv[++i];
     } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
       usage(stdout);

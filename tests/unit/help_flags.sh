@@ -1,6 +1,7 @@
 #!/bin/sh
 # help_flags.sh — every program answers --help and -h alike: the usage on stdout, nothing on
-# stderr, exit 0; an unknown flag is named on stderr with exit 2 (no MPI, no GPU needed).
+# stderr, exit 0; an unknown flag is named on stderr with exit 2, and so is a last flag that
+# lacks its value (compute_perf called --json an unknown argument) (no MPI, no GPU needed).
 set -u
 b=${LOOM_BUILDDIR:-.}
 tmp=$(mktemp -d) || exit 99
@@ -26,6 +27,15 @@ unknown() {
     fail=1
   fi
 }
+# novalue PROG FLAG: FLAG last, without its value: exit 2 and "FLAG needs a value"
+novalue() {
+  timeout 60 "$b/$1" "$2" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  if [ $rc -ne 2 ] || ! grep -q -e "$2 needs a value" "$tmp/err"; then
+    echo "FAIL: $1 $2 (no value): exit $rc (want 2 and '$2 needs a value'), stderr: $(head -2 "$tmp/err")"
+    fail=1
+  fi
+}
 progs="loom_info loom_timeline_merge tests/bench/gemm_perf tests/bench/coll_perf tests/bench/plan_perf"
 [ -x "$b/tests/bench/gpu_attn_perf" ] && progs="$progs tests/bench/gpu_attn_perf" # --with-cuda
 for p in $progs; do
@@ -37,7 +47,12 @@ help loom_sim --help
 for p in tests/bench/gemm_perf tests/bench/gpu_attn_perf tests/bench/plan_perf; do
   [ -x "$b/$p" ] && unknown "$p" --x
 done
+novalue tests/bench/compute_perf --json
+novalue tests/bench/gemm_perf --json
+for p in tests/bench/gpu_gemm_perf tests/bench/gpu_attn_perf; do # --with-cuda
+  [ -x "$b/$p" ] && novalue "$p" --json
+done
 # (the merge tool's usage with -f first is help too, not an unknown option)
 help loom_timeline_merge -f --help
-[ $fail -eq 0 ] && echo "ok: --help and -h print the usage on stdout and exit 0; unknown flags named"
+[ $fail -eq 0 ] && echo "ok: --help and -h print the usage on stdout and exit 0; unknown flags and missing values named"
 exit $fail
