@@ -12,7 +12,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SWEEP 4
+#define SWEEP      4
+#define MAX_ROUNDS 64 // --rounds at most (the rounds' values of a size sit in an array)
 static const int sweep_n[SWEEP] = {128, 192, 256, 384};
 
 typedef struct opts {
@@ -35,7 +36,8 @@ static void usage(FILE *f) {
           "  set, so by default N sweeps 128, 192, 256 and 384 (I: about 0.25 s of work each),\n"
           "  and the last line, `timeshare F`, is the median over the sizes. loom_sim's cluster\n"
           "  files take that line: a core holding K > 1 ranks runs a step K (1 + F) times as\n"
-          "  long. Defaults: K 2, the sweep, R 5, C 0.\n");
+          "  long. Defaults: K 2, the sweep, R 5 (at most %d), C 0.\n",
+          MAX_ROUNDS);
 }
 
 static int parse(int argc, char **argv, opts_t *o) {
@@ -65,6 +67,11 @@ static int parse(int argc, char **argv, opts_t *o) {
     fprintf(stderr,
             "timeshare_perf: --ranks-per-core %d (2..64) or --n %d (1..4096) out of range\n", o->k,
             o->n);
+    return -1;
+  }
+  if (o->rounds > MAX_ROUNDS) {
+    fprintf(stderr, "timeshare_perf: --rounds %d: at most %d rounds; give --rounds 1..%d\n",
+            o->rounds, MAX_ROUNDS, MAX_ROUNDS);
     return -1;
   }
   return 0;
@@ -139,7 +146,7 @@ int main(int argc, char **argv) {
   // starts its threads).
   setenv("OPENBLAS_NUM_THREADS", "1", 1);
   setenv("OMP_NUM_THREADS", "1", 1);
-  const int rounds = o.rounds < 64 ? o.rounds : 64;
+  const int rounds = o.rounds;
   double per_size[SWEEP] = {0};
   const int nsizes = o.n ? 1 : SWEEP;
   printf("# timeshare_perf: %d processes on core %d against one, %d rounds per size\n", o.k, o.core,
@@ -153,7 +160,7 @@ int main(int argc, char **argv) {
     if (group(&one, 1) < 0) { // warm-up (page faults, the library's first call)
       return 1;
     }
-    double f[64] = {0};
+    double f[MAX_ROUNDS] = {0};
     for (int r = 0; r < rounds; r++) {
       const double t1 = group(&one, 1), tk = group(&one, o.k);
       if (t1 <= 0 || tk <= 0) {

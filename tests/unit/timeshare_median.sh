@@ -1,12 +1,21 @@
 #!/bin/sh
 # timeshare_median.sh — timeshare_perf's per-size value is the median of its rounds minus 1; with
 # an even --rounds, the mean of the two middle rounds (it took the upper one). Tiny products.
+# More rounds than it holds (64) is refused naming the limit (it ran and printed 64 instead).
 set -u
 b=${LOOM_BUILDDIR:-.}
 p=$b/tests/bench/timeshare_perf
 [ -x "$p" ] || { echo "FAIL: $p is not built"; exit 99; }
 out=$(mktemp) || exit 99
 trap 'rm -f "$out"' EXIT
+timeout 60 "$p" --rounds 65 --n 16 --iters 1 >"$out" 2>&1
+rc=$?
+if [ $rc -ne 2 ] || ! grep -q -- '--rounds 65: at most 64 rounds' "$out"; then
+  head -3 "$out"
+  echo "FAIL: --rounds 65: exit $rc (want 2, and the limit named)"
+  exit 1
+fi
+echo "ok: --rounds 65 is refused"
 if ! timeout 60 "$p" --rounds 4 --n 16 --iters 1 >"$out" 2>&1; then
   cat "$out"
   grep -q 'cannot pin to core' "$out" && { echo "SKIP: core 0 is not ours to pin to"; exit 77; }
