@@ -261,6 +261,20 @@ static inline int test_output_close(const char *prog, const char *flag, const ch
   return failed ? -1 : 0;
 }
 
+// A loom call of an MPI benchmark that returned st on this rank: anything but LOOM_OK ends the
+// whole job (loom_abort, which names this rank) with prog, what failed and loom's message. Its
+// peers may be waiting for this rank inside a collective: returning would leave them there until
+// LOOM_TIMEOUT, or for ever (README, "One rank's error ends the job").
+static inline void test_job_check(loom_status_t st, const char *prog, const char *what) {
+  if (st != LOOM_OK) {
+    const char *msg = loom_last_error(NULL);
+    char why[1280];
+    snprintf(why, sizeof why, "%s: %s failed (%s)%s%s", prog, what, loom_strerror(st),
+             msg[0] ? ": " : "", msg);
+    loom_abort(NULL, 1, why);
+  }
+}
+
 // A whole-number command-line value: digits only (a sign allowed), no overflow of 64 bits;
 // the caller checks its range. 0, or -1 after naming the flag and the value.
 static inline int test_int64_arg(const char *prog, const char *flag, const char *s, int64_t *out) {

@@ -111,9 +111,10 @@ static void rows_free(rows_t *r) {
   TEST_FREE(&r->q, &r->k, &r->v, &r->o, &r->l, &r->dout, &r->dq, &r->dk, &r->dv);
 }
 
-// Plan for a mode: 0 off, 1 inplace, 2 dedicated (servers_first = np - servers).
-static int plan_for(const opts_t *o, int mode, const loom_attn_doc_t *d, int nd,
-                    loom_attn_plan_t *p) {
+// Plan for a mode: 0 off, 1 inplace, 2 dedicated (servers_first = np - servers). Here and below,
+// a loom call that fails on this rank ends the job (test_job_check): the others may be waiting.
+static void plan_for(const opts_t *o, int mode, const loom_attn_doc_t *d, int nd,
+                     loom_attn_plan_t *p) {
   loom_attn_balance_opts_t bo;
   loom_attn_balance_opts_init(&bo);
   bo.tolerance = mode == 0 ? 1e9 : o->tolerance;
@@ -121,37 +122,34 @@ static int plan_for(const opts_t *o, int mode, const loom_attn_doc_t *d, int nd,
   bo.bytes_per_kv_row = 4.0 * 4.0 * o->heads * o->head_dim;
   bo.servers_first = mode == 2 ? np - o->servers : 0;
   bo.row_cost = o->row_cost;
-  if (loom_attn_balance(d, nd, np, &bo, p) != LOOM_OK) {
-    fprintf(stderr, "attn_perf: %s\n", loom_last_error(NULL));
-    return 1;
-  }
-  return 0;
+  test_job_check(loom_attn_balance(d, nd, np, &bo, p), "attn_perf", "loom_attn_balance");
 }
 
-static int run_mode(const opts_t *o, const loom_group_t *g, int mode, result_t *res) {
+static void run_mode(const opts_t *o, const loom_group_t *g, int mode, result_t *res) {
   static const char *const names[] = {"off", "inplace", "dedicated"};
   loom_attn_doc_t d[MAX_DOCS];
   const int owners = mode == 2 ? np - o->servers : np;
   const int nd = make_docs(o, owners, d, MAX_DOCS);
   loom_attn_plan_t p;
   memset(&p, 0, sizeof p);
-  if (plan_for(o, mode, d, nd, &p)) {
-    return 1;
-  }
+  plan_for(o, mode, d, nd, &p);
   rows_t r;
   rows_alloc(&r, o, d, nd);
   loom_attn_exec_t *x = NULL;
-  int rc = loom_attn_exec_create(g, d, nd, p.tasks, p.ntasks, o->heads, o->heads, o->head_dim, 1,
-                                 0.0f, &x) != LOOM_OK;
+  test_job_check(loom_attn_exec_create(g, d, nd, p.tasks, p.ntasks, o->heads, o->heads, o->head_dim,
+                                       1, 0.0f, &x),
+                 "attn_perf", "loom_attn_exec_create");
   double *phase = calloc((size_t)o->iters, sizeof(double));
   double *tratio = calloc((size_t)o->iters, sizeof(double));
   double *kmax = calloc((size_t)o->iters, sizeof(double));
   double bytes = 0.0;
-  for (int it = -1; it < o->iters && !rc; it++) {
+  for (int it = -1; it < o->iters; it++) {
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
-    rc |= loom_attn_exec_forward(x, &r.q, &r.k, &r.v, &r.o, &r.l) != LOOM_OK;
-    rc |= loom_attn_exec_backward(x, &r.dout, &r.dq, &r.dk, &r.dv) != LOOM_OK;
+    test_job_check(loom_attn_exec_forward(x, &r.q, &r.k, &r.v, &r.o, &r.l), "attn_perf",
+                   "loom_attn_exec_forward");
+    test_job_check(loom_attn_exec_backward(x, &r.dout, &r.dq, &r.dk, &r.dv), "attn_perf",
+                   "loom_attn_exec_backward");
     double w = 1e3 * (MPI_Wtime() - t0);
     loom_attn_exec_stats_t st;
     loom_attn_exec_stats(x, &st);
@@ -168,40 +166,51 @@ static int run_mode(const opts_t *o, const loom_group_t *g, int mode, result_t *
       bytes = sum[2];
     }
   }
-  if (rc) {
-    fprintf(stderr, "attn_perf: %s\n", loom_last_error(NULL));
-  } else {
-    double mxl = 0.0, suml = 0.0;
-    int nl = 0;
-    for (int i = 0; i < np; i++) {
-      if (mode == 2 && i < np - o->servers) {
-        continue;
-      }
-      mxl = fmax(mxl, p.load[i]);
-      suml += p.load[i];
-      nl++;
+  double mxl = 0.0, suml = 0.0;
+  int nl = 0;
+  for (int i = 0; i < np; i++) {
+    if (mode == 2 && i < np - o->servers) {
+      continue;
     }
-    *res = (result_t){names[mode],
-                      suml > 0 ? mxl / (suml / nl) : 1.0,
-                      median(tratio, o->iters),
-                      bytes,
-                      median(phase, o->iters),
-                      median(kmax, o->iters)};
+    mxl = fmax(mxl, p.load[i]);
+    suml += p.load[i];
+    nl++;
   }
+  *res = (result_t){names[mode],
+                    suml > 0 ? mxl / (suml / nl) : 1.0,
+                    median(tratio, o->iters),
+                    bytes,
+                    median(phase, o->iters),
+                    median(kmax, o->iters)};
   free(phase);
   free(tratio);
   free(kmax);
   loom_attn_exec_destroy(x);
   loom_attn_plan_free(&p);
   rows_free(&r);
-  return rc;
+}
+
+// The ping-pong of two nano-batches by hand: ship A, ship B, compute A, compute B, finish A,
+// finish B.
+static void pingpong_by_hand(loom_attn_exec_t *const x[2], rows_t r[2]) {
+  for (int h = 0; h < 2; h++) {
+    test_job_check(loom_attn_exec_ship(x[h], &r[h].q, &r[h].k, &r[h].v), "attn_perf",
+                   "loom_attn_exec_ship");
+  }
+  for (int h = 0; h < 2; h++) {
+    test_job_check(loom_attn_exec_compute(x[h]), "attn_perf", "loom_attn_exec_compute");
+  }
+  for (int h = 0; h < 2; h++) {
+    test_job_check(loom_attn_exec_finish(x[h], &r[h].o, &r[h].l), "attn_perf",
+                   "loom_attn_exec_finish");
+  }
 }
 
 // Ping-pong of two nano-batches (documents alternately in A and B) under the inplace plan.
-static int run_pingpong(const opts_t *o, loom_ctx_t *ctx, const loom_group_t *g, double out[6]) {
+static void run_pingpong(const opts_t *o, loom_ctx_t *ctx, const loom_group_t *g, double out[6]) {
   loom_attn_doc_t d[MAX_DOCS], half[2][MAX_DOCS];
   const int nd = make_docs(o, np, d, MAX_DOCS);
-  int nh[2] = {0, 0}, rc = 0;
+  int nh[2] = {0, 0};
   for (int i = 0; i < nd; i++) {
     half[i % 2][nh[i % 2]++] = d[i];
   }
@@ -210,10 +219,11 @@ static int run_pingpong(const opts_t *o, loom_ctx_t *ctx, const loom_group_t *g,
   rows_t r[2];
   memset(p, 0, sizeof p);
   for (int h = 0; h < 2; h++) {
-    rc |= plan_for(o, 1, half[h], nh[h], &p[h]);
+    plan_for(o, 1, half[h], nh[h], &p[h]);
     rows_alloc(&r[h], o, half[h], nh[h]);
-    rc |= !rc && loom_attn_exec_create(g, half[h], nh[h], p[h].tasks, p[h].ntasks, o->heads,
-                                       o->heads, o->head_dim, 1, 0.0f, &x[h]) != LOOM_OK;
+    test_job_check(loom_attn_exec_create(g, half[h], nh[h], p[h].tasks, p[h].ntasks, o->heads,
+                                         o->heads, o->head_dim, 1, 0.0f, &x[h]),
+                   "attn_perf", "loom_attn_exec_create");
   }
   // The scheduler's version: the six tasks of loom_sched_add_attn_pingpong (LOOM_TIMELINE
   // writes its timeline).
@@ -223,30 +233,26 @@ static int run_pingpong(const opts_t *o, loom_ctx_t *ctx, const loom_group_t *g,
   }
   loom_sched_t *sc = NULL;
   int ids[6];
-  rc |= !rc && (loom_sched_create(ctx, NULL, &sc) != LOOM_OK ||
-                loom_sched_add_attn_pingpong(sc, nano, -1, 0, "attn", ids) != LOOM_OK);
+  test_job_check(loom_sched_create(ctx, NULL, &sc), "attn_perf", "loom_sched_create");
+  test_job_check(loom_sched_add_attn_pingpong(sc, nano, -1, 0, "attn", ids), "attn_perf",
+                 "loom_sched_add_attn_pingpong");
   double *t[6];
   for (int i = 0; i < 6; i++) {
     t[i] = calloc((size_t)o->iters, sizeof(double));
   }
-  for (int it = -1; it < o->iters && !rc; it++) {
+  for (int it = -1; it < o->iters; it++) {
     for (int pp = 0; pp < 3; pp++) { // 0: A then B; 1: ping-pong by hand; 2: scheduled
       MPI_Barrier(MPI_COMM_WORLD);
       double t0 = MPI_Wtime();
       if (pp == 0) {
         for (int h = 0; h < 2; h++) {
-          rc |=
-              loom_attn_exec_forward(x[h], &r[h].q, &r[h].k, &r[h].v, &r[h].o, &r[h].l) != LOOM_OK;
+          test_job_check(loom_attn_exec_forward(x[h], &r[h].q, &r[h].k, &r[h].v, &r[h].o, &r[h].l),
+                         "attn_perf", "loom_attn_exec_forward");
         }
       } else if (pp == 2) {
-        rc |= loom_sched_run(sc) != LOOM_OK;
+        test_job_check(loom_sched_run(sc), "attn_perf", "loom_sched_run");
       } else {
-        rc |= loom_attn_exec_ship(x[0], &r[0].q, &r[0].k, &r[0].v) != LOOM_OK;
-        rc |= loom_attn_exec_ship(x[1], &r[1].q, &r[1].k, &r[1].v) != LOOM_OK;
-        rc |= loom_attn_exec_compute(x[0]) != LOOM_OK;
-        rc |= loom_attn_exec_compute(x[1]) != LOOM_OK;
-        rc |= loom_attn_exec_finish(x[0], &r[0].o, &r[0].l) != LOOM_OK;
-        rc |= loom_attn_exec_finish(x[1], &r[1].o, &r[1].l) != LOOM_OK;
+        pingpong_by_hand(x, r);
       }
       loom_attn_exec_stats_t s0, s1;
       loom_attn_exec_stats(x[0], &s0);
@@ -265,7 +271,7 @@ static int run_pingpong(const opts_t *o, loom_ctx_t *ctx, const loom_group_t *g,
     }
   }
   for (int i = 0; i < 6; i++) {
-    out[i] = rc ? NAN : median(t[i], o->iters);
+    out[i] = median(t[i], o->iters);
     free(t[i]);
   }
   loom_sched_destroy(sc);
@@ -274,7 +280,6 @@ static int run_pingpong(const opts_t *o, loom_ctx_t *ctx, const loom_group_t *g,
     loom_attn_plan_free(&p[h]);
     rows_free(&r[h]);
   }
-  return rc;
 }
 
 // v with the given decimals, or null where it is not finite (JSON has no nan: the ping-pong of
@@ -409,6 +414,9 @@ int main(int argc, char **argv) {
   me = loom_rank(ctx);
   opts_t o;
   int rc = parse(argc, argv, &o);
+  // Every rank or none goes on: a rank that refused its arguments alone (another command line on
+  // an MPMD line) would leave the others waiting for it in the first collective.
+  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (rc) {
     loom_finalize(ctx);
     return rc == 1 ? 0 : 2;
@@ -428,17 +436,17 @@ int main(int argc, char **argv) {
   }
   result_t res[3];
   int nres = 0;
-  for (int mode = 0; mode < 3 && !rc; mode++) {
+  for (int mode = 0; mode < 3; mode++) {
     if (mode == 2 && o.servers == 0) {
       continue;
     }
-    rc = run_mode(&o, g, mode, &res[nres++]);
+    run_mode(&o, g, mode, &res[nres++]);
   }
   double pp[6] = {NAN, NAN, NAN, NAN, NAN, NAN};
-  if (!rc && np > 1) {
-    rc = run_pingpong(&o, ctx, g, pp);
+  if (np > 1) {
+    run_pingpong(&o, ctx, g, pp);
   }
-  if (me == 0 && !rc) {
+  if (me == 0) {
     printf("# attn_perf: np %d, %s, %d docs per rank (mean %lld%s), heads %d x %d, "
            "tolerance %.2f, row cost %.1f, %d iterations (median)\n",
            np, o.lognormal ? "lognormal" : "onelong", o.docs, (long long)o.mean_len,

@@ -22,7 +22,8 @@
 // count of the call, as nccl-tests prints it: size / n per rank (reduce_scatter's received
 // block, allgather's sent block, alltoall's block per peer). busbw = algbw x factor:
 // allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; broadcast 1. Times are the
-// mean over ranks of each rank's mean time per iteration. Exits 1 when any result is wrong.
+// mean over ranks of each rank's mean time per iteration. Exits 1 when any result is wrong; a
+// call that fails on one rank ends the whole job from there (loom_abort names the rank).
 
 enum coll { ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BROADCAST, ALLTOALL, NCOLL };
 static const char *const coll_names[NCOLL] = {"allreduce", "reduce_scatter", "allgather",
@@ -450,6 +451,18 @@ static loom_status_t run_once(const struct opts *o, const loom_group_t *g, enum 
   }
 }
 
+// run_once; a failure on this rank ends the job (the others may be waiting for it in the call).
+static void run_ok(const struct opts *o, const loom_group_t *g, enum coll c, loom_dtype_t dt,
+                   loom_redop_t op, void *send, void *recv, int64_t count) {
+  loom_status_t status = run_once(o, g, c, dt, op, send, recv, count);
+  if (status != LOOM_OK) {
+    char what[96];
+    snprintf(what, sizeof what, "%s%s of %lld %s elements", o->raw ? "MPI " : "", coll_names[c],
+             (long long)count, type_names[dt]);
+    test_job_check(status, "coll_perf", what);
+  }
+}
+
 // Time c over the sizes and print its rows; returns the number of rows added to rows[].
 static int run_coll(const struct opts *o, const loom_group_t *g, enum coll c, loom_dtype_t dt,
                     loom_redop_t op, void *send, void *recv, struct row *rows, int *failed) {
@@ -470,51 +483,44 @@ static int run_coll(const struct opts *o, const loom_group_t *g, enum coll c, lo
       count -= count % n;
     }
     size_t bytes = (size_t)count * es;
-    loom_status_t status = LOOM_OK;
     fill(dt, send, c == ALLGATHER ? count / n : count, me);
     if (o->codec) {
       fill_gradient(send, count, me);
     }
     fill(dt, recv, count, me + 1000);
-    for (int i = 0; i < o->warmup && status == LOOM_OK; i++) {
+    for (int i = 0; i < o->warmup; i++) {
       if (o->codec) {
         memcpy(recv, send, bytes);
       }
-      status = run_once(o, g, c, dt, op, send, recv, count);
+      run_ok(o, g, c, dt, op, send, recv, count);
     }
     MPI_Barrier(loom_group_comm(g));
     double t0 = MPI_Wtime(), sec = 0, sum = 0;
     if (o->codec) { // every call gets fresh values (a compressor's cost depends on them)
-      for (int i = 0; i < o->iters && status == LOOM_OK; i++) {
+      for (int i = 0; i < o->iters; i++) {
         memcpy(recv, send, bytes);
         MPI_Barrier(loom_group_comm(g));
         double t1 = MPI_Wtime();
-        status = run_once(o, g, c, dt, op, send, recv, count);
+        run_ok(o, g, c, dt, op, send, recv, count);
         sec += MPI_Wtime() - t1;
       }
       sec /= o->iters;
     } else {
-      for (int i = 0; i < o->iters && status == LOOM_OK; i++) {
-        status = run_once(o, g, c, dt, op, send, recv, count);
+      for (int i = 0; i < o->iters; i++) {
+        run_ok(o, g, c, dt, op, send, recv, count);
       }
       sec = (MPI_Wtime() - t0) / o->iters;
     }
     MPI_Allreduce(&sec, &sum, 1, MPI_DOUBLE, MPI_SUM, loom_group_comm(g));
     sec = sum / n;
     long long wrong = -1;
-    if (o->check && status == LOOM_OK) {
+    if (o->check) {
       if (c == BROADCAST) {
         fill(dt, recv, count, me == 0 ? 0 : me + 1000);
       }
-      status = run_once(o, g, c, dt, op, send, recv, count);
+      run_ok(o, g, c, dt, op, send, recv, count);
       long long mine = count_wrong(c, dt, op, recv, c == REDUCE_SCATTER ? count / n : count, n, me);
       MPI_Allreduce(&mine, &wrong, 1, MPI_LONG_LONG, MPI_SUM, loom_group_comm(g));
-    }
-    if (status != LOOM_OK) {
-      fprintf(stderr, "coll_perf: %s of %zu bytes failed: %s\n", coll_names[c], bytes,
-              loom_last_error(NULL));
-      *failed = 1;
-      return nrows;
     }
     struct row *rw = &rows[nrows++];
     *rw = (struct row){coll_names[c],
@@ -563,10 +569,10 @@ static int fusion_test(const struct opts *o, loom_ctx_t *ctx, const loom_group_t
   }
   loom_tensor_wrap(&whole, big, LOOM_F32, LOOM_DEVICE_HOST, 1, &all, "whole");
   loom_fusion_t *f = NULL;
-  loom_status_t status = loom_fusion_create(ctx, g, 0, &f);
+  test_job_check(loom_fusion_create(ctx, g, 0, &f), "coll_perf", "fusion test: loom_fusion_create");
   double t[3] = {0, 0, 0}; // fused, one allreduce, one allreduce per tensor
-  for (int phase = 0; phase < 3 && status == LOOM_OK; phase++) {
-    for (int it = -o->warmup; it < o->iters && status == LOOM_OK; it++) {
+  for (int phase = 0; phase < 3; phase++) {
+    for (int it = -o->warmup; it < o->iters; it++) {
       for (int i = 0; i < NT; i++) {
         fill(LOOM_F32, ts[i].data, ELEMS, me);
       }
@@ -574,19 +580,22 @@ static int fusion_test(const struct opts *o, loom_ctx_t *ctx, const loom_group_t
       MPI_Barrier(loom_group_comm(g));
       double t0 = MPI_Wtime();
       if (phase == 0) {
-        status = loom_fusion_allreduce(f, ptrs, NT, LOOM_SUM);
+        test_job_check(loom_fusion_allreduce(f, ptrs, NT, LOOM_SUM), "coll_perf",
+                       "fusion test: loom_fusion_allreduce");
       } else if (phase == 1) {
-        status = loom_allreduce(g, &whole, &whole, LOOM_SUM);
+        test_job_check(loom_allreduce(g, &whole, &whole, LOOM_SUM), "coll_perf",
+                       "fusion test: the 4 MiB allreduce");
       }
-      for (int i = 0; phase == 2 && i < NT && status == LOOM_OK; i++) {
-        status = loom_allreduce(g, &ts[i], &ts[i], LOOM_SUM);
+      for (int i = 0; phase == 2 && i < NT; i++) {
+        test_job_check(loom_allreduce(g, &ts[i], &ts[i], LOOM_SUM), "coll_perf",
+                       "fusion test: a 4 KiB allreduce");
       }
       double dt = MPI_Wtime() - t0;
       if (it >= 0) {
         t[phase] += dt / o->iters;
       }
     }
-    for (int i = 0; i < NT && phase == 0 && status == LOOM_OK; i++) { // the fused results
+    for (int i = 0; i < NT && phase == 0; i++) { // the fused results
       for (int64_t k = 0; k < ELEMS; k++) {
         bad += ((float *)ts[i].data)[k] != (float)reduced(LOOM_F32, LOOM_SUM, n, k);
       }
@@ -595,9 +604,8 @@ static int fusion_test(const struct opts *o, loom_ctx_t *ctx, const loom_group_t
   double sums[3];
   MPI_Allreduce(t, sums, 3, MPI_DOUBLE, MPI_SUM, loom_group_comm(g));
   int buckets = loom_fusion_buckets(f);
-  if (status != LOOM_OK || bad) {
-    fprintf(stderr, "coll_perf: fusion test failed: %s\n",
-            bad ? "wrong fused results" : loom_last_error(NULL));
+  if (bad) {
+    fprintf(stderr, "coll_perf: fusion test failed: %d wrong fused results\n", bad);
   } else if (rank0) {
     printf("# fusion: %d x 4 KiB f32 tensors in %d bucket(s): %.1f us; one 4 MiB allreduce: %.1f "
            "us; ratio %.2f; %d separate allreduces: %.1f us\n",
@@ -611,7 +619,7 @@ static int fusion_test(const struct opts *o, loom_ctx_t *ctx, const loom_group_t
   free(ts);
   free(ptrs);
   loom_host_free(big);
-  return status != LOOM_OK || bad;
+  return bad != 0;
 }
 
 // ---- output -------------------------------------------------------------------------------------
@@ -688,9 +696,12 @@ int main(int argc, char **argv) {
   void *send = member ? loom_host_alloc(o.max_bytes + 64) : NULL;
   void *recv = member ? loom_host_alloc(o.max_bytes + 64) : NULL;
   if (member && (!send || !recv)) {
-    fprintf(stderr, "coll_perf: cannot allocate 2 x %zu bytes\n", o.max_bytes);
+    fprintf(stderr, "coll_perf: rank %d cannot allocate 2 x %zu bytes: lower -e\n", loom_rank(ctx),
+            o.max_bytes);
     failed = 1;
   }
+  // every rank or none goes on (one that stopped alone would leave the others in a collective)
+  MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (member && !failed) {
     if (rank0) {
       printf("#\n#%11s  %12s  %8s  %6s  %9s  %6s  %6s  %6s\n", "size", "count", "type", "redop",

@@ -193,9 +193,10 @@ static double median(double *v, int n) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Time one mode: the slowest rank's wall, comm and compute per iteration, medians.
-static int time_mode(loom_ctx_t *ctx, const opts_t *o, int mode, const loom_tensor_t *x,
-                     const loom_tensor_t *dy, loom_tensor_t *y, loom_tensor_t *dx, result_t *r) {
+// Time one mode: the slowest rank's wall, comm and compute per iteration, medians. A loom call
+// that fails on this rank ends the job (test_job_check): the other ranks may be waiting for it.
+static void time_mode(loom_ctx_t *ctx, const opts_t *o, int mode, const loom_tensor_t *x,
+                      const loom_tensor_t *dy, loom_tensor_t *y, loom_tensor_t *dx, result_t *r) {
   loom_moe_config_t cfg;
   loom_moe_config_init(&cfg);
   cfg.num_experts = o->experts;
@@ -208,32 +209,27 @@ static int time_mode(loom_ctx_t *ctx, const opts_t *o, int mode, const loom_tens
   cfg.poll_tiles = o->no_poll ? -1 : 0;
   if (o->tune) {
     loom_moe_tuning_t best;
-    if (loom_moe_tune(ctx, loom_group(ctx, LOOM_GROUP_WORLD), &cfg, o->tokens, o->iters,
-                      rank0 ? stdout : NULL, &best) != LOOM_OK) {
-      fprintf(stderr, "moe_perf: %s\n", loom_last_error(NULL));
-      return 1;
-    }
+    test_job_check(loom_moe_tune(ctx, loom_group(ctx, LOOM_GROUP_WORLD), &cfg, o->tokens, o->iters,
+                                 rank0 ? stdout : NULL, &best),
+                   "moe_perf", "loom_moe_tune");
   }
   r->tuned =
       loom_moe_tuned(ctx, loom_group(ctx, LOOM_GROUP_WORLD), &cfg, loom_size(ctx), o->tokens);
   r->chunks = cfg.chunks > 0 ? cfg.chunks : 4;
   r->slices = cfg.col_slices > 0 ? cfg.col_slices : 4;
   loom_moe_t *m = NULL;
-  if (loom_moe_create(ctx, loom_group(ctx, LOOM_GROUP_WORLD), &cfg, &m) != LOOM_OK) {
-    fprintf(stderr, "moe_perf: %s\n", loom_last_error(NULL));
-    return 1;
-  }
+  test_job_check(loom_moe_create(ctx, loom_group(ctx, LOOM_GROUP_WORLD), &cfg, &m), "moe_perf",
+                 "loom_moe_create");
   double *wall = calloc((size_t)o->iters, sizeof(double));
   double *comm = calloc((size_t)o->iters, sizeof(double));
   double *comp = calloc((size_t)o->iters, sizeof(double));
-  int rc = 0;
-  for (int it = -o->warmup; it < o->iters && rc == 0; it++) {
+  for (int it = -o->warmup; it < o->iters; it++) {
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     loom_moe_stats_t sf, sb;
-    rc |= loom_moe_forward(m, x, y, NULL) != LOOM_OK;
+    test_job_check(loom_moe_forward(m, x, y, NULL), "moe_perf", "loom_moe_forward");
     loom_moe_stats(m, &sf);
-    rc |= loom_moe_backward(m, dy, dx) != LOOM_OK;
+    test_job_check(loom_moe_backward(m, dy, dx), "moe_perf", "loom_moe_backward");
     loom_moe_stats(m, &sb);
     // The slowest rank's wall time; compute = wall minus the time in MPI waits, per rank, the
     // largest over ranks (waiting for a slower peer counts as communication in `none`).
@@ -246,9 +242,6 @@ static int time_mode(loom_ctx_t *ctx, const opts_t *o, int mode, const loom_tens
       comm[it] = v[0] - v[1];
     }
   }
-  if (rc) {
-    fprintf(stderr, "moe_perf: %s\n", loom_last_error(NULL));
-  }
   r->mode = mode;
   r->wall = median(wall, o->iters);
   r->comm = median(comm, o->iters);
@@ -257,7 +250,6 @@ static int time_mode(loom_ctx_t *ctx, const opts_t *o, int mode, const loom_tens
   free(comm);
   free(comp);
   loom_moe_destroy(m);
-  return rc;
 }
 
 int main(int argc, char **argv) {
@@ -269,6 +261,9 @@ int main(int argc, char **argv) {
   }
   rank0 = loom_rank(ctx) == 0;
   int rc = parse(argc, argv, &o);
+  // Every rank or none goes on: a rank that refused its arguments alone (another command line on
+  // an MPMD line) would leave the others waiting for it in the first all-to-all.
+  MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
   if (rc != 0) {
     loom_finalize(ctx);
     return rc == 1 ? 0 : 2;
@@ -282,8 +277,8 @@ int main(int argc, char **argv) {
   test_fill_uniform(&rng, test_floats(&dy), o.tokens * o.hidden, -1e-3, 1e-3);
   result_t res[LOOM_MOE_OVERLAP_COUNT];
   memset(res, 0, sizeof res);
-  for (int i = 0; i < o.nmodes && rc == 0; i++) {
-    rc = time_mode(ctx, &o, o.modes[i], &x, &dy, &y, &dx, &res[i]);
+  for (int i = 0; i < o.nmodes; i++) {
+    time_mode(ctx, &o, o.modes[i], &x, &dy, &y, &dx, &res[i]);
   }
   const result_t *none = NULL;
   for (int i = 0; i < o.nmodes; i++) {
@@ -292,7 +287,7 @@ int main(int argc, char **argv) {
   const double t_seq = none ? none->wall : NAN, t_comp = none ? none->compute : NAN;
   const double t_comm = t_seq - t_comp;
   const double flops = 3.0 * 4.0 * (double)o.tokens * o.topk * (double)o.hidden * (double)o.ffn;
-  if (rank0 && rc == 0) {
+  if (rank0) {
     printf("# moe_perf: np %d, tokens %lld per rank, hidden %lld, ffn %lld, experts %d, top-%d, "
            "%d iterations (median, slowest rank)%s\n",
            np, (long long)o.tokens, (long long)o.hidden, (long long)o.ffn, o.experts, o.topk,

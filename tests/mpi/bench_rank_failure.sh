@@ -1,0 +1,66 @@
+#!/bin/sh
+# bench_rank_failure.sh — coll_perf, moe_perf and attn_perf end the whole job at once when one
+# rank fails (an MPMD line gives rank 1 other arguments, or less memory): a loom call that fails
+# on one rank aborts the job naming the rank and the error, and arguments or buffers one rank
+# cannot have end every rank. Five cases once hung (the other ranks waited in a collective until
+# LOOM_TIMEOUT); in attn_plan both ranks went on to the backward and reported its error instead.
+set -u
+b=${LOOM_BUILDDIR:-.}
+for p in coll_perf moe_perf attn_perf; do
+  [ -x "$b/tests/bench/$p" ] || { echo "FAIL: $b/tests/bench/$p is not built"; exit 99; }
+done
+mpirun_exe=$(sed -n "s/^MPIRUN='\(.*\)'$/\1/p" "$b/tests/mpirun.sh")
+tmp=$(mktemp -d) || exit 99
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+
+# mpmd NAME RC TEXT PROG ARGS0 ARGS1 [PRE1]: rank 0 runs PROG ARGS0, rank 1 PRE1 PROG ARGS1; the
+# job must end within 60 s (LOOM_TIMEOUT stays at its 300 s) with exit RC, TEXT in its output
+# and no crash
+mpmd() {
+  name=$1 want_rc=$2 want=$3 exe=$b/tests/bench/$4 args0=$5 args1=$6 pre1=${7:-}
+  # shellcheck disable=SC2086 # the argument lists split on purpose
+  env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    OMPI_MCA_btl_vader_single_copy_mechanism=none timeout 60 "${mpirun_exe:-mpirun}" \
+    --oversubscribe ${LOOM_MPIRUN_FLAGS:-} -np 1 "$exe" $args0 : -np 1 $pre1 "$exe" $args1 \
+    >"$tmp/$name.log" 2>&1
+  rc=$?
+  if [ "$rc" -eq 124 ]; then
+    echo "FAIL: $name: the job hung (killed after 60 s)"
+    fail=1
+  elif [ "$rc" -ne "$want_rc" ]; then
+    cat "$tmp/$name.log"; echo "FAIL: $name: exit $rc (want $want_rc)"; fail=1
+  elif grep -q -E 'exited on signal|Segmentation fault|free\(\)|corrupted' "$tmp/$name.log"; then
+    cat "$tmp/$name.log"; echo "FAIL: $name: a rank crashed instead of an error"; fail=1
+  elif ! grep -q -- "$want" "$tmp/$name.log"; then
+    cat "$tmp/$name.log"; echo "FAIL: $name: no '$want'"; fail=1
+  else
+    echo "ok: $name: rc $rc, '$want'"
+  fi
+}
+
+# Counts that differ: rank 0's receive is shorter than what rank 1 sends (MPI_ERR_TRUNCATE on
+# rank 0 only), while rank 1 waits for rank 0's data.
+c="--op allreduce -d float -o sum -n 1 -w 0 -c 0"
+mpmd coll_count 1 "rank 0 aborts the job: coll_perf: allreduce of 256 float elements failed" \
+  coll_perf "$c -b 1K -e 1K" "$c -b 2K -e 2K"
+# Rank 1 alone cannot allocate its two 1 GiB buffers (1.5 GB of address space); not under ASan,
+# which reserves far more address space than that at start.
+if [ -z "${ASAN_OPTIONS:-}" ]; then
+  printf '#!/bin/sh\nulimit -v 1500000 && exec "$@"\n' >"$tmp/lowmem"
+  chmod +x "$tmp/lowmem"
+  mpmd coll_alloc 1 "coll_perf: rank 1 cannot allocate 2 x 1073741824 bytes" \
+    coll_perf "$c -b 8 -e 1G" "$c -b 8 -e 1G" "$tmp/lowmem"
+fi
+m="--tokens 16 --hidden 8 --ffn 16 --topk 1 --iters 1 --warmup 0 --modes none"
+mpmd moe_create 1 "rank 1 aborts the job: moe_perf: loom_moe_create failed (invalid argument)" \
+  moe_perf "$m --experts 2" "$m --experts 3"
+mpmd moe_args 2 "moe_perf: --tokens >= 0, --hidden, --ffn, --iters >= 1" \
+  moe_perf "$m --experts 2" "$m --experts 2 --iters 0"
+a="--docs 2 --mean-len 32 --heads 1 --iters 1"
+# (both ranks may find the other's message the wrong size: either one aborts)
+mpmd attn_plan 1 "aborts the job: attn_perf: loom_attn_exec_forward failed" \
+  attn_perf "$a --head-dim 8" "$a --head-dim 4"
+mpmd attn_args 2 "attn_perf: --mean-len 12abc: expected a whole number" \
+  attn_perf "$a --head-dim 8" "$a --head-dim 8 --mean-len 12abc"
+exit $fail
