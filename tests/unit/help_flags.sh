@@ -18,24 +18,19 @@ help() {
     fail=1
   fi
 }
-# unknown PROG FLAG: exit 2 and a message that names the flag
-unknown() {
+# refused PROG FLAG TEXT: PROG given FLAG alone exits 2 with TEXT on stderr
+refused() {
   timeout 60 "$b/$1" "$2" >"$tmp/out" 2>"$tmp/err"
   rc=$?
-  if [ $rc -ne 2 ] || ! grep -q -e "'$2'" "$tmp/err"; then
-    echo "FAIL: $1 $2: exit $rc (want 2), stderr: $(head -2 "$tmp/err")"
+  if [ $rc -ne 2 ] || ! grep -q -e "$3" "$tmp/err"; then
+    echo "FAIL: $1 $2: exit $rc (want 2 and '$3'), stderr: $(head -2 "$tmp/err")"
     fail=1
   fi
 }
-# novalue PROG FLAG: FLAG last, without its value: exit 2 and "FLAG needs a value"
-novalue() {
-  timeout 60 "$b/$1" "$2" >"$tmp/out" 2>"$tmp/err"
-  rc=$?
-  if [ $rc -ne 2 ] || ! grep -q -e "$2 needs a value" "$tmp/err"; then
-    echo "FAIL: $1 $2 (no value): exit $rc (want 2 and '$2 needs a value'), stderr: $(head -2 "$tmp/err")"
-    fail=1
-  fi
-}
+# unknown PROG FLAG: a message that names the flag
+unknown() { refused "$1" "$2" "'$2'"; }
+# novalue PROG FLAG: FLAG last, without its value: "FLAG needs a value"
+novalue() { refused "$1" "$2" "$2 needs a value"; }
 progs="loom_info loom_timeline_merge tests/bench/gemm_perf tests/bench/coll_perf tests/bench/plan_perf"
 [ -x "$b/tests/bench/gpu_attn_perf" ] && progs="$progs tests/bench/gpu_attn_perf" # --with-cuda
 for p in $progs; do
