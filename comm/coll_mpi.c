@@ -160,14 +160,27 @@ static void scratch_give(struct comm_state *cs, void *p) {
 
 // ---- message helpers ----------------------------------------------------------------------------
 
-// Post a send (is_send) or a receive of count elements in messages of at most LOOM_MPI_CHUNK.
+// The limit of elements per MPI message or call (see comm_internal.h). Relaxed atomics: the test
+// hook sets it before any transfer, and calls on any thread read it.
+static int64_t mpi_chunk = LOOM_MPI_CHUNK;
+
+int64_t loom_mpi_chunk(void) {
+  return __atomic_load_n(&mpi_chunk, __ATOMIC_RELAXED);
+}
+
+void loom_mpi_set_chunk(int64_t n) {
+  __atomic_store_n(&mpi_chunk, n > 0 && n < LOOM_MPI_CHUNK ? n : LOOM_MPI_CHUNK, __ATOMIC_RELAXED);
+}
+
+// Post a send (is_send) or a receive of count elements in messages of at most loom_mpi_chunk().
 loom_status_t loom_mpi_post_p2p(loom_request_t *r, int is_send, const void *buf, int64_t count,
                                 loom_dtype_t dtype, int peer, int tag, MPI_Comm comm) {
   loom_status_t status = LOOM_OK;
   size_t es = loom_dtype_size(dtype);
   MPI_Datatype type = loom_mpi_datatype(dtype);
-  for (int64_t off = 0; off < count; off += LOOM_MPI_CHUNK) {
-    int m = (int)(count - off < LOOM_MPI_CHUNK ? count - off : LOOM_MPI_CHUNK);
+  const int64_t chunk = loom_mpi_chunk();
+  for (int64_t off = 0; off < count; off += chunk) {
+    int m = (int)(count - off < chunk ? count - off : chunk);
     MPI_Request *slot = loom_request_slot(r);
     if (!slot) {
       return LOOM_ERR_NOMEM;
@@ -203,7 +216,7 @@ static int fits(const int64_t *counts, int n) {
   for (int i = 0; i < n; i++) {
     total += counts[i];
   }
-  return total <= LOOM_MPI_CHUNK;
+  return total <= loom_mpi_chunk();
 }
 
 // ---- ordered reduction --------------------------------------------------------------------------
@@ -478,8 +491,9 @@ loom_status_t loom_mpi_iallreduce(const loom_group_t *g, const void *send, void 
   LOOM_CHECK(loom_mpi_op(dtype, op, &mop));
   MPI_Datatype type = loom_mpi_datatype(dtype);
   size_t es = loom_dtype_size(dtype);
-  for (int64_t off = 0; off < count; off += LOOM_MPI_CHUNK) {
-    int m = (int)(count - off < LOOM_MPI_CHUNK ? count - off : LOOM_MPI_CHUNK);
+  const int64_t chunk = loom_mpi_chunk();
+  for (int64_t off = 0; off < count; off += chunk) {
+    int m = (int)(count - off < chunk ? count - off : chunk);
     MPI_Request *slot = loom_request_coll_slot(r);
     if (!slot) {
       return LOOM_ERR_NOMEM;
@@ -570,8 +584,9 @@ loom_status_t loom_mpi_ibroadcast(const loom_group_t *g, void *buf, int64_t coun
   LOOM_CHECK(collective_tags(g, &unused, &tag, &r->watch));
   MPI_Datatype type = loom_mpi_datatype(dtype);
   size_t es = loom_dtype_size(dtype);
-  for (int64_t off = 0; off < count; off += LOOM_MPI_CHUNK) {
-    int m = (int)(count - off < LOOM_MPI_CHUNK ? count - off : LOOM_MPI_CHUNK);
+  const int64_t chunk = loom_mpi_chunk();
+  for (int64_t off = 0; off < count; off += chunk) {
+    int m = (int)(count - off < chunk ? count - off : chunk);
     MPI_Request *slot = loom_request_coll_slot(r);
     if (!slot) {
       return LOOM_ERR_NOMEM;

@@ -16,10 +16,14 @@ extern "C" {
 // Elements per MPI message or MPI reduction call. MPI-3 counts are int, and some MPI internals
 // keep byte counts in int too: longer transfers are split into pieces of at most this many
 // elements (at most 1 GiB), and gathers and all-to-alls whose totals exceed it go point to point
-// in such pieces. Override with -DLOOM_MPI_CHUNK=1000 to exercise the splitting in the tests.
-#ifndef LOOM_MPI_CHUNK
+// in such pieces. loom_mpi_chunk() is the limit in force: LOOM_MPI_CHUNK unless a test lowered it.
 #define LOOM_MPI_CHUNK ((int64_t)1 << 27)
-#endif
+int64_t loom_mpi_chunk(void);
+// Test hook: split MPI transfers into pieces of at most n elements (n <= 0 or above
+// LOOM_MPI_CHUNK: back to LOOM_MPI_CHUNK), so that small tensors exercise the splitting. Call it
+// with the same n on every rank before any transfer: whether a gather or an all-to-all fits one
+// MPI call must be decided alike everywhere.
+void loom_mpi_set_chunk(int64_t n);
 
 // ---- watchdog and consistency checks (watchdog.c) ---------------------------------------------
 
@@ -236,7 +240,7 @@ loom_status_t loom_mpi_ialltoallv(const loom_group_t *g, const void *send, void 
 loom_status_t loom_mpi_collective_tags(const loom_group_t *g, MPI_Comm *comm, int *tag,
                                        struct loom_watch *w);
 // Post a send (is_send) or a receive of count elements to or from peer on (comm, tag), in
-// messages of at most LOOM_MPI_CHUNK elements, as stages of r.
+// messages of at most loom_mpi_chunk() elements, as stages of r.
 loom_status_t loom_mpi_post_p2p(loom_request_t *r, int is_send, const void *buf, int64_t count,
                                 loom_dtype_t dtype, int peer, int tag, MPI_Comm comm);
 loom_status_t loom_mpi_isend(const loom_group_t *g, const void *buf, int64_t count,

@@ -8,6 +8,7 @@
 
 #include "../check_mpi.h"
 #include "../testutil.h"
+#include "comm_internal.h" // loom_mpi_set_chunk (the library's test hook)
 
 // What is checked (each against values computed here from the rank formula below):
 // - allreduce: 7 dtypes x SUM/AVG/MAX/MIN x counts 0, 1, 7, 1000 (+ 1000003 on world), in place
@@ -17,7 +18,8 @@
 // - reduce_scatter: even split (NULL counts, counts not divisible by n) and explicit uneven
 //   counts with zeros; every dtype and op.
 // - allgather, allgatherv (random counts with zeros from a shared seed), broadcast from every
-//   root, alltoall, alltoallv (random per-pair counts from a shared seed), send/recv ring.
+//   root, alltoall (blocks of 0..2 and 7), alltoallv (random per-pair counts from a shared
+//   seed), send/recv ring.
 // - non-blocking: several requests polled together with loom_test; two staged requests waited
 //   for in opposite orders on odd and even ranks (must not deadlock); loom_wait_all with NULLs.
 // - pipelined ordered reductions (chunks of at most 1 MiB per peer): counts of several chunks
@@ -27,6 +29,10 @@
 // - groups: world (with the large counts), node, dp, ep, expert_dp where this rank is a member;
 //   on a group it is not in (attn without servers, dp on a server) every call is INVALID_ARG.
 // - bad arguments: each LOOM_ERR_INVALID_ARG with a message naming the call and the argument.
+// With --chunk N every MPI transfer goes in pieces of at most N elements (loom_mpi_set_chunk, the
+// library's test hook; normally 2^27): with N = 3 the counts above split into many pieces with a
+// short last one, and gathers and equal all-to-alls of more than N elements go point to point.
+// Below N = 1000 the large counts are left out (a million elements would be 300000 messages).
 
 static const loom_dtype_t all_dtypes[] = {LOOM_F32, LOOM_F16, LOOM_BF16, LOOM_I8,
                                           LOOM_U8,  LOOM_I32, LOOM_I64};
@@ -762,6 +768,7 @@ static void suite(const loom_group_t *g, int big) {
       t_broadcast(g, dt, root == 0 ? 0 : 7 + root, root, root % 3);
     }
     t_alltoall(g, dt, d % 3, 0, 0, d % 3);
+    t_alltoall(g, dt, 7, 0, 0, (d + 2) % 3); // with --chunk 3: point to point, in 3 + 3 + 1
     t_alltoall(g, dt, 0, 1, d + 1, (d + 1) % 3);
     t_ring(g, dt, d == 0 ? 0 : 7 * d, d % 2);
   }
@@ -921,6 +928,25 @@ int main(int argc, char **argv) {
     return 1;
   }
   world_rank = loom_rank(ctx);
+  int64_t chunk = 0; // --chunk N: MPI transfers in pieces of at most N elements
+  if (argc == 3 && strcmp(argv[1], "--chunk") == 0) {
+    if (test_int64_arg("test_coll", "--chunk", argv[2], &chunk) != 0 || chunk < 1) {
+      fprintf(stderr, "test_coll: --chunk %s: expected a whole number >= 1\n", argv[2]);
+      loom_finalize(ctx);
+      return 2;
+    }
+    loom_mpi_set_chunk(chunk);
+    CHECK(loom_mpi_chunk() == chunk, "loom_mpi_set_chunk(%lld) left the limit at %lld",
+          (long long)chunk, (long long)loom_mpi_chunk());
+    if (world_rank == 0) {
+      printf("test_coll: MPI transfers in pieces of at most %lld elements\n", (long long)chunk);
+    }
+  } else if (argc != 1) {
+    fprintf(stderr, "usage: test_coll [--chunk N]\n");
+    loom_finalize(ctx);
+    return 2;
+  }
+  const int big = chunk == 0 || chunk >= 1000; // the large counts (see the top comment)
   const loom_group_kind_t kinds[] = {LOOM_GROUP_WORLD, LOOM_GROUP_NODE,      LOOM_GROUP_DP,
                                      LOOM_GROUP_EP,    LOOM_GROUP_EXPERT_DP, LOOM_GROUP_ATTN};
   for (int k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++) {
@@ -928,7 +954,7 @@ int main(int argc, char **argv) {
     if (loom_group_rank(g) < 0) {
       t_not_member(g);
     } else {
-      suite(g, kinds[k] == LOOM_GROUP_WORLD);
+      suite(g, big && kinds[k] == LOOM_GROUP_WORLD);
     }
     MPI_Barrier(MPI_COMM_WORLD); // one group kind at a time, for readable failures
   }

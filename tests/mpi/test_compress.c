@@ -9,6 +9,7 @@
 
 #include "../check_mpi.h"
 #include "../testutil.h"
+#include "comm_internal.h"     // loom_mpi_set_chunk (the library's test hook)
 #include "compress_internal.h" // the shard seeds and int8:sr's per-rank encode seeds
 
 // What is checked, at the np of the spec, for sizes 0, 1, 5, 3 np + 1, 1000 and 4099:
@@ -28,6 +29,8 @@
 // - loom_icompressed_allreduce with two calls in flight equals the blocking calls bitwise;
 // - powersgd at full rank reproduces the exact sum, at rank 1 on rank-1 inputs too, and needs ef
 //   and a matrix view whose sides fit the BLAS's int;
+// - with --chunk N, all of it with MPI messages of at most N bytes (loom_mpi_set_chunk, the
+//   library's test hook): payload gathers and all-to-alls go point to point, in pieces;
 //   a step of zeros or of non-finite values does not stop the next ones from being exact;
 // - errors: an f16 tensor, an unnamed tensor with ef, a bad op.
 // With LOOM_COMPRESS_CHUNK set small in the spec, the flat schemes cut tensors into pipelined
@@ -481,6 +484,20 @@ int main(int argc, char **argv) {
   }
   world_rank = loom_rank(ctx);
   world_size = loom_size(ctx);
+  if (argc == 3 && strcmp(argv[1], "--chunk") == 0) { // MPI messages of at most N bytes
+    int64_t chunk = 0;
+    if (test_int64_arg("test_compress", "--chunk", argv[2], &chunk) != 0 || chunk < 1) {
+      loom_finalize(ctx);
+      return 2;
+    }
+    loom_mpi_set_chunk(chunk); // the library's test hook (comm_internal.h)
+    CHECK(loom_mpi_chunk() == chunk, "loom_mpi_set_chunk(%lld) left the limit at %lld",
+          (long long)chunk, (long long)loom_mpi_chunk());
+  } else if (argc != 1) {
+    fprintf(stderr, "usage: test_compress [--chunk N]\n");
+    loom_finalize(ctx);
+    return 2;
+  }
   const loom_group_t *g = loom_group(ctx, LOOM_GROUP_WORLD);
   const char *ns = getenv("LOOM_NODE_SIZE");
   int node_size = ns ? atoi(ns) : 0;
