@@ -67,10 +67,19 @@ static void test_scale_axpy(void) {
             (long long)n);
       CHECK(test_same_bits(keep, x.data, n), "axpy changed x");
     }
-    // axpy between different shapes of the same numel is fine.
+    // axpy between different shapes of the same numel is fine, and covers every element: z
+    // starts at 0.5, so z = 0.5 + 2 x, exact against the float expression (two roundings).
     int64_t other[2] = {n, 1};
     loom_tensor_t z = test_tensor_f32(2, other, "z");
+    test_fill_value(test_floats(&z), n, 0.5f);
     CHECK(loom_axpy(&z, 2.0f, &x) == LOOM_OK, "axpy (n, 1) += (1, n): %s", loom_last_error(NULL));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+      float want = 0.5f + 2.0f * test_floats(&x)[i];
+      bad += memcmp(&test_floats(&z)[i], &want, sizeof want) != 0;
+    }
+    CHECK(bad == 0, "axpy (%lld, 1) += 2 x (1, %lld): %lld of %lld elements are not 0.5 + 2 x",
+          (long long)n, (long long)n, (long long)bad, (long long)n);
     loom_tensor_free(&z);
     free(keep);
     free(want_f);
