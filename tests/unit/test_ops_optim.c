@@ -100,12 +100,26 @@ static void test_adamw(void) {
     CHECK(fabs(test_floats(&p)[i] - want) <= 1e-6, "adamw step 1 [%d]: %.9g want %.9g", i,
           (double)test_floats(&p)[i], want);
   }
-  // lr 0: the parameters do not move (bitwise), the moments still do.
+  // lr 0: the parameters do not move (bitwise), the moments still do: m = b1 m1 + (1 - b1) g,
+  // v = b2 v1 + (1 - b2) g^2 from the step-1 moments. Each is two float products and a sum of
+  // like-signed terms (no cancellation): a few ulp, well inside rtol 1e-6 (8 ulp of float).
+  float m1[3], v1[3];
+  memcpy(m1, m.data, sizeof m1);
+  memcpy(v1, v.data, sizeof v1);
   memcpy(p.data, p0, sizeof p0);
   hp.lr = 0.0f;
   hp.step = 2;
   CHECK(loom_adamw_update(&p, &g, &m, &v, &hp) == LOOM_OK && !memcmp(p.data, p0, sizeof p0),
         "adamw with lr 0 moved the parameters");
+  double m2[3], v2[3];
+  for (int i = 0; i < 3; i++) {
+    m2[i] = (double)hp.beta1 * m1[i] + (1.0 - (double)hp.beta1) * g0[i];
+    v2[i] = (double)hp.beta2 * v1[i] + (1.0 - (double)hp.beta2) * (double)g0[i] * g0[i];
+  }
+  CHECK(test_compare("adamw lr 0: m", test_floats(&m), m2, 3, 0.0, 1e-6) == 0,
+        "adamw with lr 0 must still update m = b1 m + (1 - b1) g");
+  CHECK(test_compare("adamw lr 0: v", test_floats(&v), v2, 3, 0.0, 1e-6) == 0,
+        "adamw with lr 0 must still update v = b2 v + (1 - b2) g^2");
   // An empty tensor is fine.
   int64_t zero = 0;
   loom_tensor_t e[4] = {test_tensor_f32(1, &zero, "e0"), test_tensor_f32(1, &zero, "e1"),
