@@ -262,8 +262,17 @@ static void test_clip(void) {
   CHECK(loom_clip_grad_norm(cat, 3, 0.0f, &got) == LOOM_OK, "%s", loom_last_error(NULL));
   CHECK(fabs(got - max_norm) <= 1e-5 * max_norm, "norm after clipping %.9g want %.9g", (double)got,
         (double)max_norm);
-  // NULL global_norm and n = 0 are fine; n = 0 measures 0.
+  // NULL global_norm and n = 0 are fine; n = 0 measures 0. With NULL the gradients (norm
+  // max_norm, about 3.4) are still clipped, to norm 1: each element is scaled in float (2^-24
+  // relative), the double norm is rounded to float, and the coefficient's + 1e-6 is 3e-7 of the
+  // norm; together below 5e-7, so rtol 2e-6.
   CHECK(loom_clip_grad_norm(grads, 4, 1.0f, NULL) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(max_norm > 2.0f, "the gradients' norm %g should be far above 1 for this check",
+        (double)max_norm);
+  got = -1.0f;
+  CHECK(loom_clip_grad_norm(cat, 3, 0.0f, &got) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(fabs(got - 1.0) <= 2e-6, "clipping to 1 with NULL global_norm: norm after %.9g, want 1",
+        (double)got);
   got = -1.0f;
   CHECK(loom_clip_grad_norm(NULL, 0, 1.0f, &got) == LOOM_OK && got == 0.0f, "n = 0: %g, %s",
         (double)got, loom_last_error(NULL));
