@@ -147,9 +147,12 @@ static void run_case(test_rng_t *rng, const ce_case_t *c) {
             (long long)i, (double)((float *)losses.data)[i]);
     }
   }
-  // A NULL mean_loss is fine.
+  // A NULL mean_loss is fine, and the losses are still written (garbage in them again first).
+  test_fill_uniform(rng, losses.data, c->n, 50, 60);
   CHECK(loom_cross_entropy_forward(&losses, NULL, &logits, &targets, c->ignore) == LOOM_OK,
         "forward with NULL mean_loss");
+  CHECK(test_compare(what, losses.data, want, c->n, 1e-5, 1e-5) == 0,
+        "%s: losses with a NULL mean_loss", what);
 
   st = loom_cross_entropy_backward(&dlogits, &logits, &targets, c->ignore, c->dloss);
   CHECK(st == LOOM_OK, "backward: %s", loom_last_error(NULL));
