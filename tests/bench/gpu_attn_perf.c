@@ -374,6 +374,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "gpu_attn_perf: -n must be >= 1 and -w >= 0\n");
     return 2;
   }
+  if (test_output_writable("gpu_attn_perf", "--json", o.json) != 0) { // now, not after the run
+    return 2;
+  }
   if (loom_cuda_device_count() <= 0) {
     printf("gpu_attn_perf: SKIP: no CUDA device visible (loom built %s CUDA)\n",
 #ifdef LOOM_HAVE_CUDA

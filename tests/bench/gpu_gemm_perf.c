@@ -212,6 +212,9 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+  if (test_output_writable("gpu_gemm_perf", "--json", o.json) != 0) { // now, not after the run
+    return 2;
+  }
   if (loom_cuda_device_count() <= 0) {
     printf("gpu_gemm_perf: SKIP: no CUDA device visible (or loom built without CUDA)\n");
     return 77;

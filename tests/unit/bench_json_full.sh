@@ -1,6 +1,7 @@
 #!/bin/sh
 # bench_json_full.sh — a benchmark whose --json file cannot be written whole (/dev/full: every
 # write fails) exits non-zero naming the file and the error; compute_perf and gemm_perf exited 0.
+# The GPU benches refuse a --json path they cannot create before they look for a device.
 set -u
 b=${LOOM_BUILDDIR:-.}
 [ -c /dev/full ] || { echo "SKIP: no /dev/full here"; exit 77; }
@@ -27,4 +28,16 @@ full() {
 }
 full compute_perf --quick -n 1 -w 0
 full gemm_perf -n 1 --width 8 --tokens 8
+# The GPU benches (CUDA builds) check the path before anything else, even without a device.
+for p in gpu_gemm_perf gpu_attn_perf; do
+  [ -x "$b/tests/bench/$p" ] || continue
+  timeout 60 "$b/tests/bench/$p" --json "$tmp/no/such/dir/x.json" >"$tmp/out" 2>"$tmp/err"
+  rc=$?
+  if [ $rc -ne 2 ] || ! grep -q -- "--json $tmp/no/such/dir/x.json" "$tmp/err"; then
+    echo "FAIL: $p --json into a missing folder: exit $rc (want 2), stderr: $(tail -2 "$tmp/err")"
+    fail=1
+  else
+    echo "ok: $p refuses an unwritable --json before running"
+  fi
+done
 exit $fail
