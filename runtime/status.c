@@ -79,7 +79,7 @@ loom_status_t loom_error_unlogged(loom_status_t status, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  snprintf(thread_last_error, sizeof thread_last_error, "%s", msg);
+  loom_error_set_quiet(msg);
   return status;
 }
 
