@@ -140,7 +140,10 @@ void loom_request_free(loom_request_t *r) {
 // the first failed request's status says which. The stage's other requests end before the
 // request does, so that nothing lands in the caller's buffers after it failed: receives and
 // sends are cancelled, collectives (which MPI forbids cancelling, and which every rank posted)
-// are waited for.
+// are waited for. That wait holds the list lock, but it does not block with Open MPI: its
+// MPI_Testall reports an error only once every request of the stage has completed (checked with a
+// stage of a truncated receive and a barrier the peer never entered: it waited as a whole, and
+// LOOM_TIMEOUT reported it).
 static loom_status_t stage_failed(loom_request_t *r, int rc) {
   int err = rc, peer = -1, cls = MPI_ERR_OTHER;
   MPI_Error_class(rc, &cls);
