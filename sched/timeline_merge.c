@@ -190,8 +190,11 @@ static int parse_number(struct parser *p, long *as_long) {
       p->pos++;
     }
   }
-  if (as_long && integral && p->pos - begin < 19) {
-    *as_long = strtol(p->in->buf + begin, NULL, 10);
+  if (as_long && integral && p->pos - begin < 19) { // (the file's bytes end without a NUL)
+    char digits[20];
+    memcpy(digits, p->in->buf + begin, p->pos - begin);
+    digits[p->pos - begin] = 0;
+    *as_long = strtol(digits, NULL, 10);
   }
   return 0;
 }

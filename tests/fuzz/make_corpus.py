@@ -112,8 +112,21 @@ def moe_corpus():
     write("fuzz_moe_msg", "np3_el2", moe_seed(3, 2, 3, 1 << 24, [1, 2, 3, 4, 5, 6]))
 
 
+# ---- fuzz_timeline: a rank's Chrome trace as LOOM_TIMELINE writes it, and an earlier merge ------
+def timeline_corpus():
+    write("fuzz_timeline", "rank0.json",
+          b'{"traceEvents":[\n{"name":"fwd","ph":"X","pid":0,"tid":1,"ts":10.5,"dur":3,'
+          b'"args":{"bytes":4096,"tensors":["a","b"]}},\n'
+          b'{"name":"process_name","ph":"M","pid":0,"args":{"name":"rank 0"}}\n],'
+          b'"otherData":{"step":1}}\n')
+    write("fuzz_timeline", "merged.json",
+          b'{"traceEvents":[{"pid":1,"s":"\\u00e9\\n\xc3\xa9"},{"pid":-2,"e":[1e-3,true,null]}],'
+          b'"otherData":{"loom_timeline_merge":2}}')
+
+
 if __name__ == "__main__":
     codec_corpus()
     tunables_corpus()
     attn_corpus()
     moe_corpus()
+    timeline_corpus()

@@ -699,6 +699,9 @@ static void test_timeline(void) {
         {"{\"traceEvents\":[", "offset 16"},
         {"{\"other\":1}", "traceEvents"},
         {"{\"traceEvents\":[{\"name\":\"x\"}]} trailing", "offset 31"},
+        // The file ends in a pid's digits: they were read with strtol past the buffer's end
+        // (found by fuzz_timeline under ASan).
+        {"{\"traceEvents\":[{\"pid\":12", "offset 25"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
       FILE *f = fopen(bad, "w");
