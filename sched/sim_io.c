@@ -493,7 +493,7 @@ loom_status_t loom_sim_cluster_load(const char *path, loom_sim_cluster_t *c) {
       int *dst = key[0] == 'n'   ? &c->nodes
                  : key[0] == 'r' ? &c->ranks_per_node
                                  : &c->cores_per_node;
-      *dst = (int)v;
+      *dst = bad ? 0 : (int)v; // (v is not set when the value is refused)
     } else if (!strcmp(key, "intra")) {
       bad = cluster_link(&r, &c->intra, &c->intra_shared) != 0;
       have_intra = 1;

@@ -1,5 +1,5 @@
-/* fuzz_sim_profile.c — libFuzzer target for loom_sim's profile loader (sched/sim_io.c): any bytes
- * as a profile file; what loads is then simulated at a few rank counts on a fixed cluster. */
+/* fuzz_sim_profile.c — libFuzzer target for loom_sim's file loaders (sched/sim_io.c): any bytes as
+ * a cluster file and as a profile; a profile that loads is simulated on a fixed cluster. */
 #include "config.h"
 
 #include <stdint.h>
@@ -33,6 +33,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     abort();
   }
   fclose(f);
+  // The same bytes as a cluster file (loom_sim --cluster): what loads is complete and in range.
+  loom_sim_cluster_t cl;
+  if (loom_sim_cluster_load(path, &cl) == LOOM_OK) {
+    const int max = 1 << 24;
+    if (cl.nodes < 1 || cl.nodes > max || cl.ranks_per_node < 1 || cl.ranks_per_node > max ||
+        cl.cores_per_node < 1 || cl.cores_per_node > max || !(cl.intra.gbps > 0.0) ||
+        !(cl.inter.gbps > 0.0) || !(cl.intra.alpha_us >= 0.0) || !(cl.inter.alpha_us >= 0.0) ||
+        !memchr(cl.name, 0, sizeof cl.name) || !cl.name[0]) {
+      abort();
+    }
+  }
   loom_sim_profile_t p;
   loom_status_t st = loom_sim_profile_load(path, &p);
   if (st != LOOM_OK) {
