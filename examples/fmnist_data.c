@@ -1,7 +1,7 @@
 /* fmnist_data.c — Fashion-MNIST loader (IDX files through zlib, every header field and byte count
  * checked before use), pixel normalisation, seeded shuffling and rank sharding of global batches.
  */
-#define _POSIX_C_SOURCE 200809L // open(2) for a clear errno on a missing file
+#define _POSIX_C_SOURCE 200809L // open(2) for a clear errno on a missing file, fstat(2)
 
 #include "fmnist_data.h"
 
@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -36,14 +37,24 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
 // ---- reading IDX files -----------------------------------------------------------------------
 
 // Open path for reading through zlib (gzip or plain bytes). A missing file says how to get it.
+// O_NONBLOCK: a FIFO opens at once (then is refused) instead of waiting for a writer.
 static loom_status_t idx_open(const char *path, gzFile *out, char *err, size_t errlen) {
-  int fd = open(path, O_RDONLY);
+  int fd = open(path, O_RDONLY | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
     set_err(err, errlen,
             "fmnist: cannot open %s: %s; install it with `apt-get install dataset-fashion-mnist` "
             "or pass --data DIR",
             path, strerror(e));
+    return LOOM_ERR_SYSTEM;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    set_err(err, errlen,
+            "fmnist: %s is not a regular file: --data DIR must hold the IDX .gz files of "
+            "dataset-fashion-mnist",
+            path);
     return LOOM_ERR_SYSTEM;
   }
   gzFile f = gzdopen(fd, "rb");
