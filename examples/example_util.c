@@ -2,6 +2,8 @@
  * comparison for the example trainers (see example_util.h). */
 #include "example_util.h"
 
+#include "agree_args.h"
+
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -435,26 +437,9 @@ const char *ex_json_num(char *buf, size_t cap, double v, int decimals) {
   return buf;
 }
 
-// argv[1..argc) joined by NULs into a new buffer of *len bytes (NULL when out of memory).
-static char *join_args(int argc, char **argv, int *len) {
-  size_t n = 0;
-  for (int i = 1; i < argc; i++) {
-    n += strlen(argv[i]) + 1;
-  }
-  char *buf = malloc(n + 1), *p = buf;
-  for (int i = 1; buf && i < argc; i++) {
-    size_t k = strlen(argv[i]) + 1;
-    memcpy(p, argv[i], k);
-    p += k;
-  }
-  *len = n > INT_MAX ? INT_MAX : (int)n;
-  return buf;
-}
-
 int ex_agree_start(const char *prog, int bad, const char *err, int argc, char **argv) {
-  int rank = 0, np = 1, first = INT_MAX;
+  int rank = 0, first = INT_MAX;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &np);
   int mine = bad ? rank : INT_MAX;
   MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (first != INT_MAX) {
@@ -467,47 +452,8 @@ int ex_agree_start(const char *prog, int bad, const char *err, int argc, char **
     }
     return 2;
   }
-  // Rank 0's command line to every rank; each compares its own with it.
-  int len = 0, len0 = 0;
-  char *mine_args = join_args(argc, argv, &len);
-  len0 = len;
-  MPI_Bcast(&len0, 1, MPI_INT, 0, MPI_COMM_WORLD);
-  char *args0 = rank == 0 ? mine_args : malloc((size_t)len0 + 1);
-  int ok = mine_args && args0, all_ok = 0;
-  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (!all_ok) {
-    if (rank == 0) {
-      fprintf(stderr, "%s: out of memory comparing the ranks' command lines\n", prog);
-    }
-    if (args0 != mine_args) {
-      free(args0);
-    }
-    free(mine_args);
-    return 2;
-  }
-  MPI_Bcast(args0, len0, MPI_CHAR, 0, MPI_COMM_WORLD);
-  int same = len == len0 && memcmp(mine_args, args0, (size_t)len) == 0;
-  mine = same ? INT_MAX : rank;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (!same && rank == first) { // the first argument that differs, or the one missing
-    const char *a = mine_args, *b = args0, *end_a = mine_args + len, *end_b = args0 + len0;
-    int k = 1;
-    while (a < end_a && b < end_b && !strcmp(a, b)) {
-      a += strlen(a) + 1;
-      b += strlen(b) + 1;
-      k++;
-    }
-    fprintf(stderr,
-            "%s: rank %d was started with other arguments than rank 0: argument %d is '%.200s' "
-            "here and '%.200s' on rank 0. Every rank must run the same command line (the "
-            "model's shapes, the data order and the steps come from it)\n",
-            prog, rank, k, a < end_a ? a : "(none)", b < end_b ? b : "(none)");
-  }
-  if (args0 != mine_args) {
-    free(args0);
-  }
-  free(mine_args);
-  return first == INT_MAX ? 0 : 2;
+  return ex_agree_args(prog, "the model's shapes, the data order and the steps come from it", argc,
+                       argv);
 }
 
 void ex_report_init_failure(const char *prog) {

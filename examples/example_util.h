@@ -56,11 +56,11 @@ int ex_check_output(const char *flag, const char *path, char *err, size_t errlen
 // auto or a spec loom_compressor_check takes; else -1 with err naming the variable and the fix.
 int ex_check_compress_env(const char *flag, const loom_ctx_t *ctx, char *err, size_t errlen);
 // Right after loom_init, on every rank: 0 when no rank's arguments were bad (bad, with err) and
-// every rank was started with rank 0's command line; else 2, after the lowest rank concerned
-// printed why. Every rank gets the same answer, so all can loom_finalize (a rank that stopped
-// alone hung its peers in MPI_Finalize). Shapes, data order and steps come from the command
-// line: ranks that differ would post collectives of other sizes (undefined in MPI: corrupt
-// memory) or diverge silently.
+// every rank was started with rank 0's command line (ex_agree_args, which the MPI benchmarks
+// share); else 2, after the lowest rank concerned printed why. Every rank gets the same answer,
+// so all can loom_finalize (a rank that stopped alone hung its peers in MPI_Finalize). Shapes,
+// data order and steps come from the command line: ranks that differ would post collectives of
+// other sizes (undefined in MPI: corrupt memory) or diverge silently.
 int ex_agree_start(const char *prog, int bad, const char *err, int argc, char **argv);
 // The compression a trainer applies: flag (--compress) when given, else LOOM_COMPRESS (default
 // auto). auto becomes none when there is nothing to plan for: one data-parallel rank, or a step

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../examples/agree_args.h"
 #include "check.h"
 #include "error.h"
 #include "loom.h"
@@ -273,6 +274,23 @@ static inline void test_job_check(loom_status_t st, const char *prog, const char
              msg[0] ? ": " : "", msg);
     loom_abort(NULL, 1, why);
   }
+}
+
+// Right after loom_init in an MPI benchmark, on every rank: 0 when every rank was started with
+// rank 0's arguments, else 2 after the lowest rank that differs named the first argument that does
+// (ex_agree_args, as the example trainers check). Ranks given other arguments that each accepts
+// (an MPMD line) would run collectives of other sizes or counts: a hang until LOOM_TIMEOUT, or an
+// error in a later call that hides the cause. BENCH_ALLOW_OTHER_ARGS=1 on every rank skips the
+// check, for tests that give one rank other arguments on purpose to make a call fail there.
+static inline int test_bench_agree_args(const char *prog, int argc, char **argv) {
+  const char *allow = getenv("BENCH_ALLOW_OTHER_ARGS");
+  int mine = allow && !strcmp(allow, "1"), all = 0;
+  MPI_Allreduce(&mine, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD); // the same choice everywhere
+  if (all) {
+    return 0;
+  }
+  return ex_agree_args(prog, "the sizes, counts and iterations of every collective come from it",
+                       argc, argv);
 }
 
 // A whole-number command-line value: digits only (a sign allowed), no overflow of 64 bits;

@@ -417,6 +417,9 @@ int main(int argc, char **argv) {
   // Every rank or none goes on: a rank that refused its arguments alone (another command line on
   // an MPMD line) would leave the others waiting for it in the first collective.
   MPI_Allreduce(MPI_IN_PLACE, &rc, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (rc == 0) { // and every rank took the same arguments (2 after naming the first that differs)
+    rc = test_bench_agree_args("attn_perf", argc, argv);
+  }
   if (rc) {
     loom_finalize(ctx);
     return rc == 1 ? 0 : 2;

@@ -23,7 +23,8 @@
 // block, allgather's sent block, alltoall's block per peer). busbw = algbw x factor:
 // allreduce 2(n-1)/n; reduce_scatter, allgather, alltoall (n-1)/n; broadcast 1. Times are the
 // mean over ranks of each rank's mean time per iteration. Exits 1 when any result is wrong; a
-// call that fails on one rank ends the whole job from there (loom_abort names the rank).
+// call that fails on one rank ends the whole job from there (loom_abort names the rank), and
+// ranks started with other arguments (an MPMD line) exit 2 before the first collective.
 
 enum coll { ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BROADCAST, ALLTOALL, NCOLL };
 static const char *const coll_names[NCOLL] = {"allreduce", "reduce_scatter", "allgather",
@@ -155,7 +156,8 @@ static void usage(FILE *out) {
       "                 [--compress NAME [--scheme indivisible|divisible|hierarchical]]\n"
       "--compress times loom_compressed_allreduce (f32 allreduce of a fresh copy, in place) with\n"
       "NAME (none, fp16, bf16, int8, int8:sr, topk:RATIO, randomk:RATIO, efsign,\n"
-      "powersgd:RANK); --scheme defaults to divisible. busbw counts the uncompressed bytes.\n");
+      "powersgd:RANK); --scheme defaults to divisible. busbw counts the uncompressed bytes.\n"
+      "Every rank must be given the same arguments.\n");
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o) {
@@ -658,6 +660,12 @@ int main(int argc, char **argv) {
   if (loom_init(NULL, NULL, NULL, &ctx) != LOOM_OK) {
     fprintf(stderr, "coll_perf: loom_init failed: %s\n", loom_last_error(NULL));
     return 1;
+  }
+  if (test_bench_agree_args("coll_perf", argc, argv) != 0) { // every rank, or none
+    loom_ef_destroy(compress_ef);
+    loom_compressor_destroy(o.codec);
+    loom_finalize(ctx);
+    return 2;
   }
   const loom_group_t *g = loom_group(ctx, o.group);
   int member = loom_group_rank(g) >= 0, failed = 0, n = loom_group_size(g);
