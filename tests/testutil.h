@@ -276,6 +276,23 @@ static inline void test_job_check(loom_status_t st, const char *prog, const char
   }
 }
 
+// A raw MPI call of an MPI benchmark that returned rc on this rank: anything but MPI_SUCCESS ends
+// the whole job as test_job_check does, with MPI's own text for rc ("MPI_ERR_TRUNCATE: message
+// truncated"). The call must return its errors: on a loom group's communicator it does (loom
+// sets MPI_ERRORS_RETURN there); MPI_COMM_WORLD keeps MPI_ERRORS_ARE_FATAL unless set otherwise.
+static inline void test_mpi_job_check(int rc, const char *prog, const char *what) {
+  if (rc != MPI_SUCCESS) {
+    char msg[MPI_MAX_ERROR_STRING] = "";
+    int len = 0;
+    if (MPI_Error_string(rc, msg, &len) != MPI_SUCCESS) {
+      snprintf(msg, sizeof msg, "MPI error code %d", rc);
+    }
+    char why[512 + MPI_MAX_ERROR_STRING];
+    snprintf(why, sizeof why, "%s: %s failed: %s", prog, what, msg);
+    loom_abort(NULL, 1, why);
+  }
+}
+
 // Right after loom_init in an MPI benchmark, on every rank: 0 when every rank was started with
 // rank 0's arguments, else 2 after the lowest rank that differs named the first argument that does
 // (ex_agree_args, as the example trainers check). Ranks given other arguments that each accepts

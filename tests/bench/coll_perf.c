@@ -394,37 +394,34 @@ static MPI_Datatype raw_type(loom_dtype_t dt) {
   }
 }
 
-// Run collective c once. send/recv hold up to the largest size; count is in elements of the
-// size (see the top comment), already a multiple of n where blocks are needed.
+// Run collective c once as a plain MPI call (--raw-mpi) on the group's communicator, whose
+// errors return (loom sets MPI_ERRORS_RETURN on it): MPI's error code. Arguments as run_once.
+static int run_raw(const loom_group_t *g, enum coll c, loom_dtype_t dt, loom_redop_t op, void *send,
+                   void *recv, int64_t count) {
+  int64_t block = c == ALLREDUCE || c == BROADCAST ? count : count / loom_group_size(g);
+  MPI_Comm comm = loom_group_comm(g);
+  MPI_Datatype t = raw_type(dt);
+  MPI_Op mop = op == LOOM_MAX ? MPI_MAX : op == LOOM_MIN ? MPI_MIN : MPI_SUM;
+  switch (c) {
+  case ALLREDUCE:
+    return MPI_Allreduce(send, recv, (int)count, t, mop, comm);
+  case REDUCE_SCATTER:
+    return MPI_Reduce_scatter_block(send, recv, (int)block, t, mop, comm);
+  case ALLGATHER:
+    return MPI_Allgather(send, (int)block, t, recv, (int)block, t, comm);
+  case BROADCAST:
+    return MPI_Bcast(recv, (int)count, t, 0, comm);
+  default:
+    return MPI_Alltoall(send, (int)block, t, recv, (int)block, t, comm);
+  }
+}
+
+// Run collective c once with loom. send/recv hold up to the largest size; count is in elements
+// of the size (see the top comment), already a multiple of n where blocks are needed.
 static loom_status_t run_once(const struct opts *o, const loom_group_t *g, enum coll c,
                               loom_dtype_t dt, loom_redop_t op, void *send, void *recv,
                               int64_t count) {
-  int n = loom_group_size(g);
-  int64_t block = c == ALLREDUCE || c == BROADCAST ? count : count / n;
-  if (o->raw) {
-    MPI_Comm comm = loom_group_comm(g);
-    MPI_Datatype t = raw_type(dt);
-    MPI_Op mop = op == LOOM_MAX ? MPI_MAX : op == LOOM_MIN ? MPI_MIN : MPI_SUM;
-    int rc = MPI_SUCCESS;
-    switch (c) {
-    case ALLREDUCE:
-      rc = MPI_Allreduce(send, recv, (int)count, t, mop, comm);
-      break;
-    case REDUCE_SCATTER:
-      rc = MPI_Reduce_scatter_block(send, recv, (int)block, t, mop, comm);
-      break;
-    case ALLGATHER:
-      rc = MPI_Allgather(send, (int)block, t, recv, (int)block, t, comm);
-      break;
-    case BROADCAST:
-      rc = MPI_Bcast(recv, (int)count, t, 0, comm);
-      break;
-    default:
-      rc = MPI_Alltoall(send, (int)block, t, recv, (int)block, t, comm);
-      break;
-    }
-    return rc == MPI_SUCCESS ? LOOM_OK : LOOM_ERR_MPI;
-  }
+  int64_t block = c == ALLREDUCE || c == BROADCAST ? count : count / loom_group_size(g);
   loom_tensor_t s, r;
   int64_t scount = c == ALLGATHER ? block : count, rcount = c == REDUCE_SCATTER ? block : count;
   if (o->codec) { // in place on recv: the average keeps the values in range call after call
@@ -453,14 +450,22 @@ static loom_status_t run_once(const struct opts *o, const loom_group_t *g, enum 
   }
 }
 
-// run_once; a failure on this rank ends the job (the others may be waiting for it in the call).
+// run_raw or run_once; a failure on this rank ends the job (the others may be waiting for it in
+// the call), naming the call and MPI's or loom's message.
 static void run_ok(const struct opts *o, const loom_group_t *g, enum coll c, loom_dtype_t dt,
                    loom_redop_t op, void *send, void *recv, int64_t count) {
-  loom_status_t status = run_once(o, g, c, dt, op, send, recv, count);
-  if (status != LOOM_OK) {
+  int mpi_rc = MPI_SUCCESS;
+  loom_status_t status = LOOM_OK;
+  if (o->raw) {
+    mpi_rc = run_raw(g, c, dt, op, send, recv, count);
+  } else {
+    status = run_once(o, g, c, dt, op, send, recv, count);
+  }
+  if (mpi_rc != MPI_SUCCESS || status != LOOM_OK) {
     char what[96];
     snprintf(what, sizeof what, "%s%s of %lld %s elements", o->raw ? "MPI " : "", coll_names[c],
              (long long)count, type_names[dt]);
+    test_mpi_job_check(mpi_rc, "coll_perf", what);
     test_job_check(status, "coll_perf", what);
   }
 }
@@ -496,12 +501,12 @@ static int run_coll(const struct opts *o, const loom_group_t *g, enum coll c, lo
       }
       run_ok(o, g, c, dt, op, send, recv, count);
     }
-    MPI_Barrier(loom_group_comm(g));
+    test_mpi_job_check(MPI_Barrier(loom_group_comm(g)), "coll_perf", "MPI_Barrier");
     double t0 = MPI_Wtime(), sec = 0, sum = 0;
     if (o->codec) { // every call gets fresh values (a compressor's cost depends on them)
       for (int i = 0; i < o->iters; i++) {
         memcpy(recv, send, bytes);
-        MPI_Barrier(loom_group_comm(g));
+        test_mpi_job_check(MPI_Barrier(loom_group_comm(g)), "coll_perf", "MPI_Barrier");
         double t1 = MPI_Wtime();
         run_ok(o, g, c, dt, op, send, recv, count);
         sec += MPI_Wtime() - t1;
@@ -513,7 +518,8 @@ static int run_coll(const struct opts *o, const loom_group_t *g, enum coll c, lo
       }
       sec = (MPI_Wtime() - t0) / o->iters;
     }
-    MPI_Allreduce(&sec, &sum, 1, MPI_DOUBLE, MPI_SUM, loom_group_comm(g));
+    test_mpi_job_check(MPI_Allreduce(&sec, &sum, 1, MPI_DOUBLE, MPI_SUM, loom_group_comm(g)),
+                       "coll_perf", "MPI_Allreduce of the times");
     sec = sum / n;
     long long wrong = -1;
     if (o->check) {
@@ -522,7 +528,9 @@ static int run_coll(const struct opts *o, const loom_group_t *g, enum coll c, lo
       }
       run_ok(o, g, c, dt, op, send, recv, count);
       long long mine = count_wrong(c, dt, op, recv, c == REDUCE_SCATTER ? count / n : count, n, me);
-      MPI_Allreduce(&mine, &wrong, 1, MPI_LONG_LONG, MPI_SUM, loom_group_comm(g));
+      test_mpi_job_check(
+          MPI_Allreduce(&mine, &wrong, 1, MPI_LONG_LONG, MPI_SUM, loom_group_comm(g)), "coll_perf",
+          "MPI_Allreduce of the wrong results");
     }
     struct row *rw = &rows[nrows++];
     *rw = (struct row){coll_names[c],
@@ -579,7 +587,7 @@ static int fusion_test(const struct opts *o, loom_ctx_t *ctx, const loom_group_t
         fill(LOOM_F32, ts[i].data, ELEMS, me);
       }
       fill(LOOM_F32, big, all, me);
-      MPI_Barrier(loom_group_comm(g));
+      test_mpi_job_check(MPI_Barrier(loom_group_comm(g)), "coll_perf", "fusion test: MPI_Barrier");
       double t0 = MPI_Wtime();
       if (phase == 0) {
         test_job_check(loom_fusion_allreduce(f, ptrs, NT, LOOM_SUM), "coll_perf",
@@ -604,7 +612,8 @@ static int fusion_test(const struct opts *o, loom_ctx_t *ctx, const loom_group_t
     }
   }
   double sums[3];
-  MPI_Allreduce(t, sums, 3, MPI_DOUBLE, MPI_SUM, loom_group_comm(g));
+  test_mpi_job_check(MPI_Allreduce(t, sums, 3, MPI_DOUBLE, MPI_SUM, loom_group_comm(g)),
+                     "coll_perf", "fusion test: MPI_Allreduce of the times");
   int buckets = loom_fusion_buckets(f);
   if (bad) {
     fprintf(stderr, "coll_perf: fusion test failed: %d wrong fused results\n", bad);

@@ -2,11 +2,12 @@
 # bench_rank_failure.sh — coll_perf, moe_perf and attn_perf end the whole job at once when one
 # rank fails (an MPMD line gives rank 1 other arguments, or less memory): ranks started with
 # other arguments that each accepts exit 2 naming the first that differs; with that check off
-# (BENCH_ALLOW_OTHER_ARGS=1), a loom call that fails on one rank aborts the job naming the rank
-# and the error; arguments or buffers one rank cannot have end every rank. Every case once went
-# wrong: the job hung (the other ranks waited in a collective until LOOM_TIMEOUT, or for ever),
-# or reported another error than the cause (a later MPI_ERR_TRUNCATE instead of the differing
-# arguments, attn_plan's backward).
+# (BENCH_ALLOW_OTHER_ARGS=1), a loom or raw MPI call that fails on one rank aborts the job naming
+# the rank and the error (MPI's own text for a raw call); arguments or buffers one rank cannot
+# have end every rank. Every case once went wrong: the job hung (the other ranks waited in a
+# collective until LOOM_TIMEOUT, or for ever), or reported another error than the cause (a later
+# MPI_ERR_TRUNCATE instead of the differing arguments, attn_plan's backward), or an incomplete one
+# (a raw call's "(MPI error)").
 set -u
 b=${LOOM_BUILDDIR:-.}
 for p in coll_perf moe_perf attn_perf; do
@@ -70,9 +71,12 @@ mpmd attn_args_docs 2 "attn_perf: rank 1 $differ 2 is '3' here and '2' on rank 0
 # The cases below give rank 1 other arguments on purpose, so that a call fails there only.
 menv="BENCH_ALLOW_OTHER_ARGS=1"
 # Counts that differ: rank 0's receive is shorter than what rank 1 sends (MPI_ERR_TRUNCATE on
-# rank 0 only), while rank 1 waits for rank 0's data.
+# rank 0 only), while rank 1 waits for rank 0's data. The raw MPI call's abort gives MPI's own
+# text (it gave "(MPI error)" and nothing more).
 mpmd coll_count 1 "rank 0 aborts the job: coll_perf: allreduce of 256 float elements failed" \
   coll_perf "$c -b 1K -e 1K" "$c -b 2K -e 2K"
+mpmd coll_raw_count 1 "aborts the job: coll_perf: MPI allreduce of [0-9]* float elements failed: MPI_ERR_TRUNCATE" \
+  coll_perf "$c --raw-mpi -b 1K -e 1K" "$c --raw-mpi -b 2K -e 2K"
 # Rank 1 alone cannot allocate its two 1 GiB buffers (1.5 GB of address space); not under ASan,
 # which reserves far more address space than that at start.
 if [ -z "$sanitized" ]; then
