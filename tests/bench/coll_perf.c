@@ -17,6 +17,7 @@
 // Usage: mpirun -np N coll_perf [-b 8] [-e 64M] [-f 2] [-n 20] [-w 5] [-c 1] [-d float]
 //          [-o sum] [--op allreduce|reduce_scatter|allgather|broadcast|alltoall|all]
 //          [--raw-mpi] [--group world|node|dp|ep] [--json FILE] [--fusion-test]
+//          [--fusion-tensors N]
 // Sizes follow nccl-tests: allreduce and broadcast move size bytes per rank; reduce_scatter and
 // alltoall send size bytes per rank; allgather receives size bytes. The count column is the
 // count of the call, as nccl-tests prints it: size / n per rank (reduce_scatter's received
@@ -37,11 +38,12 @@ struct opts {
   size_t min_bytes, max_bytes;
   double factor;
   int iters, warmup, check;
-  int dtype;  // -1: all
-  int redop;  // -1: all
-  int coll;   // -1: all
-  int raw;    // --raw-mpi
-  int fusion; // --fusion-test
+  int dtype;          // -1: all
+  int redop;          // -1: all
+  int coll;           // -1: all
+  int raw;            // --raw-mpi
+  int fusion;         // --fusion-test
+  int fusion_tensors; // --fusion-tensors: the fusion test's tensors of 4 KiB
   loom_group_kind_t group;
   const char *json;
   const char *compress;     // --compress NAME: loom_compressed_allreduce (allreduce, f32)
@@ -102,8 +104,7 @@ static int parse_size(const char *s, size_t *out) {
 }
 
 // An integer flag in lo..hi with nothing after it; -1 (said) otherwise.
-static int parse_count(char flag, const char *s, int lo, int hi, int *out) {
-  const char name[3] = {'-', flag, '\0'};
+static int parse_count(const char *name, const char *s, int lo, int hi, int *out) {
   int v = 0;
   if (test_int_arg("coll_perf", name, s, &v) != 0) {
     return -1;
@@ -153,30 +154,38 @@ static void usage(FILE *out) {
       "                 [--op allreduce|reduce_scatter|allgather|broadcast|alltoall|all]\n"
       "                 [--raw-mpi] [--group world|node|dp|ep] [--json FILE] "
       "[--fusion-test]\n"
+      "                 [--fusion-tensors N]\n"
       "                 [--compress NAME [--scheme indivisible|divisible|hierarchical]]\n"
       "--compress times loom_compressed_allreduce (f32 allreduce of a fresh copy, in place) with\n"
       "NAME (none, fp16, bf16, int8, int8:sr, topk:RATIO, randomk:RATIO, efsign,\n"
       "powersgd:RANK); --scheme defaults to divisible. busbw counts the uncompressed bytes.\n"
+      "--fusion-test times loom_fusion_allreduce of N (--fusion-tensors, default 1000) 4 KiB\n"
+      "f32 tensors against one allreduce of as many elements and N separate allreduces.\n"
       "Every rank must be given the same arguments.\n");
 }
 
 static int parse_opts(int argc, char **argv, struct opts *o) {
-  static const struct option longs[] = {{"op", required_argument, NULL, 'O'},
-                                        {"raw-mpi", no_argument, NULL, 'R'},
-                                        {"group", required_argument, NULL, 'G'},
-                                        {"json", required_argument, NULL, 'J'},
-                                        {"fusion-test", no_argument, NULL, 'F'},
-                                        {"compress", required_argument, NULL, 'C'},
-                                        {"scheme", required_argument, NULL, 'S'},
-                                        {"help", no_argument, NULL, 'h'},
-                                        {NULL, 0, NULL, 0}};
+  static const struct option longs[] = {
+      {"op", required_argument, NULL, 'O'},       {"raw-mpi", no_argument, NULL, 'R'},
+      {"group", required_argument, NULL, 'G'},    {"json", required_argument, NULL, 'J'},
+      {"fusion-test", no_argument, NULL, 'F'},    {"fusion-tensors", required_argument, NULL, 'T'},
+      {"compress", required_argument, NULL, 'C'}, {"scheme", required_argument, NULL, 'S'},
+      {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
   static const char *const groups[] = {"world", "node", "dp", "ep"};
   static const loom_group_kind_t group_kinds[] = {LOOM_GROUP_WORLD, LOOM_GROUP_NODE, LOOM_GROUP_DP,
                                                   LOOM_GROUP_EP};
-  *o = (struct opts){8,   64u << 20,        2.0,      20,        5,
-                     1,   LOOM_F32,         LOOM_SUM, ALLREDUCE, 0,
-                     0,   LOOM_GROUP_WORLD, NULL,     NULL,      LOOM_SCHEME_DIVISIBLE,
-                     NULL};
+  *o = (struct opts){.min_bytes = 8,
+                     .max_bytes = 64u << 20,
+                     .factor = 2.0,
+                     .iters = 20,
+                     .warmup = 5,
+                     .check = 1,
+                     .dtype = LOOM_F32,
+                     .redop = LOOM_SUM,
+                     .coll = ALLREDUCE,
+                     .fusion_tensors = 1000,
+                     .group = LOOM_GROUP_WORLD,
+                     .scheme = LOOM_SCHEME_DIVISIBLE};
   int c, g;
   while ((c = getopt_long(argc, argv, "b:e:f:n:w:c:d:o:h", longs, NULL)) != -1) {
     switch (c) {
@@ -197,17 +206,17 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       break;
     }
     case 'n':
-      if (parse_count('n', optarg, 1, 1000000, &o->iters) != 0) {
+      if (parse_count("-n", optarg, 1, 1000000, &o->iters) != 0) {
         return 2;
       }
       break;
     case 'w':
-      if (parse_count('w', optarg, 0, 1000000, &o->warmup) != 0) {
+      if (parse_count("-w", optarg, 0, 1000000, &o->warmup) != 0) {
         return 2;
       }
       break;
     case 'c':
-      if (parse_count('c', optarg, 0, 1, &o->check) != 0) {
+      if (parse_count("-c", optarg, 0, 1, &o->check) != 0) {
         return 2;
       }
       break;
@@ -244,6 +253,11 @@ static int parse_opts(int argc, char **argv, struct opts *o) {
       break;
     case 'F':
       o->fusion = 1;
+      break;
+    case 'T':
+      if (parse_count("--fusion-tensors", optarg, 1, 10000000, &o->fusion_tensors) != 0) {
+        return 2;
+      }
       break;
     case 'C':
       o->compress = optarg;
@@ -566,37 +580,56 @@ static int run_coll(const struct opts *o, const loom_group_t *g, enum coll c, lo
 
 // ---- fusion -------------------------------------------------------------------------------------
 
-// loom_fusion_allreduce of 1000 x 4 KiB f32 tensors against one 4 MiB allreduce.
+// loom_fusion_allreduce of --fusion-tensors (1000) separate 4 KiB f32 tensors against one
+// allreduce of as many elements and against one allreduce per tensor.
 static int fusion_test(const struct opts *o, loom_ctx_t *ctx, const loom_group_t *g) {
-  enum { NT = 1000, ELEMS = 1024 };
-  int me = loom_group_rank(g), n = loom_group_size(g), bad = 0;
-  float *big = loom_host_alloc(sizeof(float) * NT * ELEMS);
-  loom_tensor_t *ts = calloc(NT, sizeof *ts), **ptrs = calloc(NT, sizeof *ptrs), whole;
-  int64_t one = ELEMS, all = (int64_t)NT * ELEMS;
-  for (int i = 0; i < NT; i++) { // separate allocations, as gradients are
-    loom_tensor_alloc(&ts[i], LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "grad");
+  enum { ELEMS = 1024 };
+  const int nt = o->fusion_tensors;
+  int me = loom_group_rank(g), n = loom_group_size(g), bad = 0, failed = 0;
+  int64_t one = ELEMS, all = (int64_t)nt * ELEMS;
+  const size_t whole_bytes = sizeof(float) * (size_t)all;
+  float *big = loom_host_alloc(whole_bytes);
+  loom_tensor_t *ts = calloc((size_t)nt, sizeof *ts), **ptrs = calloc((size_t)nt, sizeof *ptrs);
+  loom_tensor_t whole;
+  loom_fusion_t *f = NULL;
+  int ok = big && ts && ptrs;
+  for (int i = 0; ok && i < nt; i++) { // separate allocations, as gradients are
+    ok = loom_tensor_alloc(&ts[i], LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "grad") == LOOM_OK;
     ptrs[i] = &ts[i];
   }
+  if (!ok) {
+    fprintf(stderr,
+            "coll_perf: fusion test: rank %d cannot allocate %d tensors of %zu bytes and one of "
+            "%zu bytes: lower --fusion-tensors\n",
+            loom_rank(ctx), nt, sizeof(float) * ELEMS, whole_bytes);
+  }
+  // every rank of the group or none runs the test (one that left alone would leave the others
+  // waiting in its first allreduce)
+  test_mpi_job_check(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, loom_group_comm(g)),
+                     "coll_perf", "fusion test: MPI_Allreduce of the allocations' outcome");
+  if (!ok) {
+    failed = 1;
+    goto done;
+  }
   loom_tensor_wrap(&whole, big, LOOM_F32, LOOM_DEVICE_HOST, 1, &all, "whole");
-  loom_fusion_t *f = NULL;
   test_job_check(loom_fusion_create(ctx, g, 0, &f), "coll_perf", "fusion test: loom_fusion_create");
   double t[3] = {0, 0, 0}; // fused, one allreduce, one allreduce per tensor
   for (int phase = 0; phase < 3; phase++) {
     for (int it = -o->warmup; it < o->iters; it++) {
-      for (int i = 0; i < NT; i++) {
+      for (int i = 0; i < nt; i++) {
         fill(LOOM_F32, ts[i].data, ELEMS, me);
       }
       fill(LOOM_F32, big, all, me);
       test_mpi_job_check(MPI_Barrier(loom_group_comm(g)), "coll_perf", "fusion test: MPI_Barrier");
       double t0 = MPI_Wtime();
       if (phase == 0) {
-        test_job_check(loom_fusion_allreduce(f, ptrs, NT, LOOM_SUM), "coll_perf",
+        test_job_check(loom_fusion_allreduce(f, ptrs, nt, LOOM_SUM), "coll_perf",
                        "fusion test: loom_fusion_allreduce");
       } else if (phase == 1) {
         test_job_check(loom_allreduce(g, &whole, &whole, LOOM_SUM), "coll_perf",
-                       "fusion test: the 4 MiB allreduce");
+                       "fusion test: the allreduce of all tensors' elements at once");
       }
-      for (int i = 0; phase == 2 && i < NT; i++) {
+      for (int i = 0; phase == 2 && i < nt; i++) {
         test_job_check(loom_allreduce(g, &ts[i], &ts[i], LOOM_SUM), "coll_perf",
                        "fusion test: a 4 KiB allreduce");
       }
@@ -605,7 +638,7 @@ static int fusion_test(const struct opts *o, loom_ctx_t *ctx, const loom_group_t
         t[phase] += dt / o->iters;
       }
     }
-    for (int i = 0; i < NT && phase == 0; i++) { // the fused results
+    for (int i = 0; i < nt && phase == 0; i++) { // the fused results
       for (int64_t k = 0; k < ELEMS; k++) {
         bad += ((float *)ts[i].data)[k] != (float)reduced(LOOM_F32, LOOM_SUM, n, k);
       }
@@ -617,20 +650,22 @@ static int fusion_test(const struct opts *o, loom_ctx_t *ctx, const loom_group_t
   int buckets = loom_fusion_buckets(f);
   if (bad) {
     fprintf(stderr, "coll_perf: fusion test failed: %d wrong fused results\n", bad);
+    failed = 1;
   } else if (rank0) {
-    printf("# fusion: %d x 4 KiB f32 tensors in %d bucket(s): %.1f us; one 4 MiB allreduce: %.1f "
-           "us; ratio %.2f; %d separate allreduces: %.1f us\n",
-           NT, buckets, sums[0] / n * 1e6, sums[1] / n * 1e6, sums[1] > 0 ? sums[0] / sums[1] : 0,
-           NT, sums[2] / n * 1e6);
+    printf("# fusion: %d x 4 KiB f32 tensors in %d bucket(s): %.1f us; one %zu KiB allreduce: "
+           "%.1f us; ratio %.2f; %d separate allreduces: %.1f us\n",
+           nt, buckets, sums[0] / n * 1e6, whole_bytes / 1024, sums[1] / n * 1e6,
+           sums[1] > 0 ? sums[0] / sums[1] : 0, nt, sums[2] / n * 1e6);
   }
+done:
   loom_fusion_destroy(f);
-  for (int i = 0; i < NT; i++) {
+  for (int i = 0; ts && i < nt; i++) { // (a tensor never allocated is zero: nothing to free)
     loom_tensor_free(&ts[i]);
   }
   free(ts);
   free(ptrs);
   loom_host_free(big);
-  return bad != 0;
+  return failed;
 }
 
 // ---- output -------------------------------------------------------------------------------------

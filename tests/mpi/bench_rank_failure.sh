@@ -5,9 +5,9 @@
 # (BENCH_ALLOW_OTHER_ARGS=1), a loom or raw MPI call that fails on one rank aborts the job naming
 # the rank and the error (MPI's own text for a raw call); arguments or buffers one rank cannot
 # have end every rank. Every case once went wrong: the job hung (the other ranks waited in a
-# collective until LOOM_TIMEOUT, or for ever), or reported another error than the cause (a later
-# MPI_ERR_TRUNCATE instead of the differing arguments, attn_plan's backward), or an incomplete one
-# (a raw call's "(MPI error)").
+# collective until LOOM_TIMEOUT, or for ever), crashed (the fusion test wrote to tensors it never
+# got), or reported another error than the cause (a later MPI_ERR_TRUNCATE instead of the
+# differing arguments, attn_plan's backward), or an incomplete one (a raw call's "(MPI error)").
 set -u
 b=${LOOM_BUILDDIR:-.}
 for p in coll_perf moe_perf attn_perf; do
@@ -84,6 +84,11 @@ if [ -z "$sanitized" ]; then
   chmod +x "$tmp/lowmem"
   mpmd coll_alloc 1 "coll_perf: rank 1 cannot allocate 2 x 1073741824 bytes" \
     coll_perf "$c -b 8 -e 1G" "$c -b 8 -e 1G" "$tmp/lowmem"
+  # The fusion test's 200000 tensors of 4 KiB and one of 819 MB (it crashed writing to the
+  # tensors it did not get)
+  f="$c -b 8 -e 8 --fusion-test --fusion-tensors 200000"
+  mpmd fusion_alloc 1 "coll_perf: fusion test: rank 1 cannot allocate 200000 tensors of 4096 bytes" \
+    coll_perf "$f" "$f" "$tmp/lowmem"
 fi
 mpmd moe_create 1 "rank 1 aborts the job: moe_perf: loom_moe_create failed (invalid argument)" \
   moe_perf "$m --experts 2" "$m --experts 3"
