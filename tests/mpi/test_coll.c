@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "../check_mpi.h"
+#include "../chunk_arg.h"
 #include "../testutil.h"
-#include "comm_internal.h" // loom_mpi_set_chunk (the library's test hook)
 
 // What is checked (each against values computed here from the rank formula below):
 // - allreduce: 7 dtypes x SUM/AVG/MAX/MIN x counts 0, 1, 7, 1000 (+ 1000003 on world), in place
@@ -929,20 +929,7 @@ int main(int argc, char **argv) {
   }
   world_rank = loom_rank(ctx);
   int64_t chunk = 0; // --chunk N: MPI transfers in pieces of at most N elements
-  if (argc == 3 && strcmp(argv[1], "--chunk") == 0) {
-    if (test_int64_arg("test_coll", "--chunk", argv[2], &chunk) != 0 || chunk < 1) {
-      fprintf(stderr, "test_coll: --chunk %s: expected a whole number >= 1\n", argv[2]);
-      loom_finalize(ctx);
-      return 2;
-    }
-    loom_mpi_set_chunk(chunk);
-    CHECK(loom_mpi_chunk() == chunk, "loom_mpi_set_chunk(%lld) left the limit at %lld",
-          (long long)chunk, (long long)loom_mpi_chunk());
-    if (world_rank == 0) {
-      printf("test_coll: MPI transfers in pieces of at most %lld elements\n", (long long)chunk);
-    }
-  } else if (argc != 1) {
-    fprintf(stderr, "usage: test_coll [--chunk N]\n");
+  if (test_chunk_option("test_coll", argc, argv, world_rank, &chunk) != 0) {
     loom_finalize(ctx);
     return 2;
   }

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "../check_mpi.h"
+#include "../chunk_arg.h"
 #include "../testutil.h"
-#include "comm_internal.h"     // loom_mpi_set_chunk (the library's test hook)
 #include "compress_internal.h" // the shard seeds and int8:sr's per-rank encode seeds
 
 // What is checked, at the np of the spec, for sizes 0, 1, 5, 3 np + 1, 1000 and 4099:
@@ -484,17 +484,8 @@ int main(int argc, char **argv) {
   }
   world_rank = loom_rank(ctx);
   world_size = loom_size(ctx);
-  if (argc == 3 && strcmp(argv[1], "--chunk") == 0) { // MPI messages of at most N bytes
-    int64_t chunk = 0;
-    if (test_int64_arg("test_compress", "--chunk", argv[2], &chunk) != 0 || chunk < 1) {
-      loom_finalize(ctx);
-      return 2;
-    }
-    loom_mpi_set_chunk(chunk); // the library's test hook (comm_internal.h)
-    CHECK(loom_mpi_chunk() == chunk, "loom_mpi_set_chunk(%lld) left the limit at %lld",
-          (long long)chunk, (long long)loom_mpi_chunk());
-  } else if (argc != 1) {
-    fprintf(stderr, "usage: test_compress [--chunk N]\n");
+  int64_t chunk = 0; // --chunk N: MPI messages of at most N bytes (payloads travel as bytes)
+  if (test_chunk_option("test_compress", argc, argv, world_rank, &chunk) != 0) {
     loom_finalize(ctx);
     return 2;
   }

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "../check_mpi.h"
+#include "../chunk_arg.h"
 #include "../testutil.h"
 
 // What is checked, for thresholds 1 byte (nothing fuses), 1 KiB, 64 KiB and 0 (the
@@ -18,8 +19,13 @@
 //   pointer, a shorter shape, fewer tensors, another order (results and buckets checked);
 // - large buckets move in pieces with tensors straddling piece boundaries (the default
 //   threshold packs everything into one bucket of several MiB).
+// With --chunk N every MPI transfer goes in pieces of at most N elements (loom_mpi_set_chunk, the
+// library's test hook): with N = 3 every bucket's messages split into pieces with a short last
+// one, and tensors straddle piece boundaries inside the buckets. Below N = 1000 (each piece is a
+// message) the first of the checks above runs on 64 tensors of at most 600 elements, and the
+// kept plan's on 60 tensors of at most 70.
 
-#define NTENSORS 1000
+static int ntensors = 1000; // of run(): fewer with a small --chunk (see the top comment)
 
 static int world_rank;
 
@@ -29,12 +35,13 @@ static int world_rank;
     CHECK(ok_status_ == LOOM_OK, "%s: %s", loom_strerror(ok_status_), loom_last_error(NULL));      \
   } while (0)
 
-// Element counts of the tensors, the same on every rank: mostly small, some empty, some large.
-static void sizes(int64_t *count) {
+// Element counts of the tensors, the same on every rank: mostly small, some empty, some large
+// (up to `large` elements).
+static void sizes(int64_t *count, int64_t large) {
   test_rng_t rng = test_rng(2024);
-  for (int i = 0; i < NTENSORS; i++) {
+  for (int i = 0; i < ntensors; i++) {
     int64_t kind = test_int(&rng, 0, 99);
-    count[i] = kind < 8 ? 0 : kind < 94 ? test_int(&rng, 1, 300) : test_int(&rng, 300, 40000);
+    count[i] = kind < 8 ? 0 : kind < 94 ? test_int(&rng, 1, 300) : test_int(&rng, 300, large);
   }
 }
 
@@ -59,7 +66,7 @@ static int expected_buckets_n(const int64_t *count, int n, size_t es, size_t thr
 }
 
 static int expected_buckets(const int64_t *count, size_t es, size_t threshold) {
-  return expected_buckets_n(count, NTENSORS, es, threshold);
+  return expected_buckets_n(count, ntensors, es, threshold);
 }
 
 static void fill_random(loom_tensor_t *t, test_rng_t *rng) {
@@ -80,7 +87,7 @@ static void fill_random(loom_tensor_t *t, test_rng_t *rng) {
 }
 
 static void copy_all(loom_tensor_t *dst, const loom_tensor_t *src) {
-  for (int i = 0; i < NTENSORS; i++) {
+  for (int i = 0; i < ntensors; i++) {
     if (loom_tensor_bytes(&src[i])) {
       memcpy(dst[i].data, src[i].data, loom_tensor_bytes(&src[i]));
     }
@@ -96,11 +103,11 @@ static void run(loom_ctx_t *ctx, const loom_group_t *g, loom_dtype_t dt, loom_re
     def = (size_t)strtoull(env, NULL, 10);
   }
   const size_t thresholds[] = {1, 1024, 65536, 0};
-  loom_tensor_t *orig = calloc(NTENSORS, sizeof *orig), *ref = calloc(NTENSORS, sizeof *ref);
-  loom_tensor_t *work = calloc(NTENSORS, sizeof *work);
-  loom_tensor_t **ptrs = calloc(NTENSORS, sizeof *ptrs);
+  loom_tensor_t *orig = calloc(ntensors, sizeof *orig), *ref = calloc(ntensors, sizeof *ref);
+  loom_tensor_t *work = calloc(ntensors, sizeof *work);
+  loom_tensor_t **ptrs = calloc(ntensors, sizeof *ptrs);
   test_rng_t rng = test_rng(77 + (uint64_t)world_rank);
-  for (int i = 0; i < NTENSORS; i++) {
+  for (int i = 0; i < ntensors; i++) {
     char name[32];
     snprintf(name, sizeof name, "grad%d", i);
     orig[i] = test_tensor(dt, 1, &count[i], name);
@@ -110,7 +117,7 @@ static void run(loom_ctx_t *ctx, const loom_group_t *g, loom_dtype_t dt, loom_re
     ptrs[i] = &work[i];
   }
   copy_all(ref, orig);
-  for (int i = 0; i < NTENSORS; i++) {
+  for (int i = 0; i < ntensors; i++) {
     OK(loom_allreduce(g, &ref[i], &ref[i], op));
   }
   for (int t = 0; t < 4; t++) {
@@ -120,11 +127,11 @@ static void run(loom_ctx_t *ctx, const loom_group_t *g, loom_dtype_t dt, loom_re
     int want = expected_buckets(count, loom_dtype_size(dt), thr);
     for (int rep = 0; rep < 2; rep++) {
       copy_all(work, orig);
-      OK(loom_fusion_allreduce(f, ptrs, NTENSORS, op));
+      OK(loom_fusion_allreduce(f, ptrs, ntensors, op));
       CHECK(loom_fusion_buckets(f) == want, "%s threshold %zu: %d buckets, expected %d",
             loom_dtype_name(dt), thr, loom_fusion_buckets(f), want);
       int bad = -1;
-      for (int i = 0; i < NTENSORS && bad < 0; i++) {
+      for (int i = 0; i < ntensors && bad < 0; i++) {
         if (loom_tensor_bytes(&ref[i]) &&
             memcmp(work[i].data, ref[i].data, loom_tensor_bytes(&ref[i])) != 0) {
           bad = i;
@@ -137,7 +144,7 @@ static void run(loom_ctx_t *ctx, const loom_group_t *g, loom_dtype_t dt, loom_re
     CHECK(loom_fusion_buckets(f) == 0, "no tensors: %d buckets", loom_fusion_buckets(f));
     loom_fusion_destroy(f);
   }
-  for (int i = 0; i < NTENSORS; i++) {
+  for (int i = 0; i < ntensors; i++) {
     TEST_FREE(&orig[i], &ref[i], &work[i]);
   }
   free(orig);
@@ -176,14 +183,16 @@ static void fused_matches(loom_fusion_t *f, const loom_group_t *g, loom_tensor_t
   free(count);
 }
 
-// The same fusion object called with changing tensors: each change must be planned anew.
-static void plan_changes(loom_ctx_t *ctx, const loom_group_t *g) {
-  enum { N = 300 };
+// The same fusion object called with changing tensors (N of them, 1..len elements): each change
+// must be planned anew.
+static void plan_changes(loom_ctx_t *ctx, const loom_group_t *g, const int N, const int len) {
   const size_t threshold = 8192;
-  loom_tensor_t *ts = calloc(N + 1, sizeof *ts);
-  loom_tensor_t **p = calloc(N, sizeof *p);
+  loom_tensor_t *ts = calloc((size_t)N + 1, sizeof *ts);
+  loom_tensor_t **p = calloc((size_t)N, sizeof *p);
   for (int i = 0; i <= N; i++) {
-    int64_t c = 1 + (i * 37) % 700; // 4 B .. 2.8 KiB: several per bucket
+    // 1..len elements, several per bucket; the spare ts[N] is the longest, since ts[11] borrows
+    // its memory below
+    int64_t c = i == N ? len : 1 + (i * 37) % len;
     ts[i] = test_tensor(LOOM_F32, 1, &c, "t");
   }
   for (int i = 0; i < N; i++) {
@@ -259,14 +268,21 @@ int main(int argc, char **argv) {
     return 1;
   }
   world_rank = loom_rank(ctx);
+  int64_t chunk = 0; // --chunk N: MPI transfers in pieces of at most N elements
+  if (test_chunk_option("test_fusion", argc, argv, world_rank, &chunk) != 0) {
+    loom_finalize(ctx);
+    return 2;
+  }
   const loom_group_t *g = loom_group(ctx, LOOM_GROUP_WORLD);
-  int64_t *count = malloc(sizeof(int64_t) * NTENSORS);
-  sizes(count);
+  const int small = chunk > 0 && chunk < 1000; // (see the top comment)
+  ntensors = small ? 64 : 1000;
+  int64_t *count = malloc(sizeof(int64_t) * (size_t)ntensors);
+  sizes(count, small ? 600 : 40000);
   run(ctx, g, LOOM_F32, LOOM_SUM, count);
   run(ctx, g, LOOM_F16, LOOM_AVG, count);
   run(ctx, g, LOOM_I32, LOOM_MAX, count);
   bad_args(ctx, g);
-  plan_changes(ctx, g);
+  plan_changes(ctx, g, small ? 60 : 300, small ? 70 : 700);
   free(count);
 
   int rc = check_exit_all("test_fusion");
