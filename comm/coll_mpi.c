@@ -23,7 +23,8 @@
 // bits, and they are the same from run to run. Traffic per rank is 2 (n-1)/n of the tensor each
 // way, as for a ring, in point-to-point messages (tagged per call on a private duplicate of the
 // group's communicator, so that no ordering between calls is needed).
-// Both steps move in chunks of at most LOOM_PIPE_BYTES per peer, one stage per chunk: when the
+// Both steps move in chunks of at most LOOM_PIPE_BYTES per peer (the tunable, kept with the
+// group; split among the peers beyond two ranks), one stage per chunk: when the
 // reduce-scatter of chunk c has landed, rank j reduces it and posts its allgather together with
 // the reduce-scatter of chunk c + 1. The peers' contributions land in a scratch buffer of one
 // chunk per peer, reused from a pool kept with the group, so what is added and what is sent next
@@ -32,11 +33,6 @@
 // Integer sums are exact in any order and MAX/MIN do not depend on it: those use MPI_Iallreduce.
 // reduce_scatter uses step 1 for every dtype and op.
 
-// Bytes per peer per pipeline chunk (split among the peers beyond two ranks). Override with
-// -DLOOM_PIPE_BYTES=64 to exercise many chunks in the tests.
-#ifndef LOOM_PIPE_BYTES
-#define LOOM_PIPE_BYTES ((size_t)1 << 20)
-#endif
 #define LOOM_PIPE_SPARE 4 // full-size scratch buffers a group keeps for reuse
 // Scratch needs from this many bytes up take a full-size buffer from the pool; smaller ones (many
 // may be in flight at once: fusion of small tensors) allocate their own.
@@ -226,6 +222,7 @@ struct ordered {
   loom_dtype_t wire;  // what travels and adds: f32 for f16/bf16 SUM/AVG, else dtype
   loom_redop_t op;
   int n, me, tag;
+  size_t pipe; // LOOM_PIPE_BYTES of the group: bytes per peer per chunk
   MPI_Comm comm;
   struct comm_state *cs; // the group's state: the pool scratch comes from and goes back to
   const char *src;       // (total) wire elements: the input, or its f32 copy
@@ -381,7 +378,7 @@ static loom_status_t ordered_step(loom_request_t *r) {
 // whatever the dtype (a chunk of any dtype fits), so that large reductions allocate nothing.
 static loom_status_t ordered_scratch(loom_request_t *r, struct ordered *s) {
   size_t ws = loom_dtype_size(s->wire);
-  size_t per_peer = s->n > 2 ? LOOM_PIPE_BYTES / (size_t)(s->n - 1) : LOOM_PIPE_BYTES;
+  size_t per_peer = s->n > 2 ? s->pipe / (size_t)(s->n - 1) : s->pipe;
   per_peer = per_peer < sizeof(int64_t) ? sizeof(int64_t) : per_peer; // one element of any dtype
   s->chunk = (int64_t)(per_peer / ws);
   int64_t largest = 0;
@@ -435,6 +432,7 @@ static loom_status_t ordered_start(const loom_group_t *g, const void *send, void
   s->op = op;
   s->n = n;
   s->me = me;
+  s->pipe = g->pipe_bytes > 0 ? (size_t)g->pipe_bytes : (size_t)LOOM_PIPE_BYTES_DEFAULT;
   s->out = out;
   s->gather = gather;
   LOOM_CHECK(group_state(g, &s->comm, &s->tag, &s->cs, &r->watch));

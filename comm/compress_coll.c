@@ -498,6 +498,7 @@ static loom_status_t get_hier(const loom_group_t *cg, comm_state_t **out) {
       NULL, MPI_Comm_split(g->comm, st->node.rank == 0 ? 0 : MPI_UNDEFINED, g->rank, &leaders));
   LOOM_CHECK(loom_group_from_comm(NULL, &st->leaders, g->kind, leaders, g->node));
   st->node.compress_chunk = st->leaders.compress_chunk = g->compress_chunk;
+  st->node.pipe_bytes = st->leaders.pipe_bytes = g->pipe_bytes;
   LOOM_CHECK(loom_group_watch_setup(&st->node, g->timeout, g->check_consistency));
   LOOM_CHECK(loom_group_watch_setup(&st->leaders, g->timeout, g->check_consistency));
   st->have_hier = 1;

@@ -36,6 +36,7 @@ struct loom_group {
   void *hier; // node and node-leader sub-groups, created by comm/ on first hierarchical use
   void (*hier_destroy)(void *hier);
   int64_t compress_chunk; // LOOM_COMPRESS_CHUNK: f32 bytes per chunk of a compressed call
+  int64_t pipe_bytes;     // LOOM_PIPE_BYTES: bytes per peer per ordered-reduction chunk
   int timeout;            // LOOM_TIMEOUT: seconds an operation may wait (0: forever)
   int check_consistency;  // LOOM_CHECK_CONSISTENCY
   MPI_Win watch_win;      // exposes every member's slot to the group (MPI_WIN_NULL: none)

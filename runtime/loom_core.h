@@ -79,6 +79,8 @@ typedef struct loom_config {
   const char *plan_lane;    // LOOM_PLAN_LANE: auto | gpu | cpu: the lane that encodes compressed
                             // gradients on a GPU (read by the example trainers)
   const char *gemm;         // LOOM_GEMM: auto | blas | loom: the kernel of host GEMMs (see README)
+  int pipe_bytes;           // LOOM_PIPE_BYTES: bytes per peer per pipelined chunk of an ordered
+                            // (bitwise identical) float reduction
 } loom_config_t;
 
 // The value of a tunable as resolved at loom_init (environment, config or default), by its

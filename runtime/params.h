@@ -23,6 +23,8 @@ enum loom_gemm_mode { LOOM_GEMM_MODE_AUTO = 0, LOOM_GEMM_MODE_BLAS, LOOM_GEMM_MO
 #define LOOM_SCHED_SPIN_US_DEFAULT 20000
 // The LOOM_SCHED_PROGRESS_US default, likewise.
 #define LOOM_SCHED_PROGRESS_US_DEFAULT 1000
+// The LOOM_PIPE_BYTES default, also used by a group built without a context.
+#define LOOM_PIPE_BYTES_DEFAULT 1048576
 
 // Indices into loom_param_table; keep in the table's order.
 enum loom_param_id {
@@ -49,6 +51,7 @@ enum loom_param_id {
   LOOM_P_NONFINITE,
   LOOM_P_PLAN_LANE,
   LOOM_P_GEMM,
+  LOOM_P_PIPE_BYTES,
   LOOM_P_COUNT
 };
 
@@ -81,6 +84,7 @@ struct loom_params {
   int nonfinite;                        // 0 abort, 1 skip a step with a non-finite gradient
   int plan_lane;                        // enum loom_plan_lane_mode: auto, gpu, cpu
   int gemm;                             // enum loom_gemm_mode: auto, blas, loom
+  int pipe_bytes;                       // ordered reductions: bytes per peer per pipeline chunk
   char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
   int source[LOOM_P_COUNT];                     // enum loom_param_source
 };

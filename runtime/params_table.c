@@ -214,6 +214,11 @@ static int parse_gemm(const struct loom_param_desc *d, const char *text, struct 
   return 0;
 }
 
+static int parse_pipe_bytes(const struct loom_param_desc *d, const char *text,
+                            struct loom_params *out, char *err, size_t errlen) {
+  return parse_int_field(d, text, &out->pipe_bytes, err, errlen);
+}
+
 static int parse_check_consistency(const struct loom_param_desc *d, const char *text,
                                    struct loom_params *out, char *err, size_t errlen) {
   if (parse_int_field(d, text, &out->check_consistency, err, errlen) != 0) {
@@ -267,6 +272,7 @@ static int parse_attn(const struct loom_param_desc *d, const char *text, struct 
 #define TEXT_OF_VALUE(x)      TEXT_OF(x)
 #define SPIN_DEFAULT_TEXT     TEXT_OF_VALUE(LOOM_SCHED_SPIN_US_DEFAULT)
 #define PROGRESS_DEFAULT_TEXT TEXT_OF_VALUE(LOOM_SCHED_PROGRESS_US_DEFAULT)
+#define PIPE_DEFAULT_TEXT     TEXT_OF_VALUE(LOOM_PIPE_BYTES_DEFAULT)
 
 const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
     [LOOM_P_DEBUG] = {"LOOM_DEBUG", "debug", STR_FIELD(debug), "WARN", "WARN|INFO|TRACE", 0, 0,
@@ -368,4 +374,10 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                      "products of 512 rows or more where every rank's OpenBLAS runs its AVX2 "
                      "kernels on one thread (auto), always the BLAS, or loom's kernel for every "
                      "one on a CPU with AVX2 and FMA"},
+    [LOOM_P_PIPE_BYTES] = {"LOOM_PIPE_BYTES", "pipe_bytes", INT_FIELD(pipe_bytes),
+                           PIPE_DEFAULT_TEXT, "8..1073741824", 8, 1073741824, parse_pipe_bytes,
+                           "float allreduce and reduce-scatter (summed in rank order, bitwise "
+                           "identical on every rank): bytes per peer of each pipelined chunk, "
+                           "split among the peers beyond two ranks; the reduction of one chunk "
+                           "overlaps the transfer of the next"},
 };

@@ -22,7 +22,8 @@
 //   seed), send/recv ring.
 // - non-blocking: several requests polled together with loom_test; two staged requests waited
 //   for in opposite orders on odd and even ranks (must not deadlock); loom_wait_all with NULLs.
-// - pipelined ordered reductions (chunks of at most 1 MiB per peer): counts of several chunks
+// - pipelined ordered reductions (chunks of at most LOOM_PIPE_BYTES, 1 MiB by default, per
+//   peer; coll_pipe_np3.mpi sets 256 bytes): counts of several chunks
 //   at np 2..4 whose blocks end one element into a chunk on some ranks only, explicit uneven
 //   counts with zeros, in place and not, f32/f16/bf16; more large requests in flight at once
 //   than the scratch pool keeps, polled in turn, then waited for in opposite orders.

@@ -26,6 +26,7 @@ static const char *const bad[LOOM_P_COUNT] = {
     [LOOM_P_CHECK_CONSISTENCY] = "on",
     [LOOM_P_PLAN_LANE] = "both",
     [LOOM_P_GEMM] = "mkl",
+    [LOOM_P_PIPE_BYTES] = "4",
 };
 
 // loom_init must fail with want on every rank and the message must contain both strings.
@@ -87,6 +88,19 @@ int main(int argc, char **argv) {
     snprintf(who, sizeof who, "rank %d has '0'", size - 1);
     expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_FUSION_THRESHOLD differs between ranks", who);
     unsetenv("LOOM_FUSION_THRESHOLD");
+    // Another pipeline chunk posts other message sizes in every ordered reduction (a receive
+    // shorter than its message); the same number spelled otherwise is the same value.
+    setenv("LOOM_PIPE_BYTES", rank == size - 1 ? "64" : "1048576", 1);
+    snprintf(who, sizeof who, "rank %d has '64'", size - 1);
+    expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_PIPE_BYTES differs between ranks", who);
+    setenv("LOOM_PIPE_BYTES", rank == 0 ? "64" : " +064", 1);
+    loom_ctx_t *pipe = NULL;
+    CHECK(loom_init(NULL, NULL, NULL, &pipe) == LOOM_OK, "LOOM_PIPE_BYTES 64 / +064: %s",
+          loom_last_error(NULL));
+    if (pipe) {
+      loom_finalize(pipe);
+    }
+    unsetenv("LOOM_PIPE_BYTES");
     setenv("LOOM_MOE_OVERLAP", rank == 0 ? "FINE" : "fine", 1);
     loom_ctx_t *same = NULL;
     CHECK(loom_init(NULL, NULL, NULL, &same) == LOOM_OK, "LOOM_MOE_OVERLAP FINE / fine: %s",

@@ -29,6 +29,7 @@ static const char *const bad_values[LOOM_P_COUNT][5] = {
     [LOOM_P_TIMEOUT] = {"-1", "5s", "forever", "31536001", NULL},
     [LOOM_P_CHECK_CONSISTENCY] = {"2", "yes", "-1", "", NULL},
     [LOOM_P_PLAN_LANE] = {"both", "worker", "", "2", NULL},
+    [LOOM_P_PIPE_BYTES] = {"0", "7", "1073741825", "1M", NULL},
 };
 
 static void unset_all(void) {
@@ -221,6 +222,42 @@ int main(void) {
         p.text[LOOM_P_DEBUG], p.text[LOOM_P_TIMEOUT], p.text[LOOM_P_NONFINITE],
         p.text[LOOM_P_TIMELINE], p.text[LOOM_P_GPU]);
   unset_all();
+
+  // LOOM_PIPE_BYTES: the ordered reductions' chunk (bytes per peer), 1 MiB by default, 8 (one
+  // element of any dtype) to 1 GiB, from the environment or the config; a bad value names the
+  // variable, the range and the fix.
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK && p.pipe_bytes == LOOM_PIPE_BYTES_DEFAULT &&
+            p.pipe_bytes == 1048576 && !strcmp(p.text[LOOM_P_PIPE_BYTES], "1048576"),
+        "LOOM_PIPE_BYTES default: %d", p.pipe_bytes);
+  setenv("LOOM_PIPE_BYTES", " 8", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK && p.pipe_bytes == 8 &&
+            p.source[LOOM_P_PIPE_BYTES] == LOOM_SRC_ENV && !strcmp(p.text[LOOM_P_PIPE_BYTES], "8"),
+        "LOOM_PIPE_BYTES=' 8': %d '%s'", p.pipe_bytes, p.text[LOOM_P_PIPE_BYTES]);
+  setenv("LOOM_PIPE_BYTES", "1073741824", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK && p.pipe_bytes == 1073741824,
+        "LOOM_PIPE_BYTES=1 GiB: %d", p.pipe_bytes);
+  setenv("LOOM_PIPE_BYTES", "7", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_ERR_INVALID_ARG &&
+            strstr(loom_last_error(NULL), "environment variable LOOM_PIPE_BYTES='7' is invalid") &&
+            strstr(loom_last_error(NULL), "8..1073741824") &&
+            strstr(loom_last_error(NULL), "Fix or unset it (default '1048576')"),
+        "LOOM_PIPE_BYTES=7: %s", loom_last_error(NULL));
+  unset_all();
+  loom_config_init(&cfg);
+  CHECK(cfg.pipe_bytes == LOOM_UNSET, "pipe_bytes unset by loom_config_init");
+  cfg.pipe_bytes = 4096;
+  CHECK(loom_params_resolve(&cfg, &p) == LOOM_OK && p.pipe_bytes == 4096 &&
+            p.source[LOOM_P_PIPE_BYTES] == LOOM_SRC_CONFIG,
+        "pipe_bytes from config: %d", p.pipe_bytes);
+  setenv("LOOM_PIPE_BYTES", "65536", 1); // the environment wins
+  CHECK(loom_params_resolve(&cfg, &p) == LOOM_OK && p.pipe_bytes == 65536, "env over config");
+  unset_all();
+  cfg.pipe_bytes = 4;
+  CHECK(loom_params_resolve(&cfg, &p) == LOOM_ERR_INVALID_ARG &&
+            strstr(loom_last_error(NULL), "config field pipe_bytes (LOOM_PIPE_BYTES)") &&
+            strstr(loom_last_error(NULL), "8..1073741824"),
+        "config pipe_bytes 4: %s", loom_last_error(NULL));
+  loom_config_init(&cfg);
 
   // Decimal only for the planner's link figures: hex once read 0x10 as 16.
   setenv("LOOM_NET_GBPS", "0x10", 1);
