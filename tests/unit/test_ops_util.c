@@ -1,5 +1,5 @@
 /* test_ops_util.c — loom_scale, loom_axpy, loom_norm2 and loom_checksum against references
- * (sizes 0, 1, odd, large; known FNV-1a values; bit flips) and argument checks. */
+ * (sizes 0, 1, odd, large; guard elements; FNV-1a for every dtype; bit flips), argument checks. */
 #include "config.h"
 #include "loom.h"
 
@@ -23,6 +23,21 @@
 
 static const int64_t sizes[] = {0, 1, 2, 7, 8, 9, 15, 17, 1000, 100003};
 #define NSIZES (sizeof sizes / sizeof sizes[0])
+
+// FNV-1a 64 written out here, independent of loom's: the reference for loom_checksum.
+static uint64_t ref_fnv1a64(const void *bytes, size_t len) {
+  const unsigned char *p = bytes;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < len; i++) {
+    h = (h ^ p[i]) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+// Guard elements around a wrapped tensor: a call that writes one element before or past its
+// tensor changes them (the tensors of test_tensor have no slack to catch that).
+#define GUARD 8
+static const float guard_value = -1234.5f;
 
 // ---------------------------------------------------------------------------------------------
 // scale, axpy, norm2
@@ -86,6 +101,41 @@ static void test_scale_axpy(void) {
     free(want_d);
     loom_tensor_free(&x);
     loom_tensor_free(&y);
+  }
+}
+
+// scale and axpy write exactly their n elements: x and y are wrapped inside buffers with GUARD
+// sentinels before and after, which must be unchanged (and x unchanged by axpy).
+static void test_scale_axpy_guards(void) {
+  test_rng_t rng = test_rng(9);
+  for (size_t s = 0; s < NSIZES; s++) {
+    int64_t n = sizes[s];
+    float *xb = malloc(sizeof(float) * (size_t)(n + 2 * GUARD));
+    float *yb = malloc(sizeof(float) * (size_t)(n + 2 * GUARD));
+    float *keep = malloc(sizeof(float) * (size_t)(n + 1));
+    test_fill_value(xb, n + 2 * GUARD, guard_value);
+    test_fill_value(yb, n + 2 * GUARD, guard_value);
+    test_fill_uniform(&rng, xb + GUARD, n, -3, 3);
+    test_fill_uniform(&rng, yb + GUARD, n, -3, 3);
+    loom_tensor_t x, y;
+    CHECK(loom_tensor_wrap(&x, xb + GUARD, LOOM_F32, LOOM_DEVICE_HOST, 1, &n, "x") == LOOM_OK &&
+              loom_tensor_wrap(&y, yb + GUARD, LOOM_F32, LOOM_DEVICE_HOST, 1, &n, "y") == LOOM_OK,
+          "%s", loom_last_error(NULL));
+    CHECK(loom_scale(&x, -0.75f) == LOOM_OK, "%s", loom_last_error(NULL));
+    CHECK(test_all_equal(xb, GUARD, guard_value) &&
+              test_all_equal(xb + GUARD + n, GUARD, guard_value),
+          "scale n=%lld wrote outside x", (long long)n);
+    test_copy_floats(keep, xb + GUARD, n);
+    CHECK(loom_axpy(&y, 1.5f, &x) == LOOM_OK, "%s", loom_last_error(NULL));
+    CHECK(test_all_equal(yb, GUARD, guard_value) &&
+              test_all_equal(yb + GUARD + n, GUARD, guard_value),
+          "axpy n=%lld wrote outside y", (long long)n);
+    CHECK(test_same_bits(keep, xb + GUARD, n) && test_all_equal(xb, GUARD, guard_value) &&
+              test_all_equal(xb + GUARD + n, GUARD, guard_value),
+          "axpy n=%lld wrote to x or around it", (long long)n);
+    free(xb);
+    free(yb);
+    free(keep);
   }
 }
 
@@ -175,12 +225,36 @@ static void test_checksum(void) {
     p[bit / 8] ^= (uint8_t)(1u << (bit % 8));
   }
   CHECK(loom_checksum(&x, &hy) == LOOM_OK && hy == hx, "flipping back restores the sum");
-  // Every dtype is accepted.
+  // Every dtype is accepted, and the sum covers all of its bytes (numel * dtype size): random
+  // bytes against the independent FNV-1a, at a size with a tail and at one past any small block.
+  static const int64_t counts[] = {37, 70001};
   for (int d = 0; d < LOOM_DTYPE_COUNT; d++) {
-    loom_tensor_t t = test_tensor((loom_dtype_t)d, 1, &n, "t");
-    CHECK(loom_checksum(&t, &h) == LOOM_OK, "dtype %s: %s", loom_dtype_name((loom_dtype_t)d),
-          loom_last_error(NULL));
-    loom_tensor_free(&t);
+    for (int c = 0; c < 2; c++) {
+      loom_tensor_t t = test_tensor((loom_dtype_t)d, 1, &counts[c], "t");
+      size_t tb = loom_tensor_bytes(&t);
+      CHECK(tb == (size_t)counts[c] * loom_dtype_size((loom_dtype_t)d), "dtype %s: %zu bytes",
+            loom_dtype_name((loom_dtype_t)d), tb);
+      uint8_t *tp = t.data;
+      for (size_t i = 0; i < tb; i++) {
+        tp[i] = (uint8_t)test_next(&rng);
+      }
+      h = 0;
+      CHECK(loom_checksum(&t, &h) == LOOM_OK, "dtype %s: %s", loom_dtype_name((loom_dtype_t)d),
+            loom_last_error(NULL));
+      uint64_t want = ref_fnv1a64(tp, tb);
+      CHECK(h == want, "dtype %s n=%lld: %016llx want %016llx", loom_dtype_name((loom_dtype_t)d),
+            (long long)counts[c], (unsigned long long)h, (unsigned long long)want);
+      // The first and the last byte count.
+      for (int end = 0; end < 2; end++) {
+        size_t at = end ? tb - 1 : 0;
+        tp[at] ^= 0x10;
+        CHECK(loom_checksum(&t, &h) == LOOM_OK && h == ref_fnv1a64(tp, tb) && h != want,
+              "dtype %s n=%lld: flipping byte %zu gives %016llx", loom_dtype_name((loom_dtype_t)d),
+              (long long)counts[c], at, (unsigned long long)h);
+        tp[at] ^= 0x10;
+      }
+      loom_tensor_free(&t);
+    }
   }
   TEST_FREE(&a, &foobar, &empty, &x, &y, &z);
 }
@@ -270,6 +344,7 @@ static void test_bad_args(void) {
 
 int main(void) {
   test_scale_axpy();
+  test_scale_axpy_guards();
   test_norm2();
   test_checksum();
   test_bad_args();
