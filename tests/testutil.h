@@ -152,6 +152,54 @@ static inline double test_dot(const float *a, const float *w, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Guarded tensors: an f32 host tensor wrapped inside TEST_GUARD sentinel values on each side.
+// A call that writes one element before or past its tensor changes a sentinel (a test_tensor
+// allocation has no slack to show that: the write lands in the allocator's bookkeeping).
+
+#define TEST_GUARD 16
+
+typedef struct test_guarded {
+  float *buf;      // (TEST_GUARD + numel + TEST_GUARD)
+  loom_tensor_t t; // the middle
+} test_guarded_t;
+
+// The sentinel: 0xA5 bytes (a small negative float no kernel produces by chance).
+static inline float test_guard_value(void) {
+  float v;
+  memset(&v, 0xA5, sizeof v);
+  return v;
+}
+
+// The tensor's own elements are set to the sentinel too (an output must overwrite them).
+static inline test_guarded_t test_guarded_f32(int ndim, const int64_t *shape, const char *name) {
+  test_guarded_t g;
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    n *= shape[i];
+  }
+  g.buf = malloc(sizeof(float) * (size_t)(n + 2 * TEST_GUARD));
+  if (!g.buf || loom_tensor_wrap(&g.t, g.buf + TEST_GUARD, LOOM_F32, LOOM_DEVICE_HOST, ndim, shape,
+                                 name) != LOOM_OK) {
+    fprintf(stderr, "test_guarded_f32(%s): %s\n", name, loom_last_error(NULL));
+    exit(2);
+  }
+  test_fill_value(g.buf, n + 2 * TEST_GUARD, test_guard_value());
+  return g;
+}
+
+// 1 when the sentinels on both sides of g's tensor are unchanged.
+static inline int test_guards_intact(const test_guarded_t *g) {
+  int64_t n = loom_tensor_numel(&g->t);
+  return test_all_equal(g->buf, TEST_GUARD, test_guard_value()) &&
+         test_all_equal(g->buf + TEST_GUARD + n, TEST_GUARD, test_guard_value());
+}
+
+static inline void test_guarded_free(test_guarded_t *g) {
+  free(g->buf);
+  g->buf = NULL;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Calls that must fail
 
 #define TEST_STR_(x) #x

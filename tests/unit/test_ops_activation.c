@@ -1,6 +1,6 @@
 /* test_ops_activation.c — loom_gelu_* and loom_softmax_* against double-precision references on
  * odd and batched shapes and extreme inputs, in place, finite differences, the saved-derivative
- * GELU pair against the plain one bit for bit, bad arguments. */
+ * GELU pair against the plain one bit for bit, guards around every output, bad arguments. */
 #include "config.h"
 #include "loom.h"
 
@@ -401,6 +401,90 @@ static void test_softmax_finite_diff(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Guards: every op writes exactly its outputs. Inputs and outputs are wrapped inside sentinels
+// (test_guarded_f32), which must survive each call, and each output holds the bits of the same
+// call on plain tensors. Covers the fused and the two-pass bias gradient (2049 columns).
+
+static void check_guards(const char *what, const test_guarded_t *const *g, int count) {
+  for (int i = 0; i < count; i++) {
+    CHECK(test_guards_intact(g[i]), "%s: wrote outside %s", what, g[i]->t.name);
+  }
+}
+
+static void test_guards(void) {
+  test_rng_t rng = test_rng(29);
+  static const int64_t gshapes[][2] = {{1, 1}, {3, 7}, {2, 37}, {5, 129}, {2, 2049}};
+  for (int s = 0; s < 5; s++) {
+    const int64_t *shape = gshapes[s], n = shape[0] * shape[1], N = shape[1];
+    test_guarded_t in = test_guarded_f32(2, shape, "in"), dout = test_guarded_f32(2, shape, "dout");
+    test_guarded_t out = test_guarded_f32(2, shape, "out"), din = test_guarded_f32(2, shape, "din");
+    test_guarded_t deriv = test_guarded_f32(2, shape, "deriv"), db = test_guarded_f32(1, &N, "db");
+    const test_guarded_t *all[] = {&in, &dout, &out, &din, &deriv, &db};
+    loom_tensor_t r_out = test_tensor_f32(2, shape, "r_out"),
+                  r_din = test_tensor_f32(2, shape, "r");
+    loom_tensor_t r_db = test_tensor_f32(1, &N, "r_db");
+    fill_gelu_inputs(&rng, test_floats(&in.t), n);
+    test_fill_uniform(&rng, test_floats(&dout.t), n, -1, 1);
+    test_fill_uniform(&rng, test_floats(&db.t), N, -1, 1);
+    test_copy_floats(r_db.data, db.t.data, N);
+    char what[96];
+
+    CHECK(loom_gelu_forward(&out.t, &in.t) == LOOM_OK &&
+              loom_gelu_forward(&r_out, &in.t) == LOOM_OK,
+          "%s", loom_last_error(NULL));
+    snprintf(what, sizeof what, "gelu forward (%lld, %lld)", (long long)shape[0], (long long)N);
+    check_guards(what, all, 6);
+    CHECK(test_same_bits(test_floats(&out.t), test_floats(&r_out), n), "%s: out differs", what);
+
+    CHECK(loom_gelu_backward(&din.t, &in.t, &dout.t) == LOOM_OK &&
+              loom_gelu_backward(&r_din, &in.t, &dout.t) == LOOM_OK,
+          "%s", loom_last_error(NULL));
+    snprintf(what, sizeof what, "gelu backward (%lld, %lld)", (long long)shape[0], (long long)N);
+    check_guards(what, all, 6);
+    CHECK(test_same_bits(test_floats(&din.t), test_floats(&r_din), n), "%s: din differs", what);
+
+    test_fill_value(test_floats(&out.t), n, NAN);
+    CHECK(loom_gelu_forward_deriv(&out.t, &deriv.t, &in.t) == LOOM_OK, "%s", loom_last_error(NULL));
+    snprintf(what, sizeof what, "gelu forward_deriv (%lld, %lld)", (long long)shape[0],
+             (long long)N);
+    check_guards(what, all, 6);
+    CHECK(test_same_bits(test_floats(&out.t), test_floats(&r_out), n), "%s: out differs", what);
+
+    test_fill_value(test_floats(&din.t), n, NAN);
+    CHECK(loom_gelu_backward_deriv(&din.t, &db.t, &deriv.t, &dout.t) == LOOM_OK &&
+              loom_bias_backward(&r_db, &r_din) == LOOM_OK,
+          "%s", loom_last_error(NULL));
+    snprintf(what, sizeof what, "gelu backward_deriv (%lld, %lld)", (long long)shape[0],
+             (long long)N);
+    check_guards(what, all, 6);
+    CHECK(test_same_bits(test_floats(&din.t), test_floats(&r_din), n), "%s: din differs", what);
+    CHECK(test_same_bits(test_floats(&db.t), test_floats(&r_db), N), "%s: dbias differs", what);
+
+    CHECK(loom_softmax_forward(&out.t, &in.t) == LOOM_OK &&
+              loom_softmax_forward(&r_out, &in.t) == LOOM_OK,
+          "%s", loom_last_error(NULL));
+    snprintf(what, sizeof what, "softmax forward (%lld, %lld)", (long long)shape[0], (long long)N);
+    check_guards(what, all, 6);
+    CHECK(test_same_bits(test_floats(&out.t), test_floats(&r_out), n), "%s: out differs", what);
+
+    CHECK(loom_softmax_backward(&din.t, &out.t, &dout.t) == LOOM_OK &&
+              loom_softmax_backward(&r_din, &r_out, &dout.t) == LOOM_OK,
+          "%s", loom_last_error(NULL));
+    snprintf(what, sizeof what, "softmax backward (%lld, %lld)", (long long)shape[0], (long long)N);
+    check_guards(what, all, 6);
+    CHECK(test_same_bits(test_floats(&din.t), test_floats(&r_din), n), "%s: din differs", what);
+
+    test_guarded_free(&in);
+    test_guarded_free(&dout);
+    test_guarded_free(&out);
+    test_guarded_free(&din);
+    test_guarded_free(&deriv);
+    test_guarded_free(&db);
+    TEST_FREE(&r_out, &r_din, &r_db);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Bad arguments: each fails with a message and leaves every output untouched.
 
 static void test_bad_args(void) {
@@ -511,6 +595,7 @@ int main(void) {
   test_softmax_reference();
   test_softmax_nan_rows();
   test_softmax_finite_diff();
+  test_guards();
   test_bad_args();
   return check_exit("test_ops_activation");
 }
