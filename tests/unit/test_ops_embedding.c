@@ -1,5 +1,5 @@
 /* test_ops_embedding.c — loom_embedding_* and loom_residual_* against references (random shapes,
- * repeated ids, batched ids), finite-difference gradients, and argument checks. */
+ * repeated ids, batched ids), finite-difference gradients, guards around outputs, bad arguments. */
 #include "config.h"
 #include "loom.h"
 
@@ -80,8 +80,15 @@ static void embedding_case(test_rng_t *rng, int64_t vocab, int64_t c, int64_t b,
   out_flat.ndim = 2;
   out_flat.shape[0] = oflat[0];
   out_flat.shape[1] = oflat[1];
+  test_fill_value(test_floats(&out), n * c, NAN);
   CHECK(loom_embedding_forward(&out_flat, &ids_flat, &table) == LOOM_OK, "%s flat: %s", what,
         loom_last_error(NULL));
+  wrong = 0;
+  for (int64_t i = 0; i < n; i++) {
+    wrong += memcmp(test_floats(&out) + i * c, test_floats(&table) + (int64_t)id[i] * c,
+                    sizeof(float) * (size_t)c) != 0;
+  }
+  CHECK(wrong == 0, "%s flat: %lld rows differ from table[ids]", what, (long long)wrong);
 
   free(ref_f);
   free(ref_d);
@@ -252,6 +259,63 @@ static void test_residual_fd(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Guards: each op writes exactly its output. Every tensor is wrapped inside sentinels
+// (test_guarded_f32) that must survive the call; the ids use the first and the last table row,
+// where a row offset off by one would write before or past dtable.
+
+static void guards_case(test_rng_t *rng, int64_t vocab, int64_t c, int64_t n) {
+  int64_t tshape[2] = {vocab, c}, oshape[2] = {n, c};
+  test_guarded_t table = test_guarded_f32(2, tshape, "table");
+  test_guarded_t dtable = test_guarded_f32(2, tshape, "dtable");
+  test_guarded_t out = test_guarded_f32(2, oshape, "out"), dout = test_guarded_f32(2, oshape, "d");
+  test_guarded_t b = test_guarded_f32(2, oshape, "b"), da = test_guarded_f32(2, oshape, "da");
+  test_guarded_t db = test_guarded_f32(2, oshape, "db");
+  const test_guarded_t *all[] = {&table, &dtable, &out, &dout, &b, &da, &db};
+  loom_tensor_t ids = test_tensor(LOOM_I32, 1, &n, "ids");
+  int32_t *id = ids.data;
+  for (int64_t i = 0; i < n; i++) {
+    id[i] = i % 3 == 0   ? 0
+            : i % 3 == 1 ? (int32_t)(vocab - 1)
+                         : (int32_t)test_int(rng, 0, vocab - 1);
+  }
+  test_fill_uniform(rng, test_floats(&table.t), vocab * c, -1, 1);
+  test_fill_uniform(rng, test_floats(&dtable.t), vocab * c, -1, 1);
+  test_fill_uniform(rng, test_floats(&dout.t), n * c, -1, 1);
+  test_fill_uniform(rng, test_floats(&b.t), n * c, -1, 1);
+  test_fill_uniform(rng, test_floats(&da.t), n * c, -1, 1);
+  test_fill_uniform(rng, test_floats(&db.t), n * c, -1, 1);
+  const char *ops[4] = {"embedding forward", "embedding backward", "residual forward",
+                        "residual backward"};
+  for (int op = 0; op < 4; op++) {
+    loom_status_t st = op == 0   ? loom_embedding_forward(&out.t, &ids, &table.t)
+                       : op == 1 ? loom_embedding_backward(&dtable.t, &ids, &dout.t)
+                       : op == 2 ? loom_residual_forward(&out.t, &dout.t, &b.t)
+                                 : loom_residual_backward(&da.t, &db.t, &dout.t);
+    CHECK(st == LOOM_OK, "%s: %s", ops[op], loom_last_error(NULL));
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+      CHECK(test_guards_intact(all[i]), "%s V=%lld C=%lld N=%lld: wrote outside %s", ops[op],
+            (long long)vocab, (long long)c, (long long)n, all[i]->t.name);
+    }
+  }
+  test_guarded_free(&table);
+  test_guarded_free(&dtable);
+  test_guarded_free(&out);
+  test_guarded_free(&dout);
+  test_guarded_free(&b);
+  test_guarded_free(&da);
+  test_guarded_free(&db);
+  loom_tensor_free(&ids);
+}
+
+static void test_guards(void) {
+  test_rng_t rng = test_rng(53);
+  guards_case(&rng, 1, 1, 1);
+  guards_case(&rng, 2, 1, 5);
+  guards_case(&rng, 11, 5, 7);
+  guards_case(&rng, 40, 33, 64);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Bad arguments: LOOM_ERR_INVALID_ARG, a message, and nothing written.
 
 static void test_bad_args(void) {
@@ -396,6 +460,7 @@ int main(void) {
   test_embedding_fd();
   test_residual();
   test_residual_fd();
+  test_guards();
   test_bad_args();
   return check_exit("test_ops_embedding");
 }
