@@ -1,5 +1,5 @@
 /* test_ops_layernorm.c — loom_layernorm_forward/_backward against a double-precision reference
- * (odd, batched, offset and low-variance rows), accumulation, finite differences, bad arguments. */
+ * (odd, batched, offset, low-variance rows), accumulation, finite differences, guards, bad args. */
 #include "config.h"
 #include "loom.h"
 
@@ -321,6 +321,63 @@ static void test_finite_diff(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Guards: forward and backward write exactly their outputs. Every tensor is wrapped inside
+// sentinels (test_guarded_f32) that must survive both calls; the outputs must equal those of the
+// same calls on plain tensors, bit for bit.
+
+static void test_guards(void) {
+  test_rng_t rng = test_rng(23);
+  static const int64_t gshapes[][2] = {{1, 1}, {3, 7}, {5, 37}, {2, 129}};
+  for (int s = 0; s < 4; s++) {
+    const int64_t N = gshapes[s][0], C = gshapes[s][1], n = N * C;
+    test_guarded_t x = test_guarded_f32(2, gshapes[s], "x"), w = test_guarded_f32(1, &C, "w");
+    test_guarded_t b = test_guarded_f32(1, &C, "b"), out = test_guarded_f32(2, gshapes[s], "out");
+    test_guarded_t mean = test_guarded_f32(1, &N, "mean"), rstd = test_guarded_f32(1, &N, "rstd");
+    test_guarded_t dy = test_guarded_f32(2, gshapes[s], "dy");
+    test_guarded_t dx = test_guarded_f32(2, gshapes[s], "dx");
+    test_guarded_t dw = test_guarded_f32(1, &C, "dw"), db = test_guarded_f32(1, &C, "db");
+    test_guarded_t *const all[] = {&x, &w, &b, &out, &mean, &rstd, &dy, &dx, &dw, &db};
+    ln_t p = ln_alloc(2, gshapes[s]); // the same calls on plain tensors
+    test_fill_uniform(&rng, test_floats(&x.t), n, -1, 1);
+    test_fill_uniform(&rng, test_floats(&w.t), C, 0.5, 1.5);
+    test_fill_uniform(&rng, test_floats(&b.t), C, -1, 1);
+    test_fill_uniform(&rng, test_floats(&dy.t), n, -1, 1);
+    test_fill_uniform(&rng, test_floats(&dw.t), C, -1, 1);
+    test_fill_uniform(&rng, test_floats(&db.t), C, -1, 1);
+    test_copy_floats(p.dw.data, dw.t.data, C);
+    test_copy_floats(p.db.data, db.t.data, C);
+    CHECK(loom_layernorm_forward(&out.t, &mean.t, &rstd.t, &x.t, &w.t, &b.t, EPS) == LOOM_OK &&
+              loom_layernorm_forward(&p.out, &p.mean, &p.rstd, &x.t, &w.t, &b.t, EPS) == LOOM_OK,
+          "%s", loom_last_error(NULL));
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+      CHECK(test_guards_intact(all[i]), "forward (%lld, %lld): wrote outside %s", (long long)N,
+            (long long)C, all[i]->t.name);
+    }
+    CHECK(test_same_bits(test_floats(&out.t), test_floats(&p.out), n) &&
+              test_same_bits(test_floats(&mean.t), test_floats(&p.mean), N) &&
+              test_same_bits(test_floats(&rstd.t), test_floats(&p.rstd), N),
+          "forward (%lld, %lld): guarded outputs differ", (long long)N, (long long)C);
+    CHECK(loom_layernorm_backward(&dx.t, &dw.t, &db.t, &dy.t, &x.t, &w.t, &mean.t, &rstd.t) ==
+                  LOOM_OK &&
+              loom_layernorm_backward(&p.dx, &p.dw, &p.db, &dy.t, &x.t, &w.t, &mean.t, &rstd.t) ==
+                  LOOM_OK,
+          "%s", loom_last_error(NULL));
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+      CHECK(test_guards_intact(all[i]), "backward (%lld, %lld): wrote outside %s", (long long)N,
+            (long long)C, all[i]->t.name);
+    }
+    CHECK(test_same_bits(test_floats(&dx.t), test_floats(&p.dx), n) &&
+              test_same_bits(test_floats(&dw.t), test_floats(&p.dw), C) &&
+              test_same_bits(test_floats(&db.t), test_floats(&p.db), C),
+          "backward (%lld, %lld): guarded outputs differ", (long long)N, (long long)C);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+      test_guarded_free(all[i]);
+    }
+    ln_free(&p);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Bad arguments: each fails with a message and leaves every output untouched.
 
 static void test_bad_args(void) {
@@ -428,6 +485,7 @@ int main(void) {
   test_reference();
   test_empty();
   test_finite_diff();
+  test_guards();
   test_bad_args();
   return check_exit("test_ops_layernorm");
 }
