@@ -236,10 +236,20 @@ static void test_forward(void) {
   int64_t s3[3] = {2, 3, 5}, se[2] = {6, 5}, sk[2] = {6, 2};
   loom_tensor_t x3 = test_tensor_f32(3, s3, "logits3"), p = test_tensor_f32(2, se, "probs");
   loom_tensor_t idx = test_tensor(LOOM_I32, 2, sk, "idx"), w = test_tensor_f32(2, sk, "w");
+  loom_tensor_t x2 = test_tensor_f32(2, se, "logits2"), p2 = test_tensor_f32(2, se, "probs2");
+  loom_tensor_t idx2 = test_tensor(LOOM_I32, 2, sk, "idx2"), w2 = test_tensor_f32(2, sk, "w2");
   test_fill_uniform(&rng, x3.data, 30, -2, 2);
+  test_copy_floats(x2.data, x3.data, 30);
+  test_fill_value(p.data, 30, NAN);
+  test_fill_value(w.data, 12, NAN);
   CHECK(loom_moe_router_forward(&p, &idx, &w, &x3) == LOOM_OK, "flattened batch: %s",
         loom_last_error(NULL));
-  TEST_FREE(&x3, &p, &idx, &w);
+  // The same bits as the (6, E) logits: every row is routed, none twice.
+  CHECK(loom_moe_router_forward(&p2, &idx2, &w2, &x2) == LOOM_OK, "%s", loom_last_error(NULL));
+  CHECK(test_same_bits(p.data, p2.data, 30) && test_same_bits(w.data, w2.data, 12) &&
+            !memcmp(idx.data, idx2.data, sizeof(int32_t) * 12),
+        "flattened batch: the outputs differ from those of the (6, 5) logits");
+  TEST_FREE(&x3, &p, &idx, &w, &x2, &p2, &idx2, &w2);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -581,6 +591,60 @@ static void test_backward(void) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Guards: the three ops write exactly their outputs. Every tensor is wrapped inside sentinels
+// (test_guarded_f32; idx is its i32 view) that must survive each call, and the outputs equal those
+// of the same calls on plain tensors, bit for bit.
+
+static void test_guards(void) {
+  test_rng_t rng = test_rng(61);
+  static const int64_t gshapes[][3] = {{1, 1, 1}, {3, 5, 2}, {7, 16, 4}, {4, 8, 8}};
+  for (int s = 0; s < 4; s++) {
+    const int64_t T = gshapes[s][0], E = gshapes[s][1], K = gshapes[s][2];
+    int64_t se[2] = {T, E}, sk[2] = {T, K};
+    test_guarded_t x = test_guarded_f32(2, se, "logits"), p = test_guarded_f32(2, se, "probs");
+    test_guarded_t ix = test_guarded_f32(2, sk, "idx"), w = test_guarded_f32(2, sk, "weight");
+    test_guarded_t dl = test_guarded_f32(2, se, "dlogits"), dp = test_guarded_f32(2, se, "dprobs");
+    test_guarded_t dw = test_guarded_f32(2, sk, "dweight");
+    CHECK(loom_tensor_wrap(&ix.t, ix.buf + TEST_GUARD, LOOM_I32, LOOM_DEVICE_HOST, 2, sk, "idx") ==
+              LOOM_OK,
+          "%s", loom_last_error(NULL));
+    test_guarded_t *const all[] = {&x, &p, &ix, &w, &dl, &dp, &dw};
+    loom_tensor_t rp = test_tensor_f32(2, se, "rp"), ridx = test_tensor(LOOM_I32, 2, sk, "ridx");
+    loom_tensor_t rw = test_tensor_f32(2, sk, "rw"), rdl = test_tensor_f32(2, se, "rdl");
+    loom_tensor_t rdp = test_tensor_f32(2, se, "rdp");
+    fill_gapped(&rng, x.t.data, T, E);
+    test_fill_uniform(&rng, dw.t.data, T * K, -1, 1);
+    test_fill_uniform(&rng, dp.t.data, T * E, -1, 1);
+    test_copy_floats(rdp.data, dp.t.data, T * E);
+    float aux = 0.0f, raux = 0.0f;
+    const char *ops[3] = {"router forward", "aux loss", "router backward"};
+    for (int op = 0; op < 3; op++) {
+      loom_status_t st = op == 0 ? loom_moe_router_forward(&p.t, &ix.t, &w.t, &x.t)
+                         : op == 1
+                             ? loom_moe_aux_loss(&aux, &dp.t, &p.t, &ix.t, 0.1f)
+                             : loom_moe_router_backward(&dl.t, &dw.t, &p.t, &ix.t, &w.t, &dp.t);
+      loom_status_t rst = op == 0   ? loom_moe_router_forward(&rp, &ridx, &rw, &x.t)
+                          : op == 1 ? loom_moe_aux_loss(&raux, &rdp, &rp, &ridx, 0.1f)
+                                    : loom_moe_router_backward(&rdl, &dw.t, &rp, &ridx, &rw, &rdp);
+      CHECK(st == LOOM_OK && rst == LOOM_OK, "%s: %s", ops[op], loom_last_error(NULL));
+      for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        CHECK(test_guards_intact(all[i]), "%s T=%lld E=%lld K=%lld: wrote outside %s", ops[op],
+              (long long)T, (long long)E, (long long)K, all[i]->t.name);
+      }
+    }
+    CHECK(test_same_bits(p.t.data, rp.data, T * E) && test_same_bits(w.t.data, rw.data, T * K) &&
+              !memcmp(ix.t.data, ridx.data, sizeof(int32_t) * (size_t)(T * K)) && aux == raux &&
+              test_same_bits(dp.t.data, rdp.data, T * E) &&
+              test_same_bits(dl.t.data, rdl.data, T * E),
+          "T=%lld E=%lld K=%lld: guarded outputs differ", (long long)T, (long long)E, (long long)K);
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+      test_guarded_free(all[i]);
+    }
+    TEST_FREE(&rp, &ridx, &rw, &rdl, &rdp);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Bad arguments: LOOM_ERR_INVALID_ARG, a message, and nothing written.
 
 static void test_bad_args(void) {
@@ -728,6 +792,7 @@ int main(void) {
   test_ties();
   test_aux();
   test_backward();
+  test_guards();
   test_bad_args();
   return check_exit("test_ops_moe");
 }
