@@ -1053,6 +1053,101 @@ static void test_accumulate(void) {
   free(acc0);
 }
 
+// Encode and decode write exactly their bytes and values: a payload buffer larger than needed
+// keeps its 0xA5 bytes past the payload's size, and an accumulator inside sentinel values keeps
+// them. Sizes around the 8-value sign bytes and the 1024-value conversion chunks.
+static void test_exact_writes(void) {
+  enum { SLACK = 64 };
+  static const int64_t ns[] = {1, 7, 8, 9, 16, 1024, 1025, 4099};
+  const float sentinel = -7.25e-3f;
+  for (int s = 0; s < N_PAYLOAD_SPECS; s++) {
+    loom_compressor_t *c = make(payload_specs[s]);
+    if (c == NULL) {
+      continue;
+    }
+    for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+      const int64_t n = ns[t];
+      float *x = xmalloc((size_t)n * sizeof(float));
+      float *acc = xmalloc((size_t)(n + 2 * SLACK) * sizeof(float));
+      fill_mixed(x, n, 31 + (uint64_t)n);
+      const size_t cap = loom_compressor_max_bytes(c, n);
+      uint8_t *buf = xmalloc(cap + SLACK);
+      memset(buf, 0xA5, cap + SLACK);
+      size_t bytes = 0;
+      loom_status_t st = loom_compressor_encode(c, x, n, 9, buf, cap + SLACK, &bytes);
+      CHECK(st == LOOM_OK && bytes <= cap, "%s n=%lld: encode with %d spare bytes: %s, %zu bytes",
+            payload_specs[s], (long long)n, SLACK, loom_strerror(st), bytes);
+      int guard_ok = 1;
+      for (size_t b = bytes; b < cap + SLACK; b++) {
+        guard_ok &= buf[b] == 0xA5;
+      }
+      CHECK(guard_ok, "%s n=%lld: encode wrote past its %zu-byte payload", payload_specs[s],
+            (long long)n, bytes);
+      for (int64_t i = 0; i < n + 2 * SLACK; i++) {
+        acc[i] = i < SLACK || i >= SLACK + n ? sentinel : 0.0f;
+      }
+      st = loom_compressor_decode_add(c, buf, bytes, n, 9, acc + SLACK);
+      CHECK(st == LOOM_OK, "%s n=%lld: decode: %s", payload_specs[s], (long long)n,
+            loom_strerror(st));
+      int64_t touched = 0;
+      for (int64_t i = 0; i < SLACK; i++) {
+        touched += fbits(acc[i]) != fbits(sentinel);
+        touched += fbits(acc[SLACK + n + i]) != fbits(sentinel);
+      }
+      CHECK(touched == 0, "%s n=%lld: decode_add changed %lld values outside the accumulator",
+            payload_specs[s], (long long)n, (long long)touched);
+      free(buf);
+      free(acc);
+      free(x);
+    }
+    loom_compressor_destroy(c);
+  }
+}
+
+// A NaN or an infinity anywhere (first, middle or last value) cannot be scaled or ranked: int8,
+// efsign and topk send a header that says so, and decoding it turns every accumulated value into
+// NaN (the sum is poisoned where the trainers' non-finite guard sees it, never silently finite).
+// none keeps the value itself and leaves the others as they are.
+static void test_nonfinite(void) {
+  static const char *const scaled[] = {"int8", "int8:sr", "topk:0.01", "topk:1", "efsign", "none"};
+  static const int64_t ns[] = {1, 7, 1000};
+  const float bad[3] = {NAN, INFINITY, -INFINITY};
+  for (size_t s = 0; s < sizeof scaled / sizeof scaled[0]; s++) {
+    loom_compressor_t *c = make(scaled[s]);
+    const int none = strcmp(scaled[s], "none") == 0;
+    for (size_t t = 0; c && t < sizeof ns / sizeof ns[0]; t++) {
+      const int64_t n = ns[t], where[3] = {0, n / 2, n - 1};
+      float *x = xmalloc((size_t)n * sizeof(float)), *acc = xmalloc((size_t)n * sizeof(float));
+      for (int w = 0; w < 3; w++) {
+        for (int b = 0; b < 3; b++) {
+          fill_nonzero(x, n, 90 + (uint64_t)n);
+          x[where[w]] = bad[b];
+          size_t bytes = 0;
+          uint8_t *p = encode_new(c, x, n, 2, &bytes);
+          for (int64_t i = 0; i < n; i++) {
+            acc[i] = 0.5f;
+          }
+          loom_status_t st = p ? loom_compressor_decode_add(c, p, bytes, n, 2, acc) : LOOM_OK;
+          CHECK(p == NULL || st == LOOM_OK, "%s n=%lld: decode of a non-finite payload: %s",
+                scaled[s], (long long)n, loom_strerror(st));
+          int64_t wrong = 0;
+          for (int64_t i = 0; p && st == LOOM_OK && i < n; i++) {
+            float want = 0.5f + x[i];
+            wrong += none ? !(isnan(want) ? isnan(acc[i]) : acc[i] == want) : !isnan(acc[i]);
+          }
+          CHECK(wrong == 0, "%s n=%lld, %g at value %lld: %lld accumulated values wrong (want %s)",
+                scaled[s], (long long)n, (double)bad[b], (long long)where[w], (long long)wrong,
+                none ? "0.5 + x" : "NaN everywhere");
+          free(p);
+        }
+      }
+      free(x);
+      free(acc);
+    }
+    loom_compressor_destroy(c);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. Capacity
 
@@ -1405,6 +1500,65 @@ static void test_bad_indices(void) {
   loom_compressor_destroy(c);
 }
 
+// Codes the encoders never emit, at every position: an int8 value of -128 (the encoder keeps
+// -127..127) and an efsign padding bit after the last sign. The int8 values are the payload's
+// last n bytes and the efsign signs its last (n + 7) / 8 bytes, bit i % 8 of byte i / 8 for value
+// i; both layouts are confirmed by a decode before the bad codes are written.
+static void test_bad_codes(void) {
+  static const int64_t ns[] = {1, 7, 9, 1000};
+  for (size_t t = 0; t < sizeof ns / sizeof ns[0]; t++) {
+    const int64_t n = ns[t];
+    float *x = xmalloc((size_t)n * sizeof(float)), *d = xmalloc((size_t)n * sizeof(float));
+    float *d2 = xmalloc((size_t)n * sizeof(float));
+    fill_nonzero(x, n, 70 + (uint64_t)n);
+    for (int efsign = 0; efsign < 2; efsign++) {
+      loom_compressor_t *c = make(efsign ? "efsign" : "int8");
+      size_t bytes = 0;
+      uint8_t *p = c ? encode_new(c, x, n, 5, &bytes) : NULL;
+      if (p == NULL || decode_into(c, p, bytes, n, 5, d) != LOOM_OK) {
+        free(p);
+        loom_compressor_destroy(c);
+        continue;
+      }
+      uint8_t *q = xmalloc(bytes);
+      char what[96];
+      const int64_t last = n - 1, at = (int64_t)bytes - (efsign ? (n + 7) / 8 : n);
+      // Confirm the layout on the last value: int8 code 0 decodes to 0, a flipped sign bit
+      // negates it; every other value is unchanged.
+      memcpy(q, p, bytes);
+      if (efsign) {
+        q[at + last / 8] ^= (uint8_t)(1u << (last % 8));
+      } else {
+        q[at + last] = 0;
+      }
+      int confirmed = decode_into(c, q, bytes, n, 5, d2) == LOOM_OK &&
+                      d2[last] == (efsign ? -d[last] : 0.0f) &&
+                      memcmp(d, d2, (size_t)last * sizeof(float)) == 0;
+      CHECK(confirmed, "%s n=%lld: the last value's code is not where expected",
+            loom_compressor_name(c), (long long)n);
+      const int64_t where[3] = {0, n / 2, last}; // the first, a middle and the last value
+      for (int w = 0; confirmed && !efsign && w < 3; w++) {
+        memcpy(q, p, bytes);
+        q[at + where[w]] = 0x80;
+        snprintf(what, sizeof what, "int8 code -128 at value %lld", (long long)where[w]);
+        EXPECT_CORRUPT(c, q, bytes, n, 5, what);
+      }
+      for (int b = (int)(n % 8); confirmed && efsign && n % 8 && b < 8; b++) {
+        memcpy(q, p, bytes);
+        q[bytes - 1] |= (uint8_t)(1u << b);
+        snprintf(what, sizeof what, "efsign padding bit %d set", b);
+        EXPECT_CORRUPT(c, q, bytes, n, 5, what);
+      }
+      free(q);
+      free(p);
+      loom_compressor_destroy(c);
+    }
+    free(x);
+    free(d);
+    free(d2);
+  }
+}
+
 static const char *const cross_specs[] = {"none",      "fp16",         "bf16",  "int8",
                                           "topk:0.25", "randomk:0.25", "efsign"};
 #define N_CROSS_SPECS ((int)(sizeof cross_specs / sizeof cross_specs[0]))
@@ -1534,6 +1688,7 @@ static void test_malformed(void) {
   test_bad_scale("efsign", 7);
   test_bad_scale("efsign", 1000);
   test_bad_indices();
+  test_bad_codes();
 
   // randomk past the index limit: its encoder refuses n > 2^32 - 1 (u32 indices), and so must
   // its decoder, before any write (it drew indices truncated to 32 bits and added values there).
@@ -1866,6 +2021,8 @@ int main(void) {
   test_sizes();
   test_unaligned();
   test_accumulate();
+  test_exact_writes();
+  test_nonfinite();
   quiet_begin();
   test_capacity();
   quiet_end();
