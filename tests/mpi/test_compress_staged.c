@@ -18,9 +18,11 @@
 //   the blocking form likewise;
 // - several in flight on one group, mixed with host compressed allreduces and a plain
 //   loom_iallreduce, completed in reverse order: every result equals its blocking reference;
-// - a stage serves call after call (one at a time), and a tensor smaller than the stage;
+// - a stage serves call after call (one at a time), and a tensor smaller than the stage; the
+//   staged tensor sits inside sentinels that the copy back must leave alone;
 // - errors before anything is posted: a NULL group, compressor, tensor, stage or req, a bad
-//   scheme or op, an f16 tensor, a tensor larger than the stage, a stage made for another device;
+//   scheme or op, an f16 tensor, a tensor larger than the stage (by one value, too), a stage made
+//   for another device;
 //   stages for a device this process cannot use (LOOM_ERR_UNSUPPORTED in a build without CUDA), a
 //   negative size, a NULL out;
 // - a copy to the host that fails on the last rank (the test hook), blocking and non-blocking,
@@ -101,7 +103,10 @@ static void check_equal(const loom_group_t *g, loom_host_stage_t *stage, int64_t
         loom_ef_t *ef_a = NULL, *ef_b = NULL;
         OK(loom_ef_create(&ef_a));
         OK(loom_ef_create(&ef_b));
-        loom_tensor_t a = make(rows, cols, "grad.w"), b = make(rows, cols, "grad.w");
+        // The staged tensor sits inside sentinels: the copy back writes exactly its values.
+        int64_t shape[2] = {rows, cols};
+        test_guarded_t ga = test_guarded_f32(rows ? 2 : 1, rows ? shape : shape + 1, "grad.w");
+        loom_tensor_t a = ga.t, b = make(rows, cols, "grad.w");
         for (int step = 0; step < 3; step++) {
           input(a.data, n, step, k);
           memcpy(b.data, a.data, (size_t)n * sizeof(float));
@@ -125,12 +130,14 @@ static void check_equal(const loom_group_t *g, loom_host_stage_t *stage, int64_t
           CHECK(same_bits(a.data, b.data, n), "%s %s %s step %d %s: staged result differs",
                 specs[k], loom_scheme_name((loom_scheme_t)s), op == LOOM_AVG ? "avg" : "sum", step,
                 blocking ? "blocking" : "non-blocking");
+          CHECK(test_guards_intact(&ga), "%s %s step %d: the staged call wrote outside the tensor",
+                specs[k], loom_scheme_name((loom_scheme_t)s), step);
           CHECK(sent_a == sent_b, "%s %s: bytes sent %zu staged, %zu host", specs[k],
                 loom_scheme_name((loom_scheme_t)s), sent_a, sent_b);
           CHECK(same_state(ef_a, ef_b, "grad.w"), "%s %s step %d: error-feedback state differs",
                 specs[k], loom_scheme_name((loom_scheme_t)s), step);
         }
-        loom_tensor_free(&a);
+        test_guarded_free(&ga);
         loom_tensor_free(&b);
         loom_ef_destroy(ef_a);
         loom_ef_destroy(ef_b);
@@ -190,7 +197,7 @@ static void check_in_flight(const loom_group_t *g, loom_host_stage_t *s1, loom_h
 }
 
 // Calls that fail before anything is posted (the same on every rank), and bad stages.
-static void check_errors(const loom_group_t *g, loom_host_stage_t *stage) {
+static void check_errors(const loom_group_t *g, loom_host_stage_t *stage, int64_t stage_cap) {
   loom_compressor_t *c = NULL;
   OK(loom_compressor_create("int8", &c));
   loom_request_t *r = NULL;
@@ -229,6 +236,13 @@ static void check_errors(const loom_group_t *g, loom_host_stage_t *stage) {
                                                       stage, LOOM_SUM, 0, NULL);
   CHECK(st == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), "stage holds"),
         "a tensor larger than the stage is refused: %s", loom_last_error(NULL));
+  // One value more than the stage holds is refused too (the stage would overflow by one).
+  loom_tensor_t over = make(0, stage_cap + 1, "over");
+  st = loom_compressed_allreduce_staged(g, c, LOOM_SCHEME_DIVISIBLE, NULL, &over, stage, LOOM_SUM,
+                                        0, NULL);
+  CHECK(st == LOOM_ERR_INVALID_ARG && strstr(loom_last_error(NULL), "stage holds"),
+        "a tensor of the stage's size + 1 is refused: %s", loom_last_error(NULL));
+  loom_tensor_free(&over);
   loom_tensor_t dev = big; // claims a CUDA device: the stage is a host one
   dev.device = 0;
   CHECK(loom_icompressed_allreduce_staged(g, c, LOOM_SCHEME_DIVISIBLE, NULL, &dev, stage, LOOM_SUM,
@@ -313,8 +327,10 @@ static void check_copy_failure(const loom_group_t *g, loom_host_stage_t *stage) 
             "variant %d: rank %d got %s: %s (want CORRUPT: a peer could not encode)", variant,
             world_rank, loom_strerror(st), loom_last_error(NULL));
     }
-    CHECK(!in_call || world_rank == failing || strstr(loom_last_error(NULL), "world rank"),
-          "variant %d: the message should name the failing rank: %s", variant,
+    char named[48]; // the failing rank's number, not only the words
+    snprintf(named, sizeof named, "world rank %d failed", failing);
+    CHECK(!in_call || world_rank == failing || strstr(loom_last_error(NULL), named),
+          "variant %d: the message should name the failing rank (%s): %s", variant, named,
           loom_last_error(NULL));
     CHECK(same_bits(t.data, keep.data, n), "variant %d: a failed call changed the tensor", variant);
     // The failing rank encoded nothing; under a flat scheme its peers encoded (their residuals
@@ -360,7 +376,7 @@ int main(int argc, char **argv) {
   check_equal(g, s1, 24, 40);  // a matrix (powersgd's view), smaller than the stage
   check_equal(g, s2, 0, 5);
   check_in_flight(g, s1, s2);
-  check_errors(g, s2);
+  check_errors(g, s2, 1000);
   check_copy_failure(g, s2);
   loom_host_stage_destroy(s1);
   loom_host_stage_destroy(s2);
