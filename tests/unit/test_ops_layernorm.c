@@ -251,6 +251,29 @@ static void test_empty(void) {
   }
 }
 
+// eps = 0 is valid (a finite value >= 0): rows with a spread need no regulariser, and the result
+// follows the reference with eps 0 (rstd = 1 / std exactly).
+static void test_eps_zero(void) {
+  test_rng_t rng = test_rng(24);
+  int64_t shape[2] = {3, 37};
+  ln_t p = ln_alloc(2, shape);
+  const int64_t N = p.N, C = p.C, n = N * C;
+  test_fill_uniform(&rng, test_floats(&p.x), n, -1, 1);
+  test_fill_uniform(&rng, test_floats(&p.w), C, 0.5, 1.5);
+  test_fill_uniform(&rng, test_floats(&p.b), C, -1, 1);
+  test_fill_value(test_floats(&p.out), n, NAN);
+  double *mem = malloc(sizeof(double) * (size_t)(n + 2 * N));
+  ref_t r = {.out = mem, .mean = mem + n, .rstd = mem + n + N};
+  ref_forward(test_floats(&p.x), test_floats(&p.w), test_floats(&p.b), N, C, 0.0f, &r);
+  CHECK(loom_layernorm_forward(&p.out, &p.mean, &p.rstd, &p.x, &p.w, &p.b, 0.0f) == LOOM_OK,
+        "eps = 0 refused: %s", loom_last_error(NULL));
+  CHECK(test_compare("rstd, eps 0", test_floats(&p.rstd), r.rstd, N, 0, 1e-5) == 0 &&
+            test_compare("out, eps 0", test_floats(&p.out), r.out, n, 2e-6, 1e-5) == 0,
+        "layernorm with eps = 0");
+  free(mem);
+  ln_free(&p);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Finite differences: L = sum(out * u) with random u; the gradients from loom_layernorm_backward
 // (dout = u) against central differences of the float forward in in, weight and bias.
@@ -458,6 +481,7 @@ static void test_bad_args(void) {
               "dbias (1, 5)");
   EXPECT_FAIL(loom_layernorm_backward(&out, &dw, &db, &dy, &x, &w4, &mean, &rstd), g, "weight (4)");
   EXPECT_FAIL(loom_layernorm_backward(&out, &dw, &db, &dy, &x, &w, &mean4, &rstd), g, "mean (4)");
+  EXPECT_FAIL(loom_layernorm_backward(&out, &dw, &db, &dy, &x, &w, &mean, &mean4), g, "rstd (4)");
   EXPECT_FAIL(loom_layernorm_backward(&out, &dw, &db, &dy, &x_bf16, &w, &mean, &rstd), g, "bf16");
   EXPECT_FAIL_DEVICE(loom_layernorm_backward(&din_dev, &dw, &db, &dy, &x, &w, &mean, &rstd), g,
                      "din");
@@ -484,6 +508,7 @@ static void test_bad_args(void) {
 int main(void) {
   test_reference();
   test_empty();
+  test_eps_zero();
   test_finite_diff();
   test_guards();
   test_bad_args();
