@@ -1823,6 +1823,20 @@ static void test_ef_identity(const char *spec, int64_t n) {
                             memcmp(want, res, (size_t)n * sizeof(float)) == 0),
           "%s: a failed encode_ef (cap too small) changed the residual", spec);
   }
+  // A gradient with a NaN (its last value) encodes (flagged non-finite) and leaves a finite
+  // residual everywhere: a non-finite difference is dropped, or it would poison every later step.
+  g[n - 1] = NAN;
+  size_t nf_bytes = 0;
+  st = loom_compressor_encode_ef(c, ef, name, g, n, 6, p_ef, cap, &nf_bytes);
+  CHECK(st == LOOM_OK, "%s: encode_ef of a gradient with a NaN: %s", spec, loom_strerror(st));
+  if (st == LOOM_OK && loom_ef_residual(ef, name, n, &res) == LOOM_OK) {
+    int64_t nonfinite = 0;
+    for (int64_t i = 0; i < n; i++) {
+      nonfinite += !isfinite(res[i]);
+    }
+    CHECK(nonfinite == 0, "%s: a NaN gradient left %lld non-finite residual values", spec,
+          (long long)nonfinite);
+  }
   // The name seen with another n.
   quiet_begin();
   st = loom_ef_residual(ef, name, n + 1, &res);
@@ -1922,6 +1936,9 @@ static void test_ef_table(void) {
   CHECK(strstr(loom_last_error(NULL), "'b' value 1 of 3") != NULL,
         "set b with a NaN: message \"%s\" does not name the value", loom_last_error(NULL));
   CHECK(loom_ef_set(ef, "b", inf_vals, 3) == LOOM_ERR_INVALID_ARG, "set b with -Inf accepted");
+  const float nan_last[3] = {1.0f, 2.0f, NAN}; // every value is looked at, the last one too
+  CHECK(loom_ef_set(ef, "b", nan_last, 3) == LOOM_ERR_INVALID_ARG,
+        "set b with a last NaN accepted");
   check_entry(ef, 1, "b", bvals + 1, 3);
   CHECK(loom_ef_set(ef, "e", nan_vals, 3) == LOOM_ERR_INVALID_ARG, "set e with a NaN accepted");
   CHECK(loom_ef_count(ef) == 3, "count %d after refused sets, want 3", loom_ef_count(ef));
