@@ -14,7 +14,7 @@ SECONDS_EACH=${1:-20}
 [ $# -gt 0 ] && shift
 TARGETS=("$@")
 [ ${#TARGETS[@]} -gt 0 ] || TARGETS=(fuzz_codec_decode fuzz_tunables fuzz_attn_msg fuzz_moe_msg fuzz_checkpoint
-                                        fuzz_sim_profile fuzz_timeline)
+                                        fuzz_sim_profile fuzz_timeline fuzz_fmnist)
 
 log() { printf '\n== fuzz: %s\n' "$*"; }
 

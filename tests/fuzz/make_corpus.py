@@ -124,9 +124,21 @@ def timeline_corpus():
           b'"otherData":{"loom_timeline_merge":2}}')
 
 
+# ---- fuzz_fmnist: u32 LE length of the images file, the images file, the labels file ----------
+def fmnist_corpus():
+    import gzip
+    n = 2
+    img = struct.pack(">IIII", 2051, n, 28, 28) + bytes((i * 7) % 256 for i in range(n * 784))
+    lab = struct.pack(">II", 2049, n) + bytes([3, 9])
+    write("fuzz_fmnist", "plain", struct.pack("<I", len(img)) + img + lab)
+    gi, gl = gzip.compress(img, mtime=0), gzip.compress(lab, mtime=0)
+    write("fuzz_fmnist", "gzip", struct.pack("<I", len(gi)) + gi + gl)
+
+
 if __name__ == "__main__":
     codec_corpus()
     tunables_corpus()
     attn_corpus()
     moe_corpus()
     timeline_corpus()
+    fmnist_corpus()
