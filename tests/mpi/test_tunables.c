@@ -30,6 +30,18 @@ static const char *const bad[LOOM_P_COUNT] = {
 };
 
 // loom_init must fail with want on every rank and the message must contain both strings.
+// var = v0 on rank 0 and v1 elsewhere: two spellings of one value, which loom_init accepts.
+static void same_value(int rank, const char *var, const char *v0, const char *v1) {
+  setenv(var, rank == 0 ? v0 : v1, 1);
+  loom_ctx_t *ctx = NULL;
+  CHECK(loom_init(NULL, NULL, NULL, &ctx) == LOOM_OK, "%s '%s' / '%s': %s", var, v0, v1,
+        loom_last_error(NULL));
+  if (ctx) {
+    loom_finalize(ctx);
+  }
+  unsetenv(var);
+}
+
 static void expect_fail(loom_status_t want, const char *a, const char *b) {
   loom_ctx_t *ctx = NULL;
   loom_status_t st = loom_init(NULL, NULL, NULL, &ctx);
@@ -93,22 +105,8 @@ int main(int argc, char **argv) {
     setenv("LOOM_PIPE_BYTES", rank == size - 1 ? "64" : "1048576", 1);
     snprintf(who, sizeof who, "rank %d has '64'", size - 1);
     expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_PIPE_BYTES differs between ranks", who);
-    setenv("LOOM_PIPE_BYTES", rank == 0 ? "64" : " +064", 1);
-    loom_ctx_t *pipe = NULL;
-    CHECK(loom_init(NULL, NULL, NULL, &pipe) == LOOM_OK, "LOOM_PIPE_BYTES 64 / +064: %s",
-          loom_last_error(NULL));
-    if (pipe) {
-      loom_finalize(pipe);
-    }
-    unsetenv("LOOM_PIPE_BYTES");
-    setenv("LOOM_MOE_OVERLAP", rank == 0 ? "FINE" : "fine", 1);
-    loom_ctx_t *same = NULL;
-    CHECK(loom_init(NULL, NULL, NULL, &same) == LOOM_OK, "LOOM_MOE_OVERLAP FINE / fine: %s",
-          loom_last_error(NULL));
-    if (same) {
-      loom_finalize(same);
-    }
-    unsetenv("LOOM_MOE_OVERLAP");
+    same_value(rank, "LOOM_PIPE_BYTES", "64", " +064");
+    same_value(rank, "LOOM_MOE_OVERLAP", "FINE", "fine");
   }
   // An EP size that does not divide the ranks, and too many attention servers.
   char v[16];

@@ -343,6 +343,15 @@ static void test_finite_diff(void) {
   }
 }
 
+// Every tensor of all[0, n) kept its sentinels through the op `what` at (N, C).
+static void guards_intact(test_guarded_t *const *all, size_t n, const char *what, int64_t N,
+                          int64_t C) {
+  for (size_t i = 0; i < n; i++) {
+    CHECK(test_guards_intact(all[i]), "%s (%lld, %lld): wrote outside %s", what, (long long)N,
+          (long long)C, all[i]->t.name);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Guards: forward and backward write exactly their outputs. Every tensor is wrapped inside
 // sentinels (test_guarded_f32) that must survive both calls; the outputs must equal those of the
@@ -372,10 +381,7 @@ static void test_guards(void) {
     CHECK(loom_layernorm_forward(&out.t, &mean.t, &rstd.t, &x.t, &w.t, &b.t, EPS) == LOOM_OK &&
               loom_layernorm_forward(&p.out, &p.mean, &p.rstd, &x.t, &w.t, &b.t, EPS) == LOOM_OK,
           "%s", loom_last_error(NULL));
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-      CHECK(test_guards_intact(all[i]), "forward (%lld, %lld): wrote outside %s", (long long)N,
-            (long long)C, all[i]->t.name);
-    }
+    guards_intact(all, sizeof all / sizeof all[0], "forward", N, C);
     CHECK(test_same_bits(test_floats(&out.t), test_floats(&p.out), n) &&
               test_same_bits(test_floats(&mean.t), test_floats(&p.mean), N) &&
               test_same_bits(test_floats(&rstd.t), test_floats(&p.rstd), N),
@@ -385,10 +391,7 @@ static void test_guards(void) {
               loom_layernorm_backward(&p.dx, &p.dw, &p.db, &dy.t, &x.t, &w.t, &mean.t, &rstd.t) ==
                   LOOM_OK,
           "%s", loom_last_error(NULL));
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
-      CHECK(test_guards_intact(all[i]), "backward (%lld, %lld): wrote outside %s", (long long)N,
-            (long long)C, all[i]->t.name);
-    }
+    guards_intact(all, sizeof all / sizeof all[0], "backward", N, C);
     CHECK(test_same_bits(test_floats(&dx.t), test_floats(&p.dx), n) &&
               test_same_bits(test_floats(&dw.t), test_floats(&p.dw), C) &&
               test_same_bits(test_floats(&db.t), test_floats(&p.db), C),
