@@ -262,6 +262,10 @@ static void test_comm_order(void) {
         "waiting for the worker task is exposed time (%.3f ms, %lld sleeps)", st.exposed_worker_ms,
         (long long)st.sleeps);
   CHECK(st.worker_ms >= 25, "worker busy %.3f ms, want >= 25", st.worker_ms);
+  // c1 sleeps 2 ms on the compute lane: compute time not summed over the compute tasks (or
+  // not counted at all) reads below that.
+  CHECK(st.compute_ms >= 2.0 && st.compute_ms <= st.wall_ms + 1e-6,
+        "compute busy %.3f ms (wall %.3f), want >= 2 (c1 sleeps 2 ms)", st.compute_ms, st.wall_ms);
   CHECK(loom_sched_destroy(s) == LOOM_OK, "destroy");
 }
 
@@ -589,6 +593,16 @@ static int balanced(const char *text) {
   return depth == 0 && !in_str && closed && text[0] == '{';
 }
 
+// The first complete event named `name` in a trace: its start and duration (us) and track.
+// Returns 0 when there is none or it does not parse.
+static int find_event(const char *text, const char *name, double *ts, double *dur, int *tid) {
+  char key[128];
+  snprintf(key, sizeof key, "{\"name\":\"%s\",\"cat\":", name);
+  const char *e = strstr(text, key);
+  const char *t = e ? strstr(e, "\"ts\":") : NULL;
+  return t && sscanf(t, "\"ts\":%lf,\"dur\":%lf,\"pid\":%*d,\"tid\":%d", ts, dur, tid) == 3;
+}
+
 static const char *odd_name = "odd \"quoted\" \\ name\n\x01";
 
 static void build_timeline_graph(loom_sched_t *s, struct rec *r) {
@@ -671,6 +685,27 @@ static void test_timeline(void) {
           "lane metadata names compute, comm and worker");
     CHECK(strstr(t, "\"pid\":0,") && !strstr(t, "\"pid\":1,"), "pid is the rank");
     CHECK(strstr(t, "\"bytes\":1234,\"step\":0") && strstr(t, "\"step\":1}"), "args");
+    // Times in microseconds since the scheduler was created, each event on its lane's track
+    // (timeline.h: compute 1, comm 1001 + slot, worker 2001 + thread). fwd and compress sleep
+    // 1 ms each (>= 1000 us; a duration in ms or ns reads 1 or 1e6), fwd ends before compress
+    // starts, compress before allreduce (its dependencies). ts relative to the epoch of the
+    // monotonic clock instead of the creation, or a wrong unit, breaks the bounds: the run took
+    // well under 10 s.
+    double ts[3], dur[3];
+    int tid[3];
+    const char *names[3] = {"fwd", "compress", "allreduce"};
+    const int want_tid[3] = {1, 2001, 1001};
+    for (int i = 0; i < 3; i++) {
+      CHECK(find_event(t, names[i], &ts[i], &dur[i], &tid[i]), "event %s parses", names[i]);
+      CHECK(ts[i] >= 0 && ts[i] < 1e7 && dur[i] >= 0 && dur[i] < 1e7,
+            "%s: ts %.3f dur %.3f us, want within 0 .. 1e7 us", names[i], ts[i], dur[i]);
+      CHECK(tid[i] == want_tid[i], "%s on track %d, want %d", names[i], tid[i], want_tid[i]);
+    }
+    CHECK(dur[0] >= 1000 && dur[1] >= 1000, "fwd %.3f us, compress %.3f us: each slept 1 ms",
+          dur[0], dur[1]);
+    CHECK(ts[0] + dur[0] <= ts[1] + 0.002 && ts[1] + dur[1] <= ts[2] + 0.002,
+          "fwd [%.3f +%.3f], compress [%.3f +%.3f], allreduce at %.3f: out of dependency order",
+          ts[0], dur[0], ts[1], dur[1], ts[2]);
     free(t);
   }
 
