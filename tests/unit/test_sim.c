@@ -723,6 +723,94 @@ static void test_every_codec(void) {
   free(list);
 }
 
+// ---- exact values --------------------------------------------------------------------------
+
+static int near(double a, double b) {
+  return fabs(a - b) <= 1e-9 * fmax(1.0, fmax(fabs(a), fabs(b)));
+}
+
+// Hand-computed predictions of sim.c's model (no documents: no attention draws), so that a
+// wrong term anywhere in the formulas shows as a wrong number.
+static void test_exact(void) {
+  // MoE profile: compute 40 ms = attention 8 + experts 10 + other 22; overhead 0.5 ms; 2 MoE
+  // layers, 4 experts, top-2, hidden 100, 1000 tokens; one routed step loads experts 1,1,1,5.
+  double load[4] = {1, 1, 1, 5};
+  loom_sim_profile_t p;
+  memset(&p, 0, sizeof p);
+  p.np = 1;
+  p.tokens = 1000;
+  p.ctx = 100;
+  p.compute_ms = 40.0;
+  p.overhead_ms = 0.5;
+  p.attn_ms = 8.0;
+  p.moe_layers = 2;
+  p.moe_experts = 4;
+  p.moe_topk = 2;
+  p.moe_hidden = 100;
+  p.moe_ms = 10.0;
+  p.moe_fine_hidden = 0.8;
+  p.moe_steps = 1;
+  p.moe_load = load;
+  // 2 nodes of 4 ranks on 2 cores; intra 10 us + 1000 B/us (8 Gbit/s), inter 20 us + 500 B/us;
+  // nothing shared; timeshare 0.1.
+  loom_sim_cluster_t c = {.nodes = 2, .ranks_per_node = 4, .cores_per_node = 2};
+  snprintf(c.name, sizeof c.name, "exact");
+  c.intra = (loom_link_t){.alpha_us = 10, .gbps = 8};
+  c.inter = (loom_link_t){.alpha_us = 20, .gbps = 4};
+  c.timeshare = 0.1;
+  loom_sim_strategy_t st = {.grad = LOOM_SIM_GRAD_NONE,
+                            .moe_overlap = LOOM_MOE_OVERLAP_COARSE,
+                            .attn_servers = 0,
+                            .ep_size = 4};
+  loom_sim_result_t r;
+  CHECK(loom_sim_predict(&p, &c, 4, &st, 1, &r) == LOOM_OK, "exact MoE: %s", loom_last_error(NULL));
+  // 4 ranks on one node of 2 cores: 2 a core, oversubscription 2 x 1.1 = 2.2.
+  // Imbalance over ep 4 (one expert each): max 5 / mean 2 = 2.5. Experts E = 10 x 2.2 x 2.5 = 55.
+  // All-to-all inside the node (ep 4 <= 4 ranks a node): bytes 1000 x 2 x 100 x 4 x 3/4 =
+  // 600000, one exchange 3 x 10 + 600000 / 1000 = 630 us, 2 layers x 4 exchanges = 5.04 ms;
+  // coarse hides min(5.04, 55) x (1 - 1/4) = 3.78: exposed 1.26.
+  // compute (22 + 8) x 2.2 + 55 = 121; step 121 + 1.26 + overhead 0.5 x 2.2 = 123.36 ms.
+  CHECK(r.nodes == 1 && r.ranks == 4, "exact MoE: %d ranks on %d nodes", r.ranks, r.nodes);
+  CHECK(near(r.moe_imbalance, 2.5), "exact MoE: imbalance %.9f, want 2.5", r.moe_imbalance);
+  CHECK(near(r.moe_a2a_ms, 5.04), "exact MoE: all-to-all %.9f ms, want 5.04", r.moe_a2a_ms);
+  CHECK(near(r.moe_exposed_ms, 1.26), "exact MoE: exposed %.9f ms, want 1.26 (coarse)",
+        r.moe_exposed_ms);
+  CHECK(near(r.compute_ms, 121.0), "exact MoE: compute %.9f ms, want 121", r.compute_ms);
+  CHECK(near(r.step_ms, 123.36), "exact MoE: step %.9f ms, want 123.36", r.step_ms);
+  CHECK(near(r.tokens_per_s, 4.0 * 1000 * 1000 / 123.36), "exact MoE: %.3f tokens/s, want %.3f",
+        r.tokens_per_s, 4.0 * 1000 * 1000 / 123.36);
+  CHECK(r.grad_exposed_ms == 0.0 && r.attn_imbalance == 1.0, "exact MoE: grad %.9f, attn %.9f",
+        r.grad_exposed_ms, r.attn_imbalance);
+  // 6 ranks span 2 nodes (4 + 2); the busiest node still holds 4 ranks on 2 cores.
+  CHECK(loom_sim_predict(&p, &c, 6, &st, 1, &r) == LOOM_OK && r.nodes == 2,
+        "exact MoE, 6 ranks: %d nodes, want 2", r.nodes);
+
+  // Gradients: no MoE, no attention, compute 10 ms, 2 ranks on one node of 2 cores (no
+  // oversubscription, stretch 1). Listed in trainer order: embed (250000 floats, ready 12 ms:
+  // after the compute, so clamped to 10 ms) and h0 (500000 floats, ready 4 ms). In ready order:
+  // h0's allreduce 20 + 2e6 / 1000 = 2020 us over 4000 .. 6020; embed's 20 + 1000 = 1020 us over
+  // 10000 .. 11020. Step 11.02 ms, 1.02 exposed, 2 x 1/2 x 4 x 750000 = 3e6 bytes.
+  loom_plan_tensor_t t[2] = {{"grad.embed", 250000, 12000.0}, {"grad.h0", 500000, 4000.0}};
+  memset(&p, 0, sizeof p);
+  p.np = 1;
+  p.tokens = 1000;
+  p.ctx = 100;
+  p.compute_ms = 10.0;
+  p.ntensors = 2;
+  p.tensors = t;
+  loom_sim_cluster_t c2 = {.nodes = 1, .ranks_per_node = 2, .cores_per_node = 2};
+  snprintf(c2.name, sizeof c2.name, "exact2");
+  c2.intra = (loom_link_t){.alpha_us = 10, .gbps = 8};
+  c2.inter = c2.intra;
+  loom_sim_strategy_t none = {.grad = LOOM_SIM_GRAD_NONE};
+  CHECK(loom_sim_predict(&p, &c2, 2, &none, 1, &r) == LOOM_OK, "exact grad: %s",
+        loom_last_error(NULL));
+  CHECK(near(r.step_ms, 11.02) && near(r.grad_exposed_ms, 1.02) && near(r.grad_bytes, 3e6),
+        "exact grad: step %.9f ms, exposed %.9f ms, %.1f bytes; want 11.02, 1.02, 3e6 (tensors "
+        "taken in ready order, ready times clamped to the compute)",
+        r.step_ms, r.grad_exposed_ms, r.grad_bytes);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/test_sim.XXXXXX");
   if (!mkdtemp(dir)) {
@@ -732,6 +820,7 @@ int main(void) {
   test_roundtrip_and_damage();
   test_cluster_file();
   test_model();
+  test_exact();
   test_doc_limits();
   test_ranks_flag();
   test_png_labels();
