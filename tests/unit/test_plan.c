@@ -1156,10 +1156,83 @@ static void test_gpu_lanes(void) {
   }
 }
 
+// ---- exact values --------------------------------------------------------------------------
+
+// Hand-computed steps of the simulator's model (link: alpha 10 us, 8 Gbit/s = 1000 B/us), so
+// that a wrong term in a cost formula or a lane that does not advance shows as a wrong number.
+static void test_simulator_exact(void) {
+  loom_plan_result_t r;
+  loom_plan_choice_t c[2];
+  // Uncompressed on 8 ranks, 1000 bytes at 0 with no compute: ring 14 x (10 + 125 / 1000) =
+  // 141.75; halving-doubling 2 x 3 x 10 + 2 x 7/8 x 1000 / 1000 = 61.75, the cheaper.
+  loom_plan_tensor_t small[1] = {{"s", 250, 0.0}};
+  loom_plan_problem_t p = problem(small, 1, 0.0, 8, 1, 10.0, 8.0, NULL, 0, 0);
+  c[0] = none_choice();
+  r = sim(&p, c, "exact halving");
+  CHECK(close_to(r.step_us, 61.75, 1e-12), "8 ranks, 1000 B: step %.6f us, want 61.75 (halving)",
+        r.step_us);
+
+  // Divisible on 4 ranks, 4000 values at 0, no compute (every stage queues on the compute lane
+  // after it). Codec: enc 5 us + 2 ns a value, dec 3 us + 1 ns a value, 1 byte a value + 20.
+  // Shard 1000 values, payload 1020 B. enc 4 x 5 + 8 = 28; alltoall 3 x (10 + 1.02) = 33.06;
+  // mid: 4 decodes of 4 + re-encode 7 = 23; allgather 33.06; 4 decodes 16. Step 133.12, comm
+  // 66.12 busy, 2 x 3 x 1020 = 6120 bytes.
+  const loom_codec_cost_t cost[1] = {{"int8", 5.0, 2.0, 3.0, 1.0, 1.0, 20.0}};
+  loom_plan_tensor_t div[1] = {{"d", 4000, 0.0}};
+  p = problem(div, 1, 0.0, 4, 1, 10.0, 8.0, cost, 1, 0);
+  c[0] = codec_choice(0, LOOM_SCHEME_DIVISIBLE, LOOM_LANE_COMPUTE);
+  r = sim(&p, c, "exact divisible");
+  CHECK(close_to(r.step_us, 133.12, 1e-12) && close_to(r.comm_us, 66.12, 1e-12) &&
+            close_to(r.bytes_per_rank, 6120.0, 1e-12),
+        "divisible: step %.6f, comm %.6f us, %.3f B; want 133.12, 66.12, 6120", r.step_us,
+        r.comm_us, r.bytes_per_rank);
+
+  // The compute lane, 2 ranks, compute 1000 us, indivisible codec of 50 us encode, 20 us a
+  // decode, 1 byte a value. a: 1e6 values ready 100: the encode pushes the compute by 50
+  // (100 .. 150), 1e6 B over 10 + 1000 us (150 .. 1160), 2 decodes queue after the compute
+  // (now ending at 1050) and run 1160 .. 1200. b: 1000 values ready 1000 (the compute's end):
+  // its encode queues behind a's decodes (1200 .. 1250), 10 + 1 us (1250 .. 1261), decodes
+  // 1261 .. 1301. Step 1301.
+  const loom_codec_cost_t flat[1] = {{"int8", 50.0, 0.0, 20.0, 0.0, 1.0, 0.0}};
+  loom_plan_tensor_t two[2] = {{"a", 1000000, 100.0}, {"b", 1000, 1000.0}};
+  p = problem(two, 1, 1000.0, 2, 1, 10.0, 8.0, flat, 1, 1);
+  c[0] = codec_choice(0, LOOM_SCHEME_INDIVISIBLE, LOOM_LANE_COMPUTE);
+  c[1] = c[0];
+  r = sim(&p, c, "exact compute lane, a");
+  CHECK(close_to(r.step_us, 1200.0, 1e-12), "compute lane, a alone: step %.6f us, want 1200",
+        r.step_us);
+  p.ntensors = 2;
+  r = sim(&p, c, "exact compute lane, a and b");
+  CHECK(close_to(r.step_us, 1301.0, 1e-12), "compute lane, a and b: step %.6f us, want 1301",
+        r.step_us);
+  // Both on the worker lane (one queue): a encodes 100 .. 150, sends 150 .. 1160, decodes
+  // 1160 .. 1200; b encodes behind them 1200 .. 1250, sends 1250 .. 1261, decodes 1261 .. 1301;
+  // the compute is not delayed. Step 1301 again, from the worker lane's queue.
+  c[0].lane = c[1].lane = LOOM_LANE_WORKER;
+  r = sim(&p, c, "exact worker lane");
+  CHECK(close_to(r.step_us, 1301.0, 1e-12), "worker lane: step %.6f us, want 1301", r.step_us);
+
+  // Greedy keeps none where compressing gains nothing: tiny (10 values, ready 0) goes before
+  // big (1e6 values, ready 50) on 2 ranks with a free fp16 (2 bytes a value, no cost). big
+  // alone sets the step: none 50 + 20 + 4000 = 4070, indivisible 50 + 10 + 2000 = 2060,
+  // divisible 50 + 2 x 1010 = 2070: indivisible. tiny's allreduce (20.04 us) is over before big
+  // is ready whatever tiny takes, so the step stays 2060 and tiny keeps none.
+  const loom_codec_cost_t free16[1] = {{"fp16", 0.0, 0.0, 0.0, 0.0, 2.0, 0.0}};
+  loom_plan_tensor_t tb[2] = {{"tiny", 10, 0.0}, {"big", 1000000, 50.0}};
+  p = problem(tb, 2, 100.0, 2, 1, 10.0, 8.0, free16, 1, 0);
+  CHECK(loom_plan_greedy(&p, c, &r) == LOOM_OK, "greedy, tiny and big: %s", loom_last_error(NULL));
+  CHECK(c[0].codec == -1 && c[1].codec == 0 && c[1].scheme == LOOM_SCHEME_INDIVISIBLE &&
+            close_to(r.step_us, 2060.0, 1e-12),
+        "greedy, tiny and big: tiny codec %d, big codec %d scheme %d, step %.6f; want none, "
+        "fp16 indivisible, 2060 (an option that does not shorten the step is not taken)",
+        c[0].codec, c[1].codec, (int)c[1].scheme, r.step_us);
+}
+
 int main(void) {
   test_codec_cache();
   test_cache_long_xdg();
   test_simulator_basics();
+  test_simulator_exact();
   test_invalid();
   test_greedy_known();
   test_greedy_vs_brute();
