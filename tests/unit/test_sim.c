@@ -107,6 +107,18 @@ static void test_roundtrip_and_damage(void) {
   make_profile(&p, t, c, docs, 1);
   p.attn_row_cost = 12.5;
   p.attn_exchange_ms = 1.75;
+  // Two routed steps of 8 experts, distinct loads (a load written from the wrong step or
+  // expert reads back different).
+  double load[16];
+  for (int i = 0; i < 16; i++) {
+    load[i] = 3.0 * i + 1.0;
+  }
+  p.moe_steps = 2;
+  p.moe_load = load;
+  c[0].enc_us = 1.5; // (every codec cost distinct: a field parsed into another reads back wrong)
+  c[0].dec_us = 2.25;
+  c[1].enc_us = 3.5;
+  c[1].dec_us = 4.75;
   char path[128], bad[128];
   path_of(path, sizeof path, "p.txt");
   path_of(bad, sizeof bad, "bad.txt");
@@ -119,6 +131,27 @@ static void test_roundtrip_and_damage(void) {
   CHECK(fabs(q.attn_row_cost - 12.5) < 1e-9 && fabs(q.attn_exchange_ms - 1.75) < 1e-9,
         "attn row cost %g (want 12.5), exchange %g ms (want 1.75)", q.attn_row_cost,
         q.attn_exchange_ms);
+  // Every other field round-trips too (the text keeps these values exactly).
+  CHECK(q.step_ms == p.step_ms && q.attn_ms == p.attn_ms && q.attn_pairs == p.attn_pairs &&
+            q.attn_q_bytes == p.attn_q_bytes && q.attn_kv_bytes == p.attn_kv_bytes &&
+            q.moe_experts == p.moe_experts && q.moe_hidden == p.moe_hidden &&
+            q.moe_ms == p.moe_ms && q.moe_fine_hidden == p.moe_fine_hidden,
+        "run, attn or moe fields differ: step %g attn %g pairs %g q %g kv %g experts %d hidden %d "
+        "moe %g fine %g",
+        q.step_ms, q.attn_ms, q.attn_pairs, q.attn_q_bytes, q.attn_kv_bytes, q.moe_experts,
+        q.moe_hidden, q.moe_ms, q.moe_fine_hidden);
+  CHECK(q.moe_steps == 2, "%d routed steps, want 2", q.moe_steps);
+  for (int i = 0; i < 16 && q.moe_steps == 2; i++) {
+    CHECK(q.moe_load[i] == load[i], "moe load %d: %g, want %g", i, q.moe_load[i], load[i]);
+  }
+  for (int i = 0; i < 2 && q.ncodecs == 2; i++) {
+    const loom_codec_cost_t *a = &q.codecs[i], *b = &c[i];
+    CHECK(!strcmp(a->compressor, b->compressor) && a->enc_us == b->enc_us &&
+              fabs(a->enc_ns - b->enc_ns) < 1e-9 && a->dec_us == b->dec_us &&
+              fabs(a->dec_ns - b->dec_ns) < 1e-9 && a->bytes_per_value == b->bytes_per_value &&
+              a->fixed_bytes == b->fixed_bytes,
+          "codec %d differs", i);
+  }
   for (int i = 0; i < 4 && q.ntensors == 4; i++) {
     CHECK(!strcmp(q.tensors[i].name, t[i].name) && q.tensors[i].n == t[i].n &&
               fabs(q.tensors[i].ready_us - t[i].ready_us) < 1e-3,
