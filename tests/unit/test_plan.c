@@ -1226,6 +1226,27 @@ static void test_simulator_exact(void) {
         "greedy, tiny and big: tiny codec %d, big codec %d scheme %d, step %.6f; want none, "
         "fp16 indivisible, 2060 (an option that does not shorten the step is not taken)",
         c[0].codec, c[1].codec, (int)c[1].scheme, r.step_us);
+
+  // Pass 2's documented order, last tensor first (this pins the order, not the best plan).
+  // 2 ranks, compute 1400 us, one worker; A (ready 900) and B (ready 1000), 1e6 values each; a
+  // codec of 600 us an encode, free decodes, 40000-byte payloads (40 us on the link; alpha 0).
+  // Pass 1 compresses both on the compute lane (A pushes the compute by 600, B by 600 more:
+  // step 2600). Pass 2 tries B first: B on the worker (A's encode still delays B's ready to
+  // 1600; B encodes 1600 .. 2200, sends to 2240) gives max(2000, 2240) = 2240: kept. Then A
+  // too: A encodes 900 .. 1500 and sends to 1540, where its (free) decode holds the worker
+  // queue; B encodes 1540 .. 2140, sends to 2180; the compute ends at 1400: 2180, kept.
+  // (Trying A first would keep A alone, 2000, and refuse B.)
+  const loom_codec_cost_t slow_enc[1] = {{"int8", 600.0, 0.0, 0.0, 0.0, 0.04, 0.0}};
+  loom_plan_tensor_t ab[2] = {{"A", 1000000, 900.0}, {"B", 1000000, 1000.0}};
+  p = problem(ab, 2, 1400.0, 2, 1, 0.0, 8.0, slow_enc, 1, 1);
+  CHECK(loom_plan_greedy(&p, c, &r) == LOOM_OK, "greedy, pass 2 order: %s", loom_last_error(NULL));
+  CHECK(c[0].codec == 0 && c[1].codec == 0 && c[0].scheme == LOOM_SCHEME_INDIVISIBLE &&
+            c[1].scheme == LOOM_SCHEME_INDIVISIBLE && c[0].lane == LOOM_LANE_WORKER &&
+            c[1].lane == LOOM_LANE_WORKER && close_to(r.step_us, 2180.0, 1e-12),
+        "greedy, pass 2 order: A codec %d scheme %d lane %d, B codec %d scheme %d lane %d, step "
+        "%.6f; want both int8 indivisible on the worker, 2180 (B offloaded first)",
+        c[0].codec, (int)c[0].scheme, c[0].lane, c[1].codec, (int)c[1].scheme, c[1].lane,
+        r.step_us);
 }
 
 int main(void) {
