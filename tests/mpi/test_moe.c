@@ -15,6 +15,14 @@
 #include "../testutil.h"
 
 // What is checked, at the np of the spec (the world is the expert-parallel group):
+// - the single-rank layer itself equals a dense reference written out here in double (router
+//   softmax and top-k from the unit-tested kernels, then capacity, every kept token through its
+//   expert's FFN, the weighted sum, and the backward by hand), with non-zero biases: bugs that
+//   the layer shares at every np (a wrong routing weight or slot, a bias dropped or offset, a
+//   gradient scaled or not accumulated, a wrong capacity) fail here, not only ep vs single-rank;
+// - y and dx are written inside sentinels (no row is left unwritten, nothing past either end),
+//   and a second forward and backward gives the same y and dx and doubles every gradient (the
+//   gradients accumulate; nothing of the first call leaks into the second);
 // - forward y, backward dx and every parameter gradient equal those of the reference layer
 //   (created with ep = NULL: this rank alone, every expert) on the same tokens within 1e-5
 //   relative to the largest magnitude, for every overlap mode (an expert's gradients: the sum of
@@ -60,6 +68,213 @@ static void run_out_free(run_out_t *o) {
   }
 }
 
+static int close_rel(const float *a, const float *b, int64_t n, double tol, double *err);
+
+// Non-zero biases (the layer starts them at zero, which hides a bias dropped or offset): a value
+// per (global expert, index), the same in the reference and the expert-parallel layer.
+static void set_biases(loom_moe_t *m, const loom_moe_config_t *cfg, int first, int nl) {
+  float *b1 = loom_moe_param(m, LOOM_MOE_B1)->data, *b2 = loom_moe_param(m, LOOM_MOE_B2)->data;
+  for (int e = 0; e < nl; e++) {
+    const int g = first + e;
+    for (int64_t i = 0; i < cfg->ffn; i++) {
+      b1[e * cfg->ffn + i] = 0.05f * (float)((g * 131 + i * 17) % 23 - 11) / 11.0f;
+    }
+    for (int64_t i = 0; i < cfg->hidden; i++) {
+      b2[e * cfg->hidden + i] = 0.05f * (float)((g * 71 + i * 29) % 19 - 9) / 9.0f;
+    }
+  }
+}
+
+static double gelu_ref(double x) {
+  return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+
+static double gelu_ref_grad(double x) {
+  const double u = 0.7978845608028654 * (x + 0.044715 * x * x * x), th = tanh(u);
+  return 0.5 * (1.0 + th) +
+         0.5 * x * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * x * x);
+}
+
+typedef struct dense_ref {
+  float *y, *dx, *grad[LOOM_MOE_PARAM_COUNT]; // every expert's gradients (this rank's tokens)
+  float aux;
+} dense_ref_t;
+
+static void dense_ref_free(dense_ref_t *r) {
+  free(r->y);
+  free(r->dx);
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    free(r->grad[p]);
+  }
+}
+
+// The layer with every expert (params of m, ep NULL) on T tokens, written out independently of
+// comm/moe*.c: only the router's softmax/top-k/renormalisation, aux loss and their backward come
+// from the compute kernels (unit-tested on their own).
+static void dense_reference(loom_moe_t *m, const loom_moe_config_t *cfg, int64_t T, const float *x,
+                            const float *dy, dense_ref_t *r) {
+  const int64_t H = cfg->hidden, F = cfg->ffn, E = cfg->num_experts;
+  const int K = cfg->top_k;
+  const float *wr = loom_moe_param(m, LOOM_MOE_ROUTER)->data;
+  const float *w1 = loom_moe_param(m, LOOM_MOE_W1)->data,
+              *b1 = loom_moe_param(m, LOOM_MOE_B1)->data;
+  const float *w2 = loom_moe_param(m, LOOM_MOE_W2)->data,
+              *b2 = loom_moe_param(m, LOOM_MOE_B2)->data;
+  const int64_t np[LOOM_MOE_PARAM_COUNT] = {H * E, E * H * F, E * F, E * F * H, E * H};
+  memset(r, 0, sizeof *r);
+  r->y = calloc((size_t)(T * H + 1), sizeof(float));
+  r->dx = calloc((size_t)(T * H + 1), sizeof(float));
+  double *gd[LOOM_MOE_PARAM_COUNT];
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    r->grad[p] = calloc((size_t)np[p], sizeof(float));
+    gd[p] = calloc((size_t)np[p], sizeof(double));
+  }
+  float *logits = calloc((size_t)(T * E + 1), sizeof(float));
+  float *probs = calloc((size_t)(T * E + 1), sizeof(float));
+  float *dprobs = calloc((size_t)(T * E + 1), sizeof(float));
+  float *weight = calloc((size_t)(T * K + 1), sizeof(float));
+  float *dw = calloc((size_t)(T * K + 1), sizeof(float));
+  int32_t *idx = calloc((size_t)(T * K + 1), sizeof(int32_t));
+  int *keep = calloc((size_t)(T * K + 1), sizeof(int));
+  int64_t *order = calloc((size_t)(T * K + 1), sizeof(int64_t));
+  double *pre = calloc((size_t)F, sizeof(double)), *hh = calloc((size_t)F, sizeof(double));
+  double *out = calloc((size_t)H, sizeof(double)), *dpre = calloc((size_t)F, sizeof(double));
+  double *dxd = calloc((size_t)(T * H + 1), sizeof(double)),
+         *yt = calloc((size_t)H, sizeof(double));
+  for (int64_t t = 0; t < T; t++) {
+    for (int64_t e = 0; e < E; e++) {
+      double s = 0.0;
+      for (int64_t h = 0; h < H; h++) {
+        s += (double)x[t * H + h] * wr[h * E + e];
+      }
+      logits[t * E + e] = (float)s;
+    }
+  }
+  loom_tensor_t tl, tp, ti, tw, td, tdw;
+  const int64_t se[2] = {T, E}, sk[2] = {T, K};
+  OK(loom_tensor_wrap(&tl, logits, LOOM_F32, LOOM_DEVICE_HOST, 2, se, "logits"));
+  OK(loom_tensor_wrap(&tp, probs, LOOM_F32, LOOM_DEVICE_HOST, 2, se, "probs"));
+  OK(loom_tensor_wrap(&td, dprobs, LOOM_F32, LOOM_DEVICE_HOST, 2, se, "dprobs"));
+  OK(loom_tensor_wrap(&ti, idx, LOOM_I32, LOOM_DEVICE_HOST, 2, sk, "idx"));
+  OK(loom_tensor_wrap(&tw, weight, LOOM_F32, LOOM_DEVICE_HOST, 2, sk, "weight"));
+  OK(loom_tensor_wrap(&tdw, dw, LOOM_F32, LOOM_DEVICE_HOST, 2, sk, "dweight"));
+  OK(loom_moe_router_forward(&tp, &ti, &tw, &tl));
+  if (cfg->aux_coef > 0.0f) {
+    OK(loom_moe_aux_loss(&r->aux, &td, &tp, &ti, cfg->aux_coef));
+  }
+  // Capacity: per expert, ceil(factor * T * K / E) of its assignments, in token order or by
+  // weight (descending, ties by token order).
+  for (int64_t i = 0; i < T * K; i++) {
+    keep[i] = 1;
+  }
+  if (cfg->capacity_factor > 0.0 && T > 0) {
+    const int64_t cap = (int64_t)ceil(cfg->capacity_factor * (double)(T * K) / (double)E);
+    for (int g = 0; g < E; g++) {
+      int64_t n = 0;
+      for (int64_t i = 0; i < T * K; i++) {
+        if (idx[i] == g) {
+          order[n++] = i;
+        }
+      }
+      for (int64_t a = 1; cfg->drop == LOOM_MOE_DROP_LOW_WEIGHT && a < n; a++) { // insertion sort
+        for (int64_t b = a; b > 0 && weight[order[b]] > weight[order[b - 1]]; b--) {
+          const int64_t tmp = order[b];
+          order[b] = order[b - 1];
+          order[b - 1] = tmp;
+        }
+      }
+      for (int64_t j = cap; j < n; j++) {
+        keep[order[j]] = 0;
+      }
+    }
+  }
+  for (int64_t t = 0; t < T; t++) {
+    const float *xt = x + t * H, *dyt = dy + t * H;
+    memset(yt, 0, sizeof(double) * (size_t)H);
+    for (int k = 0; k < K; k++) {
+      const int64_t i = t * K + k, g = idx[i];
+      if (!keep[i]) {
+        continue;
+      }
+      for (int64_t f = 0; f < F; f++) {
+        double s = b1[g * F + f];
+        for (int64_t h = 0; h < H; h++) {
+          s += (double)xt[h] * w1[(g * H + h) * F + f];
+        }
+        pre[f] = s;
+        hh[f] = gelu_ref(s);
+      }
+      double dwi = 0.0;
+      for (int64_t h = 0; h < H; h++) {
+        double s = b2[g * H + h];
+        for (int64_t f = 0; f < F; f++) {
+          s += hh[f] * w2[(g * F + f) * H + h];
+        }
+        out[h] = s;
+        yt[h] += (double)weight[i] * s;
+        dwi += (double)dyt[h] * s;
+      }
+      dw[i] = (float)dwi;
+      for (int64_t f = 0; f < F; f++) { // dout = weight * dy
+        double s = 0.0;
+        for (int64_t h = 0; h < H; h++) {
+          const double dout = (double)weight[i] * dyt[h];
+          s += dout * w2[(g * F + f) * H + h];
+          gd[LOOM_MOE_W2][(g * F + f) * H + h] += hh[f] * dout;
+        }
+        dpre[f] = s * gelu_ref_grad(pre[f]);
+        gd[LOOM_MOE_B1][g * F + f] += dpre[f];
+      }
+      for (int64_t h = 0; h < H; h++) {
+        gd[LOOM_MOE_B2][g * H + h] += (double)weight[i] * dyt[h];
+        double s = 0.0;
+        for (int64_t f = 0; f < F; f++) {
+          s += dpre[f] * w1[(g * H + h) * F + f];
+          gd[LOOM_MOE_W1][(g * H + h) * F + f] += (double)xt[h] * dpre[f];
+        }
+        dxd[t * H + h] += s;
+      }
+    }
+    for (int64_t h = 0; h < H; h++) {
+      r->y[t * H + h] = (float)yt[h];
+    }
+  }
+  // The router: dlogits from the kernel (in place on dprobs), then Wr and x.
+  OK(loom_moe_router_backward(&td, &tdw, &tp, &ti, &tw, &td));
+  for (int64_t t = 0; t < T; t++) {
+    for (int64_t e = 0; e < E; e++) {
+      const double d = dprobs[t * E + e];
+      for (int64_t h = 0; h < H; h++) {
+        gd[LOOM_MOE_ROUTER][h * E + e] += (double)x[t * H + h] * d;
+        dxd[t * H + h] += d * wr[h * E + e];
+      }
+    }
+  }
+  for (int64_t i = 0; i < T * H; i++) {
+    r->dx[i] = (float)dxd[i];
+  }
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    for (int64_t i = 0; i < np[p]; i++) {
+      r->grad[p][i] = (float)gd[p][i];
+    }
+    free(gd[p]);
+  }
+  free(logits);
+  free(probs);
+  free(dprobs);
+  free(weight);
+  free(dw);
+  free(idx);
+  free(keep);
+  free(order);
+  free(pre);
+  free(hh);
+  free(out);
+  free(dpre);
+  free(dxd);
+  free(yt);
+}
+
 // Build a layer (ep NULL: the reference), run one forward and backward on this rank's tokens.
 // ref_first: for the reference, the first global expert whose gradients are kept (the ones this
 // rank holds in the distributed layer), el of them.
@@ -78,19 +293,73 @@ static void run_layer(loom_ctx_t *ctx, const loom_group_t *ep, const loom_moe_co
       r[i * cfg->num_experts + cfg->num_experts - 1] += 4.0f / sqrtf((float)H);
     }
   }
+  set_biases(m, cfg, ep ? loom_group_rank(ep) * el : 0, ep ? el : cfg->num_experts);
   int64_t shape[2] = {T, H};
-  loom_tensor_t x = test_tensor_f32(2, shape, "x"), y = test_tensor_f32(2, shape, "y");
-  loom_tensor_t dy = test_tensor_f32(2, shape, "dy"), dx = test_tensor_f32(2, shape, "dx");
+  loom_tensor_t x = test_tensor_f32(2, shape, "x"), dy = test_tensor_f32(2, shape, "dy");
+  // y and dx inside sentinels, their own elements set to the sentinel too: every row must be
+  // written, and nothing before or past them.
+  test_guarded_t y = test_guarded_f32(2, shape, "y"), dx = test_guarded_f32(2, shape, "dx");
   test_rng_t rng = test_rng(500u + 31u * (uint64_t)world_rank);
   test_fill_uniform(&rng, test_floats(&x), T * H, sc->skew ? 0.0 : -1.0, 1.0);
   test_fill_uniform(&rng, test_floats(&dy), T * H, -1.0, 1.0);
-  OK(loom_moe_forward(m, &x, &y, &o->aux));
-  OK(loom_moe_backward(m, &dy, &dx));
+  OK(loom_moe_forward(m, &x, &y.t, &o->aux));
+  OK(loom_moe_backward(m, &dy, &dx.t));
+  CHECK(test_guards_intact(&y) && test_guards_intact(&dx),
+        "%s (%s): a write before or past y or dx", sc->name, ep ? "ep" : "single-rank");
   o->y = malloc(sizeof(float) * (size_t)(T * H + 1));
   o->dx = malloc(sizeof(float) * (size_t)(T * H + 1));
   if (T > 0) { // an empty tensor has no data pointer
-    memcpy(o->y, test_floats(&y), sizeof(float) * (size_t)(T * H));
-    memcpy(o->dx, test_floats(&dx), sizeof(float) * (size_t)(T * H));
+    memcpy(o->y, test_floats(&y.t), sizeof(float) * (size_t)(T * H));
+    memcpy(o->dx, test_floats(&dx.t), sizeof(float) * (size_t)(T * H));
+  }
+  if (!ep) { // the single-rank layer against the dense reference (this rank's tokens)
+    dense_ref_t r;
+    double err = 0.0;
+    dense_reference(m, cfg, T, test_floats(&x), test_floats(&dy), &r);
+    CHECK(close_rel(o->y, r.y, T * H, 1e-4, &err), "%s: y off the dense reference by %g", sc->name,
+          err);
+    CHECK(close_rel(o->dx, r.dx, T * H, 1e-4, &err), "%s: dx off the dense reference by %g",
+          sc->name, err);
+    CHECK(fabsf(o->aux - r.aux) <= 1e-6f * fmaxf(1.0f, fabsf(r.aux)),
+          "%s: aux %g, the dense reference %g", sc->name, (double)o->aux, (double)r.aux);
+    static const char *const pn[] = {"router", "w1", "b1", "w2", "b2"};
+    for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+      const loom_tensor_t *g = loom_moe_grad(m, (loom_moe_param_t)p);
+      CHECK(close_rel(g->data, r.grad[p], loom_tensor_numel(g), 1e-4, &err),
+            "%s: %s grad off the dense reference by %g", sc->name, pn[p], err);
+    }
+    dense_ref_free(&r);
+  }
+  // A second step on the same tokens: the same y and dx bit for bit, every gradient doubled
+  // (accumulated, not overwritten; nothing left over from the first step changes the second).
+  float *g1[LOOM_MOE_PARAM_COUNT];
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    const loom_tensor_t *g = loom_moe_grad(m, (loom_moe_param_t)p);
+    const int64_t n = loom_tensor_numel(g);
+    g1[p] = malloc(sizeof(float) * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) {
+      g1[p][i] = 2.0f * ((const float *)g->data)[i];
+    }
+  }
+  test_fill_value(test_floats(&y.t), T * H, test_guard_value());
+  test_fill_value(test_floats(&dx.t), T * H, test_guard_value());
+  float aux2 = 0.0f;
+  OK(loom_moe_forward(m, &x, &y.t, &aux2));
+  OK(loom_moe_backward(m, &dy, &dx.t));
+  CHECK(test_same_bits(o->y, test_floats(&y.t), T * H) &&
+            test_same_bits(o->dx, test_floats(&dx.t), T * H) && aux2 == o->aux,
+        "%s (%s): a second step on the same tokens gave another y, dx or aux", sc->name,
+        ep ? "ep" : "single-rank");
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+    const loom_tensor_t *g = loom_moe_grad(m, (loom_moe_param_t)p);
+    double err = 0.0;
+    CHECK(close_rel(g->data, g1[p], loom_tensor_numel(g), 1e-5, &err),
+          "%s (%s): param %d's gradient after two steps is not twice one step's (off by %g)",
+          sc->name, ep ? "ep" : "single-rank", p, err);
+    for (int64_t i = 0; i < loom_tensor_numel(g); i++) { // back to one step's, for the compare
+      ((float *)g->data)[i] *= 0.5f;
+    }
+    free(g1[p]);
   }
   for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
     const loom_tensor_t *g = loom_moe_grad(m, (loom_moe_param_t)p);
@@ -120,7 +389,9 @@ static void run_layer(loom_ctx_t *ctx, const loom_group_t *ep, const loom_moe_co
     o->received_total += st.received[e];
   }
   o->dropped = st.dropped;
-  TEST_FREE(&x, &y, &dy, &dx);
+  TEST_FREE(&x, &dy);
+  test_guarded_free(&y);
+  test_guarded_free(&dx);
   loom_moe_destroy(m);
 }
 
