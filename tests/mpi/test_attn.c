@@ -13,7 +13,11 @@
 // its own documents (within 1e-5 of the largest magnitude):
 // - plans: every document on its owner; documents cut into three shards served round robin;
 //   everything served by rank 0 (a dedicated server); shards of one length-300 document on
-//   every rank; causal and not;
+//   every rank; causal and not; the default scale (1/sqrt(D)) and a given one (0.25), which the
+//   executor must pass to both kernels (was unchecked: a server that used the default passed);
+// - out, lse, dq, dk, dv inside sentinels, their own elements set to NaN: every element written
+//   (dk and dv zeroed before the servers' sums are added: a sum onto what the caller's buffer
+//   held passed while the test's buffers started at zero), nothing before or past them;
 // - documents of length 1, long documents, a rank with no documents (the last, at np > 1);
 // - grouped-query heads (H 4, Hkv 2);
 // - a plan that disagrees between ranks is LOOM_ERR_CORRUPT on the ranks that see it, without a
@@ -74,7 +78,7 @@ static int make_plan(const docset_t *s, int kind, loom_attn_task_t *t) {
   return n;
 }
 
-static loom_attn_exec_t *kept[2]; // an executor per causal, replanned by later cases
+static loom_attn_exec_t *kept[2][2]; // an executor per causal and scale, replanned by later cases
 
 static double rel_err(const float *a, const float *b, int64_t n) {
   double big = 1e-3, worst = 0.0;
@@ -92,7 +96,8 @@ static double rel_err(const float *a, const float *b, int64_t n) {
   return worst / big;
 }
 
-static void run_case(const loom_group_t *g, int variant, int kind, int causal) {
+static void run_case(const loom_group_t *g, int variant, int kind, int causal, int si) {
+  const float scale = si ? 0.25f : 0.0f;
   docset_t s = make_docs(variant);
   loom_attn_task_t tasks[4096];
   const int nt = make_plan(&s, kind, tasks);
@@ -106,11 +111,20 @@ static void run_case(const loom_group_t *g, int variant, int kind, int causal) {
   }
   int64_t sq[3] = {rows, H, D}, sk[3] = {rows, HKV, D}, sl[2] = {H, rows}, sc[1] = {nmine + 1};
   loom_tensor_t q = test_tensor_f32(3, sq, "q"), k = test_tensor_f32(3, sk, "k");
-  loom_tensor_t v = test_tensor_f32(3, sk, "v"), o = test_tensor_f32(3, sq, "o");
-  loom_tensor_t l = test_tensor_f32(2, sl, "l"), ro = test_tensor_f32(3, sq, "ro");
+  loom_tensor_t v = test_tensor_f32(3, sk, "v"), ro = test_tensor_f32(3, sq, "ro");
   loom_tensor_t rl = test_tensor_f32(2, sl, "rl"), dout = test_tensor_f32(3, sq, "dout");
-  loom_tensor_t dq = test_tensor_f32(3, sq, "dq"), dk = test_tensor_f32(3, sk, "dk");
-  loom_tensor_t dv = test_tensor_f32(3, sk, "dv"), rdq = test_tensor_f32(3, sq, "rdq");
+  test_guarded_t go = test_guarded_f32(3, sq, "o"), gl = test_guarded_f32(2, sl, "l");
+  test_guarded_t gdq = test_guarded_f32(3, sq, "dq"), gdk = test_guarded_f32(3, sk, "dk");
+  test_guarded_t gdv = test_guarded_f32(3, sk, "dv");
+  loom_tensor_t o = go.t, l = gl.t, dq = gdq.t, dk = gdk.t, dv = gdv.t;
+  // Inside the sentinels, NaN (the sentinel itself is a float so small that a sum onto it, or
+  // onto zeros, passes for a sum onto nothing).
+  test_fill_value(test_floats(&o), rows * H * D, NAN);
+  test_fill_value(test_floats(&l), H * rows, NAN);
+  test_fill_value(test_floats(&dq), rows * H * D, NAN);
+  test_fill_value(test_floats(&dk), rows * HKV * D, NAN);
+  test_fill_value(test_floats(&dv), rows * HKV * D, NAN);
+  loom_tensor_t rdq = test_tensor_f32(3, sq, "rdq");
   loom_tensor_t rdk = test_tensor_f32(3, sk, "rdk"), rdv = test_tensor_f32(3, sk, "rdv");
   loom_tensor_t cut;
   OK(loom_tensor_wrap(&cut, cu, LOOM_I32, LOOM_DEVICE_HOST, 1, sc, "cu"));
@@ -119,19 +133,19 @@ static void run_case(const loom_group_t *g, int variant, int kind, int causal) {
   test_fill_uniform(&rng, test_floats(&k), rows * HKV * D, -1, 1);
   test_fill_uniform(&rng, test_floats(&v), rows * HKV * D, -1, 1);
   test_fill_uniform(&rng, test_floats(&dout), rows * H * D, -1, 1);
-  OK(loom_attention_forward(&ro, &rl, &q, &k, &v, &cut, &cut, causal, 0.0f));
+  OK(loom_attention_forward(&ro, &rl, &q, &k, &v, &cut, &cut, causal, scale));
   OK(loom_attention_backward(&rdq, &rdk, &rdv, &dout, &q, &k, &v, &ro, &rl, &cut, &cut, causal,
-                             0.0f));
+                             scale));
   loom_attn_exec_t *x = NULL;
   // Every other case replans the executor the previous cases used (kept per causal), so that
   // replanning is checked over plans whose batches grow and shrink.
-  const int replan = (variant + kind) % 2 == 1 && kept[causal];
+  const int replan = (variant + kind) % 2 == 1 && kept[causal][si];
   if (replan) {
-    x = kept[causal];
-    kept[causal] = NULL;
+    x = kept[causal][si];
+    kept[causal][si] = NULL;
     OK(loom_attn_exec_replan(x, s.d, s.n, tasks, nt));
   } else {
-    OK(loom_attn_exec_create(g, s.d, s.n, tasks, nt, H, HKV, D, causal, 0.0f, &x));
+    OK(loom_attn_exec_create(g, s.d, s.n, tasks, nt, H, HKV, D, causal, scale, &x));
   }
   if (x) {
     OK(loom_attn_exec_forward(x, &q, &k, &v, &o, &l));
@@ -140,8 +154,13 @@ static void run_case(const loom_group_t *g, int variant, int kind, int causal) {
     const loom_tensor_t *got[5] = {&o, &l, &dq, &dk, &dv}, *want[5] = {&ro, &rl, &rdq, &rdk, &rdv};
     for (int i = 0; i < 5; i++) {
       double e = rel_err(test_floats(got[i]), test_floats(want[i]), loom_tensor_numel(got[i]));
-      CHECK(e <= 1e-5, "variant %d plan %d causal %d: %s off by %g", variant, kind, causal, what[i],
-            e);
+      CHECK(e <= 1e-5, "variant %d plan %d causal %d scale %g: %s off by %g", variant, kind, causal,
+            (double)scale, what[i], e);
+    }
+    const test_guarded_t *gg[5] = {&go, &gl, &gdq, &gdk, &gdv};
+    for (int i = 0; i < 5; i++) {
+      CHECK(test_guards_intact(gg[i]), "variant %d plan %d causal %d: a write before or past %s",
+            variant, kind, causal, what[i]);
     }
     loom_attn_exec_stats_t st;
     loom_attn_exec_stats(x, &st);
@@ -154,9 +173,13 @@ static void run_case(const loom_group_t *g, int variant, int kind, int causal) {
     CHECK(kind != 2 || world_rank == 0 || st.tasks_served == 0, "plan 2: rank %d served %d",
           world_rank, st.tasks_served);
   }
-  loom_attn_exec_destroy(kept[causal]);
-  kept[causal] = x;
-  TEST_FREE(&q, &k, &v, &o, &l, &ro, &rl, &dout, &dq, &dk, &dv, &rdq, &rdk, &rdv);
+  loom_attn_exec_destroy(kept[causal][si]);
+  kept[causal][si] = x;
+  TEST_FREE(&q, &k, &v, &ro, &rl, &dout, &rdq, &rdk, &rdv);
+  test_guarded_t *all[5] = {&go, &gl, &gdq, &gdk, &gdv};
+  for (int i = 0; i < 5; i++) {
+    test_guarded_free(all[i]);
+  }
 }
 
 // Rows of the documents of s that this rank owns and that pass keep (index parity), packed.
@@ -520,19 +543,22 @@ int main(int argc, char **argv) {
   world_rank = loom_rank(ctx);
   world_size = loom_size(ctx);
   const loom_group_t *g = loom_group(ctx, LOOM_GROUP_WORLD);
-  for (int causal = 1; causal >= 0; causal--) {
-    for (int kind = 0; kind < 4; kind++) {
-      run_case(g, 0, kind, causal);
+  for (int si = 0; si < 2; si++) { // the default scale, then 0.25
+    for (int causal = 1; causal >= 0; causal--) {
+      for (int kind = 0; kind < 4; kind++) {
+        run_case(g, 0, kind, causal, si);
+      }
+      run_case(g, 1, 3, causal, si); // one long document cut over every rank
     }
-    run_case(g, 1, 3, causal); // one long document cut over every rank
   }
   for (int kind = 0; kind < 4; kind++) {
     char tl[128];
     snprintf(tl, sizeof tl, "/tmp/loom_test_attn_pp_%d_", (int)getppid());
     run_pingpong(g, ctx, kind, kind % 2, kind == 1 ? tl : NULL); // the timeline of one case
   }
-  loom_attn_exec_destroy(kept[0]);
-  loom_attn_exec_destroy(kept[1]);
+  for (int i = 0; i < 4; i++) {
+    loom_attn_exec_destroy(kept[i / 2][i % 2]);
+  }
   test_errors(g);
   test_plan_check(g);
   int rc = check_exit_all("test_attn");
