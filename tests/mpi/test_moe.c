@@ -296,9 +296,11 @@ static void run_layer(loom_ctx_t *ctx, const loom_group_t *ep, const loom_moe_co
   set_biases(m, cfg, ep ? loom_group_rank(ep) * el : 0, ep ? el : cfg->num_experts);
   int64_t shape[2] = {T, H};
   loom_tensor_t x = test_tensor_f32(2, shape, "x"), dy = test_tensor_f32(2, shape, "dy");
-  // y and dx inside sentinels, their own elements set to the sentinel too: every row must be
-  // written, and nothing before or past them.
+  // y and dx inside sentinels, their own elements set to NaN: every row must be written, and
+  // nothing before or past them.
   test_guarded_t y = test_guarded_f32(2, shape, "y"), dx = test_guarded_f32(2, shape, "dx");
+  test_fill_value(test_floats(&y.t), T * H, NAN);  // (the sentinel is too small to show a row
+  test_fill_value(test_floats(&dx.t), T * H, NAN); // left unwritten where the reference is 0)
   test_rng_t rng = test_rng(500u + 31u * (uint64_t)world_rank);
   test_fill_uniform(&rng, test_floats(&x), T * H, sc->skew ? 0.0 : -1.0, 1.0);
   test_fill_uniform(&rng, test_floats(&dy), T * H, -1.0, 1.0);
@@ -341,8 +343,8 @@ static void run_layer(loom_ctx_t *ctx, const loom_group_t *ep, const loom_moe_co
       g1[p][i] = 2.0f * ((const float *)g->data)[i];
     }
   }
-  test_fill_value(test_floats(&y.t), T * H, test_guard_value());
-  test_fill_value(test_floats(&dx.t), T * H, test_guard_value());
+  test_fill_value(test_floats(&y.t), T * H, NAN);
+  test_fill_value(test_floats(&dx.t), T * H, NAN);
   float aux2 = 0.0f;
   OK(loom_moe_forward(m, &x, &y.t, &aux2));
   OK(loom_moe_backward(m, &dy, &dx.t));
