@@ -13,8 +13,9 @@
 // its own documents (within 1e-5 of the largest magnitude):
 // - plans: every document on its owner; documents cut into three shards served round robin;
 //   everything served by rank 0 (a dedicated server); shards of one length-300 document on
-//   every rank; causal and not; the default scale (1/sqrt(D)) and a given one (0.25), which the
-//   executor must pass to both kernels (was unchecked: a server that used the default passed);
+//   every rank; the attention balancer's plan (shards of >= 8 rows); causal and not; the default
+//   scale (1/sqrt(D)) and a given one (0.25), which the executor must pass to both kernels (was
+//   unchecked: a server that used the default passed);
 // - out, lse, dq, dk, dv inside sentinels, their own elements set to NaN: every element written
 //   (dk and dv zeroed before the servers' sums are added: a sum onto what the caller's buffer
 //   held passed while the test's buffers started at zero), nothing before or past them;
@@ -55,9 +56,28 @@ static docset_t make_docs(int variant) {
 }
 
 // Plans: 0 each document on its owner; 1 three shards each, servers round robin; 2 everything on
-// rank 0; 3 shards of ~40 rows spread over every rank.
-static int make_plan(const docset_t *s, int kind, loom_attn_task_t *t) {
+// rank 0; 3 shards of ~40 rows spread over every rank; 4 the attention balancer's (CAD) plan,
+// shards of at least 8 rows (causal as the case), every rank serving.
+static int make_plan(const docset_t *s, int kind, int causal, loom_attn_task_t *t) {
   int n = 0;
+  if (kind == 4) {
+    loom_attn_balance_opts_t o;
+    loom_attn_balance_opts_init(&o);
+    o.tolerance = 0.05;
+    o.min_shard = 8;
+    o.causal = causal;
+    loom_attn_plan_t p = {0};
+    OK(loom_attn_balance(s->d, s->n, world_size, &o, &p));
+    for (int i = 0; i < p.ntasks && i < 4096; i++) {
+      t[n++] = p.tasks[i];
+    }
+    // (so that the case keeps covering documents cut across servers: at np > 1 the last rank
+    // owns nothing, and the balancer must cut something to give it a share)
+    CHECK(world_size == 1 || n > s->n, "plan 4: the balancer cut no document (%d tasks, %d docs)",
+          n, s->n);
+    loom_attn_plan_free(&p);
+    return n;
+  }
   for (int i = 0; i < s->n; i++) {
     const int64_t L = s->d[i].len;
     const int owner = s->d[i].owner;
@@ -100,7 +120,7 @@ static void run_case(const loom_group_t *g, int variant, int kind, int causal, i
   const float scale = si ? 0.25f : 0.0f;
   docset_t s = make_docs(variant);
   loom_attn_task_t tasks[4096];
-  const int nt = make_plan(&s, kind, tasks);
+  const int nt = make_plan(&s, kind, causal, tasks);
   int64_t rows = 0, nmine = 0;
   int32_t cu[65] = {0};
   for (int i = 0; i < s.n; i++) {
@@ -172,6 +192,9 @@ static void run_case(const loom_group_t *g, int variant, int kind, int causal, i
           "busy %.4f ms < kernels %.4f + waits %.4f", st.busy_ms, st.compute_ms, st.wait_ms);
     CHECK(kind != 2 || world_rank == 0 || st.tasks_served == 0, "plan 2: rank %d served %d",
           world_rank, st.tasks_served);
+    // The balancer's plan gives the last rank (which owns nothing) work to serve.
+    CHECK(kind != 4 || world_size == 1 || world_rank != world_size - 1 || st.tasks_served > 0,
+          "plan 4 (balanced): the last rank, owning nothing, serves nothing");
   }
   loom_attn_exec_destroy(kept[causal][si]);
   kept[causal][si] = x;
@@ -219,7 +242,7 @@ static void run_pingpong(const loom_group_t *g, loom_ctx_t *ctx, int kind, int c
   test_rng_t rng = test_rng(500u + 7u * (uint64_t)world_rank);
   for (int h = 0; h < 2; h++) {
     docset_t *d = &half[h];
-    const int nt = make_plan(d, kind, tasks[h]);
+    const int nt = make_plan(d, kind, causal, tasks[h]);
     int32_t cu[65];
     int ncu = 0;
     const int64_t rows = own_rows(&s, h, cu, &ncu); // the same rows as d's, in the same order
@@ -545,10 +568,11 @@ int main(int argc, char **argv) {
   const loom_group_t *g = loom_group(ctx, LOOM_GROUP_WORLD);
   for (int si = 0; si < 2; si++) { // the default scale, then 0.25
     for (int causal = 1; causal >= 0; causal--) {
-      for (int kind = 0; kind < 4; kind++) {
+      for (int kind = 0; kind < 5; kind++) {
         run_case(g, 0, kind, causal, si);
       }
       run_case(g, 1, 3, causal, si); // one long document cut over every rank
+      run_case(g, 1, 4, causal, si); // the same, cut by the balancer
     }
   }
   for (int kind = 0; kind < 4; kind++) {
