@@ -81,6 +81,8 @@ struct loom_watch {
   uint64_t seq;          // its number among the operations this rank entered on g; 0: not counted
   int64_t start_ns;      // when this rank entered it (CLOCK_MONOTONIC_COARSE)
   int64_t deadline_ns;   // start + LOOM_TIMEOUT; 0: no timeout
+  int64_t warn_ns;       // the next LOOM_STALL_WARN warning; 0: none
+  int64_t next_ns;       // the earlier of the two: when loom_watch_check looks closer
   int64_t last_test_ns;  // loom_test: when it last looked (0: never)
   int extended;          // loom_test: the deadline was extended once after a long gap
   unsigned polls;        // waits look at the clock every few polls
@@ -95,16 +97,20 @@ int64_t loom_watch_now_ns(void);
 // The deadline passed: print one message naming the operation, the group, the ranks that arrived
 // and those that did not, and the time waited, then MPI_Abort the job. Does not return.
 void loom_watch_expired(struct loom_watch *w) __attribute__((noreturn));
-// In wait loops: abort when w's deadline passed (reads the clock every 16th call).
+// A stall warning or the deadline is due: abort when the deadline passed (loom_watch_expired),
+// else warn (the lowest member that arrived names those that did not) and set the next warning.
+void loom_watch_due(struct loom_watch *w);
+// In wait loops: warn when LOOM_STALL_WARN is due, abort when w's deadline passed (reads the
+// clock every 16th call).
 static inline void loom_watch_check(struct loom_watch *w) {
-  if (w && w->deadline_ns != 0 && (w->polls++ & 15u) == 0 &&
-      loom_watch_now_ns() >= w->deadline_ns) {
-    loom_watch_expired(w);
+  if (w && w->deadline_ns != 0 && (w->polls++ & 15u) == 0 && loom_watch_now_ns() >= w->next_ns) {
+    loom_watch_due(w);
   }
 }
 // loom_test's check: as loom_watch_check, except that a deadline found passed after a long time
 // without a test (a long computation between two tests, while MPI could not move the
-// operation) is extended once, by min(LOOM_TIMEOUT, 10 s), to let the operation move first.
+// operation) is extended once, by min(LOOM_TIMEOUT, 10 s), to let the operation move first, and
+// a stall warning waits for a test that follows the previous one within a second.
 void loom_watch_test(struct loom_watch *w);
 // MPI_Waitall, MPI_Waitany, MPI_Probe under the watchdog: exactly those calls when w is NULL or
 // has no deadline; else the same polls (MPI_Testall, MPI_Testany, MPI_Iprobe) with

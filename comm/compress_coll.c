@@ -499,8 +499,8 @@ static loom_status_t get_hier(const loom_group_t *cg, comm_state_t **out) {
   LOOM_CHECK(loom_group_from_comm(NULL, &st->leaders, g->kind, leaders, g->node));
   st->node.compress_chunk = st->leaders.compress_chunk = g->compress_chunk;
   st->node.pipe_bytes = st->leaders.pipe_bytes = g->pipe_bytes;
-  LOOM_CHECK(loom_group_watch_setup(&st->node, g->timeout, g->check_consistency));
-  LOOM_CHECK(loom_group_watch_setup(&st->leaders, g->timeout, g->check_consistency));
+  LOOM_CHECK(loom_group_watch_setup(&st->node, g->timeout, g->stall_warn, g->check_consistency));
+  LOOM_CHECK(loom_group_watch_setup(&st->leaders, g->timeout, g->stall_warn, g->check_consistency));
   st->have_hier = 1;
   *out = st;
   return LOOM_OK;

@@ -1,8 +1,10 @@
 /* watchdog.c — LOOM_TIMEOUT: an operation that waits too long aborts the job with one message
- * naming the ranks that did not arrive; LOOM_CHECK_CONSISTENCY: ranks compare each collective. */
+ * naming the ranks that did not arrive (LOOM_STALL_WARN warns before); LOOM_CHECK_CONSISTENCY:
+ * ranks compare each collective. */
 #include "config.h"
 #include "comm_internal.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -22,10 +24,12 @@
 // this operation's number has not arrived. The first member to time out claims the report
 // (an atomic swap on group rank 0's slot) and prints it; the others wait quietly for the abort.
 // Reading a slot needs no action from its owner (shared memory or RDMA), so a rank stuck in a
-// computation, or waiting somewhere else, is still named.
+// computation, or waiting somewhere else, is still named. LOOM_STALL_WARN reads the same slots
+// earlier, every so many seconds, and the lowest member that arrived warns without aborting.
 
 #define CLAIM_WAIT_NS   ((int64_t)2000000000)  // at most this long for the claim and the reads
 #define REPORT_GRACE_NS ((int64_t)30000000000) // a member that lost the claim waits this long
+#define STALL_READ_NS   ((int64_t)1000000000)  // a stall warning's reads wait at most this long
 
 static const char *const op_names[LOOM_OPK_COUNT] = {
     [LOOM_OPK_NONE] = "operation",
@@ -116,6 +120,13 @@ int64_t loom_watch_now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+// When loom_watch_check looks closer: the next stall warning or the deadline.
+static int64_t next_due(const struct loom_watch *w) {
+  return w->warn_ns != 0 && w->warn_ns < w->deadline_ns ? w->warn_ns : w->deadline_ns;
+}
+
+static int stall_warn(struct loom_watch *w, int64_t now);
+
 void loom_watch_enter(struct loom_watch *w, const loom_group_t *g, const struct loom_op_desc *d,
                       int counted) {
   memset(w, 0, sizeof *w);
@@ -126,7 +137,11 @@ void loom_watch_enter(struct loom_watch *w, const loom_group_t *g, const struct 
   w->start_ns = loom_watch_now_ns();
   if (g->timeout > 0) {
     w->deadline_ns = w->start_ns + (int64_t)g->timeout * 1000000000;
+    if (g->stall_warn > 0 && g->stall_warn < g->timeout) {
+      w->warn_ns = w->start_ns + (int64_t)g->stall_warn * 1000000000;
+    }
   }
+  w->next_ns = next_due(w);
   struct loom_watch_slot *slot = g->watch_slot;
   if (counted && slot) {
     // The name first, then the count: a reader may see the new name with the old count, never
@@ -138,6 +153,20 @@ void loom_watch_enter(struct loom_watch *w, const loom_group_t *g, const struct 
   }
 }
 
+void loom_watch_due(struct loom_watch *w) {
+  const int64_t now = loom_watch_now_ns();
+  if (now >= w->deadline_ns) {
+    loom_watch_expired(w);
+  }
+  if (w->warn_ns != 0 && now >= w->warn_ns && stall_warn(w, now)) {
+    const int64_t every = (int64_t)w->g->stall_warn * 1000000000;
+    while (w->warn_ns <= now) {
+      w->warn_ns += every;
+    }
+  }
+  w->next_ns = next_due(w);
+}
+
 void loom_watch_test(struct loom_watch *w) {
   if (w->deadline_ns == 0) {
     return;
@@ -145,16 +174,24 @@ void loom_watch_test(struct loom_watch *w) {
   const int64_t now = loom_watch_now_ns();
   const int64_t gap = now - (w->last_test_ns ? w->last_test_ns : w->start_ns);
   w->last_test_ns = now;
-  if (now < w->deadline_ns) {
+  if (now < w->next_ns) {
     return;
   }
-  if (gap > 1000000000 && !w->extended) {
-    const int64_t grace = (int64_t)(w->g->timeout < 10 ? w->g->timeout : 10) * 1000000000;
-    w->extended = 1;
-    w->deadline_ns = now + grace;
-    return;
+  if (gap > 1000000000) {
+    // The first test after a long computation: MPI may not have moved the operation meanwhile.
+    // The deadline is extended once; a stall warning waits for a test that follows another.
+    if (now >= w->deadline_ns && !w->extended) {
+      const int64_t grace = (int64_t)(w->g->timeout < 10 ? w->g->timeout : 10) * 1000000000;
+      w->extended = 1;
+      w->deadline_ns = now + grace;
+      w->next_ns = next_due(w);
+      return;
+    }
+    if (now < w->deadline_ns) {
+      return;
+    }
   }
-  loom_watch_expired(w);
+  loom_watch_due(w);
 }
 
 int loom_watch_waitall(struct loom_watch *w, int n, MPI_Request *reqs) {
@@ -219,6 +256,34 @@ static int wait_until(MPI_Request *req, int n, int64_t until) {
   }
 }
 
+// In a passive epoch on win: read every member's slot into slots (got[r] = 1 for those read),
+// waiting for each until the clock passes until. Returns how many reads are still in flight
+// (they may land in slots later).
+static int read_slots(MPI_Win win, int np, struct loom_watch_slot *slots, int *got, int64_t until) {
+  MPI_Request *reqs = calloc((size_t)np, sizeof *reqs);
+  if (!reqs) {
+    return 0;
+  }
+  for (int r = 0; r < np; r++) {
+    reqs[r] = MPI_REQUEST_NULL;
+    if (MPI_Rget(&slots[r], (int)sizeof slots[r], MPI_BYTE, r, 0, (int)sizeof slots[r], MPI_BYTE,
+                 win, &reqs[r]) != MPI_SUCCESS) {
+      reqs[r] = MPI_REQUEST_NULL;
+    } else {
+      got[r] = 1;
+    }
+  }
+  int pending = 0;
+  for (int r = 0; r < np; r++) { // one at a time: a member that does not answer is unknown
+    if (got[r] && !wait_until(&reqs[r], 1, until)) {
+      got[r] = 0;
+      pending++;
+    }
+  }
+  free(reqs);
+  return pending;
+}
+
 // Claim the report on g (1: this rank reports; also when the claim cannot be made), then read
 // every member's slot into slots (got[r] = 1 for those read). The passive epoch stays open: the
 // job is about to abort.
@@ -237,30 +302,10 @@ static int claim_and_read(const loom_group_t *g, struct loom_watch_slot *slots, 
       wait_until(&req, 1, until)) {
     mine = before == 0;
   }
-  if (!mine) {
-    return 0;
+  if (mine) {
+    read_slots(win, g->size, slots, got, until);
   }
-  const int np = g->size;
-  MPI_Request *reqs = calloc((size_t)np, sizeof *reqs);
-  if (!reqs) {
-    return 1;
-  }
-  for (int r = 0; r < np; r++) {
-    reqs[r] = MPI_REQUEST_NULL;
-    if (MPI_Rget(&slots[r], (int)sizeof slots[r], MPI_BYTE, r, 0, (int)sizeof slots[r], MPI_BYTE,
-                 win, &reqs[r]) != MPI_SUCCESS) {
-      reqs[r] = MPI_REQUEST_NULL;
-    } else {
-      got[r] = 1;
-    }
-  }
-  for (int r = 0; r < np; r++) { // one at a time: a member that does not answer is unknown
-    if (got[r] && !wait_until(&reqs[r], 1, until)) {
-      got[r] = 0;
-    }
-  }
-  free(reqs);
-  return 1;
+  return mine;
 }
 
 // printf to the end of out (len bytes in all); silently truncated.
@@ -283,6 +328,126 @@ static void append_rank(char *out, size_t len, const loom_group_t *g, int r, int
   if (g->kind != LOOM_GROUP_WORLD && g->world_ranks) {
     append(out, len, " (world %d)", g->world_ranks[r]);
   }
+}
+
+// What the members' slots say about w's operation.
+struct arrivals {
+  int n_in, n_out, n_unknown, n_other; // arrived, not arrived, not read, arrived in another call
+  int lowest_in;                       // the lowest group rank that arrived
+};
+
+// Append to msg "; arrived: ranks ...; not arrived: rank ... (last entered ...)", then the members
+// whose slot was not read (got[r] == 0) and those that arrived in another call as the same
+// operation. This rank counts as arrived (its slot is set so).
+static struct arrivals describe_arrivals(const struct loom_watch *w, struct loom_watch_slot *slots,
+                                         int *got, char *msg, size_t len) {
+  const loom_group_t *g = w->g;
+  const int np = g->size, me = g->rank;
+  slots[me].seq = w->seq > slots[me].seq ? w->seq : slots[me].seq; // this rank is here
+  got[me] = 1;
+  struct arrivals a = {0, 0, 0, 0, me};
+  char in[1024] = "", out[2048] = "", unknown[512] = "", other[2048] = "";
+  // Collectives name the same tensor on every rank; MoE and attention phases need not
+  // (trainers and dedicated servers pass their own names): there only the operation counts.
+  const int named = w->d.kind >= LOOM_OPK_ALLREDUCE && w->d.kind <= LOOM_OPK_COMPRESSED_ALLREDUCE;
+  for (int r = 0; r < np; r++) {
+    slots[r].op[sizeof slots[r].op - 1] = '\0'; // (read from the peers: terminated here)
+    slots[r].name[sizeof slots[r].name - 1] = '\0';
+    if (!got[r]) {
+      append_rank(unknown, sizeof unknown, g, r, a.n_unknown++ == 0);
+    } else if (slots[r].seq >= w->seq) {
+      if (a.n_in == 0) {
+        a.lowest_in = r;
+      }
+      append_rank(in, sizeof in, g, r, a.n_in++ == 0);
+      // The same operation number, another call: the ranks took different paths.
+      if (slots[r].seq == w->seq &&
+          (strcmp(slots[r].op, op_name(w->d.kind)) != 0 ||
+           (named && strncmp(slots[r].name, w->d.name, sizeof slots[r].name - 1) != 0))) {
+        append_rank(other, sizeof other, g, r, a.n_other++ == 0);
+        append(other, sizeof other, " in %s('%s')", slots[r].op, slots[r].name);
+      }
+    } else {
+      append_rank(out, sizeof out, g, r, a.n_out++ == 0);
+      if (slots[r].seq == 0) {
+        append(out, sizeof out, " (entered no operation on this group yet)");
+      } else {
+        append(out, sizeof out, " (last entered #%llu, %s('%s'))", (unsigned long long)slots[r].seq,
+               slots[r].op, slots[r].name);
+      }
+    }
+  }
+  append(msg, len, "; arrived: rank%s %s; not arrived: %s%s%s", a.n_in == 1 ? "" : "s", in,
+         a.n_out == 0 ? "none" : "rank",
+         a.n_out > 1    ? "s "
+         : a.n_out == 1 ? " "
+                        : "",
+         out);
+  if (a.n_unknown > 0) {
+    append(msg, len, "; not readable: rank%s %s", a.n_unknown == 1 ? "" : "s", unknown);
+  }
+  if (a.n_other > 0) {
+    append(msg, len, "; as their operation #%llu, rank%s %s", (unsigned long long)w->seq,
+           a.n_other == 1 ? "" : "s", other);
+  }
+  return a;
+}
+
+// ---- the stall warning --------------------------------------------------------------------------
+
+// One stall warning at a time in this process (two threads may wait on one group, and a passive
+// epoch cannot be opened twice on a window). A read that never completed leaves its epoch open:
+// then warnings stop (stall_stuck keeps the buffer the read may still land in).
+static pthread_mutex_t stall_lock = PTHREAD_MUTEX_INITIALIZER;
+static int stall_broken;
+static struct loom_watch_slot *stall_stuck;
+
+// LOOM_STALL_WARN: w has waited g->stall_warn seconds (or a multiple). Read the members' slots;
+// the lowest member that arrived warns, naming those that did not (without a window: group rank
+// 0; an operation that is not counted, send or recv: this rank). Returns 0 when another thread is
+// warning (try again), 1 otherwise.
+static int stall_warn(struct loom_watch *w, int64_t now) {
+  if (pthread_mutex_trylock(&stall_lock) != 0) {
+    return 0;
+  }
+  const loom_group_t *g = w->g;
+  char what[160], group[64], msg[2048];
+  format_desc(&w->d, what, sizeof what);
+  format_group(g, group, sizeof group);
+  snprintf(msg, sizeof msg, "LOOM_STALL_WARN: %s on %s has waited %.0f s", what, group,
+           (double)(now - w->start_ns) / 1e9);
+  int speak = g->rank == 0;
+  struct loom_watch_slot *slots = NULL;
+  int *got = NULL;
+  if (w->seq == 0) {
+    speak = 1; // only this rank knows
+  } else if (g->watch_win == MPI_WIN_NULL || stall_broken) {
+    append(msg, sizeof msg, "; the ranks that arrived are unknown (%s)",
+           stall_broken ? "an earlier read did not complete" : "no watchdog window");
+  } else if ((slots = calloc((size_t)g->size, sizeof *slots)) != NULL &&
+             (got = calloc((size_t)g->size, sizeof *got)) != NULL &&
+             MPI_Win_lock_all(MPI_MODE_NOCHECK, g->watch_win) == MPI_SUCCESS) {
+    const int pending = read_slots(g->watch_win, g->size, slots, got, now + STALL_READ_NS);
+    const struct arrivals a = describe_arrivals(w, slots, got, msg, sizeof msg);
+    speak = a.lowest_in == g->rank;
+    if (pending == 0) {
+      MPI_Win_unlock_all(g->watch_win);
+    } else {
+      stall_broken = 1;
+      stall_stuck = slots;
+      slots = NULL;
+    }
+  }
+  if (speak) {
+    LOOM_WARN(LOOM_SUB_COLL,
+              "%s. Still waiting: LOOM_TIMEOUT aborts the job after %d s (LOOM_STALL_WARN=%d: "
+              "0 turns these warnings off)",
+              msg, g->timeout, g->stall_warn);
+  }
+  free(slots);
+  free(got);
+  pthread_mutex_unlock(&stall_lock);
+  return 1;
 }
 
 void loom_watch_expired(struct loom_watch *w) {
@@ -329,55 +494,12 @@ void loom_watch_expired(struct loom_watch *w) {
            group, waited);
   const char *advice = "";
   if (w->seq > 0 && slots && got && g->watch_win != MPI_WIN_NULL) {
-    slots[me].seq = w->seq > slots[me].seq ? w->seq : slots[me].seq; // this rank is here
-    got[me] = 1;
-    int n_in = 0, n_out = 0, n_unknown = 0, n_other = 0;
-    char in[1024] = "", out[2048] = "", unknown[512] = "", other[2048] = "";
-    // Collectives name the same tensor on every rank; MoE and attention phases need not
-    // (trainers and dedicated servers pass their own names): there only the operation counts.
-    const int named = w->d.kind >= LOOM_OPK_ALLREDUCE && w->d.kind <= LOOM_OPK_COMPRESSED_ALLREDUCE;
-    for (int r = 0; r < np; r++) {
-      slots[r].op[sizeof slots[r].op - 1] = '\0'; // (read from the peers: terminated here)
-      slots[r].name[sizeof slots[r].name - 1] = '\0';
-      if (!got[r]) {
-        append_rank(unknown, sizeof unknown, g, r, n_unknown++ == 0);
-      } else if (slots[r].seq >= w->seq) {
-        append_rank(in, sizeof in, g, r, n_in++ == 0);
-        // The same operation number, another call: the ranks took different paths.
-        if (slots[r].seq == w->seq &&
-            (strcmp(slots[r].op, op_name(w->d.kind)) != 0 ||
-             (named && strncmp(slots[r].name, w->d.name, sizeof slots[r].name - 1) != 0))) {
-          append_rank(other, sizeof other, g, r, n_other++ == 0);
-          append(other, sizeof other, " in %s('%s')", slots[r].op, slots[r].name);
-        }
-      } else {
-        append_rank(out, sizeof out, g, r, n_out++ == 0);
-        if (slots[r].seq == 0) {
-          append(out, sizeof out, " (entered no operation on this group yet)");
-        } else {
-          append(out, sizeof out, " (last entered #%llu, %s('%s'))",
-                 (unsigned long long)slots[r].seq, slots[r].op, slots[r].name);
-        }
-      }
-    }
-    append(msg, sizeof msg, "; arrived: rank%s %s; not arrived: %s%s%s", n_in == 1 ? "" : "s", in,
-           n_out == 0 ? "none" : "rank",
-           n_out > 1    ? "s "
-           : n_out == 1 ? " "
-                        : "",
-           out);
-    if (n_unknown > 0) {
-      append(msg, sizeof msg, "; not readable: rank%s %s", n_unknown == 1 ? "" : "s", unknown);
-    }
-    if (n_other > 0) {
-      append(msg, sizeof msg, "; as their operation #%llu, rank%s %s", (unsigned long long)w->seq,
-             n_other == 1 ? "" : "s", other);
-    }
-    advice = n_other > 0 && n_out == 0 && n_unknown == 0
+    const struct arrivals a = describe_arrivals(w, slots, got, msg, sizeof msg);
+    advice = a.n_other > 0 && a.n_out == 0 && a.n_unknown == 0
                  ? " The ranks made different calls at the same point: one took another branch "
                    "(a different step count, save interval or flag; an error one rank handled "
                    "alone); every rank must make the same collective calls in the same order."
-             : n_out == 0 && n_unknown == 0
+             : a.n_out == 0 && a.n_unknown == 0
                  ? " Every rank arrived: they called it with different arguments, a peer failed, "
                    "or messages stopped moving (LOOM_CHECK_CONSISTENCY=1 compares the calls)."
                  : " Find why the missing ranks skip this call or have not reached it (a branch, "

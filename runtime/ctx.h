@@ -38,6 +38,7 @@ struct loom_group {
   int64_t compress_chunk; // LOOM_COMPRESS_CHUNK: f32 bytes per chunk of a compressed call
   int64_t pipe_bytes;     // LOOM_PIPE_BYTES: bytes per peer per ordered-reduction chunk
   int timeout;            // LOOM_TIMEOUT: seconds an operation may wait (0: forever)
+  int stall_warn;         // LOOM_STALL_WARN: seconds before a stall warning (0: none)
   int check_consistency;  // LOOM_CHECK_CONSISTENCY
   MPI_Win watch_win;      // exposes every member's slot to the group (MPI_WIN_NULL: none)
   struct loom_watch_slot *watch_slot; // this rank's slot: in watch_win, or malloc'd; NULL: off

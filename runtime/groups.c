@@ -81,6 +81,7 @@ loom_status_t loom_group_from_comm(loom_ctx_t *ctx, struct loom_group *g, loom_g
   g->compress_chunk = ctx ? ctx->params.compress_chunk : 0;
   g->pipe_bytes = ctx ? ctx->params.pipe_bytes : 0;
   g->timeout = 0;
+  g->stall_warn = 0;
   g->check_consistency = 0;
   g->watch_win = MPI_WIN_NULL;
   g->watch_slot = NULL;
@@ -107,7 +108,8 @@ loom_status_t loom_group_from_comm(loom_ctx_t *ctx, struct loom_group *g, loom_g
   LOOM_CHECK_MPI(ctx, MPI_Comm_group(g->comm, &group));
   LOOM_CHECK_MPI(ctx, MPI_Group_translate_ranks(group, g->size, seq, world_group, g->world_ranks));
   if (ctx) {
-    LOOM_CHECK(loom_group_watch_setup(g, ctx->params.timeout, ctx->params.check_consistency));
+    LOOM_CHECK(loom_group_watch_setup(g, ctx->params.timeout, ctx->params.stall_warn,
+                                      ctx->params.check_consistency));
   }
 fail:
   free(seq);
@@ -143,8 +145,10 @@ fail:
 
 // ---- the watchdog's window ---------------------------------------------------------------------
 
-loom_status_t loom_group_watch_setup(struct loom_group *g, int timeout, int check_consistency) {
+loom_status_t loom_group_watch_setup(struct loom_group *g, int timeout, int stall_warn,
+                                     int check_consistency) {
   g->timeout = timeout;
+  g->stall_warn = stall_warn;
   g->check_consistency = check_consistency;
   if (g->comm == MPI_COMM_NULL || timeout <= 0 || g->watch_slot) {
     return LOOM_OK;

@@ -63,8 +63,8 @@ static loom_status_t agree(loom_ctx_t *ctx, loom_status_t local) {
 // every product (GEMM: a product must round the same on whichever rank computes it). A rank with
 // another value would post other messages than its peers: MPI collectives with mismatched counts
 // are undefined (memory corruption) and mismatched calls hang, so the values are compared here.
-// Logging, binding, BLAS threads, the GPU index, the timeline path and the scheduler's polling
-// may differ per rank.
+// Logging, binding, BLAS threads, the GPU index, the timeline path, the scheduler's polling and
+// the stall warning (it only reads the watchdog window) may differ per rank.
 static const int uniform_ids[] = {
     LOOM_P_NODE_SIZE,   LOOM_P_EP_SIZE,      LOOM_P_ATTN_SERVERS,      LOOM_P_FUSION_THRESHOLD,
     LOOM_P_COMPRESS,    LOOM_P_NET_ALPHA_US, LOOM_P_NET_GBPS,          LOOM_P_COMPRESS_CHUNK,

@@ -81,6 +81,8 @@ typedef struct loom_config {
   const char *gemm;         // LOOM_GEMM: auto | blas | loom: the kernel of host GEMMs (see README)
   int pipe_bytes;           // LOOM_PIPE_BYTES: bytes per peer per pipelined chunk of an ordered
                             // (bitwise identical) float reduction
+  int stall_warn;           // LOOM_STALL_WARN: seconds an operation waits before the lowest rank
+                            // that arrived warns, naming those that did not (0 = never)
 } loom_config_t;
 
 // The value of a tunable as resolved at loom_init (environment, config or default), by its

@@ -52,6 +52,7 @@ enum loom_param_id {
   LOOM_P_PLAN_LANE,
   LOOM_P_GEMM,
   LOOM_P_PIPE_BYTES,
+  LOOM_P_STALL_WARN,
   LOOM_P_COUNT
 };
 
@@ -85,6 +86,7 @@ struct loom_params {
   int plan_lane;                        // enum loom_plan_lane_mode: auto, gpu, cpu
   int gemm;                             // enum loom_gemm_mode: auto, blas, loom
   int pipe_bytes;                       // ordered reductions: bytes per peer per pipeline chunk
+  int stall_warn;                       // seconds of waiting before a stall warning (0: none)
   char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
   int source[LOOM_P_COUNT];                     // enum loom_param_source
 };

@@ -219,6 +219,11 @@ static int parse_pipe_bytes(const struct loom_param_desc *d, const char *text,
   return parse_int_field(d, text, &out->pipe_bytes, err, errlen);
 }
 
+static int parse_stall_warn(const struct loom_param_desc *d, const char *text,
+                            struct loom_params *out, char *err, size_t errlen) {
+  return parse_int_field(d, text, &out->stall_warn, err, errlen);
+}
+
 static int parse_check_consistency(const struct loom_param_desc *d, const char *text,
                                    struct loom_params *out, char *err, size_t errlen) {
   if (parse_int_field(d, text, &out->check_consistency, err, errlen) != 0) {
@@ -380,4 +385,10 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                            "identical on every rank): bytes per peer of each pipelined chunk, "
                            "split among the peers beyond two ranks; the reduction of one chunk "
                            "overlaps the transfer of the next"},
+    [LOOM_P_STALL_WARN] = {"LOOM_STALL_WARN", "stall_warn", INT_FIELD(stall_warn), "60",
+                           "0..31536000", 0, 31536000, parse_stall_warn,
+                           "seconds an operation may wait for its peers before the lowest rank "
+                           "that arrived warns, naming the ranks that did not (again every as "
+                           "many seconds, until LOOM_TIMEOUT aborts the job; 0 = no warning; "
+                           "only while LOOM_TIMEOUT is on)"},
 };

@@ -27,6 +27,7 @@ static const char *const bad[LOOM_P_COUNT] = {
     [LOOM_P_PLAN_LANE] = "both",
     [LOOM_P_GEMM] = "mkl",
     [LOOM_P_PIPE_BYTES] = "4",
+    [LOOM_P_STALL_WARN] = "-1",
 };
 
 // loom_init must fail with want on every rank and the message must contain both strings.

@@ -30,6 +30,7 @@ static const char *const bad_values[LOOM_P_COUNT][5] = {
     [LOOM_P_CHECK_CONSISTENCY] = {"2", "yes", "-1", "", NULL},
     [LOOM_P_PLAN_LANE] = {"both", "worker", "", "2", NULL},
     [LOOM_P_PIPE_BYTES] = {"0", "7", "1073741825", "1M", NULL},
+    [LOOM_P_STALL_WARN] = {"-1", "1m", "31536001", "", NULL},
 };
 
 static void unset_all(void) {
@@ -199,9 +200,54 @@ int main(void) {
   // loom_test finding the deadline passed after a long time without a test extends it once.
   w.start_ns -= 5000000000ll;
   w.deadline_ns -= 5000000000ll;
+  w.next_ns -= 5000000000ll;
   loom_watch_test(&w);
-  CHECK(w.extended == 1 && w.deadline_ns > loom_watch_now_ns() + 2000000000ll,
+  CHECK(w.extended == 1 && w.deadline_ns > loom_watch_now_ns() + 2000000000ll &&
+            w.next_ns == w.deadline_ns,
         "first late test: deadline extended by min(timeout, 10 s)");
+
+  // LOOM_STALL_WARN: the first warning stall_warn seconds after the start, when that is before
+  // the deadline; none when it is not, or 0.
+  CHECK(w.warn_ns == 0, "default group (stall_warn 0): no warning");
+  grp.stall_warn = 1;
+  loom_watch_enter(&w, &grp, &d, 1);
+  CHECK(w.warn_ns == w.start_ns + 1000000000ll && w.next_ns == w.warn_ns &&
+            w.deadline_ns == w.start_ns + 3000000000ll,
+        "stall_warn 1, timeout 3: warning at 1 s, then the deadline");
+  loom_watch_check(&w); // not due yet: nothing happens
+  CHECK(w.warn_ns == w.start_ns + 1000000000ll, "not due: warning unchanged");
+  // Due 2.5 s after the start (set back in time): it warns (this rank: no peers to read, the
+  // operation is not counted without a window) and the next warning is at 3 s, the deadline:
+  // there is none after it.
+  w.start_ns -= 2500000000ll;
+  w.deadline_ns -= 2500000000ll;
+  w.warn_ns -= 2500000000ll;
+  w.next_ns -= 2500000000ll;
+  const int64_t start = w.start_ns;
+  loom_watch_due(&w);
+  CHECK(w.warn_ns == start + 3000000000ll && w.next_ns == w.deadline_ns &&
+            w.deadline_ns == start + 3000000000ll,
+        "warned at 2.5 s: next warning at 3 s is the deadline (%lld / %lld)",
+        (long long)(w.warn_ns - start), (long long)(w.next_ns - start));
+  // loom_test after a long gap does not warn (the operation may not have moved) ...
+  grp.timeout = 100;
+  grp.stall_warn = 10;
+  loom_watch_enter(&w, &grp, &d, 1);
+  w.start_ns -= 15000000000ll;
+  w.warn_ns -= 15000000000ll;
+  w.next_ns -= 15000000000ll;
+  w.deadline_ns -= 15000000000ll;
+  const int64_t warn_at = w.warn_ns;
+  loom_watch_test(&w);
+  CHECK(w.warn_ns == warn_at, "a test after a long gap does not warn");
+  // ... the next test, right after, does: the next warning is at 20 s.
+  loom_watch_test(&w);
+  CHECK(w.warn_ns == w.start_ns + 20000000000ll && w.next_ns == w.warn_ns,
+        "a test after a short gap warns; next at 20 s (%lld)", (long long)(w.warn_ns - w.start_ns));
+  grp.stall_warn = 100; // not before the deadline: never
+  loom_watch_enter(&w, &grp, &d, 1);
+  CHECK(w.warn_ns == 0 && w.next_ns == w.deadline_ns, "stall_warn >= timeout: no warning");
+  grp.stall_warn = 0;
 
   // One spelling per value: choices as the table writes them, whole numbers as digits; paths
   // untouched (ranks compare this text, and programs read it through loom_tunable).
@@ -257,6 +303,28 @@ int main(void) {
             strstr(loom_last_error(NULL), "config field pipe_bytes (LOOM_PIPE_BYTES)") &&
             strstr(loom_last_error(NULL), "8..1073741824"),
         "config pipe_bytes 4: %s", loom_last_error(NULL));
+  loom_config_init(&cfg);
+
+  // LOOM_STALL_WARN: 60 s by default, 0 (none) to a year, environment or config.
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK && p.stall_warn == 60 &&
+            !strcmp(p.text[LOOM_P_STALL_WARN], "60"),
+        "LOOM_STALL_WARN default: %d", p.stall_warn);
+  setenv("LOOM_STALL_WARN", "0", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK && p.stall_warn == 0 &&
+            p.source[LOOM_P_STALL_WARN] == LOOM_SRC_ENV,
+        "LOOM_STALL_WARN=0: %d", p.stall_warn);
+  setenv("LOOM_STALL_WARN", "5s", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_ERR_INVALID_ARG &&
+            strstr(loom_last_error(NULL), "environment variable LOOM_STALL_WARN='5s' is invalid") &&
+            strstr(loom_last_error(NULL), "0..31536000") &&
+            strstr(loom_last_error(NULL), "Fix or unset it (default '60')"),
+        "LOOM_STALL_WARN=5s: %s", loom_last_error(NULL));
+  unset_all();
+  CHECK(cfg.stall_warn == LOOM_UNSET, "stall_warn unset by loom_config_init");
+  cfg.stall_warn = 30;
+  CHECK(loom_params_resolve(&cfg, &p) == LOOM_OK && p.stall_warn == 30 &&
+            p.source[LOOM_P_STALL_WARN] == LOOM_SRC_CONFIG,
+        "stall_warn from config: %d", p.stall_warn);
   loom_config_init(&cfg);
 
   // Decimal only for the planner's link figures: hex once read 0x10 as 16.
