@@ -84,7 +84,8 @@ typedef struct found {
 } found_t;
 
 // Check p against its input: every row of every document in exactly one task (tasks sorted by
-// (doc, q_lo), adjacent, from 0 to len), causal shards, cuts of at least min_shard rows, owners
+// (doc, q_lo), adjacent, from 0 to len; two adjacent tasks of a document on different servers:
+// the plan merges the others), causal shards, cuts of at least min_shard rows, owners
 // and servers, load[] the sum of task costs, the ratios and the bytes recomputed here. Returns
 // what a caller may want to assert on.
 static found_t check_plan(const loom_attn_doc_t *docs, int ndocs, int nranks,
@@ -116,6 +117,12 @@ static found_t check_plan(const loom_attn_doc_t *docs, int ndocs, int nranks,
         bad = 1;
         break;
       }
+      // (the arguments are read only when it fails: then k > first)
+      CHECK(k == first || p->tasks[k - 1].server != t->server,
+            "%s: tasks %d and %d (doc %d, rows [%lld, %lld) and [%lld, %lld)) are adjacent on "
+            "server %d: the plan merges them",
+            what, k - 1, k, d, (long long)p->tasks[k - 1].q_lo, (long long)p->tasks[k - 1].q_hi,
+            (long long)t->q_lo, (long long)t->q_hi, t->server);
       row = t->q_hi;
       load[t->server] += cost(o, t->q_lo, t->q_hi, len);
       if (t->server != t->owner) {
@@ -320,6 +327,101 @@ static void test_small(void) {
           (long long)t->q_hi, p.bytes_moved);
   }
   loom_attn_plan_free(&p);
+}
+
+// ---- 2b. the merge of adjacent pieces, worked by hand -----------------------------------------
+
+// p must be exactly want[0 .. n) (doc, rows, owner, server), with these loads, ratios and bytes.
+static void expect_plan(const loom_attn_plan_t *p, const loom_attn_task_t *want, int n,
+                        const double *load, int nranks, double mom, double mom0, double bytes,
+                        const char *what) {
+  CHECK(p->ntasks == n, "%s: %d tasks, want %d", what, p->ntasks, n);
+  for (int k = 0; k < n && k < p->ntasks; k++) {
+    const loom_attn_task_t *t = &p->tasks[k], *w = &want[k];
+    CHECK(t->doc == w->doc && t->q_lo == w->q_lo && t->q_hi == w->q_hi && t->owner == w->owner &&
+              t->server == w->server,
+          "%s: task %d is doc %d rows [%lld, %lld) owner %d on %d; want doc %d rows [%lld, %lld) "
+          "owner %d on %d",
+          what, k, t->doc, (long long)t->q_lo, (long long)t->q_hi, t->owner, t->server, w->doc,
+          (long long)w->q_lo, (long long)w->q_hi, w->owner, w->server);
+  }
+  for (int r = 0; r < nranks; r++) {
+    CHECK(p->load[r] == load[r], "%s: load[%d] = %g, want %g", what, r, p->load[r], load[r]);
+  }
+  CHECK(close_to(p->max_over_mean, mom, 1e-15) && close_to(p->max_over_mean_before, mom0, 1e-15) &&
+            p->bytes_moved == bytes,
+        "%s: max/mean %.17g before %.17g, %g bytes; want %.17g, %.17g, %g", what, p->max_over_mean,
+        p->max_over_mean_before, p->bytes_moved, mom, mom0, bytes);
+}
+
+// Two inputs whose moves leave two adjacent pieces of a document on one rank, which the plan
+// merges into one task. Default bytes (768 per query row, 512 per key/value row), min_shard 1.
+// A cut's rows are the nearest to the amount wanted ("need"); of the pieces that fit, the
+// fewest bytes per pair moves; when none fits, the smallest that lowers the pair's maximum.
+static void test_merge(void) {
+  loom_attn_balance_opts_t o;
+  loom_attn_balance_opts_init(&o);
+  o.min_shard = 1;
+  loom_attn_plan_t p;
+
+  // (a) One document of 12 rows (78 pairs) on rank 0 of 3, tolerance 0: mean 26.
+  //  1. loads 78 0 0, rank 0 -> 1, need min(52, 26) = 26, gap 78. Head [0, 7): 28 pairs,
+  //     7 x 768 + 7 x 512 = 8960 bytes, 320 a pair; tail [10, 12): 23 pairs, 2 x 768 + 12 x 512
+  //     = 7680 bytes, 333.9 a pair. The head goes: loads 50 28 0.
+  //  2. rank 0 -> 2, need min(24, 26) = 24, gap 50, task [7, 12). Head [7, 10): 27 pairs,
+  //     3 x 768 + 10 x 512 = 7424, 275 a pair; tail [10, 12): 23 pairs, 7680, 333.9. The head
+  //     goes: loads 23 28 27.
+  //  3. rank 1 -> 0 (the owner: shipping back saves 768 a row), need min(2, 3) = 2, gap 5, task
+  //     [0, 7). Head [0, 1): 1 pair (error 1; [0, 2), 3 pairs, ties and loses); the tail [6, 7),
+  //     7 pairs, is above the gap. [0, 1) goes back: loads 24 27 27.
+  //  4. rank 1 (the first of the two at 27) -> 0, need min(1, 2) = 1, gap 3, task [1, 7). The
+  //     nearest head is 0 rows: held at min_shard, [1, 2), 2 pairs, does not fit but lowers the
+  //     maximum; the tail [6, 7) is above the gap. [1, 2) goes back: loads 26 25 27.
+  //  5. rank 2 -> 1, need 1, gap 2: rank 2's [7, 10) (27 pairs) and its one-row pieces [7, 8)
+  //     (8) and [9, 10) (10) all reach the gap: stop.
+  // Rank 0 then holds [0, 1), [1, 2) and [10, 12): the first two merge into [0, 2); [10, 12) is
+  // not adjacent to them and stays apart. Loads 1 + 2 + 23 = 26, 3 + .. + 7 = 25, 8 + 9 + 10 = 27;
+  // max/mean 27 / 26, before 78 / 26 = 3. Bytes: [2, 7) on rank 1, 5 x 768 + 7 x 512 = 7424, and
+  // [7, 10) on rank 2, 3 x 768 + 10 x 512 = 7424: 14848.
+  {
+    loom_attn_doc_t docs[] = {{.owner = 0, .len = 12}};
+    loom_attn_task_t want[] = {
+        {0, 0, 2, 0, 0}, {0, 2, 7, 0, 1}, {0, 7, 10, 0, 2}, {0, 10, 12, 0, 0}};
+    double load[] = {26, 25, 27};
+    o.tolerance = 0.0;
+    if (run(docs, 1, 3, &o, "merge, one document", &p) >= 0) {
+      expect_plan(&p, want, 4, load, 3, 27.0 / 26.0, 3.0, 14848.0, "merge, one document");
+      loom_attn_plan_free(&p);
+    }
+  }
+
+  // (b) Documents of 2 rows on rank 0 (3 pairs) and 8 rows on rank 1 (36 pairs), 3 ranks,
+  // tolerance 0.1: mean 13, goal 14.3. The merge is on rank 0, which does not own the document.
+  //  1. loads 3 36 0, rank 1 -> 2, need min(23, 13) = 13, gap 36, task [0, 8). Head [0, 5): 15
+  //     pairs, 5 x 1280 = 6400 bytes, 426.7 a pair; tail [6, 8): 15 pairs, 2 x 768 + 8 x 512 =
+  //     5632 bytes, 375.5 a pair. The tail goes: loads 3 21 15.
+  //  2. rank 1 -> 0, need min(8, 10) = 8, gap 18, task [0, 6). Head [0, 3): 6 pairs, 3 x 1280 =
+  //     3840 bytes; tail [5, 6): 6 pairs, 768 + 6 x 512 = 3840 bytes: the same bytes a pair and
+  //     pairs, so the head goes (head before tail): loads 9 15 15.
+  //  3. rank 1 (the first at 15) -> 0, need min(2, 4) = 2, gap 6, task [3, 6). The nearest head
+  //     is 0 rows: held at min_shard, [3, 4), 4 pairs, lowers the maximum; it ships 768 bytes of
+  //     Q and one key/value row past the prefix [0, 3) rank 0 holds, 512. The tail [5, 6), 6
+  //     pairs, reaches the gap. [3, 4) goes: loads 13 11 15.
+  //  4. rank 2 -> 1, need 2, gap 4: [6, 8) (15 pairs) and its rows [6, 7) (7) and [7, 8) (8) all
+  //     reach the gap: stop.
+  // Rank 0 holds [0, 3) and [3, 4) of document 1: merged into [0, 4). Loads 3 + 10 = 13, 5 + 6 =
+  // 11, 7 + 8 = 15; max/mean 15 / 13, before 36 / 13. Bytes: [0, 4) on rank 0, 4 x 768 + 4 x 512
+  // = 5120, and [6, 8) on rank 2, 2 x 768 + 8 x 512 = 5632: 10752.
+  {
+    loom_attn_doc_t docs[] = {{.owner = 0, .len = 2}, {.owner = 1, .len = 8}};
+    loom_attn_task_t want[] = {{0, 0, 2, 0, 0}, {1, 0, 4, 1, 0}, {1, 4, 6, 1, 1}, {1, 6, 8, 1, 2}};
+    double load[] = {13, 11, 15};
+    o.tolerance = 0.1;
+    if (run(docs, 2, 3, &o, "merge on a server", &p) >= 0) {
+      expect_plan(&p, want, 4, load, 3, 15.0 / 13.0, 36.0 / 13.0, 10752.0, "merge on a server");
+      loom_attn_plan_free(&p);
+    }
+  }
 }
 
 // ---- 3. skewed random inputs -----------------------------------------------------------------
@@ -675,6 +777,7 @@ static void test_speed(void) {
 int main(void) {
   test_cost();
   test_small();
+  test_merge();
   test_lognormal();
   test_one_long();
   test_hard();
