@@ -844,6 +844,100 @@ static void test_exact(void) {
         r.step_ms, r.grad_exposed_ms, r.grad_bytes);
 }
 
+// Hand-computed attention terms: the causal pairs a drawn step costs (the straggler without
+// servers) and the balancer's plan, imbalance and ship time with them. Documents are drawn at
+// random (splitmix64 from the seed); each seed below was picked so that in all 8 trials the two
+// ranks draw different documents, so every trial gives the same numbers and their mean is exact.
+// (A change to the draw changes these numbers: pick the seeds again.)
+static void test_exact_attn(void) {
+  // Two batches: {8} (8 x 9 / 2 = 36 pairs) and {3, 3} (6 + 6 = 12). compute 10 ms = attention
+  // 4 + other 6, overhead 0.5; no gradients, no MoE. 2 ranks on one node of 2 cores (no
+  // oversubscription); intra 10 us + 8 Gbit/s = 1000 B/us, shared by the node's 2 ranks: 500.
+  int64_t docs[3] = {8, 3, 3};
+  int ends[2] = {1, 3};
+  loom_sim_profile_t p;
+  memset(&p, 0, sizeof p);
+  p.np = 1;
+  p.tokens = 8;
+  p.ctx = 8; // the balancer's min_shard: min(64, ctx / 4) = 2
+  p.compute_ms = 10.0;
+  p.overhead_ms = 0.5;
+  p.attn_ms = 4.0;
+  p.attn_q_bytes = 1000;
+  p.attn_kv_bytes = 600;
+  p.ndocs = 3;
+  p.docs = docs;
+  p.nbatches = 2;
+  p.batch_end = ends;
+  loom_sim_cluster_t c = {.nodes = 1, .ranks_per_node = 2, .cores_per_node = 2};
+  snprintf(c.name, sizeof c.name, "exact attn");
+  c.intra = (loom_link_t){.alpha_us = 10, .gbps = 8};
+  c.inter = (loom_link_t){.alpha_us = 20, .gbps = 4};
+  c.intra_shared = 1;
+  loom_sim_strategy_t st = {.grad = LOOM_SIM_GRAD_NONE};
+  loom_sim_result_t r;
+  const uint64_t seed = 31; // in every trial one rank draws {8}, the other {3, 3}
+
+  // Without servers: max / mean = 36 / 24 = 1.5; compute 6 + 4 x 1.5 = 12, step 12.5.
+  CHECK(loom_sim_predict(&p, &c, 2, &st, seed, &r) == LOOM_OK, "exact attn: %s",
+        loom_last_error(NULL));
+  CHECK(near(r.attn_imbalance, 1.5) && r.attn_ship_ms == 0.0 && near(r.compute_ms, 12.0) &&
+            near(r.step_ms, 12.5),
+        "exact attn, no servers: imbalance %.9f (want 36 / 24 = 1.5: causal pairs L (L + 1) / 2), "
+        "ship %.9f (want 0), compute %.9f (want 12), step %.9f (want 12.5)",
+        r.attn_imbalance, r.attn_ship_ms, r.compute_ms, r.step_ms);
+
+  // With a row cost of 2 pairs: 36 + 2 x 8 = 52 against 12 + 2 x 6 = 24, max / mean 52 / 38 =
+  // 26 / 19; compute 6 + 4 x 26 / 19 = 218 / 19.
+  p.attn_row_cost = 2.0;
+  CHECK(loom_sim_predict(&p, &c, 2, &st, seed, &r) == LOOM_OK, "exact attn, row cost: %s",
+        loom_last_error(NULL));
+  CHECK(near(r.attn_imbalance, 26.0 / 19.0) && near(r.compute_ms, 218.0 / 19.0),
+        "exact attn, row cost 2: imbalance %.9f (want 26 / 19), compute %.9f (want 218 / 19)",
+        r.attn_imbalance, r.compute_ms);
+  p.attn_row_cost = 0.0;
+
+  // Servers in place: the balancer on the 2 ranks, loads 36 and 12, mean 24, goal 26.4.
+  //  1. need 12, gap 24: of [0, 8) the head [0, 4) (10 pairs) ships 4 x 1000 + 4 x 600 = 6400
+  //     bytes, 640 a pair; the tail [6, 8) (15 pairs) 2 x 1000 + 8 x 600 = 6800, 453 a pair. The
+  //     tail goes: loads 21 and 27.
+  //  2. need 3, gap 6: the {3} documents (6 pairs each, too short to cut at min_shard 2) and
+  //     [6, 8) (15) all reach the gap: stop.
+  // max / mean 27 / 24 = 1.125; 6800 bytes over 2 ranks, 3400 a rank; ship 4 x 10 us + 3400 /
+  // 500 B/us = 46.8 us. compute 6 + 4 x 1.125 = 10.5, step 10.5 + 0.0468 + 0.5 = 11.0468.
+  st.attn_servers = 1;
+  CHECK(loom_sim_predict(&p, &c, 2, &st, seed, &r) == LOOM_OK, "exact attn, servers: %s",
+        loom_last_error(NULL));
+  CHECK(near(r.attn_imbalance, 1.125) && near(r.attn_ship_ms, 0.0468) && near(r.compute_ms, 10.5) &&
+            near(r.step_ms, 11.0468),
+        "exact attn, servers: imbalance %.9f (want 1.125), ship %.9f ms (want 0.0468: 4 alpha + "
+        "3400 B a rank at 500 B/us), compute %.9f (want 10.5), step %.9f (want 11.0468)",
+        r.attn_imbalance, r.attn_ship_ms, r.compute_ms, r.step_ms);
+  // Not shared, the link gives each rank 1000 B/us: 40 + 3.4 = 43.4 us.
+  c.intra_shared = 0;
+  CHECK(loom_sim_predict(&p, &c, 2, &st, seed, &r) == LOOM_OK && near(r.attn_ship_ms, 0.0434),
+        "exact attn, servers, own link: ship %.9f ms, want 0.0434", r.attn_ship_ms);
+
+  // Without batches: documents drawn from the sample {3, 9}, cut at ctx 5, packed into 5
+  // tokens a rank (the last cut to fit). With seed 201 in every trial one rank draws a 9 (cut
+  // to 5: 15 pairs), the other a 3 then a 3 or 9 cut to the 2 rows left (6 + 3 = 9 pairs):
+  // max / mean 15 / 12 = 1.25, compute 6 + 4 x 1.25 = 11.
+  int64_t sample[2] = {3, 9};
+  p.docs = sample;
+  p.ndocs = 2;
+  p.nbatches = 0;
+  p.batch_end = NULL;
+  p.tokens = 5;
+  p.ctx = 5;
+  st.attn_servers = 0;
+  CHECK(loom_sim_predict(&p, &c, 2, &st, 201, &r) == LOOM_OK, "exact attn, sample: %s",
+        loom_last_error(NULL));
+  CHECK(near(r.attn_imbalance, 1.25) && near(r.compute_ms, 11.0),
+        "exact attn, sampled documents: imbalance %.9f (want 15 / 12 = 1.25), compute %.9f "
+        "(want 11)",
+        r.attn_imbalance, r.compute_ms);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/test_sim.XXXXXX");
   if (!mkdtemp(dir)) {
@@ -854,6 +948,7 @@ int main(void) {
   test_cluster_file();
   test_model();
   test_exact();
+  test_exact_attn();
   test_doc_limits();
   test_ranks_flag();
   test_png_labels();
