@@ -333,6 +333,7 @@ static void append_rank(char *out, size_t len, const loom_group_t *g, int r, int
 // What the members' slots say about w's operation.
 struct arrivals {
   int n_in, n_out, n_unknown, n_other; // arrived, not arrived, not read, arrived in another call
+  int n_refused;                       // not arrived, having refused a call since its last one
   int lowest_in;                       // the lowest group rank that arrived
 };
 
@@ -345,7 +346,7 @@ static struct arrivals describe_arrivals(const struct loom_watch *w, struct loom
   const int np = g->size, me = g->rank;
   slots[me].seq = w->seq > slots[me].seq ? w->seq : slots[me].seq; // this rank is here
   got[me] = 1;
-  struct arrivals a = {0, 0, 0, 0, me};
+  struct arrivals a = {0, 0, 0, 0, 0, me};
   char in[1024] = "", out[2048] = "", unknown[512] = "", other[2048] = "";
   // Collectives name the same tensor on every rank; MoE and attention phases need not
   // (trainers and dedicated servers pass their own names): there only the operation counts.
@@ -369,7 +370,15 @@ static struct arrivals describe_arrivals(const struct loom_watch *w, struct loom
       }
     } else {
       append_rank(out, sizeof out, g, r, a.n_out++ == 0);
-      if (slots[r].seq == 0) {
+      slots[r].refused_op[sizeof slots[r].refused_op - 1] = '\0';
+      slots[r].refused_name[sizeof slots[r].refused_name - 1] = '\0';
+      if (slots[r].refused_seq > slots[r].seq) {
+        // It refused a call after its last one: most likely this one, with bad arguments.
+        a.n_refused++;
+        append(out, sizeof out, " (refused its call #%llu, %s('%s'): %s; its own error says why)",
+               (unsigned long long)slots[r].refused_seq, slots[r].refused_op, slots[r].refused_name,
+               loom_strerror((loom_status_t)slots[r].refused_status));
+      } else if (slots[r].seq == 0) {
         append(out, sizeof out, " (entered no operation on this group yet)");
       } else {
         append(out, sizeof out, " (last entered #%llu, %s('%s'))", (unsigned long long)slots[r].seq,
@@ -495,7 +504,12 @@ void loom_watch_expired(struct loom_watch *w) {
   const char *advice = "";
   if (w->seq > 0 && slots && got && g->watch_win != MPI_WIN_NULL) {
     const struct arrivals a = describe_arrivals(w, slots, got, msg, sizeof msg);
-    advice = a.n_other > 0 && a.n_out == 0 && a.n_unknown == 0
+    advice = a.n_refused > 0
+                 ? " A missing rank refused its call (its arguments or memory, there only: its "
+                   "own error message says which) and went on without it; every rank must make "
+                   "the same calls (LOOM_CHECK_CONSISTENCY=1 turns a refusal into an error on "
+                   "every rank instead of a wait)."
+             : a.n_other > 0 && a.n_out == 0 && a.n_unknown == 0
                  ? " The ranks made different calls at the same point: one took another branch "
                    "(a different step count, save interval or flag; an error one rank handled "
                    "alone); every rank must make the same collective calls in the same order."
@@ -576,6 +590,19 @@ static int gather_descs(struct loom_watch *w, struct loom_op_desc *all) {
 
 loom_status_t loom_consistency_refuse(const loom_group_t *g, enum loom_op_kind kind,
                                       const loom_tensor_t *t, loom_status_t why) {
+  struct loom_watch_slot *slot = g && g->rank >= 0 && why != LOOM_OK ? g->watch_slot : NULL;
+  if (slot) {
+    // Shown to the members through the window: a stall warning or a timeout names the refusal
+    // instead of "last entered". Written before the number (a reader may see an old number with
+    // new names, never a number whose call it cannot name). Under the check below the call is
+    // entered as that number; without it, the number stays free.
+    strncpy(slot->refused_op, op_name(kind), sizeof slot->refused_op - 1);
+    strncpy(slot->refused_name, t ? t->name : "", sizeof slot->refused_name - 1);
+    slot->refused_name[sizeof slot->refused_name - 1] = '\0';
+    slot->refused_status = (int32_t)why;
+    __atomic_store_n(&slot->refused_seq, __atomic_load_n(&slot->seq, __ATOMIC_ACQUIRE) + 1,
+                     __ATOMIC_RELEASE);
+  }
   if (!g || !g->check_consistency || g->size <= 1 || g->rank < 0 || g->comm == MPI_COMM_NULL ||
       why == LOOM_OK) {
     return why;

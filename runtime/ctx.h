@@ -22,6 +22,13 @@ struct loom_watch_slot {
   uint64_t claim;                 // group rank 0's slot: set by the rank that reports a timeout
   char op[LOOM_WATCH_OP_MAX];     // the last one entered: operation
   char name[LOOM_WATCH_NAME_MAX]; // and tensor name (truncated)
+  // The last collective call this rank refused before entering it (its own arguments, or
+  // memory): the number it would have had (0: none), its status, operation and tensor name.
+  uint64_t refused_seq;
+  int32_t refused_status;
+  int32_t refused_pad;
+  char refused_op[LOOM_WATCH_OP_MAX];
+  char refused_name[LOOM_WATCH_NAME_MAX];
 };
 
 struct loom_group {

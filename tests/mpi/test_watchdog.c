@@ -12,10 +12,13 @@
 #include "../testutil.h"
 
 // Modes (argv[1]):
-//   skip R [wait|finalize]  every rank runs two allreduces on world; rank R skips the third
-//                           ('grad.skip') and then sleeps outside MPI (wait) or finalizes; the
-//                           others wait in it. Under LOOM_TIMEOUT=3 the job must abort with one
-//                           message naming the ranks that arrived and rank R.
+//   skip R [wait|finalize|refuse]
+//                           every rank runs two allreduces on world; rank R skips the third
+//                           ('grad.skip') and then sleeps outside MPI (wait), finalizes, or
+//                           first makes the call with a receive tensor of another count, which
+//                           it refuses (refuse); the others wait in it. Under LOOM_TIMEOUT=3 the
+//                           job must abort with one message naming the ranks that arrived and
+//                           rank R (with refuse: that it refused its call).
 //   skip-test R             the same, the waiting ranks polling loom_iallreduce with loom_test
 //                           (the scheduler's path).
 //   skip-first R [...]      as skip, R skipping the group's first collective (the others wait
@@ -72,6 +75,13 @@ static int skip(loom_ctx_t *ctx, int skipper, int warm, int poll, const char *af
     if (after && !strcmp(after, "finalize")) {
       loom_finalize(ctx); // blocks in the group's teardown: its peers never get there
       return 0;
+    }
+    if (after && !strcmp(after, "refuse")) { // refused here only: the peers wait (no check)
+      loom_tensor_t shorter = mk(LOOM_F32, 128, "grad.skip");
+      loom_status_t st = loom_allreduce(w, &s, &shorter, LOOM_SUM);
+      CHECK(st == LOOM_ERR_INVALID_ARG, "a recv of another count is refused: %s",
+            loom_strerror(st));
+      test_free_tensors((loom_tensor_t *[]){&shorter}, 1);
     }
     sleep(60); // outside MPI: its slot is still readable
     return 0;
