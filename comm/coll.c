@@ -404,6 +404,41 @@ loom_status_t loom_allgatherv(const loom_group_t *g, const loom_tensor_t *send, 
   return finish(iallgatherv("loom_allgatherv", g, send, recv, counts, 1, &r), &r);
 }
 
+// ---- barrier ------------------------------------------------------------------------------------
+
+static loom_status_t ibarrier_checked(const char *op, const loom_group_t *g, loom_request_t **req) {
+  TRY(check_req(op, req));
+  TRY(loom_comm_check_group(op, g));
+  loom_request_t *r = loom_request_new(op);
+  if (!r) {
+    return LOOM_ERR_NOMEM;
+  }
+  entered_call = 1;
+  struct loom_op_desc d;
+  loom_op_desc_set(&d, LOOM_OPK_BARRIER, NULL, -1, -1, -1, -1, 0);
+  loom_watch_enter(&r->watch, g, &d, 1);
+  loom_status_t status = loom_check_consistency(&r->watch);
+  if (status == LOOM_OK) {
+    status = loom_mpi_ibarrier(g, r);
+  }
+  return started(status, r, req);
+}
+
+static loom_status_t ibarrier(const char *op, const loom_group_t *g, loom_request_t **req) {
+  const int outer = entered_call;
+  entered_call = 0;
+  return refuse(g, LOOM_OPK_BARRIER, NULL, ibarrier_checked(op, g, req), outer);
+}
+
+loom_status_t loom_ibarrier(const loom_group_t *g, loom_request_t **req) {
+  return ibarrier("loom_ibarrier", g, req);
+}
+
+loom_status_t loom_barrier(const loom_group_t *g) {
+  loom_request_t *r = NULL;
+  return finish(ibarrier("loom_barrier", g, &r), &r);
+}
+
 // ---- broadcast ----------------------------------------------------------------------------------
 
 static loom_status_t ibroadcast_checked(const char *op, const loom_group_t *g, loom_tensor_t *buf,

@@ -574,6 +574,20 @@ fail:
   return status;
 }
 
+loom_status_t loom_mpi_ibarrier(const loom_group_t *g, loom_request_t *r) {
+  loom_status_t status = LOOM_OK;
+  MPI_Comm unused;
+  int tag;
+  LOOM_CHECK(collective_tags(g, &unused, &tag, &r->watch));
+  MPI_Request *slot = loom_request_coll_slot(r);
+  if (!slot) {
+    return LOOM_ERR_NOMEM;
+  }
+  LOOM_CHECK_MPI(NULL, MPI_Ibarrier(g->comm, slot));
+fail:
+  return status;
+}
+
 loom_status_t loom_mpi_ibroadcast(const loom_group_t *g, void *buf, int64_t count,
                                   loom_dtype_t dtype, int root, loom_request_t *r) {
   loom_status_t status = LOOM_OK;

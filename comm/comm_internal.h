@@ -46,6 +46,7 @@ enum loom_op_kind {
   LOOM_OPK_ATTN_COMPUTE,
   LOOM_OPK_ATTN_FINISH,
   LOOM_OPK_ATTN_BACKWARD,
+  LOOM_OPK_BARRIER,
   LOOM_OPK_COUNT
 };
 
@@ -232,6 +233,8 @@ loom_status_t loom_mpi_ireduce_scatter(const loom_group_t *g, const void *send, 
 loom_status_t loom_mpi_iallgatherv(const loom_group_t *g, const void *send, void *recv,
                                    int64_t count, const int64_t *counts, loom_dtype_t dtype,
                                    loom_request_t *r);
+// A barrier over g's communicator (host synchronisation, whatever the group's device).
+loom_status_t loom_mpi_ibarrier(const loom_group_t *g, loom_request_t *r);
 loom_status_t loom_mpi_ibroadcast(const loom_group_t *g, void *buf, int64_t count,
                                   loom_dtype_t dtype, int root, loom_request_t *r);
 // send_counts NULL: equal blocks of block elements; else the per-rank counts.

@@ -79,6 +79,11 @@ LOOM_API loom_status_t loom_allgatherv(const loom_group_t *g, const loom_tensor_
 LOOM_API loom_status_t loom_iallgatherv(const loom_group_t *g, const loom_tensor_t *send,
                                         loom_tensor_t *recv, const int64_t *counts,
                                         loom_request_t **req);
+// Returns once every member of g has called it (MPI_Ibarrier on the group's communicator: a host
+// synchronisation; device work already queued is not waited for). Watched by LOOM_TIMEOUT and
+// LOOM_STALL_WARN, compared by LOOM_CHECK_CONSISTENCY like the other collectives.
+LOOM_API loom_status_t loom_barrier(const loom_group_t *g);
+LOOM_API loom_status_t loom_ibarrier(const loom_group_t *g, loom_request_t **req);
 // buf on every rank = buf on group rank root.
 LOOM_API loom_status_t loom_broadcast(const loom_group_t *g, loom_tensor_t *buf, int root);
 LOOM_API loom_status_t loom_ibroadcast(const loom_group_t *g, loom_tensor_t *buf, int root,

@@ -49,6 +49,7 @@ static const char *const op_names[LOOM_OPK_COUNT] = {
     [LOOM_OPK_ATTN_COMPUTE] = "attn_compute",
     [LOOM_OPK_ATTN_FINISH] = "attn_finish",
     [LOOM_OPK_ATTN_BACKWARD] = "attn_backward",
+    [LOOM_OPK_BARRIER] = "barrier",
 };
 
 static const char *op_name(int kind) {
@@ -100,6 +101,10 @@ static void format_desc(const struct loom_op_desc *d, char *out, size_t len) {
              d->root);
   } else if (d->root >= 0) {
     snprintf(extra, sizeof extra, ", root %d", d->root);
+  }
+  if (d->kind == LOOM_OPK_BARRIER) { // no tensor: "barrier()"
+    snprintf(out, len, "%s()", op_name(d->kind));
+    return;
   }
   snprintf(out, len, "%s('%s'%s%s)", op_name(d->kind), d->name, count, extra);
 }
@@ -322,6 +327,15 @@ static void append(char *out, size_t len, const char *fmt, ...) {
   va_end(ap);
 }
 
+// "op('name')", or "op()" for a call without a tensor (a barrier).
+static void append_call(char *out, size_t len, const char *op, const char *name) {
+  if (name[0]) {
+    append(out, len, "%s('%s')", op, name);
+  } else {
+    append(out, len, "%s()", op);
+  }
+}
+
 // Group rank r to a list ("0, 2" or, outside world, "0 (world 4), 1 (world 5)").
 static void append_rank(char *out, size_t len, const loom_group_t *g, int r, int first) {
   append(out, len, "%s%d", first ? "" : ", ", r);
@@ -366,7 +380,8 @@ static struct arrivals describe_arrivals(const struct loom_watch *w, struct loom
           (strcmp(slots[r].op, op_name(w->d.kind)) != 0 ||
            (named && strncmp(slots[r].name, w->d.name, sizeof slots[r].name - 1) != 0))) {
         append_rank(other, sizeof other, g, r, a.n_other++ == 0);
-        append(other, sizeof other, " in %s('%s')", slots[r].op, slots[r].name);
+        append(other, sizeof other, " in ");
+        append_call(other, sizeof other, slots[r].op, slots[r].name);
       }
     } else {
       append_rank(out, sizeof out, g, r, a.n_out++ == 0);
@@ -375,14 +390,17 @@ static struct arrivals describe_arrivals(const struct loom_watch *w, struct loom
       if (slots[r].refused_seq > slots[r].seq) {
         // It refused a call after its last one: most likely this one, with bad arguments.
         a.n_refused++;
-        append(out, sizeof out, " (refused its call #%llu, %s('%s'): %s; its own error says why)",
-               (unsigned long long)slots[r].refused_seq, slots[r].refused_op, slots[r].refused_name,
+        append(out, sizeof out, " (refused its call #%llu, ",
+               (unsigned long long)slots[r].refused_seq);
+        append_call(out, sizeof out, slots[r].refused_op, slots[r].refused_name);
+        append(out, sizeof out, ": %s; its own error says why)",
                loom_strerror((loom_status_t)slots[r].refused_status));
       } else if (slots[r].seq == 0) {
         append(out, sizeof out, " (entered no operation on this group yet)");
       } else {
-        append(out, sizeof out, " (last entered #%llu, %s('%s'))", (unsigned long long)slots[r].seq,
-               slots[r].op, slots[r].name);
+        append(out, sizeof out, " (last entered #%llu, ", (unsigned long long)slots[r].seq);
+        append_call(out, sizeof out, slots[r].op, slots[r].name);
+        append(out, sizeof out, ")");
       }
     }
   }

@@ -5,6 +5,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../check_mpi.h"
 #include "../chunk_arg.h"
@@ -734,6 +735,57 @@ static void t_pipelined(const loom_group_t *g) {
 
 // ---- suites -------------------------------------------------------------------------------------
 
+// Barriers. Non-blocking: the last rank enters only after every other rank has started its
+// ibarrier, found it not complete, and told it so (a point-to-point message), so a barrier that
+// completed before every member arrived fails; then all complete. Blocking: the last rank
+// enters 50 ms late, and no member may leave before it entered (one host, one clock).
+static void t_barrier(const loom_group_t *g) {
+  const int n = loom_group_size(g), me = loom_group_rank(g), last = n - 1;
+  int64_t one = 1;
+  loom_tensor_t note = test_tensor(LOOM_I32, 1, &one, "barrier.note");
+  loom_request_t *req = NULL;
+  int done = 0;
+  if (me != last) {
+    OK(loom_ibarrier(g, &req));
+    OK(loom_test(&req, &done));
+    CHECK(!done && req != NULL,
+          "world rank %d (group rank %d): ibarrier complete before group "
+          "rank %d entered",
+          world_rank, me, last);
+    ((int32_t *)note.data)[0] = me;
+    OK(loom_send(g, &note, last, 77));
+  } else {
+    for (int r = 0; r < last; r++) {
+      OK(loom_recv(g, &note, r, 77));
+      CHECK(((int32_t *)note.data)[0] == r, "note from rank %d reads %d", r,
+            ((int32_t *)note.data)[0]);
+    }
+    OK(loom_ibarrier(g, &req));
+  }
+  while (req) { // loom_test releases the request when done
+    OK(loom_test(&req, &done));
+  }
+  CHECK(done == 1, "ibarrier never completed");
+
+  loom_tensor_t t = test_tensor(LOOM_I64, 1, &one, "barrier.t");
+  struct timespec ts;
+  if (me == last) {
+    struct timespec nap = {0, 50000000};
+    nanosleep(&nap, NULL);
+  }
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t entered = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+  OK(loom_barrier(g));
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  const int64_t left = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+  ((int64_t *)t.data)[0] = entered;
+  OK(loom_broadcast(g, &t, last)); // when the last rank entered
+  CHECK(left >= ((int64_t *)t.data)[0],
+        "world rank %d (group rank %d) left the barrier %.3f ms before group rank %d entered it",
+        world_rank, me, (double)(((int64_t *)t.data)[0] - left) / 1e6, last);
+  TEST_FREE(&note, &t);
+}
+
 static void suite(const loom_group_t *g, int big) {
   int n = loom_group_size(g);
   const int64_t counts[] = {0, 1, 7, 1000};
@@ -780,6 +832,7 @@ static void suite(const loom_group_t *g, int big) {
   t_identity(g, LOOM_F16, LOOM_SUM, 1001);
   t_identity(g, LOOM_BF16, LOOM_SUM, 257);
   t_inflight(g);
+  t_barrier(g);
   if (big) { // large counts on each path
     int64_t big_count = 1000003;
     t_allreduce(g, LOOM_F32, LOOM_SUM, big_count, 0, 1);
@@ -850,6 +903,9 @@ static void t_not_member(const loom_group_t *g) {
   EXPECT_BAD(loom_iallreduce(g, &t, &t, LOOM_SUM, &req), "loom_iallreduce", "not a member");
   CHECK(req == NULL, "a failed call returned a request");
   EXPECT_BAD(loom_broadcast(g, &t, 0), "loom_broadcast", "not a member");
+  EXPECT_BAD(loom_barrier(g), "loom_barrier", "not a member");
+  EXPECT_BAD(loom_ibarrier(g, &req), "loom_ibarrier", "not a member");
+  CHECK(req == NULL, "a failed ibarrier returned a request");
   EXPECT_BAD(loom_send(g, &t, 0, 0), "loom_send", "not a member");
   loom_tensor_free(&t);
 }
@@ -907,6 +963,8 @@ static void t_bad_args(const loom_ctx_t *ctx) {
   EXPECT_BAD(loom_send(g, &a, n, 0), "loom_send", "peer = ");
   EXPECT_BAD(loom_recv(g, &a, 0, -3), "loom_recv", "tag = -3");
   EXPECT_BAD(loom_isend(g, &a, 0, 0, NULL), "loom_isend", "req is NULL");
+  EXPECT_BAD(loom_barrier(NULL), "loom_barrier", "g is NULL");
+  EXPECT_BAD(loom_ibarrier(g, NULL), "loom_ibarrier", "req is NULL");
   EXPECT_BAD(loom_wait(NULL), "loom_wait", "req is NULL");
   free(counts);
 

@@ -23,6 +23,8 @@
 //                           (the scheduler's path).
 //   skip-first R [...]      as skip, R skipping the group's first collective (the others wait
 //                           while the group's private communicator is created).
+//   skip-barrier R          every rank runs one allreduce; rank R skips the barrier that
+//                           follows and sleeps; the others wait in it.
 //   skip-moe R              an MoE forward on the ep group that rank R skips.
 //   skip-attn R             an attention-server forward on world that rank R skips.
 //   moe-consistency         LOOM_CHECK_CONSISTENCY=1 with an MoE layer on every rank: calls
@@ -99,6 +101,19 @@ static int skip(loom_ctx_t *ctx, int skipper, int warm, int poll, const char *af
     OK(loom_allreduce(w, &s, &s, LOOM_SUM));
   }
   fprintf(stderr, "rank %d: the skipped allreduce completed\n", rank);
+  return 1;
+}
+
+static int skip_barrier(loom_ctx_t *ctx, int skipper) {
+  const loom_group_t *w = loom_group(ctx, LOOM_GROUP_WORLD);
+  loom_tensor_t a = mk(LOOM_F32, 256, "grad.a");
+  OK(loom_allreduce(w, &a, &a, LOOM_SUM));
+  if (rank == skipper) {
+    sleep(60);
+    return 0;
+  }
+  OK(loom_barrier(w));
+  fprintf(stderr, "rank %d: the skipped barrier completed\n", rank);
   return 1;
 }
 
@@ -394,6 +409,7 @@ static void consistency(loom_ctx_t *ctx) {
   loom_compressor_t *c = NULL;
   OK(loom_compressor_create("fp16", &c));
   OK(loom_compressed_allreduce(w, c, LOOM_SCHEME_INDIVISIBLE, NULL, &a, LOOM_SUM, 11, NULL));
+  OK(loom_barrier(w));
 
   // The same count and dtype under another name on the last rank.
   loom_status_t st = loom_allreduce(w, me_last ? &b : &a, me_last ? &b : &a, LOOM_SUM);
@@ -404,6 +420,11 @@ static void consistency(loom_ctx_t *ctx) {
   expect_mismatch(on, st, "name", want);
   // Another count (without the check this would go wrong: not run then).
   if (on) {
+    // A barrier against an allreduce.
+    st = me_last ? loom_allreduce(w, &a, &a, LOOM_SUM) : loom_barrier(w);
+    snprintf(want, sizeof want, "rank 0 calls barrier() but rank %d calls allreduce('grad.h0'",
+             last);
+    expect_mismatch(on, st, "barrier against allreduce", want);
     loom_tensor_t shorter = mk(LOOM_F32, 1000, "grad.h0");
     st = loom_allreduce(w, me_last ? &shorter : &a, me_last ? &shorter : &a, LOOM_SUM);
     snprintf(want, sizeof want, "but rank %d calls allreduce('grad.h0', 1000 f32, sum)", last);
@@ -503,6 +524,10 @@ int main(int argc, char **argv) {
     const int warm = strcmp(mode, "skip-first") ? 2 : 0;
     if (!skip(ctx, arg, warm, !strcmp(mode, "skip-test"), argc > 3 ? argv[3] : NULL)) {
       return 0; // the skipping rank: the job is aborted meanwhile
+    }
+  } else if (!strcmp(mode, "skip-barrier")) {
+    if (!skip_barrier(ctx, arg)) {
+      return 0;
     }
   } else if (!strcmp(mode, "skip-moe")) {
     if (!skip_moe(ctx, arg)) {
