@@ -63,13 +63,14 @@ static loom_status_t agree(loom_ctx_t *ctx, loom_status_t local) {
 // every product (GEMM: a product must round the same on whichever rank computes it). A rank with
 // another value would post other messages than its peers: MPI collectives with mismatched counts
 // are undefined (memory corruption) and mismatched calls hang, so the values are compared here.
-// Logging, binding, BLAS threads, the GPU index, the timeline path, the scheduler's polling and
-// the stall warning (it only reads the watchdog window) may differ per rank.
+// STALL_WARN too: the lowest rank that arrived speaks for all, with its own setting. Logging,
+// binding, BLAS threads, the GPU index, the timeline path and the scheduler's polling may differ
+// per rank.
 static const int uniform_ids[] = {
     LOOM_P_NODE_SIZE,   LOOM_P_EP_SIZE,      LOOM_P_ATTN_SERVERS,      LOOM_P_FUSION_THRESHOLD,
     LOOM_P_COMPRESS,    LOOM_P_NET_ALPHA_US, LOOM_P_NET_GBPS,          LOOM_P_COMPRESS_CHUNK,
     LOOM_P_MOE_OVERLAP, LOOM_P_TIMEOUT,      LOOM_P_CHECK_CONSISTENCY, LOOM_P_NONFINITE,
-    LOOM_P_PLAN_LANE,   LOOM_P_GEMM,         LOOM_P_PIPE_BYTES};
+    LOOM_P_PLAN_LANE,   LOOM_P_GEMM,         LOOM_P_PIPE_BYTES,        LOOM_P_STALL_WARN};
 #define LOOM_UNIFORM_COUNT ((int)(sizeof uniform_ids / sizeof uniform_ids[0]))
 
 // FNV-1a of a tunable's text (kept in one spelling by loom_params_resolve, so equal values hash
@@ -259,6 +260,15 @@ loom_status_t loom_init(int *argc, char ***argv, const loom_config_t *cfg, loom_
   LOOM_CHECK(agree(ctx, check_uniform(ctx)));
   if (ctx->rank == 0) { // (rank 0's environment: one report, not one per rank)
     loom_params_warn_unknown_env();
+    const struct loom_params *p = &ctx->params;
+    if (p->source[LOOM_P_STALL_WARN] != LOOM_SRC_DEFAULT && p->stall_warn > 0 &&
+        (p->timeout == 0 || p->stall_warn >= p->timeout)) {
+      LOOM_WARN(LOOM_SUB_INIT,
+                "LOOM_STALL_WARN=%d has no effect: %s; set LOOM_STALL_WARN below LOOM_TIMEOUT",
+                p->stall_warn,
+                p->timeout == 0 ? "LOOM_TIMEOUT=0 turns the watchdog off, warnings included"
+                                : "LOOM_TIMEOUT aborts the job first");
+    }
   }
   log_settings(&ctx->params);
   if (ctx->thread_level < MPI_THREAD_MULTIPLE) {

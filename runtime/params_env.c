@@ -71,7 +71,9 @@ static int is_known(const char *name, size_t n) {
   return 0;
 }
 
-// The tunable closest to name (at most 2 edits away), or NULL.
+// The tunable closest to name: at most 2 edits away; else the one tunable that name extends or
+// shortens (LOOM_STALL_WARNING, LOOM_CHECK_CONSIST: at least 4 letters after LOOM_ in common,
+// the longest such); NULL when none is, or when several are (LOOM_TIME).
 static const char *closest(const char *name, size_t n) {
   const char *best = NULL;
   int best_d = 2;
@@ -82,7 +84,22 @@ static const char *closest(const char *name, size_t n) {
       best_d = d;
     }
   }
-  return best;
+  if (best) {
+    return best;
+  }
+  size_t best_common = 0;
+  int ties = 0;
+  for (int i = 0; i < LOOM_P_COUNT; i++) {
+    const char *env = loom_param_table[i].env;
+    const size_t m = strlen(env), common = m < n ? m : n;
+    if (common < 9 || strncmp(env, name, common) != 0 || common < best_common) {
+      continue;
+    }
+    ties = common == best_common ? ties + 1 : 1;
+    best_common = common;
+    best = env;
+  }
+  return ties == 1 ? best : NULL;
 }
 
 int loom_params_warn_unknown_env(void) {

@@ -107,6 +107,12 @@ int main(int argc, char **argv) {
     snprintf(who, sizeof who, "rank %d has '64'", size - 1);
     expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_PIPE_BYTES differs between ranks", who);
     same_value(rank, "LOOM_PIPE_BYTES", "64", " +064");
+    unsetenv("LOOM_PIPE_BYTES");
+    // The lowest rank that arrived warns for the group: a rank with 0 would silence the others.
+    setenv("LOOM_STALL_WARN", rank == size - 1 ? "0" : "60", 1);
+    snprintf(who, sizeof who, "rank %d has '0'", size - 1);
+    expect_fail(LOOM_ERR_INVALID_ARG, "LOOM_STALL_WARN differs between ranks", who);
+    unsetenv("LOOM_STALL_WARN");
     same_value(rank, "LOOM_MOE_OVERLAP", "FINE", "fine");
   }
   // An EP size that does not divide the ranks, and too many attention servers.

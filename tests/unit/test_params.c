@@ -404,8 +404,11 @@ int main(void) {
   setenv("LOOM_TIMEOUT", "3", 1);
   setenv("LOOM_CACHE_DIR", "/tmp", 1);
   setenv("LOOM_ZZZZZZZZZ", "1", 1);
+  setenv("LOOM_STALL_WARNING", "1", 1);
+  setenv("LOOM_CHECK_CONSIST", "1", 1);
+  setenv("LOOM_TIME", "1", 1);
   const int after = loom_params_warn_unknown_env();
-  CHECK(after == before + 2, "%d unknown variables, want %d + 2", after, before);
+  CHECK(after == before + 5, "%d unknown variables, want %d + 5", after, before);
   loom_log_configure(LOOM_LOG_WARN, LOOM_SUB_ALL, NULL);
   char logtext[4096] = "";
   FILE *lf = fopen(logpath, "r");
@@ -420,6 +423,17 @@ int main(void) {
   CHECK(strstr(logtext, "LOOM_ZZZZZZZZZ is set but loom has no such variable: it is ignored"),
         "no suggestion for a name far from every tunable: %s", logtext);
   CHECK(!strstr(logtext, "LOOM_CACHE_DIR is set"), "LOOM_CACHE_DIR reported: %s", logtext);
+  CHECK(strstr(logtext, "LOOM_STALL_WARNING is set but loom has no such variable (did you mean "
+                        "LOOM_STALL_WARN?)") != NULL,
+        "a tunable the name extends: %s", logtext);
+  CHECK(strstr(logtext, "LOOM_CHECK_CONSIST is set but loom has no such variable (did you mean "
+                        "LOOM_CHECK_CONSISTENCY?)") != NULL,
+        "a tunable the name shortens: %s", logtext);
+  CHECK(strstr(logtext, "LOOM_TIME is set but loom has no such variable: it is ignored"),
+        "no suggestion where two tunables start so (LOOM_TIMELINE, LOOM_TIMEOUT): %s", logtext);
+  unsetenv("LOOM_STALL_WARNING");
+  unsetenv("LOOM_CHECK_CONSIST");
+  unsetenv("LOOM_TIME");
   unsetenv("LOOM_TIMOUT");
   unsetenv("LOOM_TIMEOUT");
   unsetenv("LOOM_CACHE_DIR");
