@@ -424,7 +424,10 @@ loom_status_t loom_sim_predict(const loom_sim_profile_t *p, const loom_sim_clust
   if (st != LOOM_OK) {
     return st;
   }
-  out->grad_exposed_ms = r.step_us / 1000.0 - busy;
+  // The step ends no earlier than the compute: a difference below zero is rounding (the
+  // simulator works in us), which would print as -0.00.
+  const double exposed = r.step_us / 1000.0 - busy;
+  out->grad_exposed_ms = exposed > 0.0 ? exposed : 0.0;
   out->grad_bytes = r.bytes_per_rank;
   out->step_ms = r.step_us / 1000.0 + p->overhead_ms * oversub;
   out->tokens_per_s = out->step_ms > 0 ? 1000.0 * ranks * (double)p->tokens / out->step_ms : 0.0;

@@ -938,6 +938,37 @@ static void test_exact_attn(void) {
         r.attn_imbalance, r.compute_ms);
 }
 
+// The exposed gradient time is the simulated step less the compute it overlaps: never below
+// zero, not even by rounding (a step with nothing exposed printed "-0.00" in loom_sim's table
+// and "-0.0000" in its CSV at some rank counts).
+static void test_exposed_not_negative(void) {
+  loom_sim_profile_t p;
+  loom_plan_tensor_t t[4];
+  loom_codec_cost_t cd[2];
+  int64_t docs[200];
+  make_profile(&p, t, cd, docs, 0);
+  loom_sim_cluster_t c = cluster(64, 8, 8, 100, 0);
+  int negative = 0, first = 0;
+  double worst = 0.0;
+  for (int k = 0; k < 200; k++) {
+    p.compute_ms = 20.0 + 0.0731 * k; // compute times whose products by 1000 round
+    for (int ranks = 1; ranks <= 8; ranks++) {
+      for (int attn = 0; attn <= 1; attn++) {
+        loom_sim_result_t r;
+        step(&p, &c, ranks, LOOM_SIM_GRAD_NONE, 0, attn, &r);
+        if (signbit(r.grad_exposed_ms) || signbit(r.moe_exposed_ms)) {
+          if (negative++ == 0) {
+            first = ranks;
+            worst = r.grad_exposed_ms;
+          }
+        }
+      }
+    }
+  }
+  CHECK(negative == 0, "%d predictions with a negative exposed time (first at %d ranks: %g ms)",
+        negative, first, worst);
+}
+
 int main(void) {
   snprintf(dir, sizeof dir, "/tmp/test_sim.XXXXXX");
   if (!mkdtemp(dir)) {
@@ -953,6 +984,7 @@ int main(void) {
   test_ranks_flag();
   test_png_labels();
   test_every_codec();
+  test_exposed_not_negative();
   char cmd[128];
   snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
   if (system(cmd) != 0) {
