@@ -80,6 +80,12 @@ static int parse_list_int(const char *s, int *out, int cap, int *n) {
       fprintf(stderr, "loom_sim: --ranks: more than %d rank counts: give at most %d\n", cap, cap);
       return -1;
     }
+    for (int j = 0; j < *n; j++) {
+      if (out[j] == (int)v) { // (a second row of the same prediction)
+        fprintf(stderr, "loom_sim: --ranks: %ld is repeated: give each rank count once\n", v);
+        return -1;
+      }
+    }
     out[(*n)++] = (int)v;
   }
   if (*n == 0) {
@@ -227,6 +233,12 @@ static int parse_grad(opts_t *o, const loom_sim_profile_t *p) {
       }
       fprintf(stderr, ")\n");
       return -1;
+    }
+    for (int j = 0; j < o->ngrad; j++) {
+      if (o->grad[j] == g) { // (the same rows twice, and two curves of one label)
+        fprintf(stderr, "loom_sim: --grad: '%s' is repeated: name each strategy once\n", tok);
+        return -1;
+      }
     }
     o->grad[o->ngrad++] = g;
   }
