@@ -328,6 +328,13 @@ int main(int argc, char **argv) {
     return 1;
   }
   int rc = parse_grad(&o, &p) == 0 ? 0 : 2;
+  if (rc == 0 && o.nmoe > 0 && p.moe_layers == 0) { // (each mode printed the same rows, unnamed)
+    fprintf(stderr,
+            "loom_sim: --moe: the profile %s has no MoE layers (train_gpt ran without "
+            "--moe-experts): leave --moe out\n",
+            o.profile);
+    rc = 2;
+  }
   const long long size = (long long)c.nodes * c.ranks_per_node;
   for (int k = 0; rc == 0 && k < o.nranks; k++) { // before anything is printed
     if (o.ranks[k] > size) {

@@ -569,7 +569,8 @@ static int sim_tool(char *tool, size_t size) {
 // The loom_sim program's --ranks: a count it cannot use is one line naming the list's form, and
 // counts beyond the cluster are refused before anything is printed, naming the cluster's size
 // (100000 once printed the summary and the table header, then failed with a library log line).
-// A rank count or a --grad strategy named twice is refused (it printed the same rows twice).
+// A rank count or a --grad strategy named twice is refused (it printed the same rows twice), and
+// so is --moe on a profile without MoE layers (one unnamed copy of every row per mode).
 static void test_ranks_flag(void) {
   char tool[1024], prof[128], clus[128], out[128], err[128], cmd[2048];
   if (!sim_tool(tool, sizeof tool)) {
@@ -597,6 +598,7 @@ static void test_ranks_flag(void) {
       {"5", 2, "5 is more than the 4 ranks", "ranks_per_node in the cluster file"},
       {"2,4,2", 2, "--ranks: 2 is repeated", "give each rank count once"},
       {"2 --grad none,int8,none", 2, "--grad: 'none' is repeated", "name each strategy once"},
+      {"2 --moe none,fine", 2, "--moe: the profile", "has no MoE layers"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     snprintf(cmd, sizeof cmd,
