@@ -1613,6 +1613,10 @@ int main(int argc, char **argv) {
     }
     if (st.attn && o.attn_servers == 1) {
       printf("attn-servers: inplace, balancer tolerance 0.1\n");
+    } else if (st.attn && loom_size(ctx) - np == 1) {
+      printf("attn-servers: 1 dedicated (world rank %d serves the attention of the %d %s), "
+             "balancer tolerance 0.1\n",
+             np, np, np == 1 ? "trainer" : "trainers");
     } else if (st.attn) {
       printf("attn-servers: %d dedicated (world ranks %d..%d serve the attention of the %d "
              "%s), balancer tolerance 0.1\n",
