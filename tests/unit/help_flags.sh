@@ -47,6 +47,16 @@ novalue tests/bench/gemm_perf --json
 for p in tests/bench/gpu_gemm_perf tests/bench/gpu_attn_perf; do # --with-cuda
   [ -x "$b/$p" ] && novalue "$p" --json
 done
+# The trainers' usage fits 100 columns (train_gpt's --data line, with its default path, ran to 109)
+for p in examples/train_gpt examples/train_fmnist loom_sim; do
+  [ -x "$b/$p" ] || continue
+  help "$p" --help
+  wide=$(awk 'length > 100' "$tmp/out")
+  if [ -n "$wide" ]; then
+    echo "FAIL: $p --help: lines wider than 100 columns: $wide"
+    fail=1
+  fi
+done
 # (the merge tool's usage with -f first is help too, not an unknown option)
 help loom_timeline_merge -f --help
 [ $fail -eq 0 ] && echo "ok: --help and -h print the usage on stdout and exit 0; unknown flags and missing values named"
