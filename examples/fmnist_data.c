@@ -36,16 +36,27 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) {
 
 // ---- reading IDX files -----------------------------------------------------------------------
 
-// Open path for reading through zlib (gzip or plain bytes). A missing file says how to get it.
+// Open path for reading through zlib (gzip or plain bytes). A missing file says how to get it:
+// the package for the default folder, the folder's expected contents for another one.
 // O_NONBLOCK: a FIFO opens at once (then is refused) instead of waiting for a writer.
 static loom_status_t idx_open(const char *path, gzFile *out, char *err, size_t errlen) {
   int fd = open(path, O_RDONLY | O_NONBLOCK);
   if (fd < 0) {
     int e = errno;
-    set_err(err, errlen,
-            "fmnist: cannot open %s: %s; install it with `apt-get install dataset-fashion-mnist` "
-            "or pass --data DIR",
-            path, strerror(e));
+    const size_t nd = strlen(FMNIST_DEFAULT_DIR);
+    if (!strncmp(path, FMNIST_DEFAULT_DIR, nd) && path[nd] == '/') {
+      set_err(err, errlen,
+              "fmnist: cannot open %s: %s; install it with `apt-get install "
+              "dataset-fashion-mnist` or pass --data DIR",
+              path, strerror(e));
+    } else {
+      set_err(err, errlen,
+              "fmnist: cannot open %s: %s; --data DIR must be a folder holding the four IDX "
+              "files of dataset-fashion-mnist (train-images-idx3-ubyte.gz, "
+              "train-labels-idx1-ubyte.gz and the t10k- pair; the package installs them "
+              "in " FMNIST_DEFAULT_DIR ")",
+              path, strerror(e));
+    }
     return LOOM_ERR_SYSTEM;
   }
   struct stat st;

@@ -498,8 +498,8 @@ static int dump_params(const mlp_t *m, const char *path, int rank) {
 // residuals and, once --compress auto has planned, the plan. The data order (the per-epoch
 // shuffle) and the learning rate follow from the step number.
 static void ckpt_collect(ex_ckpt_set_t *cs, const mlp_t *m, const loom_ef_t *ef,
-                         const ex_auto_t *plan) {
-  ex_ckpt_set_init(cs, 2 * NPARAM, ef, 3);
+                         const ex_auto_t *plan, const ex_ckpt_flag_t *flags, int nflags) {
+  ex_ckpt_set_init(cs, 2 * NPARAM + nflags, ef, 3);
   char name[LOOM_NAME_MAX];
   for (int i = 0; i < NPARAM; i++) {
     ex_ckpt_set_add(cs, &m->param[i], param_names[i]);
@@ -511,6 +511,7 @@ static void ckpt_collect(ex_ckpt_set_t *cs, const mlp_t *m, const loom_ef_t *ef,
     ex_ckpt_set_add_plan(cs, plan->codec, plan->scheme,
                          plan->device != LOOM_DEVICE_HOST ? plan->lane : NULL, 3);
   }
+  ex_ckpt_set_add_flags(cs, flags, nflags);
 }
 
 // ---- training --------------------------------------------------------------------------------
@@ -926,6 +927,10 @@ int main(int argc, char **argv) {
   }
 
   // ---- resume: parameters, momentum, residuals and plan; the data order follows from the step
+  // and the seed (each epoch's shuffle): a resume with another --seed is refused, as it would not
+  // continue the run it resumes.
+  const ex_ckpt_flag_t ck_flags[] = {{"--seed", o.seed}};
+  const int nck_flags = (int)(sizeof ck_flags / sizeof ck_flags[0]);
   long step = 0;
   int planned = 0;
   if (o.ck.resume) {
@@ -935,11 +940,11 @@ int main(int argc, char **argv) {
     }
     if (latest >= 0) {
       ex_ckpt_set_t fixed;
-      ckpt_collect(&fixed, &m, NULL, NULL);
+      ckpt_collect(&fixed, &m, NULL, NULL, NULL, 0);
       if (ex_ckpt_load("train_fmnist", o.ck.dir, dp, latest, &fixed, st.ef,
                        use_auto ? plan_auto.codec : NULL, use_auto ? plan_auto.scheme : NULL,
                        use_auto ? plan_auto.lane : NULL, 3, use_auto ? plan_auto.ncand : 0,
-                       &planned, NULL, 0) != 0) {
+                       &planned, ck_flags, nck_flags) != 0) {
         MPI_Abort(MPI_COMM_WORLD, 1);
       }
       ex_ckpt_set_free(&fixed);
@@ -1045,12 +1050,17 @@ int main(int argc, char **argv) {
       if (o.ck.save_every > 0 && (step + 1) % o.ck.save_every == 0) {
         double c0 = MPI_Wtime();
         ex_ckpt_set_t cs;
-        ckpt_collect(&cs, &m, st.ef, planned ? &plan_auto : NULL);
+        ckpt_collect(&cs, &m, st.ef, planned ? &plan_auto : NULL, ck_flags, nck_flags);
         long drop = step + 1 - 2 * o.ck.save_every; // keep the two newest
         if (ex_ckpt_save(o.ck.dir, dp, step + 1, drop > 0 ? drop : -1, cs.p, cs.n) != 0) {
           MPI_Abort(MPI_COMM_WORLD, 1);
         }
         ex_ckpt_set_free(&cs);
+        if (rank == 0) {
+          printf("  step %ld/%ld  checkpoint %s/step-%08ld (%.2f s)\n", step + 1, total, o.ck.dir,
+                 step + 1, MPI_Wtime() - c0);
+          fflush(stdout);
+        }
         plan_time += MPI_Wtime() - c0; // not training time
       }
       if (o.log_every > 0 && (step + 1) % o.log_every == 0 && rank == 0) {

@@ -608,7 +608,8 @@ int main(int argc, char **argv) {
   if (write_merged(argv[1], in, n) != 0) {
     goto done;
   }
-  printf("loom_timeline_merge: wrote %s: %ld events from %d files\n", argv[1], total, n);
+  printf("loom_timeline_merge: wrote %s: %ld events from %d file%s\n", argv[1], total, n,
+         n == 1 ? "" : "s");
   rc = 0;
 done:
   for (int i = 0; i < n; i++) {

@@ -182,7 +182,17 @@ int main(void) {
   good_split();
   snprintf(path, sizeof path, "%s/train-labels-idx1-ubyte.gz", dir);
   remove(path);
-  refused(LOOM_ERR_SYSTEM, "apt-get install dataset-fashion-mnist", "missing labels");
+  // (another folder than the package's: what it must hold; the package's: how to install it)
+  refused(LOOM_ERR_SYSTEM, "--data DIR must be a folder holding the four IDX files",
+          "missing labels");
+  {
+    fmnist_split_t s;
+    char err[512] = "";
+    CHECK(fmnist_load(FMNIST_DEFAULT_DIR "/no-such-folder", "train", &s, err, sizeof err) ==
+                  LOOM_ERR_SYSTEM &&
+              strstr(err, "apt-get install dataset-fashion-mnist") != NULL,
+          "a file missing in the package's folder names the package: %s", err);
+  }
   CHECK(mkdir(path, 0700) == 0, "mkdir %s", path);
   refused(LOOM_ERR_SYSTEM, "is not a regular file", "a directory as the labels");
   rmdir(path);
