@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "abort_hooks.h"
 #include "ctx.h"
 #include "error.h"
 #include "log.h"
@@ -480,6 +481,7 @@ static int stall_warn(struct loom_watch *w, int64_t now) {
 void loom_watch_expired(struct loom_watch *w) {
   const loom_group_t *g = w->g;
   const double waited = (double)(loom_watch_now_ns() - w->start_ns) / 1e9;
+  loom_abort_hooks_run(); // every member that times out writes out its timelines first
   const int np = g->size, me = g->rank;
   int world = -1;
   MPI_Comm_rank(MPI_COMM_WORLD, &world);

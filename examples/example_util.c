@@ -383,7 +383,11 @@ void ex_nonfinite_step(const char *prog, const loom_ctx_t *ctx, long step, long 
               "--clip if it recurs)\n",
               prog, step + 1, norm);
     }
-    MPI_Abort(MPI_COMM_WORLD, 3);
+    // loom_abort, not MPI_Abort: the ranks' timelines are written out first (LOOM_TIMELINE).
+    char why[96];
+    snprintf(why, sizeof why, "%s: step %ld: non-finite gradient (LOOM_NONFINITE=abort)", prog,
+             step + 1);
+    loom_abort(ctx, 3, why);
   }
   if (rank == 0) {
     printf("step %5ld/%ld  non-finite gradient (norm %g): step skipped on every rank (%ld so "

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "abort_hooks.h"
 #include "blas_check.h"
 #include "ctx.h"
 #include "error.h"
@@ -412,6 +413,7 @@ void loom_abort(const loom_ctx_t *ctx, int code, const char *why) {
   }
   const char *msg = why ? why : loom_last_error(NULL);
   fprintf(stderr, "loom: rank %d aborts the job: %s\n", rank, msg && msg[0] ? msg : "(no reason)");
+  loom_abort_hooks_run(); // (this rank's timelines written out)
   fflush(NULL);
   code = code >= 1 && code <= 255 ? code : 1;
   if (up) {

@@ -11,7 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
+#include "abort_hooks.h"
 #include "error.h"
 #include "log.h"
 
@@ -219,6 +221,37 @@ static void forget_open(struct loom_timeline *tl) {
   pthread_mutex_unlock(&open_mu);
 }
 
+static loom_status_t flush_locked(struct loom_timeline *tl);
+
+// Take mu within about 200 ms (an abort must not wait for a thread that holds it for good): 1
+// when taken.
+static int lock_briefly(pthread_mutex_t *mu) {
+  for (int i = 0; i < 200; i++) {
+    if (pthread_mutex_trylock(mu) == 0) {
+      return 1;
+    }
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  return 0;
+}
+
+// The abort hook (loom_abort, LOOM_TIMEOUT): write out every open timeline of this process, so
+// that the trace of a job that hung or failed holds its events up to the end, not only those of
+// its last full buffer. A timeline whose lock another thread keeps is left as it was.
+static void flush_open_timelines(void) {
+  if (!lock_briefly(&open_mu)) {
+    return;
+  }
+  for (struct loom_timeline *tl = open_list; tl; tl = tl->next_open) {
+    if (lock_briefly(&tl->mu)) {
+      (void)flush_locked(tl);
+      pthread_mutex_unlock(&tl->mu);
+    }
+  }
+  pthread_mutex_unlock(&open_mu);
+}
+
 loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank, int64_t origin_ns,
                                  int per_rank_default, struct loom_timeline **out) {
   loom_status_t status = LOOM_OK;
@@ -315,6 +348,7 @@ loom_status_t loom_timeline_open(loom_ctx_t *ctx, const char *pattern, int rank,
     tl->dev = sb.st_dev, tl->ino = sb.st_ino;
     tl->next_open = open_list;
     open_list = tl;
+    loom_abort_hook_add(flush_open_timelines); // a job that aborts keeps what was recorded
   }
   pthread_mutex_unlock(&open_mu);
   locked = 0;
