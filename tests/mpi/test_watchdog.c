@@ -25,6 +25,10 @@
 //                           while the group's private communicator is created).
 //   skip-barrier R          every rank runs one allreduce; rank R skips the barrier that
 //                           follows and sleeps; the others wait in it.
+//   skip-sched R            a step scheduler (a compute task, then an allreduce task) runs
+//                           three steps; rank R skips the fourth and sleeps: the others wait in
+//                           it until LOOM_TIMEOUT (with LOOM_TIMELINE, their traces must hold
+//                           the three steps: tests/mpi/watchdog_timeline.sh).
 //   skip-moe R              an MoE forward on the ep group that rank R skips.
 //   skip-attn R             an attention-server forward on world that rank R skips.
 //   moe-consistency         LOOM_CHECK_CONSISTENCY=1 with an MoE layer on every rank: calls
@@ -114,6 +118,50 @@ static int skip_barrier(loom_ctx_t *ctx, int skipper) {
   }
   OK(loom_barrier(w));
   fprintf(stderr, "rank %d: the skipped barrier completed\n", rank);
+  return 1;
+}
+
+struct sched_arg {
+  const loom_group_t *g;
+  loom_tensor_t *t;
+};
+
+static loom_status_t sched_fill(void *arg) {
+  struct sched_arg *a = arg;
+  return loom_tensor_fill(a->t, 1.0);
+}
+
+static loom_status_t sched_allreduce(void *arg, loom_request_t **req) {
+  struct sched_arg *a = arg;
+  return loom_iallreduce(a->g, a->t, a->t, LOOM_SUM, req);
+}
+
+static int skip_sched(loom_ctx_t *ctx, int skipper) {
+  loom_tensor_t t = mk(LOOM_F32, 256, "grad.sched");
+  struct sched_arg a = {loom_group(ctx, LOOM_GROUP_WORLD), &t};
+  loom_sched_t *s = NULL;
+  OK(loom_sched_create(ctx, NULL, &s)); // the timeline: LOOM_TIMELINE
+  int fill = -1, reduce = -1;
+  loom_task_desc_t d = {.name = "fill", .lane = LOOM_LANE_COMPUTE, .run = sched_fill, .arg = &a};
+  OK(loom_sched_add(s, &d, &fill));
+  d = (loom_task_desc_t){.name = "grad.sched",
+                         .lane = LOOM_LANE_COMM,
+                         .start = sched_allreduce,
+                         .arg = &a,
+                         .bytes = 1024};
+  OK(loom_sched_add(s, &d, &reduce));
+  OK(loom_sched_depend(s, reduce, fill));
+  for (int step = 0; step < 4; step++) {
+    if (step == 3 && rank == skipper) {
+      sleep(60); // (the job is aborted meanwhile)
+      return 0;
+    }
+    OK(loom_sched_set_step(s, step));
+    OK(loom_sched_run(s));
+  }
+  fprintf(stderr, "rank %d: the skipped step completed\n", rank);
+  loom_sched_destroy(s);
+  test_free_tensors((loom_tensor_t *[]){&t}, 1);
   return 1;
 }
 
@@ -524,6 +572,10 @@ int main(int argc, char **argv) {
     const int warm = strcmp(mode, "skip-first") ? 2 : 0;
     if (!skip(ctx, arg, warm, !strcmp(mode, "skip-test"), argc > 3 ? argv[3] : NULL)) {
       return 0; // the skipping rank: the job is aborted meanwhile
+    }
+  } else if (!strcmp(mode, "skip-sched")) {
+    if (!skip_sched(ctx, arg)) {
+      return 0;
     }
   } else if (!strcmp(mode, "skip-barrier")) {
     if (!skip_barrier(ctx, arg)) {
