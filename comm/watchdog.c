@@ -616,9 +616,13 @@ loom_status_t loom_consistency_refuse(const loom_group_t *g, enum loom_op_kind k
     // instead of "last entered". Written before the number (a reader may see an old number with
     // new names, never a number whose call it cannot name). Under the check below the call is
     // entered as that number; without it, the number stays free.
-    strncpy(slot->refused_op, op_name(kind), sizeof slot->refused_op - 1);
-    strncpy(slot->refused_name, t ? t->name : "", sizeof slot->refused_name - 1);
-    slot->refused_name[sizeof slot->refused_name - 1] = '\0';
+    const char *op = op_name(kind), *name = t ? t->name : "";
+    const size_t nop = strnlen(op, sizeof slot->refused_op - 1);
+    const size_t nname = strnlen(name, sizeof slot->refused_name - 1); // (truncated names)
+    memcpy(slot->refused_op, op, nop);
+    slot->refused_op[nop] = '\0';
+    memcpy(slot->refused_name, name, nname);
+    slot->refused_name[nname] = '\0';
     slot->refused_status = (int32_t)why;
     __atomic_store_n(&slot->refused_seq, __atomic_load_n(&slot->seq, __ATOMIC_ACQUIRE) + 1,
                      __ATOMIC_RELEASE);
