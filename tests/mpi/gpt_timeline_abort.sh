@@ -22,14 +22,7 @@ echo "ok: the run aborted at step 4 with its reason"
 for r in 0 1; do
   f=$tmp/tl.$r.json
   # Valid JSON, with events of steps 0 to 2 (step 3 aborts: its events may or may not be in).
-  if "$py" - "$f" <<'PY'
-import json, sys
-with open(sys.argv[1]) as fh:
-    d = json.load(fh)
-steps = {e["args"]["step"] for e in d["traceEvents"] if e.get("ph") == "X"}
-sys.exit(0 if {0, 1, 2} <= steps else 1)
-PY
-  then
+  if "$py" "$src/tests/mpi/trace_steps.py" "$f"; then
     echo "ok: rank $r's timeline is complete JSON with the events of steps 0-2"
   else
     echo "FAIL: rank $r's timeline $f is not complete JSON with the steps before the abort:"

@@ -5,6 +5,7 @@
 # be complete JSON holding steps 0-2 (three steps fill nothing like the 65536-event buffer).
 set -u
 b=${LOOM_BUILDDIR:-.}
+src=${srcdir:-.}
 sh=${SHELL:-/bin/sh}
 [ -x "$b/tests/mpi/test_watchdog" ] || { echo "FAIL: $b/tests/mpi/test_watchdog is not built"; exit 99; }
 py=$(command -v python3) || { echo "SKIP: no python3 to read the traces as JSON"; exit 77; }
@@ -25,15 +26,7 @@ echo "ok: the job aborted on LOOM_TIMEOUT"
 fail=0
 for r in 0 2; do
   f=$tmp/tl.$r.json
-  if "$py" - "$f" <<'PY'
-import json, sys
-with open(sys.argv[1]) as fh:
-    d = json.load(fh)
-steps = {e["args"]["step"] for e in d["traceEvents"] if e.get("ph") == "X"}
-names = {e["name"] for e in d["traceEvents"] if e.get("ph") == "X"}
-sys.exit(0 if {0, 1, 2} <= steps and "grad.sched" in names else 1)
-PY
-  then
+  if "$py" "$src/tests/mpi/trace_steps.py" "$f" grad.sched; then
     echo "ok: rank $r's timeline is complete JSON with steps 0-2"
   else
     echo "FAIL: rank $r's timeline $f lacks the steps before the timeout:"
