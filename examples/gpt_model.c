@@ -123,6 +123,8 @@ loom_status_t gpt_model_alloc(gpt_model_t *m, const gpt_config_t *cfg) {
     return LOOM_ERR_INVALID_ARG;
   }
   m->cfg = *cfg;
+  m->moe_finish = 1;
+  m->loss_scale = 1.0f;
   m->device = cfg->cuda ? cfg->cuda_device : LOOM_DEVICE_HOST;
   m->nparams = 2 + cfg->layers * GPT_BLOCK_PARAMS + 3;
   m->nunits = cfg->layers + 2;
@@ -530,9 +532,9 @@ static loom_status_t head_backward(gpt_model_t *m, gpt_acts_t *a, loom_sched_t *
                 mean = rows(&a->lnf_mean, n, 0), rstd = rows(&a->lnf_rstd, n, 0),
                 logits = rows(&a->logits, n, 0), dtmp = rows(&a->dtmp, n, 0),
                 dres = rows(&a->dres, n, 0);
-  TRY(loom_cross_entropy_backward(&logits, &logits, &a->target, -1, 1.0f)); // dlogits in place
-  TRY(loom_gemm(&hg[2], &logits, 1, &lnf, 0, NULL, 1.0f, 1.0f));            // (V, C)
-  TRY(loom_gemm(&dtmp, &logits, 0, &hp[2], 0, NULL, 1.0f, 0.0f));           // d lnf (n, C)
+  TRY(loom_cross_entropy_backward(&logits, &logits, &a->target, -1, m->loss_scale)); // in place
+  TRY(loom_gemm(&hg[2], &logits, 1, &lnf, 0, NULL, 1.0f, 1.0f));                     // (V, C)
+  TRY(loom_gemm(&dtmp, &logits, 0, &hp[2], 0, NULL, 1.0f, 0.0f));                    // d lnf (n, C)
   poll(s);
   TRY(loom_layernorm_backward(&dres, &hg[0], &hg[1], &dtmp, &xl, &hp[0], &mean, &rstd));
   return LOOM_OK;
@@ -562,16 +564,18 @@ static loom_status_t mlp_backward(gpt_model_t *m, gpt_acts_t *a, int l, loom_sch
   return loom_gemm(&dtmp, &dfc, 0, &p[GPT_FC1_W], 0, NULL, 1.0f, 0.0f); // d ln2 (n, C)
 }
 
-// A MoE layer's backward: dx (d ln2) from dy, its gradients zeroed first; the expert gradients
-// (which sum the contributions of every rank of the expert-parallel group) divided by its size.
-static loom_status_t moe_backward(loom_moe_t *moe, const loom_tensor_t *dy, loom_tensor_t *dx) {
-  for (int p = 0; p < LOOM_MOE_PARAM_COUNT; p++) {
+// A MoE layer's backward: dx (d ln2) from dy, its gradients zeroed first (unless m->grad_add);
+// on the last micro-batch of a step the expert gradients (which sum the contributions of every
+// rank of the expert-parallel group) divided by its size.
+static loom_status_t moe_backward(const gpt_model_t *m, loom_moe_t *moe, const loom_tensor_t *dy,
+                                  loom_tensor_t *dx) {
+  for (int p = 0; p < LOOM_MOE_PARAM_COUNT && !m->grad_add; p++) {
     TRY(loom_tensor_fill(loom_moe_grad(moe, (loom_moe_param_t)p), 0.0));
   }
   TRY(loom_moe_backward(moe, dy, dx));
   loom_moe_stats_t st;
   loom_moe_stats(moe, &st);
-  if (st.local_experts != st.num_experts) {
+  if (m->moe_finish && st.local_experts != st.num_experts) {
     const float scale = (float)st.local_experts / (float)st.num_experts;
     for (int p = LOOM_MOE_W1; p < LOOM_MOE_PARAM_COUNT; p++) {
       TRY(loom_scale(loom_moe_grad(moe, (loom_moe_param_t)p), scale));
@@ -602,7 +606,7 @@ static loom_status_t block_backward_mlp(gpt_model_t *m, gpt_acts_t *a, int l, lo
   // dres is d out = d xmid (residual) + the MLP branch's contribution
   if (m->moe[l]) {
     loom_tensor_t dres = rows(&a->dres, a->n, 0), dtmp = rows(&a->dtmp, a->n, 0);
-    TRY(moe_backward(m->moe[l], &dres, &dtmp)); // d ln2
+    TRY(moe_backward(m, m->moe[l], &dres, &dtmp)); // d ln2
     loom_moe_stats_t ms;
     loom_moe_stats(m->moe[l], &ms);
     m->timers->moe_compute_s += 1e-3 * ms.compute_ms;
@@ -686,7 +690,9 @@ loom_status_t gpt_backward_part(gpt_model_t *m, gpt_acts_t *a, int u, int p, loo
   if (u < 0 || u >= m->nunits || p < 0 || p >= gpt_unit_parts(m, u) || a->n < 1) {
     return LOOM_ERR_INVALID_ARG;
   }
-  TRY(loom_tensor_fill(&m->part_grad[GPT_MAX_PARTS * u + p], 0.0)); // the gradients accumulate
+  if (!m->grad_add) { // every product below adds to the gradients
+    TRY(loom_tensor_fill(&m->part_grad[GPT_MAX_PARTS * u + p], 0.0));
+  }
   if (u == m->nunits - 1) {
     return head_backward(m, a, s);
   }

@@ -75,6 +75,14 @@ typedef struct gpt_model {
   const loom_group_t *moe_ep;   // the group the MoE layers span (gpt_generate agrees on every
                                 // byte over it), or NULL
   gpt_timers_t *timers;         // written by the forward and backward (which take the model const)
+  // Gradient accumulation over the micro-batches of a step (train_gpt --accum K): the backward
+  // of the first micro-batch overwrites the gradients (grad_add 0), later ones add to them
+  // (grad_add 1); each scales the loss's gradient by loss_scale (1/K: the step's loss is the
+  // mean of the micro-batches' means); moe_finish 1 marks the last one, after which the MoE
+  // expert gradients are divided by the group size once. gpt_model_alloc sets 0, 1, 1: one
+  // micro-batch a step.
+  int grad_add, moe_finish;
+  float loss_scale;
 } gpt_model_t;
 
 // Saved activations of the last forward, with room for cap tokens.
@@ -136,11 +144,13 @@ loom_status_t gpt_forward(const gpt_model_t *m, gpt_acts_t *a, const loom_tensor
                           const loom_tensor_t *pos, const loom_tensor_t *targets,
                           const loom_tensor_t *cu, float *loss, loom_sched_t *s);
 // The backward of unit u of the last forward (with targets): u = L+1 first, then L .. 1, then 0.
-// Overwrites the unit's gradients (the mean over the forward's tokens) and leaves d x in a->dres
-// for the next unit. s (may be NULL) is polled between the big products. The MLP half of a MoE
-// block calls loom_moe_backward (collective over its group): its gradients are zeroed and then
-// hold this rank's tokens' share, the expert gradients divided by the group size (so that the
-// average over the expert-data-parallel group is the mean over every rank's tokens).
+// Overwrites the unit's gradients (the mean over the forward's tokens, times m->loss_scale), or
+// adds to them when m->grad_add is set, and leaves d x in a->dres for the next unit. s (may be
+// NULL) is polled between the big products. The MLP half of a MoE block calls loom_moe_backward
+// (collective over its group): its gradients are zeroed and then hold this rank's tokens' share
+// (added to them with m->grad_add), the expert gradients divided by the group size when
+// m->moe_finish is set (so that the average over the expert-data-parallel group is the mean over
+// every rank's tokens).
 loom_status_t gpt_backward_unit(gpt_model_t *m, gpt_acts_t *a, int u, loom_sched_t *s);
 // A unit's backward in parts, so that a part's gradients can be averaged while the next parts
 // are computed. The head and the embeddings have one part. A block has five, run in this order,
@@ -152,8 +162,8 @@ loom_status_t gpt_backward_unit(gpt_model_t *m, gpt_acts_t *a, int u, loom_sched
 //   GPT_PART_LN1  ln1 (the block's last gradients, with d x)
 // Finer parts shorten the tail of the step: what is left to average once the backward ends is
 // the first block's q, k, v and ln1 and the embeddings, not its whole attention half.
-// Run parts 0, 1, ... in order; together they are gpt_backward_unit. Each overwrites the
-// gradients in m->part_grad[GPT_MAX_PARTS u + p].
+// Run parts 0, 1, ... in order; together they are gpt_backward_unit. Each overwrites (or with
+// m->grad_add, adds to) the gradients in m->part_grad[GPT_MAX_PARTS u + p].
 enum gpt_block_part { GPT_PART_FC2, GPT_PART_MLP, GPT_PART_WO, GPT_PART_QKV, GPT_PART_LN1 };
 #define GPT_MAX_PARTS 5
 int gpt_unit_parts(const gpt_model_t *m, int u);

@@ -34,6 +34,7 @@ typedef struct opts {
   gpt_config_t cfg;
   int batch;  // rows of ctx tokens per rank per step
   long steps; // optimizer steps
+  int accum;  // micro-batches a step: --batch rows in accum pieces of batch / accum rows
   double lr, min_lr_frac, wd, beta1, beta2, adam_eps, clip;
   long warmup;
   long seed;
@@ -87,6 +88,10 @@ static void usage(FILE *out) {
       "  --ctx N             row length in tokens, the longest sequence (default 256)\n"
       "training\n"
       "  --batch N           rows per rank per step (default 8)\n"
+      "  --accum K           gradient accumulation: each rank's --batch rows as K micro-batches\n"
+      "                      of --batch/K rows (forward and backward each, the gradients\n"
+      "                      summed; one allreduce and one update a step): the same step in\n"
+      "                      1/K of the activation memory (default 1)\n"
       "  --steps N           optimizer steps (default 300)\n"
       "  --lr X              peak learning rate (default 0.001)\n"
       "  --min-lr-frac X     cosine decay ends at X * lr (default 0.1)\n"
@@ -202,6 +207,7 @@ static void usage(FILE *out) {
 static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen) {
   *o = (opts_t){.cfg = {.layers = 4, .width = 256, .heads = 4, .ctx = 256, .vocab = 256},
                 .batch = 8,
+                .accum = 1,
                 .steps = 300,
                 .lr = 1e-3,
                 .min_lr_frac = 0.1,
@@ -259,6 +265,8 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
       rc = ex_parse_int(flag, v, 2, 65536, &o->cfg.ctx, err, errlen);
     } else if (!strcmp(flag, "--batch")) {
       rc = ex_parse_int(flag, v, 1, 65536, &o->batch, err, errlen);
+    } else if (!strcmp(flag, "--accum")) {
+      rc = ex_parse_int(flag, v, 1, 65536, &o->accum, err, errlen);
     } else if (!strcmp(flag, "--steps")) {
       rc = ex_parse_long(flag, v, 1, 1L << 40, &o->steps, err, errlen);
     } else if (!strcmp(flag, "--lr")) {
@@ -420,6 +428,20 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
              "host tensors): drop it or use --device host");
     return -1;
   }
+  if (o->batch % o->accum) {
+    snprintf(err, errlen,
+             "--accum %d does not divide --batch %d: each micro-batch takes --batch/--accum rows; "
+             "use a --batch that is a multiple of --accum",
+             o->accum, o->batch);
+    return -1;
+  }
+  if (o->profile && o->accum > 1) {
+    snprintf(err, errlen,
+             "--profile with --accum %d: loom_sim models one batch a step; profile without "
+             "--accum (the same rows and gradients)",
+             o->accum);
+    return -1;
+  }
   if (o->cfg.width % o->cfg.heads) {
     snprintf(err, errlen, "--width %d does not divide by --heads %d: pick heads that divide it",
              o->cfg.width, o->cfg.heads);
@@ -455,9 +477,11 @@ typedef struct step {
   const gpt_corpus_t *corpus;
   const loom_group_t *dp;
   loom_sched_t *s;
-  int64_t first_row; // this rank's first row of the step
-  float loss[2];     // this rank's mean loss and MoE aux loss (summed over the layers), then
-                     // (allreduce) their means over the ranks
+  int64_t first_row;  // this rank's first row of the step
+  float loss[2];      // this rank's mean loss and MoE aux loss (summed over the layers), then
+                      // (allreduce) their means over the ranks
+  double loss_sum[2]; // the micro-batches' loss and aux loss so far (--accum)
+  int64_t pairs;      // causal attention pairs of the step's micro-batches
   loom_tensor_t loss_t;
   const loom_group_t *ep, *edp; // expert-parallel and expert-data-parallel groups (MoE)
   int nmoe;                     // MoE blocks
@@ -681,19 +705,69 @@ static int attn_serve(const loom_group_t *world, int trainers, const gpt_config_
   return status == LOOM_OK ? 0 : 1;
 }
 
-static loom_status_t task_forward(void *arg) {
-  step_t *st = arg;
-  gpt_batch_fill(st->b, &st->corpus->train, st->first_row, st->o->batch);
-  if (st->o->doc_skew) { // seeded by the step's first row: per step and rank
-    uint64_t mix = (uint64_t)st->o->seed * 0x9e3779b97f4a7c15ull + (uint64_t)st->first_row;
+// The forward of micro-batch k (0..accum-1) of the step: rows first_row + k * batch / accum on.
+// Sets up the model's gradient accumulation for the backward that follows (the first
+// micro-batch overwrites the gradients, later ones add; each loss gradient weighs 1/accum). The
+// last one leaves the step's mean loss and summed aux loss in st->loss (the MoE layers' aux_coef
+// is divided by accum: the aux loss of a step is the mean over its micro-batches too).
+static loom_status_t micro_forward(step_t *st, int k) {
+  const int K = st->o->accum, rows = st->o->batch / K;
+  const int64_t first = st->first_row + (int64_t)k * rows;
+  gpt_batch_fill(st->b, &st->corpus->train, first, rows);
+  if (st->o->doc_skew) { // seeded by the micro-batch's first row: per step, rank and piece
+    uint64_t mix = (uint64_t)st->o->seed * 0x9e3779b97f4a7c15ull + (uint64_t)first;
     gpt_batch_skew(st->b, ex_splitmix64(&mix));
   }
   if (st->attn) {
     TRY(attn_setup(st));
   }
-  loom_status_t status = gpt_forward(st->m, st->a, &st->b->tokens, &st->b->pos, &st->b->target,
-                                     &st->b->cu, &st->loss[0], st->s);
-  st->loss[1] = st->a->aux;
+  float loss = 0.0f;
+  TRY(gpt_forward(st->m, st->a, &st->b->tokens, &st->b->pos, &st->b->target, &st->b->cu, &loss,
+                  st->s));
+  if (k == 0) {
+    st->loss_sum[0] = st->loss_sum[1] = 0.0;
+    st->pairs = 0;
+  }
+  st->loss_sum[0] += loss;
+  st->loss_sum[1] += st->a->aux;
+  st->pairs += st->b->attn_pairs;
+  st->loss[0] = K == 1 ? loss : (float)(st->loss_sum[0] / K);
+  st->loss[1] = (float)st->loss_sum[1];
+  st->m->grad_add = k > 0;
+  st->m->moe_finish = k == K - 1;
+  st->m->loss_scale = 1.0f / (float)K;
+  return LOOM_OK;
+}
+
+// The micro-batches before the last (--accum K > 1): forward and the whole backward, adding to
+// the gradients; no allreduce (the last micro-batch's backward starts them).
+static loom_status_t micro_backward(step_t *st) {
+  for (int u = st->m->nunits - 1; u >= 0; u--) {
+    TRY(gpt_backward_unit(st->m, st->a, u, st->s));
+  }
+  attn_release(st);
+  return LOOM_OK;
+}
+
+typedef struct micro_arg {
+  step_t *st;
+  int k;
+} micro_arg_t;
+
+static loom_status_t task_micro_forward(void *arg) {
+  const micro_arg_t *ma = arg;
+  return micro_forward(ma->st, ma->k);
+}
+
+static loom_status_t task_micro_backward(void *arg) {
+  const micro_arg_t *ma = arg;
+  return micro_backward(ma->st);
+}
+
+// The forward of the step's last micro-batch (the only one without --accum).
+static loom_status_t task_forward(void *arg) {
+  step_t *st = arg;
+  loom_status_t status = micro_forward(st, st->o->accum - 1);
   if (st->die) { // --die-at: as a crash would, in the middle of the step (after the forward)
     fflush(stdout);
     raise(SIGKILL);
@@ -890,8 +964,10 @@ static void unit_name(const gpt_model_t *m, const char *what, int u, int part, c
 // collective over the expert-parallel group: the compute lane runs in the same order on every rank)
 // is followed by one allreduce per MoE gradient: the router over the data-parallel group, w1, b1,
 // w2, b2 over the expert-data-parallel group; the block's AdamW waits for them too. --sync none
-// leaves the allreduces out; --sync comm-only keeps only them.
-static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua, moe_arg_t *ma) {
+// leaves the allreduces out; --sync comm-only keeps only them. With --accum K the micro-batches
+// before the last come first, each a forward and a whole backward (mb: K - 1 arguments).
+static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua, moe_arg_t *ma,
+                       micro_arg_t *mb) {
   enum { PRIO_FORWARD = 30, PRIO_BACKWARD = 20, PRIO_CLIP = 10, PRIO_UPDATE = 0 };
   const gpt_model_t *m = st->m;
   const int U = m->nunits;
@@ -908,8 +984,22 @@ static void build_step(loom_sched_t *s, step_t *st, unit_arg_t *ua, moe_arg_t *m
     mar[k] = -1;
   }
   char name[64];
+  for (int k = 0; k + 1 < st->o->accum && mode != SYNC_COMM_ONLY; k++) { // --accum: see above
+    mb[k] = (micro_arg_t){.st = st, .k = k};
+    snprintf(name, sizeof name, "forward.micro%d", k);
+    add_task(s, name, LOOM_LANE_COMPUTE, PRIO_FORWARD, task_micro_forward, NULL, &mb[k], 0, &id);
+    if (prev >= 0) {
+      EX_CHECK(loom_sched_depend(s, id, prev));
+    }
+    snprintf(name, sizeof name, "backward.micro%d", k);
+    add_task(s, name, LOOM_LANE_COMPUTE, PRIO_FORWARD, task_micro_backward, NULL, &mb[k], 0, &prev);
+    EX_CHECK(loom_sched_depend(s, prev, id));
+  }
   if (mode != SYNC_COMM_ONLY) {
     add_task(s, "forward", LOOM_LANE_COMPUTE, PRIO_FORWARD, task_forward, NULL, st, 0, &fwd);
+    if (prev >= 0) {
+      EX_CHECK(loom_sched_depend(s, fwd, prev));
+    }
     add_task(s, "allreduce.loss", LOOM_LANE_COMM, 0, NULL, task_loss_allreduce, st, sizeof(float),
              &loss);
     EX_CHECK(loom_sched_depend(s, loss, fwd));
@@ -1008,13 +1098,18 @@ static void attn_step_stats(const step_t *st, int layers, double *wait_ms, doubl
   }
 }
 
-// The same step without the scheduler: forward, whole backward, one fused allreduce of every
+// The same step without the scheduler: (--accum: the micro-batches before the last,) forward,
+// whole backward, one fused allreduce of every
 // gradient and the loss, clip, AdamW. On a GPU (kernels on this thread's stream, the legacy
 // default one) the fusion's buckets are device memory and NCCL moves them after the backward's
 // kernels; the loss is a host scalar, so it travels alone (the same mean: one value per rank).
 static void fused_step(step_t *st, loom_fusion_t *fusion, loom_tensor_t **reduce) {
   gpt_model_t *m = st->m;
   const int on_host = m->device == LOOM_DEVICE_HOST;
+  for (int k = 0; k + 1 < st->o->accum; k++) {
+    EX_CHECK(micro_forward(st, k));
+    EX_CHECK(micro_backward(st));
+  }
   EX_CHECK(task_forward(st));
   for (int u = m->nunits - 1; u >= 0; u--) {
     EX_CHECK(gpt_backward_unit(m, st->a, u, NULL));
@@ -1378,8 +1473,9 @@ int main(int argc, char **argv) {
   o.cfg.cuda = o.cuda;
   o.cfg.cuda_device = o.cuda ? device : 0;
   EX_CHECK(gpt_model_alloc(&m, &o.cfg));
-  EX_CHECK(gpt_acts_alloc(&a, &o.cfg, (int64_t)o.batch * o.cfg.ctx));
-  EX_CHECK(gpt_batch_alloc(&batch, o.batch, o.cfg.ctx));
+  const int micro_rows = o.batch / o.accum; // rows a forward takes (--accum)
+  EX_CHECK(gpt_acts_alloc(&a, &o.cfg, (int64_t)micro_rows * o.cfg.ctx));
+  EX_CHECK(gpt_batch_alloc(&batch, micro_rows, o.cfg.ctx));
   EX_CHECK(gpt_batch_alloc(&vbatch, 1, o.cfg.ctx));
   EX_CHECK(gpt_model_init(&m, (uint64_t)o.seed));
   // MoE blocks: one layer each over the expert-parallel group, seeded from --seed and the block
@@ -1396,12 +1492,12 @@ int main(int argc, char **argv) {
     mc.hidden = o.cfg.width;
     mc.ffn = moe_ffn;
     mc.capacity_factor = o.moe_capacity;
-    mc.aux_coef = (float)o.moe_aux;
+    mc.aux_coef = (float)(o.moe_aux / o.accum); // per micro-batch: the step's is their mean
     mc.overlap = o.moe_overlap;
     mc.device = o.cuda ? device : LOOM_DEVICE_HOST; // on the GPU: NCCL all-to-alls over ep
     // Tile sizes from rank 0's tuning cache (tests/bench/moe_perf --tune), the same on every
     // trainer (dp: dedicated attention servers are in their own loop by now).
-    loom_moe_tuned(ctx, dp, &mc, loom_group_size(ep), (int64_t)o.batch * o.cfg.ctx);
+    loom_moe_tuned(ctx, dp, &mc, loom_group_size(ep), (int64_t)micro_rows * o.cfg.ctx);
     uint64_t mix = (uint64_t)o.seed * 0x9e3779b97f4a7c15ull + 0x4d6f45ull * (uint64_t)(l + 1);
     mc.seed = ex_splitmix64(&mix);
     loom_moe_t *moe = NULL;
@@ -1464,6 +1560,7 @@ int main(int argc, char **argv) {
   EX_CHECK(loom_tensor_wrap(&st.loss_t, st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &two, "loss"));
   unit_arg_t *ua = calloc(GPT_MAX_PARTS * (size_t)m.nunits, sizeof *ua); // [P u + p]
   moe_arg_t *ma = calloc((size_t)o.cfg.layers * LOOM_MOE_PARAM_COUNT, sizeof *ma);
+  micro_arg_t *mb = calloc((size_t)o.accum, sizeof *mb); // the micro-batches before the last
   loom_tensor_t **reduce = calloc((size_t)m.nunits + 1, sizeof *reduce);
   int64_t *moe_count = calloc((size_t)E + 1, sizeof *moe_count); // sent per expert, dropped
   st.trainers = np;
@@ -1471,7 +1568,7 @@ int main(int argc, char **argv) {
   if (o.attn_servers > 0) {
     st.attn = calloc((size_t)o.cfg.layers, sizeof *st.attn);
   }
-  if (!ua || !ma || !reduce || !moe_count || (o.attn_servers > 0 && !st.attn)) {
+  if (!ua || !ma || !mb || !reduce || !moe_count || (o.attn_servers > 0 && !st.attn)) {
     fprintf(stderr, "train_gpt: out of memory\n");
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
@@ -1547,7 +1644,7 @@ int main(int argc, char **argv) {
     EX_CHECK(loom_sched_create(ctx, &sopts, &sched));
     st.s = sched;
     st.nonfinite_skip = ex_nonfinite_skip(ctx);
-    build_step(sched, &st, ua, ma);
+    build_step(sched, &st, ua, ma, mb);
   }
 
   if (rank == 0) {
@@ -1580,10 +1677,14 @@ int main(int argc, char **argv) {
            corpus.files, (long long)corpus.train.docs, (long long)corpus.train.len,
            (long long)gpt_rows(&corpus.train, o.cfg.ctx), (long long)corpus.val.docs,
            (long long)corpus.val.len, corpus.unigram_entropy);
-    printf("batch: %d rows x %d tokens per rank (%.0f tokens per step), %ld steps, AdamW lr %g "
+    char accum_text[64] = "";
+    if (o.accum > 1) {
+      snprintf(accum_text, sizeof accum_text, " as %d micro-batches of %d", o.accum, micro_rows);
+    }
+    printf("batch: %d rows%s x %d tokens per rank (%.0f tokens per step), %ld steps, AdamW lr %g "
            "warmup %ld cosine to %g, wd %g, clip %g; gradient sync: %s\n",
-           o.batch, o.cfg.ctx, tokens_per_step, o.steps, o.lr, o.warmup, o.lr * o.min_lr_frac, o.wd,
-           o.clip, sync_names[o.sync]);
+           o.batch, accum_text, o.cfg.ctx, tokens_per_step, o.steps, o.lr, o.warmup,
+           o.lr * o.min_lr_frac, o.wd, o.clip, sync_names[o.sync]);
     if (st.codec) {
       printf("compression: %s, %s scheme, error feedback per gradient%s\n",
              loom_compressor_name(st.codec), loom_scheme_name(o.scheme),
@@ -1776,7 +1877,7 @@ int main(int argc, char **argv) {
     ex_mfu_meter_train(meter, t1 - t0 - plan_time);
     plan_time = 0.0;
     sent_sum += (double)st.sent;
-    pairs_sum += (double)batch.attn_pairs;
+    pairs_sum += (double)st.pairs;
     log_loss += st.loss[0];
     log_aux += st.loss[1];
     if ((step + 1) % o.log_every == 0 || step + 1 == o.steps) {
@@ -1984,47 +2085,48 @@ int main(int argc, char **argv) {
   }
   if (o.json && rank == 0) {
     char text[3072], train_loss[32], aux[32]; // null where not finite (a diverged run)
-    snprintf(text, sizeof text,
-             "{\"steps\": %ld, \"np\": %d, \"batch\": %d, \"ctx\": %d, \"layers\": %d, "
-             "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
-             "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %s, \"val_loss\": "
-             "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
-             "\"mfu_sampled\": %.4f, \"mfu_attn_sampled\": %.4f, \"sgemm_samples\": %d, "
-             "\"sgemm_median_gflops\": %.2f, "
-             "\"sgemm_gflops\": %.2f, \"sgemm_blas_gflops\": %.2f, \"sgemm_loom_gflops\": %.2f, "
-             "\"sgemm_end_gflops\": %.2f, \"blas_threads\": %d, "
-             "\"train_time_s\": %.3f, "
-             "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
-             "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s, "
-             "\"moe_experts\": %d, \"moe_every\": %d, \"moe_topk\": %d, \"moe_ffn\": %d, "
-             "\"moe_params\": %lld, \"moe_aux\": %s, \"attn_servers\": \"%s\", "
-             "\"doc_lengths\": \"%s\", \"attn_max_over_mean_before\": %.4f, "
-             "\"attn_max_over_mean\": %.4f, \"device\": \"%s\", \"nonfinite_steps\": %ld, "
-             "\"rss_mib\": %.1f, \"step_ms_median\": %.3f, \"attn_wait_ms_median\": %.3f, "
-             "\"attn_kernel_ms_median\": %.3f, \"attn_busy_ms_median\": %.3f}\n",
-             o.steps, np, o.batch, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
-             (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active),
-             tokens_per_s, trained ? 1e3 * train_time / n_steps : -1.0,
-             ex_json_num(train_loss, sizeof train_loss, last_train_loss, 6),
-             isfinite(val_loss) ? val_loss : -1.0, corpus.unigram_entropy, mfu, mfu_attn,
-             mfu_sampled, mfu_attn_sampled, have_mfu ? meter->samples : 0,
-             have_mfu ? sgemm_median / 1e9 : -1.0, have_mfu ? sgemm / 1e9 : -1.0,
-             have_mfu ? sgemm_kernels[0] / 1e9 : -1.0, have_mfu ? sgemm_kernels[1] / 1e9 : -1.0,
-             have_mfu && sgemm_end > 0 ? sgemm_end / 1e9 : -1.0, loom_blas_threads(ctx), train_time,
-             MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
-             st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
-             trained ? sent_sum / n_steps : -1.0, sched_json, nmoe ? o.cfg.moe_experts : 0,
-             nmoe ? o.cfg.moe_every : 0, nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0,
-             (long long)moe_params, ex_json_num(aux, sizeof aux, nmoe ? last_aux : 0.0, 6),
-             o.attn_servers == 1   ? "inplace"
-             : o.attn_servers == 2 ? o.attn_spec_eff
-                                   : "off",
-             o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0], st.attn_ratio[1],
-             o.cuda ? "cuda" : "host", nonfinite_steps, last_rss,
-             trained ? 1e3 * ex_median(step_times, nstep_times) : -1.0,
-             trained ? ex_median(attn_waits, nstep_times) : -1.0,
-             trained ? ex_median(attn_kernels, nstep_times) : -1.0,
-             trained ? ex_median(attn_busy, nstep_times) : -1.0);
+    snprintf(
+        text, sizeof text,
+        "{\"steps\": %ld, \"np\": %d, \"batch\": %d, \"accum\": %d, \"ctx\": %d, \"layers\": %d, "
+        "\"width\": %d, \"heads\": %d, \"params\": %lld, \"matmul_params\": %lld, "
+        "\"tokens_per_s\": %.1f, \"step_ms\": %.3f, \"train_loss\": %s, \"val_loss\": "
+        "%.6f, \"unigram_entropy\": %.6f, \"mfu\": %.4f, \"mfu_attn\": %.4f, "
+        "\"mfu_sampled\": %.4f, \"mfu_attn_sampled\": %.4f, \"sgemm_samples\": %d, "
+        "\"sgemm_median_gflops\": %.2f, "
+        "\"sgemm_gflops\": %.2f, \"sgemm_blas_gflops\": %.2f, \"sgemm_loom_gflops\": %.2f, "
+        "\"sgemm_end_gflops\": %.2f, \"blas_threads\": %d, "
+        "\"train_time_s\": %.3f, "
+        "\"wall_s\": %.3f, \"sync\": \"%s\", \"lr\": %g, \"seed\": %ld, "
+        "\"compress\": \"%s\", \"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s, "
+        "\"moe_experts\": %d, \"moe_every\": %d, \"moe_topk\": %d, \"moe_ffn\": %d, "
+        "\"moe_params\": %lld, \"moe_aux\": %s, \"attn_servers\": \"%s\", "
+        "\"doc_lengths\": \"%s\", \"attn_max_over_mean_before\": %.4f, "
+        "\"attn_max_over_mean\": %.4f, \"device\": \"%s\", \"nonfinite_steps\": %ld, "
+        "\"rss_mib\": %.1f, \"step_ms_median\": %.3f, \"attn_wait_ms_median\": %.3f, "
+        "\"attn_kernel_ms_median\": %.3f, \"attn_busy_ms_median\": %.3f}\n",
+        o.steps, np, o.batch, o.accum, o.cfg.ctx, o.cfg.layers, o.cfg.width, o.cfg.heads,
+        (long long)(m.total + moe_params), (long long)(m.matmul_params + moe_active), tokens_per_s,
+        trained ? 1e3 * train_time / n_steps : -1.0,
+        ex_json_num(train_loss, sizeof train_loss, last_train_loss, 6),
+        isfinite(val_loss) ? val_loss : -1.0, corpus.unigram_entropy, mfu, mfu_attn, mfu_sampled,
+        mfu_attn_sampled, have_mfu ? meter->samples : 0, have_mfu ? sgemm_median / 1e9 : -1.0,
+        have_mfu ? sgemm / 1e9 : -1.0, have_mfu ? sgemm_kernels[0] / 1e9 : -1.0,
+        have_mfu ? sgemm_kernels[1] / 1e9 : -1.0,
+        have_mfu && sgemm_end > 0 ? sgemm_end / 1e9 : -1.0, loom_blas_threads(ctx), train_time,
+        MPI_Wtime() - wall0, sync_names[o.sync], o.lr, o.seed,
+        st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
+        trained ? sent_sum / n_steps : -1.0, sched_json, nmoe ? o.cfg.moe_experts : 0,
+        nmoe ? o.cfg.moe_every : 0, nmoe ? o.moe_topk : 0, nmoe ? moe_ffn : 0,
+        (long long)moe_params, ex_json_num(aux, sizeof aux, nmoe ? last_aux : 0.0, 6),
+        o.attn_servers == 1   ? "inplace"
+        : o.attn_servers == 2 ? o.attn_spec_eff
+                              : "off",
+        o.doc_skew ? "skewed" : "corpus", st.attn_ratio[0], st.attn_ratio[1],
+        o.cuda ? "cuda" : "host", nonfinite_steps, last_rss,
+        trained ? 1e3 * ex_median(step_times, nstep_times) : -1.0,
+        trained ? ex_median(attn_waits, nstep_times) : -1.0,
+        trained ? ex_median(attn_kernels, nstep_times) : -1.0,
+        trained ? ex_median(attn_busy, nstep_times) : -1.0);
     rc |= ex_write_text(o.json, text) != 0;
   }
   free(meter);
@@ -2061,6 +2163,7 @@ int main(int argc, char **argv) {
   free(slot_ready);
   free(ua);
   free(ma);
+  free(mb);
   free(moe_count);
   free(reduce);
   for (int l = 0; st.attn && l < o.cfg.layers; l++) {
