@@ -34,6 +34,9 @@
 // reduce_scatter uses step 1 for every dtype and op.
 
 #define LOOM_PIPE_SPARE 4 // full-size scratch buffers a group keeps for reuse
+// The hierarchical allreduce (below) keeps its node's block counts in place: up to this many
+// ranks a node (larger nodes use the flat scheme).
+#define LOOM_HIER_MAX_NODE 1024
 // Scratch needs from this many bytes up take a full-size buffer from the pool; smaller ones (many
 // may be in flight at once: fusion of small tensors) allocate their own.
 #define LOOM_PIPE_POOLED ((size_t)32 << 10)
@@ -222,6 +225,7 @@ struct ordered {
   loom_dtype_t wire;  // what travels and adds: f32 for f16/bf16 SUM/AVG, else dtype
   loom_redop_t op;
   int n, me, tag;
+  int divisor; // AVG divides the sum by it: n, or the whole group's size in a hierarchical phase
   size_t pipe; // LOOM_PIPE_BYTES of the group: bytes per peer per chunk
   MPI_Comm comm;
   struct comm_state *cs; // the group's state: the pool scratch comes from and goes back to
@@ -238,8 +242,7 @@ struct ordered {
   int64_t next;          // the chunk whose reduce-scatter is in flight
 };
 
-static void release_ordered(loom_request_t *r) {
-  struct ordered *s = r->state;
+static void ordered_free(struct ordered *s) {
   if (s) {
     if (s->pooled) {
       scratch_give(s->cs, s->scratch);
@@ -247,6 +250,10 @@ static void release_ordered(loom_request_t *r) {
     free(s->counts);
     free(s);
   }
+}
+
+static void release_ordered(loom_request_t *r) {
+  ordered_free(r->state);
   r->state = NULL;
 }
 
@@ -320,7 +327,8 @@ static void reduce_pair(const struct ordered *s, void *acc, const void *a, const
 static void reduce_chunk(const struct ordered *s, int64_t c) {
   size_t ws = loom_dtype_size(s->wire), es = loom_dtype_size(s->dtype);
   int64_t len = chunk_len(s, s->me, c);
-  if (s->n == 1 && s->wire == s->dtype) { // one rank: the result is the input (x / 1 is x)
+  if (s->n == 1 && s->wire == s->dtype && (s->op != LOOM_AVG || s->divisor == 1)) {
+    // one rank: the result is the input (x / 1 is x)
     const char *src = contribution(s, 0, c);
     char *dst = s->out + (size_t)(c * s->chunk) * es;
     if (src != dst) {
@@ -345,7 +353,7 @@ static void reduce_chunk(const struct ordered *s, int64_t c) {
     }
     if (s->op == LOOM_AVG) { // floats only: the wire is f32
       for (int64_t i = 0; i < m; i++) {
-        acc.f32[i] /= (float)s->n;
+        acc.f32[i] /= (float)s->divisor;
       }
     }
     char *dst = s->out + (size_t)(c * s->chunk + off) * es;
@@ -361,13 +369,24 @@ static void reduce_chunk(const struct ordered *s, int64_t c) {
 
 // One stage done (the reduce-scatter of chunk next, and the allgather of the chunk before it):
 // reduce the chunk, post its allgather and the reduce-scatter of the chunk after it.
-static loom_status_t ordered_step(loom_request_t *r) {
-  struct ordered *s = r->state;
+// *more = 1 when a reduce-scatter was posted (another stage follows), else 0 (the last
+// allgather, if any, is in flight).
+static loom_status_t ordered_advance(loom_request_t *r, struct ordered *s, int *more) {
   int64_t c = s->next++;
   reduce_chunk(s, c);
   loom_status_t status = s->gather ? post_gather(r, s, c) : LOOM_OK;
+  *more = 0;
   if (status == LOOM_OK && s->next < s->nchunks) {
     status = post_scatter(r, s, s->next);
+    *more = 1;
+  }
+  return status;
+}
+
+static loom_status_t ordered_step(loom_request_t *r) {
+  int more = 0;
+  loom_status_t status = ordered_advance(r, r->state, &more);
+  if (more) {
     r->step = ordered_step;
   }
   return status;
@@ -407,12 +426,13 @@ static loom_status_t ordered_scratch(loom_request_t *r, struct ordered *s) {
   return LOOM_OK;
 }
 
-// Start the ordered reduction of send (sum of counts elements) with the given blocks: post the
-// reduce-scatter of the first chunk. My block's result goes to out; gather (the whole result
-// buffer) adds the allgather.
-static loom_status_t ordered_start(const loom_group_t *g, const void *send, void *out, void *gather,
-                                   const int64_t *counts, loom_dtype_t dtype, loom_redop_t op,
-                                   loom_request_t *r) {
+// The ordered reduction of send (sum of counts elements) with the given blocks over g, made
+// for request r but not posted (*out_s owns what it allocated; r owns its temporaries). My
+// block's result goes to out; gather (the whole result buffer) adds the allgather. AVG divides
+// the sums by divisor.
+static loom_status_t ordered_new(const loom_group_t *g, const void *send, void *out, void *gather,
+                                 const int64_t *counts, loom_dtype_t dtype, loom_redop_t op,
+                                 int divisor, loom_request_t *r, struct ordered **out_s) {
   loom_status_t status = LOOM_OK;
   int n = g->size, me = g->rank;
   struct ordered *s = calloc(1, sizeof *s);
@@ -420,8 +440,8 @@ static loom_status_t ordered_start(const loom_group_t *g, const void *send, void
     free(s);
     return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate the reduction state", r->op);
   }
-  r->state = s;
-  r->release = release_ordered;
+  *out_s = s;
+  s->divisor = divisor;
   s->displs = s->counts + n;
   memcpy(s->counts, counts, sizeof(int64_t) * (size_t)n);
   prefix(s->counts, s->displs, n);
@@ -449,11 +469,155 @@ static loom_status_t ordered_start(const loom_group_t *g, const void *send, void
     s->src = wide;
   }
   LOOM_CHECK(ordered_scratch(r, s));
+fail:
+  return status;
+}
+
+// Start the ordered reduction over g (ordered_new): post the reduce-scatter of the first chunk.
+static loom_status_t ordered_start(const loom_group_t *g, const void *send, void *out, void *gather,
+                                   const int64_t *counts, loom_dtype_t dtype, loom_redop_t op,
+                                   loom_request_t *r) {
+  loom_status_t status = LOOM_OK;
+  struct ordered *s = NULL;
+  status = ordered_new(g, send, out, gather, counts, dtype, op, g->size, r, &s);
+  r->state = s; // freed with the request, on failure too
+  r->release = release_ordered;
+  LOOM_CHECK(status);
   if (s->nchunks > 0) {
     LOOM_CHECK(post_scatter(r, s, 0));
     r->step = ordered_step;
   }
 fail:
+  return status;
+}
+
+// ---- hierarchical allreduce
+// ----------------------------------------------------------------------
+
+// On a group that spans N nodes with L of its ranks on each (L, N >= 2; LOOM_HIER_ALLREDUCE=auto),
+// a float SUM/AVG allreduce runs in three phases instead of the flat reduce-scatter + allgather
+// among all n = N L ranks:
+//   1. an ordered reduce-scatter in the node: local rank i gets block i (an even split in L) of
+//      the node's sum, added in local rank order;
+//   2. an ordered allreduce of that block among the N ranks with local index i (the rail, one
+//      per node, in node order): block i of the whole sum, the node sums added in node order
+//      (AVG divides by n once, here);
+//   3. an allgather of the L blocks in the node.
+// Every element is still reduced by one rank in one fixed order, so all ranks hold the same
+// bits, run after run (not the flat scheme's bits: the sum is grouped by node). What leaves a
+// node is 2 (N-1)/N of the tensor each way per node, spread over its L ranks; the flat scheme
+// sends about 2 (n-L)/n of it from every rank of the node across the link, L times as much.
+struct hier {
+  struct ordered *phase[2]; // 1: node reduce-scatter (SUM); 2: rail allreduce (op, divisor n)
+  int at;                   // the phase whose stages are in flight: 0, 1, 2 (allgather posted)
+  char *recv;               // the result (count elements)
+  int64_t counts[2 * LOOM_HIER_MAX_NODE]; // node blocks, then their offsets
+  int l, me;                              // node size, local rank
+  loom_dtype_t dtype;
+};
+
+static void release_hier(loom_request_t *r) {
+  struct hier *h = r->state;
+  if (h) {
+    ordered_free(h->phase[0]);
+    ordered_free(h->phase[1]);
+    free(h);
+  }
+  r->state = NULL;
+}
+
+// Phase 3: my block of the result to every rank of the node, theirs from them, on the node's
+// communicator with the second tag of phase 1's pair (phase 1 used only the first).
+static loom_status_t post_node_gather(loom_request_t *r, struct hier *h) {
+  loom_status_t status = LOOM_OK;
+  const struct ordered *s = h->phase[0];
+  const int64_t *displs = h->counts + h->l;
+  size_t es = loom_dtype_size(h->dtype);
+  for (int k = 1; k < h->l && status == LOOM_OK; k++) {
+    int to = (h->me + k) % h->l, from = (h->me - k + h->l) % h->l;
+    status = loom_mpi_post_p2p(r, 1, elem(h->recv, displs[h->me], es), h->counts[h->me], h->dtype,
+                               to, s->tag + 1, s->comm);
+    if (status == LOOM_OK) {
+      status = loom_mpi_post_p2p(r, 0, elem(h->recv, displs[from], es), h->counts[from], h->dtype,
+                                 from, s->tag + 1, s->comm);
+    }
+  }
+  return status;
+}
+
+static loom_status_t hier_step(loom_request_t *r) {
+  struct hier *h = r->state;
+  loom_status_t status = LOOM_OK;
+  int more = 0;
+  if (h->at < 2) {
+    LOOM_CHECK(ordered_advance(r, h->phase[h->at], &more));
+    if (more) {
+      r->step = hier_step;
+      return LOOM_OK;
+    }
+    if (h->at == 1) { // the rail's last allgather is in flight: phase 3 once it has landed
+      h->at = 2;
+      r->step = hier_step;
+      return LOOM_OK;
+    }
+    h->at = 1; // the node's reduce-scatter is done (nothing in flight): the rail's turn
+    if (h->phase[1]->nchunks > 0) {
+      LOOM_CHECK(post_scatter(r, h->phase[1], 0));
+      r->step = hier_step;
+      return LOOM_OK;
+    }
+    h->at = 2; // an empty block (count < L): nothing to reduce on this rail
+  }
+  h->at = 3;
+  LOOM_CHECK(post_node_gather(r, h));
+fail:
+  return status;
+}
+
+static void split_even(int64_t count, int n, int64_t *counts) {
+  for (int i = 0; i < n; i++) {
+    counts[i] = count / n + (i < count % n ? 1 : 0);
+  }
+}
+
+static loom_status_t hier_start(const loom_group_t *g, const loom_group_t *node,
+                                const loom_group_t *rail, const void *send, void *recv,
+                                int64_t count, loom_dtype_t dtype, loom_redop_t op,
+                                loom_request_t *r) {
+  loom_status_t status = LOOM_OK;
+  size_t es = loom_dtype_size(dtype);
+  struct hier *h = calloc(1, sizeof *h);
+  if (!h) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate the reduction state", r->op);
+  }
+  r->state = h;
+  r->release = release_hier;
+  h->recv = recv;
+  h->l = node->size;
+  h->me = node->rank;
+  h->dtype = dtype;
+  int64_t *displs = h->counts + h->l;
+  int64_t *rail_counts = malloc(sizeof(int64_t) * (size_t)rail->size);
+  if (!rail_counts) {
+    return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %d counts", r->op, rail->size);
+  }
+  split_even(count, h->l, h->counts);
+  prefix(h->counts, displs, h->l);
+  split_even(h->counts[h->me], rail->size, rail_counts);
+  int64_t mine = 0;
+  for (int i = 0; i < rail->rank; i++) {
+    mine += rail_counts[i];
+  }
+  char *block = elem(recv, displs[h->me], es);
+  LOOM_CHECK(ordered_new(node, send, block, NULL, h->counts, dtype, LOOM_SUM, 1, r, &h->phase[0]));
+  LOOM_CHECK(ordered_new(rail, block, elem(block, mine, es), block, rail_counts, dtype, op, g->size,
+                         r, &h->phase[1]));
+  if (h->phase[0]->nchunks > 0) { // else count is 0: nothing to do
+    LOOM_CHECK(post_scatter(r, h->phase[0], 0));
+    r->step = hier_step;
+  }
+fail:
+  free(rail_counts);
   return status;
 }
 
@@ -465,6 +629,13 @@ loom_status_t loom_mpi_iallreduce(const loom_group_t *g, const void *send, void 
   loom_status_t status = LOOM_OK;
   int64_t *counts = NULL;
   int n = g->size;
+  if (dtype == LOOM_F32 && (op == LOOM_SUM || op == LOOM_AVG) && g->hier_allreduce == 0 && n >= 4) {
+    const loom_group_t *node = NULL, *rail = NULL; // NULL: not nodes of equal sizes
+    LOOM_CHECK(loom_group_rails(g, &r->watch, &node, &rail));
+    if (rail && node->size <= LOOM_HIER_MAX_NODE) {
+      return hier_start(g, node, rail, send, recv, count, dtype, op, r);
+    }
+  }
   if (loom_dtype_is_float(dtype) && (op == LOOM_SUM || op == LOOM_AVG)) {
     counts = malloc(sizeof(int64_t) * (size_t)n);
     if (!counts) {

@@ -195,6 +195,25 @@ loom_status_t loom_request_tmp(loom_request_t *r, size_t bytes, void **out);
 // while the caller's other threads compute. Needs MPI_THREAD_MULTIPLE; never blocks.
 void loom_comm_progress(void);
 
+// ---- sub-groups and buffers kept in a group (subgroups.c) ------------------------------------
+
+// Reusable host buffers of a group (contents undefined between calls), by use.
+enum { LOOM_GROUP_BUF_COMPRESS_BLOCKS, LOOM_GROUP_BUF_COMPRESS_FLOATS, LOOM_GROUP_BUFS };
+// Buffer i of g with at least bytes bytes (grown as needed, freed with the group); NULL on NOMEM.
+void *loom_group_buffer(const loom_group_t *g, int i, size_t bytes);
+// g's node sub-group (the members on this rank's (emulated) node) and node-leader sub-group (rank
+// 0 of every node; leaders->comm is MPI_COMM_NULL on the other ranks), made at the first call
+// (collective over g) and kept with g.
+loom_status_t loom_group_nodes(const loom_group_t *g, const loom_group_t **node,
+                               const loom_group_t **leaders);
+// The rails of g for the hierarchical allreduce: when g spans two nodes or more with the same
+// number (two or more) of its members on each, *node is this rank's node sub-group and *rail the
+// members with this rank's index within their nodes, one per node in node order; else both
+// NULL. Decided at the first call (an allgather of the members' nodes waited for under w, then
+// the splits: collective over g) and kept with g.
+loom_status_t loom_group_rails(const loom_group_t *g, struct loom_watch *w,
+                               const loom_group_t **node, const loom_group_t **rail);
+
 // ---- MPI dtypes and reduction ops (redop.c) ---------------------------------------------------
 
 // The MPI datatype carrying dtype (f16 and bf16 travel as MPI_UINT16_T).

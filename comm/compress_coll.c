@@ -92,70 +92,11 @@ static loom_status_t encode_block(const loom_compressor_t *c, float *res, float 
   return status;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Per-group state, kept in the group (freed with it): payload buffers reused from call to call
-// (fresh 64 MiB buffers cost more in page faults than the copies they hold) and, for the
-// hierarchical scheme, the node and node-leader sub-groups. Calls on one group are serialised
-// anyway (MPI collectives on one communicator must be issued in one order).
+// Payload buffers reused from call to call (fresh 64 MiB buffers cost more in page faults than
+// the copies they hold) are kept in the group (loom_group_buffer). Calls on one group are
+// serialised anyway (MPI collectives on one communicator must be issued in one order).
 
-enum { BUF_BLOCKS, BUF_FLOATS, NBUF };
-
-typedef struct comm_state {
-  void *buf[NBUF];
-  size_t cap[NBUF];
-  int have_hier;
-  struct loom_group node, leaders;
-} comm_state_t;
-
-static void free_group(struct loom_group *g);
-
-static void state_destroy(void *p) {
-  comm_state_t *st = p;
-  for (int i = 0; i < NBUF; i++) {
-    loom_host_free(st->buf[i]);
-  }
-  if (st->have_hier) {
-    free_group(&st->node);
-    free_group(&st->leaders);
-  }
-  free(st);
-}
-
-static void free_group(struct loom_group *g) {
-  if (g->hier && g->hier_destroy) {
-    g->hier_destroy(g->hier);
-  }
-  loom_group_watch_free(g);
-  if (g->comm != MPI_COMM_NULL) {
-    MPI_Comm_free(&g->comm);
-  }
-  if (g->nccl && g->nccl_destroy) { // the device form of the hierarchical scheme made one
-    g->nccl_destroy(g->nccl);
-  }
-  free(g->world_ranks);
-}
-
-static comm_state_t *get_state(const loom_group_t *cg) {
-  struct loom_group *g = (struct loom_group *)cg; // the cache lives in the group
-  if (!g->hier) {
-    g->hier = calloc(1, sizeof(comm_state_t));
-    g->hier_destroy = state_destroy;
-  }
-  if (!g->hier) {
-    loom_error(NULL, LOOM_ERR_NOMEM, "compressed allreduce: out of memory");
-  }
-  return g->hier;
-}
-
-// Buffer i of the group's state with at least bytes bytes (contents undefined); NULL on NOMEM.
-static void *scratch(comm_state_t *st, int i, size_t bytes) {
-  if (st->cap[i] < bytes) {
-    loom_host_free(st->buf[i]);
-    st->buf[i] = loom_host_alloc(bytes);
-    st->cap[i] = st->buf[i] ? bytes : 0;
-  }
-  return st->buf[i];
-}
+enum { BUF_BLOCKS = LOOM_GROUP_BUF_COMPRESS_BLOCKS, BUF_FLOATS = LOOM_GROUP_BUF_COMPRESS_FLOATS };
 
 // ---------------------------------------------------------------------------------------------
 // The flat schemes as a staged request (comm_internal.h). The tensor is cut into chunks of
@@ -367,12 +308,8 @@ static loom_status_t flat_buffers(loom_request_t *r, flat_t *f, int own) {
       return status;
     }
   } else {
-    comm_state_t *st = get_state(f->g);
-    if (!st) {
-      return LOOM_ERR_NOMEM;
-    }
-    blocks = scratch(st, BUF_BLOCKS, 2 * per);
-    floats = scratch(st, BUF_FLOATS, fb);
+    blocks = loom_group_buffer(f->g, BUF_BLOCKS, 2 * per);
+    floats = loom_group_buffer(f->g, BUF_FLOATS, fb);
   }
   if (!blocks || !floats) {
     return loom_error(NULL, LOOM_ERR_NOMEM,
@@ -476,60 +413,25 @@ static loom_status_t flat(const loom_group_t *g, const loom_compressor_t *c, flo
 }
 
 // ---------------------------------------------------------------------------------------------
-// Hierarchical: the node and node-leader sub-groups of g, created on first use.
-
-static loom_status_t get_hier(const loom_group_t *cg, comm_state_t **out) {
-  const struct loom_group *g = cg;
-  loom_status_t status = LOOM_OK;
-  comm_state_t *st = get_state(g);
-  MPI_Comm node = MPI_COMM_NULL, leaders = MPI_COMM_NULL;
-  if (!st) {
-    return LOOM_ERR_NOMEM;
-  }
-  if (st->have_hier) {
-    *out = st;
-    return LOOM_OK;
-  }
-  st->node.comm = st->leaders.comm = MPI_COMM_NULL;
-  LOOM_CHECK_MPI(NULL, MPI_Comm_split(g->comm, g->node, g->rank, &node));
-  LOOM_CHECK(loom_group_from_comm(NULL, &st->node, g->kind, node, g->node));
-  node = MPI_COMM_NULL;
-  LOOM_CHECK_MPI(
-      NULL, MPI_Comm_split(g->comm, st->node.rank == 0 ? 0 : MPI_UNDEFINED, g->rank, &leaders));
-  LOOM_CHECK(loom_group_from_comm(NULL, &st->leaders, g->kind, leaders, g->node));
-  st->node.compress_chunk = st->leaders.compress_chunk = g->compress_chunk;
-  st->node.pipe_bytes = st->leaders.pipe_bytes = g->pipe_bytes;
-  LOOM_CHECK(loom_group_watch_setup(&st->node, g->timeout, g->stall_warn, g->check_consistency));
-  LOOM_CHECK(loom_group_watch_setup(&st->leaders, g->timeout, g->stall_warn, g->check_consistency));
-  st->have_hier = 1;
-  *out = st;
-  return LOOM_OK;
-fail:
-  if (node != MPI_COMM_NULL) {
-    MPI_Comm_free(&node);
-  }
-  free_group(&st->node);
-  st->node = (struct loom_group){.comm = MPI_COMM_NULL};
-  return status;
-}
+// Hierarchical: the node and node-leader sub-groups of g (loom_group_nodes).
 
 static loom_status_t hierarchical(const loom_group_t *g, const loom_compressor_t *c, float *res,
                                   loom_tensor_t *t, int64_t n, uint64_t seed, size_t *sent,
                                   const struct loom_watch *w) {
   loom_status_t status = LOOM_OK;
-  comm_state_t *h = NULL;
-  LOOM_CHECK(get_hier(g, &h));
-  if (h->node.size > 1) {
-    LOOM_CHECK(loom_allreduce(&h->node, t, t, LOOM_SUM));
-    *sent += (size_t)n * sizeof(float) * 2 * (size_t)(h->node.size - 1) / (size_t)h->node.size;
+  const loom_group_t *node = NULL, *leaders = NULL;
+  LOOM_CHECK(loom_group_nodes(g, &node, &leaders));
+  if (node->size > 1) {
+    LOOM_CHECK(loom_allreduce(node, t, t, LOOM_SUM));
+    *sent += (size_t)n * sizeof(float) * 2 * (size_t)(node->size - 1) / (size_t)node->size;
   }
   loom_status_t leader = LOOM_OK;
-  if (h->node.rank == 0) {
+  if (node->rank == 0) {
     struct loom_watch lw; // the leaders' part, watched on their sub-group
-    loom_watch_enter(&lw, &h->leaders, &w->d, 1);
-    leader = flat(&h->leaders, c, res, t->data, n, seed, 0, 0, sent, &lw);
+    loom_watch_enter(&lw, leaders, &w->d, 1);
+    leader = flat(leaders, c, res, t->data, n, seed, 0, 0, sent, &lw);
   }
-  LOOM_CHECK(loom_compress_hier_finish(&h->node, leader, t));
+  LOOM_CHECK(loom_compress_hier_finish(node, leader, t));
 fail:
   return status;
 }
@@ -800,17 +702,6 @@ uint64_t loom_compress_encode_seed(const loom_compressor_t *c, uint64_t seed, in
 
 void loom_compress_shard_range(int64_t len, int np, int i, int64_t *lo, int64_t *cnt) {
   shard_range(len, np, i, lo, cnt);
-}
-
-loom_status_t loom_compress_hier_groups(const loom_group_t *g, const loom_group_t **node,
-                                        const loom_group_t **leaders) {
-  comm_state_t *h = NULL;
-  loom_status_t status = get_hier(g, &h);
-  if (status == LOOM_OK) {
-    *node = &h->node;
-    *leaders = &h->leaders;
-  }
-  return status;
 }
 
 // ---------------------------------------------------------------------------------------------

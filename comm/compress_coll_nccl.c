@@ -536,7 +536,7 @@ static loom_status_t hierarchical(const loom_group_t *g, const loom_compressor_t
   const loom_group_t *node = NULL, *leaders = NULL;
   const int64_t n = loom_tensor_numel(t);
   dev_res_t *r = NULL;
-  LOOM_CHECK(loom_compress_hier_groups(g, &node, &leaders));
+  LOOM_CHECK(loom_group_nodes(g, &node, &leaders));
   LOOM_CHECK(loom_cuda_use_device(t->device));
   const int ns = loom_group_size(node), leader = loom_group_rank(node) == 0;
   if (ef && !leader) {

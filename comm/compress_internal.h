@@ -139,8 +139,6 @@ void loom_compress_shard_range(int64_t len, int np, int i, int64_t *lo, int64_t 
 // or device). Every rank of the node returns the leader's status.
 loom_status_t loom_compress_hier_finish(const loom_group_t *node, loom_status_t leader,
                                         loom_tensor_t *t);
-loom_status_t loom_compress_hier_groups(const loom_group_t *g, const loom_group_t **node,
-                                        const loom_group_t **leaders);
 
 // ---- the host schemes on a host copy of a device tensor (compress_coll.c, compress_staged.c) -
 //

@@ -44,6 +44,7 @@ struct loom_group {
   void (*hier_destroy)(void *hier);
   int64_t compress_chunk; // LOOM_COMPRESS_CHUNK: f32 bytes per chunk of a compressed call
   int64_t pipe_bytes;     // LOOM_PIPE_BYTES: bytes per peer per ordered-reduction chunk
+  int hier_allreduce;     // LOOM_HIER_ALLREDUCE: 0 auto, 1 off
   int timeout;            // LOOM_TIMEOUT: seconds an operation may wait (0: forever)
   int stall_warn;         // LOOM_STALL_WARN: seconds before a stall warning (0: none)
   int check_consistency;  // LOOM_CHECK_CONSISTENCY

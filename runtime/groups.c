@@ -80,6 +80,7 @@ loom_status_t loom_group_from_comm(loom_ctx_t *ctx, struct loom_group *g, loom_g
   // Sub-groups made by comm/ (ctx NULL) take their parent's value afterwards.
   g->compress_chunk = ctx ? ctx->params.compress_chunk : 0;
   g->pipe_bytes = ctx ? ctx->params.pipe_bytes : 0;
+  g->hier_allreduce = ctx ? ctx->params.hier_allreduce : 0;
   g->timeout = 0;
   g->stall_warn = 0;
   g->check_consistency = 0;

@@ -60,18 +60,19 @@ static loom_status_t agree(loom_ctx_t *ctx, loom_status_t local) {
 // Tunables every rank must share: they shape the groups (NODE_SIZE, EP_SIZE, ATTN_SERVERS),
 // the sequence and sizes of messages (FUSION_THRESHOLD, COMPRESS and the planner's link figures,
 // COMPRESS_CHUNK, PIPE_BYTES, MOE_OVERLAP, PLAN_LANE, CHECK_CONSISTENCY's extra allgather,
-// TIMEOUT's window), what a non-finite step does on every rank (NONFINITE), or the bits of
-// every product (GEMM: a product must round the same on whichever rank computes it). A rank with
-// another value would post other messages than its peers: MPI collectives with mismatched counts
-// are undefined (memory corruption) and mismatched calls hang, so the values are compared here.
-// STALL_WARN too: the lowest rank that arrived speaks for all, with its own setting. Logging,
-// binding, BLAS threads, the GPU index, the timeline path and the scheduler's polling may differ
-// per rank.
+// TIMEOUT's window, HIER_ALLREDUCE's scheme), what a non-finite step does on every rank
+// (NONFINITE), or the bits of every product (GEMM: a product must round the same on whichever rank
+// computes it). A rank with another value would post other messages than its peers: MPI collectives
+// with mismatched counts are undefined (memory corruption) and mismatched calls hang, so the values
+// are compared here. STALL_WARN too: the lowest rank that arrived speaks for all, with its own
+// setting. Logging, binding, BLAS threads, the GPU index, the timeline path and the scheduler's
+// polling may differ per rank.
 static const int uniform_ids[] = {
-    LOOM_P_NODE_SIZE,   LOOM_P_EP_SIZE,      LOOM_P_ATTN_SERVERS,      LOOM_P_FUSION_THRESHOLD,
-    LOOM_P_COMPRESS,    LOOM_P_NET_ALPHA_US, LOOM_P_NET_GBPS,          LOOM_P_COMPRESS_CHUNK,
-    LOOM_P_MOE_OVERLAP, LOOM_P_TIMEOUT,      LOOM_P_CHECK_CONSISTENCY, LOOM_P_NONFINITE,
-    LOOM_P_PLAN_LANE,   LOOM_P_GEMM,         LOOM_P_PIPE_BYTES,        LOOM_P_STALL_WARN};
+    LOOM_P_NODE_SIZE,     LOOM_P_EP_SIZE,      LOOM_P_ATTN_SERVERS,      LOOM_P_FUSION_THRESHOLD,
+    LOOM_P_COMPRESS,      LOOM_P_NET_ALPHA_US, LOOM_P_NET_GBPS,          LOOM_P_COMPRESS_CHUNK,
+    LOOM_P_MOE_OVERLAP,   LOOM_P_TIMEOUT,      LOOM_P_CHECK_CONSISTENCY, LOOM_P_NONFINITE,
+    LOOM_P_PLAN_LANE,     LOOM_P_GEMM,         LOOM_P_PIPE_BYTES,        LOOM_P_STALL_WARN,
+    LOOM_P_HIER_ALLREDUCE};
 #define LOOM_UNIFORM_COUNT ((int)(sizeof uniform_ids / sizeof uniform_ids[0]))
 
 // FNV-1a of a tunable's text (kept in one spelling by loom_params_resolve, so equal values hash

@@ -83,6 +83,8 @@ typedef struct loom_config {
                             // (bitwise identical) float reduction
   int stall_warn;           // LOOM_STALL_WARN: seconds an operation waits before the lowest rank
                             // that arrived warns, naming those that did not (0 = never)
+  const char *hier_allreduce; // LOOM_HIER_ALLREDUCE: auto | off: float allreduces over nodes of
+                              // equal size go node, rail, node (see README)
 } loom_config_t;
 
 // The value of a tunable as resolved at loom_init (environment, config or default), by its

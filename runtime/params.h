@@ -53,6 +53,7 @@ enum loom_param_id {
   LOOM_P_GEMM,
   LOOM_P_PIPE_BYTES,
   LOOM_P_STALL_WARN,
+  LOOM_P_HIER_ALLREDUCE,
   LOOM_P_COUNT
 };
 
@@ -87,6 +88,7 @@ struct loom_params {
   int gemm;                             // enum loom_gemm_mode: auto, blas, loom
   int pipe_bytes;                       // ordered reductions: bytes per peer per pipeline chunk
   int stall_warn;                       // seconds of waiting before a stall warning (0: none)
+  int hier_allreduce;                   // 0 auto (over nodes when they allow), 1 off (flat)
   char text[LOOM_P_COUNT][LOOM_PARAM_TEXT_MAX]; // value as given (or the default)
   int source[LOOM_P_COUNT];                     // enum loom_param_source
 };

@@ -224,6 +224,15 @@ static int parse_stall_warn(const struct loom_param_desc *d, const char *text,
   return parse_int_field(d, text, &out->stall_warn, err, errlen);
 }
 
+static int parse_hier_allreduce(const struct loom_param_desc *d, const char *text,
+                                struct loom_params *out, char *err, size_t errlen) {
+  if (parse_choice(text, d->valid, &out->hier_allreduce) != 0) {
+    snprintf(err, errlen, "not auto or off");
+    return -1;
+  }
+  return 0;
+}
+
 static int parse_check_consistency(const struct loom_param_desc *d, const char *text,
                                    struct loom_params *out, char *err, size_t errlen) {
   if (parse_int_field(d, text, &out->check_consistency, err, errlen) != 0) {
@@ -391,4 +400,11 @@ const struct loom_param_desc loom_param_table[LOOM_P_COUNT] = {
                            "that arrived warns, naming the ranks that did not (again every as "
                            "many seconds, until LOOM_TIMEOUT aborts the job; 0 = no warning; "
                            "only while LOOM_TIMEOUT is on)"},
+    [LOOM_P_HIER_ALLREDUCE] = {"LOOM_HIER_ALLREDUCE", "hier_allreduce", STR_FIELD(hier_allreduce),
+                               "auto", "auto|off", 0, 0, parse_hier_allreduce,
+                               "float sum/avg allreduce on a group that spans nodes with the same "
+                               "number of its ranks on each: reduce-scatter in the node, "
+                               "allreduce between the nodes, allgather in the node, so each "
+                               "node's link carries 1/ranks-per-node of the flat scheme's bytes "
+                               "(auto); off: the flat scheme always"},
 };

@@ -296,8 +296,59 @@ static void t_round_once(const loom_group_t *g, loom_dtype_t dt) {
   loom_tensor_free(&t);
 }
 
+static const char *hier_mode = "auto"; // LOOM_HIER_ALLREDUCE as loom_init took it
+static int my_node;                    // loom_node: this rank's (emulated) node
+
+// The order in which loom adds the members' contributions to element i of an f32 SUM/AVG
+// allreduce on g (order[0..n), group ranks), and the rank after which the partial sum starts
+// again at zero (the node boundaries of the hierarchical scheme; see coll_mpi.c): *hier = 0, rank
+// order; 1, grouped by node. node[r] is group rank r's node.
+static void sum_order(const int *node, int n, int64_t count, int64_t i, int *order, int *hier) {
+  int distinct = 0, size = -1, same_size = 1;
+  for (int r = 0; r < n; r++) {
+    int seen = 0, c = 0;
+    for (int q = 0; q < n; q++) {
+      seen |= q < r && node[q] == node[r];
+      c += node[q] == node[r];
+    }
+    distinct += !seen;
+    size = size < 0 ? c : size;
+    same_size &= c == size;
+  }
+  *hier = strcmp(hier_mode, "off") != 0 && n >= 4 && distinct >= 2 && same_size && size >= 2;
+  if (!*hier) {
+    for (int r = 0; r < n; r++) {
+      order[r] = r;
+    }
+    return;
+  }
+  // Block b of an even split in `size` (the node's reduce-scatter): the nodes in the order of
+  // their b-th members' group ranks (the rail), each node's members in group rank order.
+  int64_t b = 0, lo = 0;
+  while (lo + count / size + (b < count % size ? 1 : 0) <= i) {
+    lo += count / size + (b < count % size ? 1 : 0);
+    b++;
+  }
+  int k = 0;
+  for (int r = 0; r < n; r++) { // r: a b-th member, in group rank order, opens its node
+    int idx = 0;
+    for (int q = 0; q < r; q++) {
+      idx += node[q] == node[r];
+    }
+    if (idx != b) {
+      continue;
+    }
+    for (int q = 0; q < n; q++) {
+      if (node[q] == node[r]) {
+        order[k++] = q;
+      }
+    }
+  }
+}
+
 // Order-sensitive float sums: every rank must hold the same bits (gathered checksums), and they
-// are the sum in rank order (loom's documented order on the host path).
+// are the sum in loom's documented order on the host path: rank order, or for f32 on a group
+// over nodes of equal sizes the node sums (rank order) added in node order (sum_order).
 static void t_identity(const loom_group_t *g, loom_dtype_t dt, loom_redop_t op, int64_t count) {
   static const double pool[] = {1e8, 1.0, -1e8, 3.14159, -2.5e-3, 7e7, -1.0, 1e-3};
   int n = loom_group_size(g), me = loom_group_rank(g);
@@ -305,29 +356,56 @@ static void t_identity(const loom_group_t *g, loom_dtype_t dt, loom_redop_t op, 
   uint16_t (*from32)(float) = dt == LOOM_F16 ? loom_f32_to_f16 : loom_f32_to_bf16;
   loom_tensor_t t = mk(dt, count, "t");
   void *want = malloc(loom_tensor_bytes(&t) + 1);
+  int *node = malloc(sizeof(int) * (size_t)n), *order = malloc(sizeof(int) * (size_t)n);
+  float *v = malloc(sizeof(float) * (size_t)n);
+  MPI_Allgather(&my_node, 1, MPI_INT, node, 1, MPI_INT, loom_group_comm(g));
+  int hier = 0;
+  int64_t differs = 0; // elements whose sum by node is not their sum in rank order
   for (int64_t i = 0; i < count; i++) {
-    float acc = 0.0f;
     for (int r = 0; r < n; r++) {
       test_rng_t rng = test_rng((uint64_t)(i * 7919 + r * 104729 + 1));
-      float v = (float)(pool[(i * 5 + r * 3) % 8] * test_uniform(&rng, 0.5, 1.5));
+      v[r] = (float)(pool[(i * 5 + r * 3) % 8] * test_uniform(&rng, 0.5, 1.5));
       if (dt == LOOM_F16) { // keep f16 in range
-        v = (float)(v / 1e4);
+        v[r] = (float)(v[r] / 1e4);
       }
       if (dt != LOOM_F32) {
-        v = to32(from32(v));
+        v[r] = to32(from32(v[r]));
       }
       if (r == me) {
-        test_put(dt, t.data, i, v);
+        test_put(dt, t.data, i, v[r]);
       }
-      acc = r == 0 ? v : acc + v;
     }
+    sum_order(node, n, count, i, order, &hier);
+    hier &= dt == LOOM_F32;
+    float acc = 0.0f, part = 0.0f;
+    int first = 1;
+    for (int k = 0; k < n; k++) {
+      int r = hier ? order[k] : k;
+      part = k == 0 || (hier && node[r] != node[order[k - 1]]) ? v[r] : part + v[r];
+      if (k + 1 == n || (hier && node[order[k + 1]] != node[r])) { // a node's sum is complete
+        acc = first ? part : acc + part;
+        first = 0;
+      }
+    }
+    float flat = v[0];
+    for (int r = 1; r < n; r++) {
+      flat += v[r];
+    }
+    differs += hier && memcmp(&flat, &acc, sizeof acc) != 0;
     if (op == LOOM_AVG) {
       acc /= (float)n;
     }
     test_put(dt, want, i, acc);
   }
   OK(loom_allreduce(g, &t, &t, op));
-  same("order-sensitive sum in rank order", &t, want);
+  same(hier ? "order-sensitive sum by node (hierarchical)" : "order-sensitive sum in rank order",
+       &t, want);
+  if (hier && count >= 100 && op == LOOM_SUM) {
+    CHECK(differs > 0, "the test values do not tell the sum by node from the sum in rank order");
+  }
+  free(node);
+  free(order);
+  free(v);
   uint64_t sum = 0;
   OK(loom_checksum(&t, &sum));
   uint64_t *all = malloc(sizeof(uint64_t) * (size_t)n);
@@ -987,6 +1065,8 @@ int main(int argc, char **argv) {
     return 1;
   }
   world_rank = loom_rank(ctx);
+  my_node = loom_node(ctx);
+  hier_mode = loom_tunable(ctx, "LOOM_HIER_ALLREDUCE");
   int64_t chunk = 0; // --chunk N: MPI transfers in pieces of at most N elements
   if (test_chunk_option("test_coll", argc, argv, world_rank, &chunk) != 0) {
     loom_finalize(ctx);

@@ -31,6 +31,7 @@ static const char *const bad_values[LOOM_P_COUNT][5] = {
     [LOOM_P_PLAN_LANE] = {"both", "worker", "", "2", NULL},
     [LOOM_P_PIPE_BYTES] = {"0", "7", "1073741825", "1M", NULL},
     [LOOM_P_STALL_WARN] = {"-1", "1m", "31536001", "", NULL},
+    [LOOM_P_HIER_ALLREDUCE] = {"on", "1", "", "autox", NULL},
 };
 
 static void unset_all(void) {
@@ -325,6 +326,26 @@ int main(void) {
   CHECK(loom_params_resolve(&cfg, &p) == LOOM_OK && p.stall_warn == 30 &&
             p.source[LOOM_P_STALL_WARN] == LOOM_SRC_CONFIG,
         "stall_warn from config: %d", p.stall_warn);
+  loom_config_init(&cfg);
+
+  // LOOM_HIER_ALLREDUCE: auto by default, off in any case, environment or config.
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK && p.hier_allreduce == 0 &&
+            !strcmp(p.text[LOOM_P_HIER_ALLREDUCE], "auto"),
+        "LOOM_HIER_ALLREDUCE default: %d", p.hier_allreduce);
+  setenv("LOOM_HIER_ALLREDUCE", "OFF", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_OK && p.hier_allreduce == 1 &&
+            !strcmp(p.text[LOOM_P_HIER_ALLREDUCE], "off"),
+        "LOOM_HIER_ALLREDUCE=OFF: %d '%s'", p.hier_allreduce, p.text[LOOM_P_HIER_ALLREDUCE]);
+  setenv("LOOM_HIER_ALLREDUCE", "on", 1);
+  CHECK(loom_params_resolve(NULL, &p) == LOOM_ERR_INVALID_ARG &&
+            strstr(loom_last_error(NULL), "LOOM_HIER_ALLREDUCE='on' is invalid") &&
+            strstr(loom_last_error(NULL), "auto|off"),
+        "LOOM_HIER_ALLREDUCE=on: %s", loom_last_error(NULL));
+  unset_all();
+  cfg.hier_allreduce = "off";
+  CHECK(loom_params_resolve(&cfg, &p) == LOOM_OK && p.hier_allreduce == 1 &&
+            p.source[LOOM_P_HIER_ALLREDUCE] == LOOM_SRC_CONFIG,
+        "hier_allreduce from config: %d", p.hier_allreduce);
   loom_config_init(&cfg);
 
   // Decimal only for the planner's link figures: hex once read 0x10 as 16.
