@@ -19,6 +19,7 @@ typedef struct opts {
   int epochs;           // epochs to train
   long steps;           // stop after this many optimizer steps in total (0: no limit)
   int batch;            // samples per rank per step; the global batch is batch * ranks
+  int accum;            // micro-batches a step: --batch samples in accum pieces of batch / accum
   double lr;            // peak learning rate
   double momentum;      // SGD momentum
   double wd;            // L2 weight decay
@@ -53,6 +54,10 @@ static void usage(FILE *out) {
       "  --epochs N          epochs to train (default 3)\n"
       "  --steps N           stop after N optimizer steps in total, 0 = no limit (default 0)\n"
       "  --batch N           samples per rank per step (default 128)\n"
+      "  --accum K           gradient accumulation: each rank's --batch samples run as K\n"
+      "                      micro-batches of --batch/K (forward and backward each, the\n"
+      "                      gradients summed; one allreduce and one update a step): the same\n"
+      "                      step in 1/K of the activation memory (default 1)\n"
       "  --lr X              peak learning rate (default 0.05)\n"
       "  --momentum X        SGD momentum, 0 = plain SGD (default 0.9)\n"
       "  --weight-decay X    L2 weight decay (default 0)\n"
@@ -101,6 +106,7 @@ static void usage(FILE *out) {
 static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen) {
   *o = (opts_t){.epochs = 3,
                 .batch = 128,
+                .accum = 1,
                 .lr = 0.05,
                 .momentum = 0.9,
                 .cosine = 1,
@@ -145,6 +151,9 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
     } else if (!strcmp(flag, "--batch")) {
       rc = ex_parse_long(flag, v, 1, 65536, &l, err, errlen);
       o->batch = (int)l;
+    } else if (!strcmp(flag, "--accum")) {
+      rc = ex_parse_long(flag, v, 1, 65536, &l, err, errlen);
+      o->accum = (int)l;
     } else if (!strcmp(flag, "--lr")) {
       rc = ex_parse_double(flag, v, 0.0, 100.0, &o->lr, err, errlen);
     } else if (!strcmp(flag, "--momentum")) {
@@ -195,6 +204,13 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
   }
   if (o->compress && strcmp(o->compress, "none") != 0 && o->no_overlap) {
     snprintf(err, errlen, "--compress works with the overlapped step: drop --no-overlap");
+    return -1;
+  }
+  if (o->batch % o->accum) {
+    snprintf(err, errlen,
+             "--accum %d does not divide --batch %d: each micro-batch takes --batch/--accum rows; "
+             "use a --batch that is a multiple of --accum",
+             o->accum, o->batch);
     return -1;
   }
   if (ex_check_ckpt(&o->ck, err, errlen) != 0) {
@@ -391,24 +407,31 @@ static float forward(const mlp_t *m, acts_t *a, int64_t n) {
   } while (0)
 
 // Backward through layer `layer` (3, 2, then 1) of the last forward over all a->cap rows: its
-// weight and bias gradients into m->grad (overwritten) and, above layer 1, the gradient of its
-// input in a->dh. A linear layer out = in @ w^T + b has dw = dout^T @ in, db = column sums of
-// dout, din = dout @ w. Layer L reads param L only here, so its update may follow at once. s
-// (may be NULL) is polled between the big products so that earlier layers' allreduces progress.
-static loom_status_t backward_layer(mlp_t *m, acts_t *a, int layer, loom_sched_t *s) {
+// weight and bias gradients into m->grad and, above layer 1, the gradient of its input in a->dh.
+// A linear layer out = in @ w^T + b has dw = dout^T @ in, db = column sums of dout, din =
+// dout @ w. Layer L reads param L only here, so its update may follow at once. s (may be NULL)
+// is polled between the big products so that earlier layers' allreduces progress.
+// Gradient accumulation (--accum K): add 0 overwrites the gradients (the first micro-batch of a
+// step), add 1 adds to them (the later ones); dloss weighs the loss gradient (1/K: the step's
+// loss is the mean of its micro-batches' means). add 0 and dloss 1 are the one-batch step.
+static loom_status_t backward_layer(mlp_t *m, acts_t *a, int layer, loom_sched_t *s, int add,
+                                    float dloss) {
   loom_tensor_t *p = m->param, *g = m->grad;
   int w = 2 * (layer - 1), b = w + 1;
-  TRY(loom_tensor_fill(&g[b], 0.0)); // bias gradients accumulate
+  const float beta = add ? 1.0f : 0.0f; // the weight products: overwrite or add
+  if (!add) {
+    TRY(loom_tensor_fill(&g[b], 0.0)); // loom_bias_backward adds: start from 0
+  }
   if (layer == 3) {
-    TRY(loom_cross_entropy_backward(&a->dlogits, &a->logits, &a->y, -1, 1.0f));
-    TRY(loom_gemm(&g[W3], &a->dlogits, 1, &a->h2, 0, NULL, 1.0f, 0.0f)); // (10, H)
+    TRY(loom_cross_entropy_backward(&a->dlogits, &a->logits, &a->y, -1, dloss));
+    TRY(loom_gemm(&g[W3], &a->dlogits, 1, &a->h2, 0, NULL, 1.0f, beta)); // (10, H)
     TRY(loom_bias_backward(&g[B3], &a->dlogits));
     TRY(loom_gemm(&a->dh, &a->dlogits, 0, &p[W3], 0, NULL, 1.0f, 0.0f)); // dh2 (B, H)
     return LOOM_OK;
   }
   const loom_tensor_t *in = layer == 2 ? &a->h1 : &a->x, *pre = layer == 2 ? &a->a2 : &a->a1;
   TRY(loom_gelu_backward(&a->da, pre, &a->dh));              // da2 / da1
-  TRY(loom_gemm(&g[w], &a->da, 1, in, 0, NULL, 1.0f, 0.0f)); // (H, H) / (H, 784)
+  TRY(loom_gemm(&g[w], &a->da, 1, in, 0, NULL, 1.0f, beta)); // (H, H) / (H, 784)
   if (s) {
     loom_sched_poll(s);
   }
@@ -428,11 +451,13 @@ static loom_status_t poison_grad(mlp_t *m) {
   return loom_tensor_fill(&first, NAN);
 }
 
-// All three layers, last first (the --no-overlap path).
-static void backward(mlp_t *m, acts_t *a) {
+// All three layers, last first (the --no-overlap path, and the micro-batches before a step's
+// last); add and dloss as backward_layer.
+static loom_status_t backward(mlp_t *m, acts_t *a, int add, float dloss) {
   for (int layer = 3; layer >= 1; layer--) {
-    EX_CHECK(backward_layer(m, a, layer, NULL));
+    TRY(backward_layer(m, a, layer, NULL, add, dloss));
   }
+  return LOOM_OK;
 }
 
 // ---- evaluation ------------------------------------------------------------------------------
@@ -537,8 +562,12 @@ typedef struct step {
   const loom_group_t *dp;
   loom_sched_t *s;
   const fmnist_split_t *train;
-  const int32_t *idx; // this rank's samples of the step
-  int batch;
+  const int32_t *idx;   // this rank's samples of the step (--batch of them)
+  int accum;            // --accum K: the step's batch samples as K micro-batches
+  int micro;            // batch / accum: the samples of one forward
+  int grad_add;         // the backward that follows adds to the gradients (not the first micro)
+  float dloss;          // 1 / accum: the weight of each micro-batch's loss gradient
+  double loss_sum;      // the micro-batches' mean losses so far
   float loss;           // this rank's mean loss, then (allreduce) the mean over ranks
   loom_tensor_t loss_t; // wraps loss
   float clip;           // --clip
@@ -567,10 +596,41 @@ typedef struct layer_arg {
   int layer; // 1..3
 } layer_arg_t;
 
+// The forward of micro-batch k (0..accum-1) of the step: samples idx[k * micro ..]. Sets up the
+// gradient accumulation of the backward that follows (the first micro-batch overwrites the
+// gradients, later ones add; each loss gradient weighs 1/accum). The last one leaves the step's
+// loss, the mean of the micro-batches' means, in st->loss (with one micro-batch: its mean).
+static void micro_forward(step_t *st, int k) {
+  load_batch(st->a, st->train, st->idx + (int64_t)k * st->micro, 0, st->micro);
+  const float loss = forward(st->m, st->a, st->micro);
+  st->loss_sum = k == 0 ? loss : st->loss_sum + loss;
+  st->loss = st->accum == 1 ? loss : (float)(st->loss_sum / st->accum);
+  st->grad_add = k > 0;
+  st->dloss = 1.0f / (float)st->accum;
+}
+
+// The micro-batches before the last (--accum K > 1): forward and the whole backward, adding to
+// the gradients; no allreduce (the last micro-batch's backward starts them).
+typedef struct micro_arg {
+  step_t *st;
+  int k; // 0..accum-2
+} micro_arg_t;
+
+static loom_status_t task_micro_forward(void *arg) {
+  const micro_arg_t *ma = arg;
+  micro_forward(ma->st, ma->k);
+  return LOOM_OK;
+}
+
+static loom_status_t task_micro_backward(void *arg) {
+  const micro_arg_t *ma = arg;
+  return backward(ma->st->m, ma->st->a, ma->st->grad_add, ma->st->dloss);
+}
+
+// The forward of the step's last micro-batch (the only one without --accum).
 static loom_status_t task_forward(void *arg) {
   step_t *st = arg;
-  load_batch(st->a, st->train, st->idx, 0, st->batch);
-  st->loss = forward(st->m, st->a, st->batch);
+  micro_forward(st, st->accum - 1);
   if (st->die) { // --die-at: as a crash would, in the middle of the step
     fflush(stdout);
     raise(SIGKILL);
@@ -585,7 +645,7 @@ static loom_status_t task_loss_allreduce(void *arg, loom_request_t **req) {
 
 static loom_status_t task_backward(void *arg) {
   const layer_arg_t *la = arg;
-  TRY(backward_layer(la->st->m, la->st->a, la->layer, la->st->s));
+  TRY(backward_layer(la->st->m, la->st->a, la->layer, la->st->s, la->st->grad_add, la->st->dloss));
   if (la->layer == 3 && la->st->inject_nan && loom_group_rank(la->st->dp) == 0) {
     return poison_grad(la->st->m);
   }
@@ -666,15 +726,44 @@ static loom_status_t task_update(void *arg) {
 // --clip 0, only the norm) over all averaged gradients; each layer's update after its own
 // allreduce (and after the clip when clipping, since it rescales every gradient). Backward
 // outranks the updates, so the compute lane finishes the backward pass while the allreduces fly.
-static void build_step(loom_sched_t *s, step_t *st, layer_arg_t la[3]) {
+// With --accum K the micro-batches before the last come first, each a forward and a whole
+// backward in a chain (mb: K - 1 arguments).
+static void build_step(loom_sched_t *s, step_t *st, layer_arg_t la[3], micro_arg_t *mb) {
   enum { PRIO_FORWARD = 30, PRIO_BACKWARD = 20, PRIO_CLIP = 10, PRIO_UPDATE = 0 };
-  int fwd, loss, bwd[4], ar[4], clip, upd;
-  loom_task_desc_t d = {.name = "forward",
-                        .lane = LOOM_LANE_COMPUTE,
-                        .priority = PRIO_FORWARD,
-                        .run = task_forward,
-                        .arg = st};
+  int fwd, loss, bwd[4], ar[4], clip, upd, prev = -1;
+  loom_task_desc_t d;
+  char name[64]; // (loom_sched_add copies it)
+  for (int k = 0; k + 1 < st->accum; k++) {
+    mb[k] = (micro_arg_t){.st = st, .k = k};
+    int id;
+    snprintf(name, sizeof name, "forward.micro%d", k);
+    d = (loom_task_desc_t){.name = name,
+                           .lane = LOOM_LANE_COMPUTE,
+                           .priority = PRIO_FORWARD,
+                           .run = task_micro_forward,
+                           .arg = &mb[k]};
+    EX_CHECK(loom_sched_add(s, &d, &id));
+    if (prev >= 0) {
+      EX_CHECK(loom_sched_depend(s, id, prev));
+    }
+    snprintf(name, sizeof name, "backward.micro%d", k);
+    d = (loom_task_desc_t){.name = name,
+                           .lane = LOOM_LANE_COMPUTE,
+                           .priority = PRIO_FORWARD,
+                           .run = task_micro_backward,
+                           .arg = &mb[k]};
+    EX_CHECK(loom_sched_add(s, &d, &prev));
+    EX_CHECK(loom_sched_depend(s, prev, id));
+  }
+  d = (loom_task_desc_t){.name = "forward",
+                         .lane = LOOM_LANE_COMPUTE,
+                         .priority = PRIO_FORWARD,
+                         .run = task_forward,
+                         .arg = st};
   EX_CHECK(loom_sched_add(s, &d, &fwd));
+  if (prev >= 0) {
+    EX_CHECK(loom_sched_depend(s, fwd, prev));
+  }
   d = (loom_task_desc_t){.name = "allreduce.loss",
                          .lane = LOOM_LANE_COMM,
                          .start = task_loss_allreduce,
@@ -845,7 +934,10 @@ int main(int argc, char **argv) {
     return 2;
   }
   mlp_alloc(&m, o.hidden, device);
-  acts_alloc(&a, o.batch, o.hidden, device);
+  // Activations for the samples one forward takes: --batch/--accum (the evaluation goes in
+  // pieces of that size too).
+  const int micro = o.batch / o.accum;
+  acts_alloc(&a, micro, o.hidden, device);
   mlp_init(&m, (uint64_t)o.seed);
   for (int i = 0; i < NPARAM; i++) {
     EX_CHECK(loom_broadcast(dp, &m.param[i], 0));
@@ -866,7 +958,9 @@ int main(int argc, char **argv) {
                .a = &a,
                .dp = dp,
                .train = &train,
-               .batch = o.batch,
+               .accum = o.accum,
+               .micro = micro,
+               .dloss = 1.0f,
                .clip = (float)o.clip,
                .momentum = o.momentum > 0};
   EX_CHECK(loom_tensor_wrap(&st.loss_t, &st.loss, LOOM_F32, LOOM_DEVICE_HOST, 1, &one, "loss"));
@@ -893,21 +987,30 @@ int main(int argc, char **argv) {
   long planned_steps = 0;
   double sent_sum = 0.0; // bytes the compressed allreduces sent from this rank, all steps
   layer_arg_t layer_args[3];
+  micro_arg_t *micro_args = calloc((size_t)o.accum, sizeof *micro_args); // before the last
+  if (!micro_args) {
+    fprintf(stderr, "train_fmnist: out of memory\n");
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
   loom_sched_t *sched = NULL;
   if (!o.no_overlap) {
     loom_sched_opts_t sopts = {.cuda = o.cuda}; // CUDA: lanes on streams, deps on events
     EX_CHECK(loom_sched_create(ctx, &sopts, &sched));
     st.s = sched;
     st.nonfinite_skip = ex_nonfinite_skip(ctx);
-    build_step(sched, &st, layer_args);
+    build_step(sched, &st, layer_args, micro_args);
   }
   loom_step_stats_t sum_stats = {0};
 
   if (rank == 0) {
-    printf("train_fmnist: %d rank(s), batch %d per rank (global %d), MLP 784-%d-%d-10, "
+    char accum_text[64] = "";
+    if (o.accum > 1) {
+      snprintf(accum_text, sizeof accum_text, " as %d micro-batches of %d", o.accum, micro);
+    }
+    printf("train_fmnist: %d rank(s), batch %d per rank%s (global %d), MLP 784-%d-%d-10, "
            "lr %g %s, momentum %g, %ld steps/epoch, %ld steps\n",
-           np, o.batch, o.batch * np, o.hidden, o.hidden, o.lr, o.cosine ? "cosine" : "const",
-           o.momentum, per_epoch, total);
+           np, o.batch, accum_text, o.batch * np, o.hidden, o.hidden, o.lr,
+           o.cosine ? "cosine" : "const", o.momentum, per_epoch, total);
     printf("gradient sync: %s\n", o.no_overlap
                                       ? "one fused allreduce after the backward (--no-overlap)"
                                       : "per-layer allreduce overlapped with the backward");
@@ -1024,9 +1127,12 @@ int main(int argc, char **argv) {
           ex_nonfinite_step("train_fmnist", ctx, step, total, (double)norm, rank, &nonfinite_steps);
         }
       } else {
-        load_batch(&a, &train, idx, 0, o.batch);
-        step_loss = forward(&m, &a, o.batch);
-        backward(&m, &a);
+        st.idx = idx;
+        for (int k = 0; k < o.accum; k++) { // (one pass without --accum)
+          micro_forward(&st, k);
+          EX_CHECK(backward(&m, &a, st.grad_add, st.dloss));
+        }
+        step_loss = st.loss;
         if (step == o.inject_nan && rank == 0) {
           EX_CHECK(poison_grad(&m));
         }
@@ -1137,18 +1243,19 @@ int main(int argc, char **argv) {
   if (o.json && rank == 0) {
     FILE *f = fopen(o.json, "w");
     char train_loss[32], test_loss_s[32]; // null where not finite (a diverged run)
-    if (!f || fprintf(f,
-                      "{\"epochs\": %d, \"steps\": %ld, \"train_loss\": %s, \"test_loss\": "
-                      "%s, \"test_acc\": %.6f, \"samples_per_s\": %.1f, \"train_time_s\": "
-                      "%.3f, \"np\": %d, \"batch\": %d, \"global_batch\": %d, \"hidden\": %d, "
-                      "\"lr\": %g, \"seed\": %ld, \"overlap\": %s, \"compress\": \"%s\", "
-                      "\"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s}\n",
-                      epoch, step, ex_json_num(train_loss, sizeof train_loss, epoch_loss, 6),
-                      ex_json_num(test_loss_s, sizeof test_loss_s, test_loss, 6), acc,
-                      samples_per_s, train_time, np, o.batch, o.batch * np, o.hidden, o.lr, o.seed,
-                      o.no_overlap ? "false" : "true",
-                      st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
-                      run_steps > 0 ? sent_sum / (double)run_steps : -1.0, sched_json) < 0) {
+    if (!f ||
+        fprintf(f,
+                "{\"epochs\": %d, \"steps\": %ld, \"train_loss\": %s, \"test_loss\": "
+                "%s, \"test_acc\": %.6f, \"samples_per_s\": %.1f, \"train_time_s\": "
+                "%.3f, \"np\": %d, \"batch\": %d, \"accum\": %d, \"global_batch\": %d, "
+                "\"hidden\": %d, \"lr\": %g, \"seed\": %ld, \"overlap\": %s, \"compress\": \"%s\", "
+                "\"bytes_sent_per_step\": %.0f, \"sched_step_mean\": %s}\n",
+                epoch, step, ex_json_num(train_loss, sizeof train_loss, epoch_loss, 6),
+                ex_json_num(test_loss_s, sizeof test_loss_s, test_loss, 6), acc, samples_per_s,
+                train_time, np, o.batch, o.accum, o.batch * np, o.hidden, o.lr, o.seed,
+                o.no_overlap ? "false" : "true",
+                st.codec ? loom_compressor_name(st.codec) : (use_auto ? "auto" : "none"),
+                run_steps > 0 ? sent_sum / (double)run_steps : -1.0, sched_json) < 0) {
       fprintf(stderr, "train_fmnist: --json: writing %s failed: %s\n", o.json, strerror(errno));
       rc = 1;
     }
@@ -1170,6 +1277,7 @@ int main(int argc, char **argv) {
   for (int l = 0; l < 3; l++) { // (the scheduler is gone: no copy in flight)
     loom_host_stage_destroy(st.layer_stage[l]);
   }
+  free(micro_args);
   acts_free(&a);
   mlp_free(&m);
   free(perm);
