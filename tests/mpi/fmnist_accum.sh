@@ -5,67 +5,14 @@
 set -u
 # Uncompressed unless a run asks: LOOM_COMPRESS defaults to auto, whose plan depends on timing.
 export LOOM_COMPRESS=none
-b=${LOOM_BUILDDIR:-.}
-data=${LOOM_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
-sh=${SHELL:-/bin/sh}
-for f in train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz \
-  t10k-labels-idx1-ubyte.gz; do
-  if [ ! -r "$data/$f" ]; then
-    echo "SKIP: $data/$f is missing: apt-get install dataset-fashion-mnist (or set LOOM_FMNIST_DIR)"
-    exit 77
-  fi
-done
-exe=$b/examples/train_fmnist
-[ -x "$exe" ] || { echo "FAIL: $exe is not built"; exit 99; }
+. "${srcdir:-.}/tests/mpi/fmnist_lib.sh" # $exe, $tmp, $data, run, same, same_ranks, close, refused
 
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
 # As dp_equivalence.sh: a constant learning rate keeps every step's update large. A narrower
 # model keeps the 11 runs short. Clipping and a gradient K times too large would clip to the same
 # update, so the runs of (a) do not clip, print every step's loss and unclipped gradient norm,
 # and compare them.
 common="--steps 6 --seed 3 --schedule const --hidden 128 --log-every 1 --data $data"
 
-fail=0
-run() { # name np args...: train_fmnist with $common and args
-  name=$1 np=$2
-  shift 2
-  cat >"$tmp/$name.mpi" <<SPEC
-np=$np
-prog=examples/train_fmnist
-args='$common $*'
-SPEC
-  "$sh" "$b/tests/mpirun.sh" "$tmp/$name.mpi" >"$tmp/$name.log" 2>&1
-  rc=$?
-  if [ "$rc" -ne 0 ]; then
-    cat "$tmp/$name.log"
-    echo "FAIL: the $name run exited with $rc"
-    exit 1
-  fi
-}
-same() { # what file-a file-b: bitwise
-  if cmp -s "$2" "$3"; then
-    echo "ok: $1"
-  else
-    echo "FAIL: $1: $2 and $3 differ"
-    fail=1
-  fi
-}
-same_ranks() { # what prefix np: every rank's PREFIX_R.bin equals rank 0's, bitwise
-  sr_r=1
-  while [ "$sr_r" -lt "$3" ]; do
-    same "$1: rank $sr_r equals rank 0" "$2_0.bin" "$2_$sr_r.bin"
-    sr_r=$((sr_r + 1))
-  done
-}
-close() { # what file-a file-b: parameters within dp_equivalence.sh's relative tolerance
-  if "$exe" --compare "$2" "$3" --rtol 1e-5; then
-    echo "ok: $1 within rtol 1e-5"
-  else
-    echo "FAIL: $1"
-    fail=1
-  fi
-}
 steps() { # log: every step's loss and gradient norm, "loss norm" per line
   sed -n 's/^  step [0-9/]*  epoch [0-9]*  loss \([0-9.]*\)  grad_norm \([0-9.]*\) .*/\1 \2/p' "$1"
 }
@@ -133,31 +80,6 @@ if cmp -s "$tmp/np2_0.bin" "$tmp/np2c_0.bin"; then
 fi
 
 # (c) refused: K that does not divide --batch, and K out of range (exit 2, the reason named).
-refused() { # what expected-text args...
-  what=$1 text=$2
-  shift 2
-  cat >"$tmp/refused.mpi" <<SPEC
-np=1
-prog=examples/train_fmnist
-args='$common $*'
-SPEC
-  "$sh" "$b/tests/mpirun.sh" "$tmp/refused.mpi" >"$tmp/refused.log" 2>&1
-  rc=$?
-  if [ "$rc" -eq 0 ]; then
-    echo "FAIL: $what was accepted"
-    fail=1
-  elif [ "$rc" -ne 2 ]; then
-    cat "$tmp/refused.log"
-    echo "FAIL: $what: exit $rc, want 2 (a bad flag)"
-    fail=1
-  elif grep -q -- "$text" "$tmp/refused.log"; then
-    echo "ok: $what refused"
-  else
-    cat "$tmp/refused.log"
-    echo "FAIL: $what: no '$text' in the error"
-    fail=1
-  fi
-}
 refused "--accum 3 --batch 64" \
   "--accum 3 does not divide --batch 64: each micro-batch takes --batch/--accum rows" \
   --batch 64 --accum 3

@@ -5,7 +5,7 @@
 set -u
 # Uncompressed: LOOM_COMPRESS defaults to auto, whose plan depends on timing.
 export LOOM_COMPRESS=none
-. "${srcdir:-.}/tests/mpi/gpt_lib.sh" # $b, $exe, $tmp/corpus, run, run_env, same, close
+. "${srcdir:-.}/tests/mpi/gpt_lib.sh" # $exe, $tmp/corpus, run, run_env, same, close, refused
 # As gpt_equivalence.sh: large constant lr, clipping, adam-eps 1e-5 (see there). --clip 0 in the
 # runs that check the loss gradient's 1/K: clipping and Adam would hide a gradient K times too
 # large, so those runs print the unclipped norm (grad_norm) and compare it.
@@ -65,12 +65,12 @@ close "np 4 --batch 2 --accum 2 equals np 1 --batch 8" "$tmp/np1_b8c.bin" "$tmp/
 # one batch; with the aux loss on and experts split over 2 ranks (LOOM_EP_SIZE 2) it equals
 # every rank holding every expert, and the loss line is the same.
 moe="--moe-experts 4 --moe-every 1"
-run_env moe_b4 1 "LOOM_EP_SIZE=1" $moe --batch 4 --moe-aux 0 --dump-params "$tmp/moe_b4.bin"
-run_env moe_k2 1 "LOOM_EP_SIZE=1" $moe --batch 4 --moe-aux 0 --accum 2 \
+run_env moe_b4 1 "LOOM_EP_SIZE=1" "$moe" --batch 4 --moe-aux 0 --dump-params "$tmp/moe_b4.bin"
+run_env moe_k2 1 "LOOM_EP_SIZE=1" "$moe" --batch 4 --moe-aux 0 --accum 2 \
   --dump-params "$tmp/moe_k2.bin"
 close "MoE, np 1: --accum 2 equals one batch (aux 0)" "$tmp/moe_b4.bin" "$tmp/moe_k2.bin"
-run_env moe_ep1 2 "LOOM_EP_SIZE=1" $moe --batch 4 --accum 2 --dump-params "$tmp/moe_ep1_%r.bin"
-run_env moe_ep2 2 "LOOM_EP_SIZE=2" $moe --batch 4 --accum 2 --dump-params "$tmp/moe_ep2_%r.bin"
+run_env moe_ep1 2 "LOOM_EP_SIZE=1" "$moe" --batch 4 --accum 2 --dump-params "$tmp/moe_ep1_%r.bin"
+run_env moe_ep2 2 "LOOM_EP_SIZE=2" "$moe" --batch 4 --accum 2 --dump-params "$tmp/moe_ep2_%r.bin"
 same "MoE np 2 --accum 2, LOOM_EP_SIZE 2: ranks bitwise identical" "$tmp/moe_ep2_0.bin" \
   "$tmp/moe_ep2_1.bin"
 close "MoE np 2 --accum 2: LOOM_EP_SIZE 2 equals LOOM_EP_SIZE 1" "$tmp/moe_ep1_0.bin" \
@@ -80,7 +80,7 @@ aux2=$(sed -n 's/^step *5\/5  loss \([0-9.]*\) .* aux \([0-9.]*\) .*/\1 \2/p' "$
 same_text "MoE np 2 --accum 2: loss and aux loss alike over LOOM_EP_SIZE 1 and 2" "$aux1" "$aux2"
 # The aux loss of a step is the mean over its micro-batches (each layer's weight divided by K),
 # not their sum: at step 1 (the same parameters) it is near the one-batch run's, not twice it.
-run_env moe_k1 2 "LOOM_EP_SIZE=1" $moe --batch 4 --dump-params "$tmp/moe_k1_%r.bin"
+run_env moe_k1 2 "LOOM_EP_SIZE=1" "$moe" --batch 4 --dump-params "$tmp/moe_k1_%r.bin"
 a1=$(sed -n 's/^step *1\/5  .* aux \([0-9.]*\) .*/\1/p' "$tmp/moe_k1.log")
 a2=$(sed -n 's/^step *1\/5  .* aux \([0-9.]*\) .*/\1/p' "$tmp/moe_ep1.log")
 if [ -n "$a1" ] && [ -n "$a2" ] && awk -v a="$a1" -v b="$a2" 'BEGIN { exit !(b > 0.8 * a && b < 1.25 * a) }'; then
@@ -98,20 +98,6 @@ close "np 2 --accum 2: attention servers equal local attention" "$tmp/np2_0.bin"
   "$tmp/np2a_0.bin"
 
 # (e) refused: K that does not divide --batch, K out of range, and --profile with K > 1.
-refused() { # what expected-text args...
-  what=$1 text=$2
-  shift 2
-  if "$exe" $common "$@" >"$tmp/refused.log" 2>&1; then
-    echo "FAIL: $what was accepted"
-    fail=1
-  elif grep -q -- "$text" "$tmp/refused.log"; then
-    echo "ok: $what refused"
-  else
-    cat "$tmp/refused.log"
-    echo "FAIL: $what: no '$text' in the error"
-    fail=1
-  fi
-}
 refused "--accum 3 --batch 8" "--accum 3 does not divide --batch 8" --batch 8 --accum 3
 refused "--accum 0" "--accum" --accum 0
 refused "--profile with --accum 2" "--profile with --accum 2" --batch 4 --accum 2 \
