@@ -3,11 +3,13 @@
 #include "config.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "loom_moe.h"
 #include "loom_sim.h"
@@ -311,6 +313,35 @@ static int plot(const char *png, const char *csv, char labels[][96], int nstrat)
   return 0;
 }
 
+// The library logs an error as a WARN line prefixed for an MPI job (host:pid:tid [rank] LOOM WARN
+// ALL file:line), which on a command line reads as noise: the loads run with stderr closed off
+// (unless LOOM_DEBUG asks for log lines) and a failure is said once as "loom_sim: MESSAGE".
+static loom_status_t load_quietly(const char *path, int cluster, loom_sim_profile_t *p,
+                                  loom_sim_cluster_t *c) {
+  int saved = -1;
+  if (!getenv("LOOM_DEBUG")) {
+    fflush(stderr);
+    int devnull = open("/dev/null", O_WRONLY);
+    saved = devnull >= 0 ? dup(STDERR_FILENO) : -1;
+    if (saved >= 0) {
+      dup2(devnull, STDERR_FILENO);
+    }
+    if (devnull >= 0) {
+      close(devnull);
+    }
+  }
+  loom_status_t st = cluster ? loom_sim_cluster_load(path, c) : loom_sim_profile_load(path, p);
+  if (saved >= 0) {
+    fflush(stderr);
+    dup2(saved, STDERR_FILENO);
+    close(saved);
+  }
+  if (st != LOOM_OK) {
+    fprintf(stderr, "loom_sim: %s\n", loom_last_error(NULL));
+  }
+  return st;
+}
+
 int main(int argc, char **argv) {
   opts_t o = {.seed = 1, .ep = 1};
   if (parse(argc, argv, &o) != 0) {
@@ -318,12 +349,10 @@ int main(int argc, char **argv) {
   }
   loom_sim_profile_t p;
   loom_sim_cluster_t c;
-  // The library's errors are already logged (a WARN line with the message and its fix): not
-  // printed a second time here.
-  if (loom_sim_profile_load(o.profile, &p) != LOOM_OK) {
+  if (load_quietly(o.profile, 0, &p, NULL) != LOOM_OK) {
     return 1;
   }
-  if (loom_sim_cluster_load(o.cluster, &c) != LOOM_OK) {
+  if (load_quietly(o.cluster, 1, NULL, &c) != LOOM_OK) {
     loom_sim_profile_free(&p);
     return 1;
   }
