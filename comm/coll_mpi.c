@@ -34,9 +34,6 @@
 // reduce_scatter uses step 1 for every dtype and op.
 
 #define LOOM_PIPE_SPARE 4 // full-size scratch buffers a group keeps for reuse
-// The hierarchical allreduce (below) keeps its node's block counts in place: up to this many
-// ranks a node (larger nodes use the flat scheme).
-#define LOOM_HIER_MAX_NODE 1024
 // Scratch needs from this many bytes up take a full-size buffer from the pool; smaller ones (many
 // may be in flight at once: fusion of small tensors) allocate their own.
 #define LOOM_PIPE_POOLED ((size_t)32 << 10)
@@ -491,8 +488,7 @@ fail:
   return status;
 }
 
-// ---- hierarchical allreduce
-// ----------------------------------------------------------------------
+// ---- hierarchical allreduce ---------------------------------------------------------------------
 
 // On a group that spans N nodes with L of its ranks on each (L, N >= 2; LOOM_HIER_ALLREDUCE=auto),
 // a float SUM/AVG allreduce runs in three phases instead of the flat reduce-scatter + allgather
@@ -511,8 +507,8 @@ struct hier {
   struct ordered *phase[2]; // 1: node reduce-scatter (SUM); 2: rail allreduce (op, divisor n)
   int at;                   // the phase whose stages are in flight: 0, 1, 2 (allgather posted)
   char *recv;               // the result (count elements)
-  int64_t counts[2 * LOOM_HIER_MAX_NODE]; // node blocks, then their offsets
-  int l, me;                              // node size, local rank
+  int64_t *counts;          // (2 l) node blocks, then their offsets
+  int l, me;                // node size, local rank
   loom_dtype_t dtype;
 };
 
@@ -521,6 +517,7 @@ static void release_hier(loom_request_t *r) {
   if (h) {
     ordered_free(h->phase[0]);
     ordered_free(h->phase[1]);
+    free(h->counts);
     free(h);
   }
   r->state = NULL;
@@ -596,11 +593,14 @@ static loom_status_t hier_start(const loom_group_t *g, const loom_group_t *node,
   h->l = node->size;
   h->me = node->rank;
   h->dtype = dtype;
-  int64_t *displs = h->counts + h->l;
+  h->counts = malloc(sizeof(int64_t) * 2 * (size_t)h->l);
   int64_t *rail_counts = malloc(sizeof(int64_t) * (size_t)rail->size);
-  if (!rail_counts) {
-    return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %d counts", r->op, rail->size);
+  if (!h->counts || !rail_counts) {
+    free(rail_counts);
+    return loom_error(NULL, LOOM_ERR_NOMEM, "%s: cannot allocate %d counts", r->op,
+                      2 * h->l + rail->size);
   }
+  int64_t *displs = h->counts + h->l;
   split_even(count, h->l, h->counts);
   prefix(h->counts, displs, h->l);
   split_even(h->counts[h->me], rail->size, rail_counts);
@@ -632,7 +632,7 @@ loom_status_t loom_mpi_iallreduce(const loom_group_t *g, const void *send, void 
   if (dtype == LOOM_F32 && (op == LOOM_SUM || op == LOOM_AVG) && g->hier_allreduce == 0 && n >= 4) {
     const loom_group_t *node = NULL, *rail = NULL; // NULL: not nodes of equal sizes
     LOOM_CHECK(loom_group_rails(g, &r->watch, &node, &rail));
-    if (rail && node->size <= LOOM_HIER_MAX_NODE) {
+    if (rail) {
       return hier_start(g, node, rail, send, recv, count, dtype, op, r);
     }
   }
