@@ -115,7 +115,8 @@ loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group
                              .workers = 0,
                              .gpu_codecs = a->device != LOOM_DEVICE_HOST ? gpu_cost : NULL,
                              .host_lanes = cpu_lane && pcie_status == LOOM_OK,
-                             .pcie = pcie};
+                             .pcie = pcie,
+                             .flat_node_ranks = link.flat_node_ranks};
     loom_plan_result_t r, rn;
     status = loom_plan_greedy(&p, ch, &r);
     if (status == LOOM_OK && pcie_status != LOOM_OK) { // the device cannot be used: say so
@@ -139,9 +140,14 @@ loom_status_t ex_auto_plan(ex_auto_t *a, const loom_ctx_t *ctx, const loom_group
       pred[0] = r.step_us / 1e3;
       if (link.nodes > 1) {
         printf("compression plan (auto): %d nodes; links inside a node %.1f us + %.2f Gbit/s, "
-               "between nodes %.1f us + %.2f Gbit/s; %d profiled steps\n",
+               "between nodes %.1f us + %.2f Gbit/s; uncompressed allreduces %s; %d profiled "
+               "steps\n",
                link.nodes, link.intra.alpha_us, link.intra.gbps, link.inter.alpha_us,
-               link.inter.gbps, a->samples);
+               link.inter.gbps,
+               link.flat_node_ranks > 0 ? "flat across the nodes (unequal nodes, or "
+                                          "LOOM_HIER_ALLREDUCE=off)"
+                                        : "hierarchical",
+               a->samples);
       } else {
         printf("compression plan (auto): link %.1f us + %.2f Gbit/s between ranks 0 and 1 "
                "(one node); %d profiled steps\n",

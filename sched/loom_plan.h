@@ -64,6 +64,12 @@ typedef struct loom_plan_problem {
   const loom_codec_cost_t *gpu_codecs; // (ncodecs) or NULL
   int host_lanes;                      // with gpu_codecs: the CPU lane may be chosen
   loom_link_t pcie;                    // with host_lanes: one host <-> device copy
+  // How an uncompressed allreduce crosses the nodes. 0: loom's hierarchical scheme (nodes of
+  // equal sizes, LOOM_HIER_ALLREDUCE=auto): each node link carries a ring's bytes. L > 0: the
+  // flat scheme (nodes of unequal sizes, or the tunable off), L the ranks on the fullest node:
+  // every rank's blocks for other nodes cross its node's link, L 2 (ranks - L) / ranks of the
+  // tensor each way on the fullest one.
+  int flat_node_ranks;
 } loom_plan_problem_t;
 
 // The lane of a choice that encodes on the GPU (a GPU problem: gpu_codecs set).
@@ -125,6 +131,8 @@ LOOM_API void loom_plan_print(const loom_plan_problem_t *p, const loom_plan_choi
 typedef struct loom_plan_links {
   loom_link_t intra, inter;
   int nodes;
+  int flat_node_ranks; // as loom_plan_problem_t's: 0, or the fullest node's ranks when the
+                       // group's float allreduce runs the flat scheme across nodes
 } loom_plan_links_t;
 LOOM_API loom_status_t loom_plan_measure_links(const loom_ctx_t *ctx, const loom_group_t *g,
                                                loom_plan_links_t *out);

@@ -53,6 +53,18 @@ static double allreduce_us(double bytes, int np, const loom_link_t *l) {
   return ring < halving ? ring : halving;
 }
 
+// Uncompressed between nodes (loom_plan_problem_t.flat_node_ranks): the hierarchical scheme as a
+// ring over the node links; the flat scheme as its latencies and what the fullest node's link
+// carries, L 2 (n - L) / n of the tensor each way.
+static double plain_us(const loom_plan_problem_t *p, double bytes) {
+  const int L = p->flat_node_ranks, n = p->ranks;
+  if (p->nodes > 1 && L > 0 && L < n) {
+    return 2.0 * (n - 1) * p->inter.alpha_us +
+           2.0 * L * (double)(n - L) / n * bytes / (p->inter.gbps * 125.0);
+  }
+  return allreduce_us(bytes, n, slow_link(p));
+}
+
 // How a compressed tensor moves: the encode before, the comm phases and the codec work between
 // them (on the tensor's lane), the decode after.
 typedef struct stages {
@@ -213,7 +225,7 @@ static loom_plan_result_t simulate(const loom_plan_problem_t *p, const loom_plan
     const loom_plan_choice_t *c = &ch[i];
     double done;
     if (c->codec < 0) {
-      double t = allreduce_us(4.0 * n, p->ranks, slow_link(p));
+      double t = plain_us(p, 4.0 * n);
       double start = ready > comm_free ? ready : comm_free;
       comm_free = start + t;
       comm_busy += t;

@@ -83,14 +83,17 @@ loom_status_t loom_plan_measure_links(const loom_ctx_t *ctx, const loom_group_t 
     return loom_error(NULL, LOOM_ERR_NOMEM, "loom_plan_measure_links: cannot allocate 8 MiB");
   }
   MPI_Allgather(&mine, 1, MPI_INT, node, 1, MPI_INT, comm);
-  int intra_peer = -1, inter_peer = -1;
+  int intra_peer = -1, inter_peer = -1, fullest = 0, equal = 1;
   out->nodes = 0;
   for (int r = 0; r < np; r++) {
-    int first = 1; // the first rank of its node counts the node
-    for (int q = 0; q < r && first; q++) {
-      first = node[q] != node[r];
+    int first = 1, size = 0; // the first rank of its node counts the node
+    for (int q = 0; q < np; q++) {
+      first &= q >= r || node[q] != node[r];
+      size += node[q] == node[r];
     }
     out->nodes += first;
+    equal &= r == 0 || size == fullest;
+    fullest = size > fullest ? size : fullest;
     if (r > 0 && node[r] == node[0] && intra_peer < 0) {
       intra_peer = r;
     }
@@ -98,6 +101,11 @@ loom_status_t loom_plan_measure_links(const loom_ctx_t *ctx, const loom_group_t 
       inter_peer = r;
     }
   }
+  // The float allreduce's scheme across nodes (comm/coll_mpi.c): hierarchical on 4 ranks or more
+  // over nodes of equal sizes of 2 or more, unless LOOM_HIER_ALLREDUCE=off; else flat.
+  const char *h = loom_tunable(ctx, "LOOM_HIER_ALLREDUCE");
+  const int hier = np >= 4 && equal && fullest >= 2 && !(h && !strcmp(h, "off"));
+  out->flat_node_ranks = out->nodes > 1 && !hier ? fullest : 0;
   double fig[4] = {0.0, 1e6, 0.0, 1e6}; // intra alpha, gbps; inter alpha, gbps
   memset(buf, 1, 2 * (size_t)LINK_BIG);
   if (intra_peer > 0) {

@@ -408,6 +408,9 @@ loom_status_t loom_sim_predict(const loom_sim_profile_t *p, const loom_sim_clust
                               .codecs = p->codecs,
                               .workers = 1};
   prob.intra.gbps = rate(&c->intra, c->intra_shared, on_node) / 125.0;
+  // Ranks fill the nodes in turn: a last node with fewer of them leaves the nodes unequal, and
+  // loom's float allreduce then runs its flat scheme across them.
+  prob.flat_node_ranks = nodes > 1 && ranks % rpn != 0 ? rpn : 0;
   loom_plan_result_t r = {.step_us = 1000.0 * busy};
   if (p->ntensors > 0 && s->grad == LOOM_SIM_GRAD_PLAN) {
     st = loom_plan_greedy(&prob, ch, &r);

@@ -1715,7 +1715,8 @@ static void t_sched(loom_ctx_t *ctx) {
 static void t_plan(loom_ctx_t *ctx, FILE *sink) {
   const loom_plan_tensor_t pt[2] = {{"a", 1000, 10.0}, {"b", 2000, 20.0}};
   const loom_codec_cost_t cc[1] = {{"fp16", 1, 1, 1, 1, 2, 16}};
-  const loom_plan_problem_t ok = {2, pt, 100.0, 2, 1, {5, 10}, {5, 10}, 1, cc, 1, NULL, 0, {0, 0}};
+  const loom_plan_problem_t ok = {2, pt, 100.0, 2,    1, {5, 10}, {5, 10},
+                                  1, cc, 1,     NULL, 0, {0, 0},  0};
   loom_plan_choice_t ch[2] = {{-1, LOOM_SCHEME_INDIVISIBLE, 0}, {0, LOOM_SCHEME_INDIVISIBLE, 2}};
   loom_plan_result_t r;
   GOOD(loom_plan_simulate(&ok, ch, &r));

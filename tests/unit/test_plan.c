@@ -1172,6 +1172,24 @@ static void test_simulator_exact(void) {
   CHECK(close_to(r.step_us, 61.75, 1e-12), "8 ranks, 1000 B: step %.6f us, want 61.75 (halving)",
         r.step_us);
 
+  // Across nodes: 12 ranks on 2 nodes, the inter link 10 us + 8 Gbit/s (1000 B a us), 1e6
+  // bytes. Hierarchical (flat_node_ranks 0): the cheaper of ring 22 x (10 + 1e6 / 12 / 1000) =
+  // 2053.33 and halving-doubling 2 x 4 x 10 + 2 x 11/12 x 1000 = 1913.33. The flat scheme with 8
+  // ranks on the fullest node: 2 x 11 x 10 + 8 x 2 x 4/12 x 1000 = 220 + 5333.33 = 5553.33.
+  loom_plan_tensor_t wide[1] = {{"w", 250000, 0.0}};
+  p = problem(wide, 1, 0.0, 12, 2, 10.0, 8.0, NULL, 0, 0);
+  r = sim(&p, c, "exact hierarchical between nodes");
+  CHECK(close_to(r.step_us, 1913.0 + 1.0 / 3.0, 1e-12),
+        "12 ranks over 2 nodes: step %.6f us, want 1913.33 (halving)", r.step_us);
+  p.flat_node_ranks = 8;
+  r = sim(&p, c, "exact flat between nodes");
+  CHECK(close_to(r.step_us, 5553.0 + 1.0 / 3.0, 1e-12),
+        "12 ranks over nodes of 8 and 4, flat: step %.6f us, want 5553.33", r.step_us);
+  p.nodes = 1; // one node: no node link, flat_node_ranks has no say
+  r = sim(&p, c, "exact flat, one node");
+  CHECK(close_to(r.step_us, 1913.0 + 1.0 / 3.0, 1e-12), "12 ranks on 1 node: step %.6f us",
+        r.step_us);
+
   // Divisible on 4 ranks, 4000 values at 0, no compute (every stage queues on the compute lane
   // after it). Codec: enc 5 us + 2 ns a value, dec 3 us + 1 ns a value, 1 byte a value + 20.
   // Shard 1000 values, payload 1020 B. enc 4 x 5 + 8 = 28; alltoall 3 x (10 + 1.02) = 33.06;

@@ -395,6 +395,15 @@ static void test_model(void) {
   CHECK(step(&p, &slow, 64, LOOM_SIM_GRAD_NONE, 0, 0, &r) >
             step(&p, &c, 64, LOOM_SIM_GRAD_NONE, 0, 0, &r2),
         "a 1 Gbit/s cluster is not slower than a 100 Gbit/s one");
+  // Nodes of 8: 12 ranks leave them unequal (8 and 4), and loom's float allreduce runs its flat
+  // scheme across them, 8 x 2 x 4/12 = 5.33 tensors on the fuller node's link against the
+  // hierarchical scheme's 2 x 15/16 = 1.88 at 16 ranks: more exposed communication with fewer
+  // ranks.
+  step(&p, &slow, 12, LOOM_SIM_GRAD_NONE, 0, 0, &r);
+  step(&p, &slow, 16, LOOM_SIM_GRAD_NONE, 0, 0, &r2);
+  CHECK(r.grad_exposed_ms > 2.0 * r2.grad_exposed_ms && r2.grad_exposed_ms > 0.0,
+        "12 ranks over nodes of 8 and 4 (flat): exposed %.3f ms, 16 ranks (hierarchical): %.3f",
+        r.grad_exposed_ms, r2.grad_exposed_ms);
   // On the slow link compression pays: int8 and the plan beat none, the plan is no worse than
   // any uniform codec.
   double none = step(&p, &slow, 64, LOOM_SIM_GRAD_NONE, 0, 0, &r);
