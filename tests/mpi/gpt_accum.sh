@@ -90,12 +90,19 @@ else
   fail=1
 fi
 
-# (d) attention servers (inplace at np 2): each micro-batch is planned and shipped; the result
-# equals local attention with the same micro-batches.
+# (d) attention servers (inplace at np 2, dedicated at np 3): each micro-batch is planned and
+# shipped; the result equals local attention with the same micro-batches.
 run np2_k2_attn 2 --batch 2 --accum 2 --attn-servers inplace --dump-params "$tmp/np2a_%r.bin"
 same_ranks "np 2 --accum 2 --attn-servers inplace: replicas bitwise identical" "$tmp/np2a" 2
 close "np 2 --accum 2: attention servers equal local attention" "$tmp/np2_0.bin" \
   "$tmp/np2a_0.bin"
+# A dedicated server (np 3: ranks 0 and 1 train, rank 2 serves) serves every micro-batch's plan,
+# forward and backward as the trainers make them, and the result is still local attention's.
+run np3_k2_ded 3 --batch 2 --accum 2 --attn-servers 1 --dump-params "$tmp/np3d_%r.bin"
+same "np 3 --accum 2, 1 dedicated server: trainers 0 and 1 bitwise identical" "$tmp/np3d_0.bin" \
+  "$tmp/np3d_1.bin"
+close "np 3 --accum 2, 1 dedicated server: equals np 2 --accum 2" "$tmp/np2_0.bin" \
+  "$tmp/np3d_0.bin"
 
 # (e) refused: K that does not divide --batch, K out of range, and --profile with K > 1.
 refused "--accum 3 --batch 8" "--accum 3 does not divide --batch 8" --batch 8 --accum 3
