@@ -112,6 +112,17 @@ int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_s
   return 0;
 }
 
+int ex_check_accum(int batch, int accum, char *err, size_t errlen) {
+  if (accum >= 1 && batch % accum == 0) {
+    return 0;
+  }
+  snprintf(err, errlen,
+           "--accum %d does not divide --batch %d: each micro-batch takes --batch/--accum rows; "
+           "use a --batch that is a multiple of --accum",
+           accum, batch);
+  return -1;
+}
+
 int ex_check_output(const char *flag, const char *path, char *err, size_t errlen) {
   if (!path) {
     return 0;

@@ -52,6 +52,9 @@ int ex_parse_compress(const char *flag, const char *v, const char **spec, loom_s
 // exists and is writable; else -1 with err naming the flag, the path and the fix. Run before
 // the work, so that results are not lost to a bad path at the end.
 int ex_check_output(const char *flag, const char *path, char *err, size_t errlen);
+// --accum K against --batch B (gradient accumulation: B rows as K micro-batches of B / K): 0
+// when K divides B; else -1 with err naming both and the fix.
+int ex_check_accum(int batch, int accum, char *err, size_t errlen);
 // LOOM_COMPRESS checked at start, when no --compress (flag) overrides it: 0 when it is none,
 // auto or a spec loom_compressor_check takes; else -1 with err naming the variable and the fix.
 int ex_check_compress_env(const char *flag, const loom_ctx_t *ctx, char *err, size_t errlen);

@@ -206,11 +206,7 @@ static int parse_args(int argc, char **argv, opts_t *o, char *err, size_t errlen
     snprintf(err, errlen, "--compress works with the overlapped step: drop --no-overlap");
     return -1;
   }
-  if (o->batch % o->accum) {
-    snprintf(err, errlen,
-             "--accum %d does not divide --batch %d: each micro-batch takes --batch/--accum rows; "
-             "use a --batch that is a multiple of --accum",
-             o->accum, o->batch);
+  if (ex_check_accum(o->batch, o->accum, err, errlen) != 0) {
     return -1;
   }
   if (ex_check_ckpt(&o->ck, err, errlen) != 0) {
