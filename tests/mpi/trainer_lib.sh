@@ -5,7 +5,8 @@
 # shellcheck shell=sh disable=SC2154,SC2034 # set by the sourcing files; fail read by the test
 fail=0
 
-run_env() { # name np env args...: the trainer with $common and args, env in the spec
+spec() { # name np env args...: run it as $tmp/name.mpi (the trainer with $common and args), the
+  # output in $tmp/name.log; rc is its exit status
   name=$1 np=$2 env=$3
   shift 3
   cat >"$tmp/$name.mpi" <<SPEC
@@ -16,6 +17,10 @@ args='$common $*'
 SPEC
   "$sh" "$b/tests/mpirun.sh" "$tmp/$name.mpi" >"$tmp/$name.log" 2>&1
   rc=$?
+}
+run_env() { # name np env args...: as spec; a failed run ends the test
+  spec "$@"
+  name=$1
   if [ "$rc" -ne 0 ]; then
     cat "$tmp/$name.log"
     echo "FAIL: the $name run exited with $rc"
@@ -53,13 +58,7 @@ close() { # what file-a file-b [rtol]: parameters within a relative tolerance (d
 refused() { # what expected-text args...: one rank with $common and args exits 2 naming text
   what=$1 text=$2
   shift 2
-  cat >"$tmp/refused.mpi" <<SPEC
-np=1
-prog=$prog
-args='$common $*'
-SPEC
-  "$sh" "$b/tests/mpirun.sh" "$tmp/refused.mpi" >"$tmp/refused.log" 2>&1
-  rc=$?
+  spec refused 1 "" "$@"
   if [ "$rc" -eq 0 ]; then
     echo "FAIL: $what was accepted"
     fail=1
